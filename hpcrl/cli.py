@@ -1,0 +1,56 @@
+"""`hpcrl run | submit | analyze | bench | info`.
+
+Each subcommand lives in its own module under ``hpcrl.commands`` with two
+functions: ``add_arguments(parser)`` and ``main(args) -> int``. The module is
+imported only when its subcommand is used, so ``hpcrl info`` never imports
+torch or mpi4py.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from hpcrl.errors import ConfigError
+
+# subcommand -> (module, one-line help)
+COMMANDS = {
+    "run": ("hpcrl.commands.run", "train: start the MPI job (or run this rank's role with --inside-mpi)"),
+    "submit": ("hpcrl.commands.submit", "render a batch script for a site and submit it (sbatch/qsub)"),
+    "analyze": ("hpcrl.commands.analyze", "post-hoc analysis of run directories: figures, CSV, HTML report"),
+    "bench": ("hpcrl.commands.bench", "run a benchmark and print its table"),
+    "info": ("hpcrl.commands.info", "versions, MPI library, devices, registered environments"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpcrl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:  # import only the module that will run
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.main(args) or 0)
+    except ConfigError as exc:
+        print(f"hpcrl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hpcrl {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

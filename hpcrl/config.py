@@ -1,0 +1,291 @@
+"""One typed config tree for every hpcrl run, loaded from YAML.
+
+Each component receives its own section (``cfg.actors``, ``cfg.aggregation``...), never the
+whole tree. Derived sizes (rank count, per-group batch) are computed here and nowhere else.
+Every bad value becomes one :class:`hpcrl.errors.ConfigError` line naming the field.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hpcrl.errors import ConfigError
+
+SCHEMA_VERSION = 1
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EnvConfig(Section):
+    id: str = "CartPole-v1"
+    """Environment id: a Gymnasium id or one registered by hpcrl.envs."""
+    num_envs: int = Field(8, ge=1)
+    """Environment instances stepped together inside one actor rank (or one process for batched algos)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments passed to the environment constructor."""
+    seed: int = 0
+    """Base seed; actor r uses seed + 1000 * r."""
+
+
+class ModelConfig(Section):
+    hidden_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [64, 64])
+    """Widths of the MLP hidden layers (policy and value networks are separate MLPs)."""
+    activation: Literal["tanh", "relu"] = "tanh"
+
+
+class ActorsConfig(Section):
+    count: int = Field(2, ge=1)
+    """Actor ranks."""
+    fragment_length: int = Field(128, ge=1)
+    """Steps per environment in one trajectory fragment sent to a learner group."""
+    max_in_flight: int = Field(2, ge=1)
+    """Fragments an actor may have in flight (sent, not yet received) before it waits."""
+    weight_sync: Literal["every_fragment", "aaps"] = "every_fragment"
+    """When an actor pulls new weights: before every fragment, or by AAPS (KL on a probe batch > aaps_delta)."""
+    aaps_delta: float = Field(0.01, gt=0)
+    """AAPS KL threshold (ClusterEnv sweeps 0.001 ... 1.0)."""
+    probe_batch: int = Field(64, ge=1)
+    """States in the AAPS probe batch the parameter rank evaluates next to each published version."""
+
+
+class LearnersConfig(Section):
+    groups: int = Field(1, ge=1)
+    """Learner groups G."""
+    ranks_per_group: int = Field(1, ge=1)
+    """Ranks per learner group L (they split a batch and allreduce gradients)."""
+    min_active: int = Field(1, ge=1)
+    """Fewest active learner groups (elasticity lower bound)."""
+    max_active: int | None = Field(None, ge=1)
+    """Most active learner groups (default: groups)."""
+    backlog_per_group: int = Field(4, ge=1)
+    """Queued fragments per active group above which another group is activated."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: the GPU given by the node-local rank when CUDA is available, else CPU."""
+
+    @model_validator(mode="after")
+    def _active_bounds(self) -> "LearnersConfig":
+        top = self.max_active if self.max_active is not None else self.groups
+        if top > self.groups:
+            raise ValueError(f"learners.max_active={top} exceeds learners.groups={self.groups}")
+        if self.min_active > top:
+            raise ValueError(f"learners.min_active={self.min_active} exceeds max_active={top}")
+        return self
+
+    @property
+    def active_range(self) -> tuple[int, int]:
+        return self.min_active, self.max_active if self.max_active is not None else self.groups
+
+
+class AggregationConfig(Section):
+    policy: Literal["stellaris", "stellaris_code", "pure_async", "sync"] = "stellaris"
+    """Admission policy on the parameter rank (hpcrl.staleness)."""
+    d: float = Field(0.96, ge=0.0, le=1.0)
+    """Threshold decay (Stellaris Eq. 3): beta_k = delta_max * d**k; 1 = pure async, 0 = synchronous."""
+    v: float = Field(3.0, gt=0)
+    """Learning-rate staleness exponent (Stellaris Eq. 4): alpha = alpha_0 / delta**(1/v)."""
+    rho: float = Field(1.0, gt=0)
+    """Importance-sampling truncation level (Stellaris Eq. 2)."""
+    is_truncation: bool = True
+    """Use R' = min(|min_i pi_i/mu|, rho) over the window's learner policies instead of pi/mu."""
+    mailbox_slots: int = Field(2, ge=2)
+    """Gradient mailbox slots per learner group (>= 2 so a group can push while one slot is read)."""
+    weight_history: int = Field(4, ge=1)
+    """Past policy versions the weight board keeps (for the IS truncation over learner policies)."""
+
+
+class PPOConfig(Section):
+    name: Literal["ppo"] = "ppo"
+    lr: float = Field(3e-4, gt=0)
+    gamma: float = Field(0.99, gt=0, le=1)
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    clip: float = Field(0.2, gt=0)
+    kl_coeff: float = Field(0.0, ge=0)
+    kl_target: float = Field(0.01, gt=0)
+    entropy_coeff: float = Field(0.0, ge=0)
+    vf_coeff: float = Field(0.5, ge=0)
+    max_grad_norm: float = Field(0.5, gt=0)
+    normalize_advantages: bool = True
+    train_batch_size: int = Field(4096, ge=1)
+    """Environment steps that make one round (Stellaris/RLlib training iteration)."""
+    minibatch_size: int = Field(512, ge=1)
+    num_sgd_iter: int = Field(4, ge=1)
+    optimizer: Literal["adam", "sgd"] = "adam"
+
+
+class HA2CConfig(Section):
+    """Seed 003, Algorithm 1: A2C over N batched environments, one update per rollout."""
+
+    name: Literal["ha2c"] = "ha2c"
+    rollout_length: int = Field(8, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    gamma: float = Field(0.99, gt=0, le=1)
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    entropy_coeff: float = Field(0.01, ge=0)
+    vf_coeff: float = Field(0.5, ge=0)
+    max_grad_norm: float = Field(0.5, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class HDDPGConfig(Section):
+    """Seed 003, Algorithm 2: DDPG on an on-policy FIFO buffer, n-step returns, no replay."""
+
+    name: Literal["hddpg"] = "hddpg"
+    rollout_length: int = Field(8, ge=1)
+    n_step: int = Field(4, ge=1)
+    actor_lr: float = Field(1e-3, gt=0)
+    critic_lr: float = Field(1e-3, gt=0)
+    gamma: float = Field(0.99, gt=0, le=1)
+    tau: float = Field(0.005, gt=0, le=1)
+    exploration_noise: float = Field(0.1, ge=0)
+    buffer_rollouts: int = Field(2, ge=1)
+    """Rollouts held in the FIFO buffer (current policy's data only)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+AlgoConfig = Annotated[Union[PPOConfig, HA2CConfig, HDDPGConfig], Field(discriminator="name")]
+
+
+class IOConfig(Section):
+    run_dir: str = "runs/{name}-{time}"
+    """Run directory; {name} and {time} (YYYYmmdd-HHMMSS) are filled in."""
+    flush_seconds: float = Field(5.0, gt=0)
+    """HDF5 files are flushed at least this often, so a killed job leaves readable files."""
+    checkpoint_every: int = Field(50, ge=1)
+    """Aggregation events between checkpoints (also on SIGTERM/SIGUSR1)."""
+    compression: Literal["gzip", "lzf", "none"] = "gzip"
+    log_seconds: float = Field(10.0, gt=0)
+    """Interval of progress lines when stdout is not a terminal."""
+
+
+class ContainerConfig(Section):
+    runtime: Literal["apptainer", "podman-hpc", "shifter"] = "apptainer"
+    image: str
+    """Image path (.sif) for apptainer, image name for podman-hpc and shifter."""
+    binds: list[str] = Field(default_factory=list)
+    """Host paths to bind into the container (src[:dst])."""
+    gpu: bool = False
+    """Expose GPUs (apptainer --nv, podman-hpc --gpu, shifter --module=gpu)."""
+
+
+class LaunchConfig(Section):
+    mpiexec: str = "mpiexec"
+    """MPI launcher for local runs (the one next to the Python interpreter is preferred)."""
+    mpiexec_args: list[str] = Field(default_factory=list)
+    container: ContainerConfig | None = None
+    timeout_seconds: float | None = Field(None, gt=0)
+    """Kill the job if it runs longer than this (local runs)."""
+
+
+class StopConfig(Section):
+    total_env_steps: int = Field(500_000, ge=1)
+    target_return: float | None = None
+    """Stop early once the mean return of the last return_window episodes reaches this."""
+    return_window: int = Field(20, ge=1)
+    max_wall_seconds: float | None = Field(None, gt=0)
+
+
+class RunConfig(Section):
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    """Run name: letters, digits, '.', '_', '-' (it becomes part of paths and job names)."""
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    actors: ActorsConfig = Field(default_factory=ActorsConfig)
+    learners: LearnersConfig = Field(default_factory=LearnersConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    algo: AlgoConfig = Field(default_factory=PPOConfig)
+    io: IOConfig = Field(default_factory=IOConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    stop: StopConfig = Field(default_factory=StopConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algo_defaults_to_ppo(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("algo"), dict) and "name" not in data["algo"]:
+            data = {**data, "algo": {"name": "ppo", **data["algo"]}}
+        return data
+
+    @property
+    def uses_mpi(self) -> bool:
+        """PPO runs as an MPI job; the batched single-device algorithms run in one process."""
+        return self.algo.name == "ppo"
+
+    @property
+    def num_ranks(self) -> int:
+        """1 parameter rank + G x L learner ranks + actor ranks."""
+        return 1 + self.learners.groups * self.learners.ranks_per_group + self.actors.count
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _one_line(exc: ValidationError, source: str) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+    # discriminated unions put the tag in the location: algo.ppo.lr -> algo.lr
+    for tag in ("ppo", "ha2c", "hddpg"):
+        loc = loc.replace(f"algo.{tag}.", "algo.").replace(f"algo.{tag}", "algo")
+    if err["type"] == "extra_forbidden":
+        parent = loc.rsplit(".", 1)[0] if "." in loc else ""
+        return f"{source}: unknown key '{loc}'; allowed keys{' in ' + parent if parent else ''}: {_allowed_keys(parent)}"
+    if err["type"] == "union_tag_invalid":
+        return f"{source}: algo.name: {err['msg']}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{source}: {loc}: {msg} (got {err.get('input')!r})" if loc else f"{source}: {msg}"
+
+
+def _allowed_keys(dotted: str) -> str:
+    model: Any = RunConfig
+    for part in [p for p in dotted.split(".") if p]:
+        field = model.model_fields.get(part)
+        ann = getattr(field, "annotation", None)
+        if ann is None or not isinstance(ann, type) or not issubclass(ann, BaseModel):
+            return "see docs/config.md"
+        model = ann
+    return ", ".join(model.model_fields)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'aggregation.d=0.9' -> (['aggregation', 'd'], 0.9); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. aggregation.d=0.9")
+    key, _, value = text.partition("=")
+    return key.strip().split("."), yaml.safe_load(value)
+
+
+def build_config(data: dict[str, Any] | None = None, overrides: list[str] = (), source: str = "config") -> RunConfig:
+    data = dict(data or {})
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+        node[path[-1]] = value
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, source)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Read a YAML config (None: the embedded default, CartPole-v1 on 4 ranks) and apply KEY=VALUE overrides."""
+    if path is None:
+        path = Path(__file__).parent / "configs" / "cartpole.yaml"
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections (env, actors, learners, ...), got {type(data).__name__}")
+    return build_config(data, overrides, source=str(path))

@@ -1,0 +1,76 @@
+"""Environment ids a config can name.
+
+hpcrl's own environments are listed here by import path, so naming one never imports the
+others (the turbulence solver, OpenFOAM drivers and batched torch envs are heavy). Any
+Gymnasium id also works. Kinds:
+
+- ``gym``: a ``gymnasium.Env`` (actor ranks vectorise it themselves),
+- ``parallel``: a PettingZoo ``ParallelEnv`` (multi-agent),
+- ``batched``: a tensor ``gymnasium.vector.VectorEnv`` stepping N instances on CPU or CUDA.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hpcrl.errors import ConfigError
+
+Kind = Literal["gym", "parallel", "batched"]
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    id: str
+    entry_point: str  # "module:attribute"
+    kind: Kind
+    description: str = ""
+
+    def load(self) -> Any:
+        module, _, attr = self.entry_point.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+_SPECS: dict[str, EnvSpec] = {}
+
+
+def register(id: str, entry_point: str, kind: Kind, description: str = "") -> None:
+    """Add one of hpcrl's environments (called at the bottom of this file, once per env)."""
+    if id in _SPECS:
+        raise ValueError(f"environment id {id!r} registered twice")
+    _SPECS[id] = EnvSpec(id, entry_point, kind, description)
+
+
+def hpcrl_env_ids() -> list[str]:
+    return sorted(_SPECS)
+
+
+def spec(env_id: str) -> EnvSpec | None:
+    return _SPECS.get(env_id)
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise ConfigError unless env_id names an hpcrl env or a registered Gymnasium env."""
+    if env_id in _SPECS:
+        return
+    import gymnasium
+
+    if env_id in gymnasium.registry:
+        return
+    close = [k for k in list(_SPECS) + list(gymnasium.registry) if env_id.split("-")[0].lower() in k.lower()][:5]
+    hint = f" (did you mean {', '.join(close)}?)" if close else f"; hpcrl envs: {', '.join(hpcrl_env_ids())}"
+    raise ConfigError(f"env.id: unknown environment {env_id!r}{hint}")
+
+
+def make(env_id: str, **kwargs: Any) -> Any:
+    """Construct one environment by id: hpcrl's own first, then Gymnasium's."""
+    check_env_id(env_id)
+    s = _SPECS.get(env_id)
+    if s is not None:
+        return s.load()(**kwargs)
+    import gymnasium
+
+    return gymnasium.make(env_id, **kwargs)
+
+
+# hpcrl's environments: each helper module adds its line here.

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Debian packages some tests use: a one-node Slurm (slurm-wlm, munge), OpenFOAM v1912 for the
+# PAR-RL workload, Chromium for the analysis report check. Installs what is missing when run as
+# root with apt-get; otherwise says what is missing (those tests then skip with a reason).
+set -u
+packages=(slurm-wlm munge openfoam openfoam-examples chromium)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && { echo "system packages: all present"; exit 0; }
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+  echo "system packages missing (tests that need them will skip): ${missing[*]}"
+  echo "  install with: sudo apt-get install -y ${missing[*]}"
+  exit 0
+fi
+echo "installing Debian packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+  || { echo "apt-get install failed; tests that need ${missing[*]} will skip"; exit 0; }

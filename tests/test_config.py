@@ -1,0 +1,75 @@
+"""Config validation: every mistake is one line naming the field and what is allowed."""
+import pytest
+
+from hpcrl.config import build_config, load_config
+from hpcrl.errors import ConfigError
+
+
+def one_line_error(data=None, overrides=()):
+    with pytest.raises(ConfigError) as info:
+        build_config(data, list(overrides))
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_default_config_is_the_four_rank_cartpole_job():
+    cfg = load_config()
+    assert cfg.env.id == "CartPole-v1"
+    assert cfg.num_ranks == 4 and cfg.uses_mpi
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        ({"aggregation": {"d": 1.5}}, "aggregation.d"),
+        ({"aggregation": {"d": -0.1}}, "aggregation.d"),
+        ({"algo": {"lr": 0}}, "algo.lr"),
+        ({"algo": {"lr": -1e-3}}, "algo.lr"),
+        ({"aggregation": {"policy": "fastest"}}, "'stellaris', 'stellaris_code', 'pure_async' or 'sync'"),
+        ({"learners": {"groups": 2, "min_active": 3}}, "min_active"),
+        ({"aggregation": {"mailbox_slots": 1}}, "aggregation.mailbox_slots"),
+        ({"name": "a b;rm -rf"}, "name"),
+    ],
+)
+def test_bad_values_name_the_field(data, expected):
+    assert expected in one_line_error(data)
+
+
+def test_unknown_keys_list_the_allowed_ones():
+    msg = one_line_error({"env": {"idd": "CartPole-v1"}})
+    assert "env.idd" in msg and "num_envs" in msg
+    msg = one_line_error({"learner": {}})
+    assert "'learner'" in msg and "learners" in msg
+
+
+def test_unknown_algorithm_lists_the_known_ones():
+    msg = one_line_error({"algo": {"name": "dqn"}})
+    assert "ppo" in msg and "ha2c" in msg and "hddpg" in msg
+
+
+def test_overrides_are_parsed_as_yaml_and_validated():
+    cfg = build_config({}, ["aggregation.d=0.9", "learners.groups=3", "aggregation.is_truncation=false"])
+    assert cfg.aggregation.d == 0.9 and cfg.learners.groups == 3 and cfg.aggregation.is_truncation is False
+    assert cfg.num_ranks == 1 + 3 + cfg.actors.count
+    assert "KEY=VALUE" in one_line_error({}, ["aggregation.d"])
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(lst)
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path):
+    cfg = build_config({"aggregation": {"d": 0.92}, "algo": {"name": "ppo", "clip": 0.3}})
+    path = tmp_path / "config.yaml"
+    path.write_text(cfg.to_yaml())
+    assert load_config(path) == cfg

@@ -1,0 +1,299 @@
+"""Admission policies: which queued gradients the parameter rank applies, and when.
+
+Pure Python and numpy: no MPI, no torch. The parameter rank keeps a queue of
+:class:`GradientRecord` in arrival order and, after each arrival, calls::
+
+    while (adm := policy.admit(queue, version, active_groups)) is not None:
+        for step in adm.steps:               # one optimizer step each, in order
+            g = aggregate(step)              # (1/H) sum_c scale_c * g_c
+            optimizer.step(g); version += 1  # version rises by one per step
+        adm.remove_from(queue)
+
+and ``policy.end_round(k)`` when round k ends (a round = ``train_batch_size`` environment
+steps consumed by the learners, as an RLlib training iteration).
+
+Staleness of a gradient = the version at which it is applied minus its base version
+(step i of an admission is applied at ``version + i``). Policies:
+
+- ``stellaris``: the paper (Stellaris, SC'24, Section V-C). Round 0 runs unthresholded
+  (pure async) and records delta_max, the largest staleness seen. From round k >= 1 every
+  arrival re-evaluates the queue's mean staleness and the whole queue is applied as one
+  averaged step once the mean is <= beta_k = delta_max * d**k (Eq. 3). Each gradient is
+  scaled by alpha_c / alpha_0 = delta_c**(-1/v) for delta_c > 0, else 1 (Eq. 4).
+  d = 1 is pure async (every arrival applied at once, as in round 0) and d = 0 is
+  synchronous (wait for one gradient from every active group).
+- ``stellaris_code``: the authors' released code (DESIGN.md section 4): delta_max =
+  int(mean staleness of the observation round) + 1; beta = clip(floor(delta_max * d**k) + 1,
+  1, delta_max) (their rounds count from 1 at the observation round, so their d**(k-1)
+  is our d**k); the queue is also applied once it holds as many gradients as there are
+  active groups; every queued gradient is its own optimizer step, in order; scale 1.
+- ``pure_async``: every gradient applied on arrival, its own step, scale 1.
+- ``sync``: one averaged step as soon as the queue holds a gradient from each of
+  ``active_groups`` distinct groups (the oldest one per group; later ones wait for the
+  next step). Staleness is not required to be 0: exact lockstep needs the learners to
+  wait for the new version after each push, which is the runtime's business.
+
+No-deadlock rule (ours, not the paper's): a threshold can be unreachable (beta_k below
+the staleness the queue can reach, e.g. beta_k = 0 with a stale gradient queued). For
+``stellaris`` the queue is therefore also applied once it holds a gradient from each of
+``active_groups`` distinct groups; waiting longer could only add gradients from groups
+already represented. This is the d = 0 (synchronous) behaviour, so beta_k decaying
+towards 0 tends to synchronous aggregation, as the paper intends.
+
+Adam and the learning-rate scale. The optimizer runs at its base rate alpha_0 and the
+parameter rank feeds it ``aggregate(step)``, i.e. each gradient multiplied by
+alpha_c / alpha_0 before averaging. With SGD this is exactly the paper's update
+theta <- theta - (1/H) sum alpha_c g_c. With Adam the moments see the weighted average,
+so the optimizer state stays the statistics of what was actually applied; note that Adam
+divides by the running RMS of its input, so it mostly absorbs a scale shared by all
+gradients over many steps, and the scaling acts chiefly as a relative weight between
+gradients of different staleness (fresh ones count more).
+
+``ssp`` and ``softsync`` (the paper's Fig. 11 baselines) would be further subclasses of
+:class:`AdmissionPolicy` registered in ``POLICIES``; they are not implemented yet.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from hpcrl.errors import ConfigError
+
+Step = list[tuple["GradientRecord", float]]
+
+
+@dataclass
+class GradientRecord:
+    """One gradient pushed by a learner group (the flat vector is opaque to the policies)."""
+
+    group: int
+    seq: int
+    base_version: int
+    samples: int
+    grad: np.ndarray  # float32, 1-D
+    stats: dict = field(default_factory=dict)
+    received_at: float = 0.0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.group, self.seq)
+
+
+@dataclass
+class Admission:
+    """What to apply now: ``steps[i]`` is one optimizer step of (record, alpha_c/alpha_0) pairs."""
+
+    steps: list[Step]
+    staleness: dict[tuple[int, int], int]
+    """(group, seq) -> staleness at the step that applies it."""
+    threshold: float | None
+    """beta in force when the admission was made (None: unthresholded)."""
+
+    @property
+    def records(self) -> list[GradientRecord]:
+        return [rec for step in self.steps for rec, _ in step]
+
+    def remove_from(self, queue: list[GradientRecord]) -> None:
+        """Delete the admitted records from ``queue`` in place (by identity)."""
+        taken = {id(rec) for rec in self.records}
+        queue[:] = [rec for rec in queue if id(rec) not in taken]
+
+
+def aggregate(step: Step, out: np.ndarray | None = None) -> np.ndarray:
+    """The step's gradient (1/H) sum_c scale_c g_c (Stellaris Section V-C), float32."""
+    if not step:
+        raise ValueError("aggregate: empty step")
+    first = step[0][0].grad
+    if out is None:
+        out = np.zeros_like(first, dtype=np.float32)
+    else:
+        out[...] = 0.0
+    for rec, scale in step:
+        out += np.float32(scale / len(step)) * rec.grad
+    return out
+
+
+def lr_scale(staleness: int, v: float) -> float:
+    """alpha_c / alpha_0 = 1 / staleness**(1/v) for staleness > 0, else 1 (Stellaris Eq. 4)."""
+    return 1.0 if staleness <= 0 else staleness ** (-1.0 / v)
+
+
+class AdmissionPolicy:
+    """Base class: holds the round counter; subclasses decide ``admit``."""
+
+    name = "base"
+
+    def __init__(self) -> None:
+        self.round = 0
+
+    @property
+    def threshold(self) -> float | None:
+        """The staleness threshold beta in force (None: no threshold)."""
+        return None
+
+    def end_round(self, round_index: int) -> None:
+        """Round ``round_index`` (0-based) has ended; the next one is ``round_index + 1``."""
+        self.round = round_index + 1
+
+    def admit(self, queue: Sequence[GradientRecord], version: int, active_groups: int) -> Admission | None:
+        """Records to apply now (the caller removes them from its queue), or None to wait."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _check(version: int, active_groups: int) -> None:
+        if active_groups < 1:
+            raise ValueError(f"admit: active_groups must be >= 1, got {active_groups}")
+
+
+def _each_on_its_own(queue: Sequence[GradientRecord], version: int, scale: Callable[[int], float],
+                     threshold: float | None) -> Admission | None:
+    """Every queued record as its own step, in order; step i is applied at version + i."""
+    if not queue:
+        return None
+    staleness = {rec.key: version + i - rec.base_version for i, rec in enumerate(queue)}
+    steps = [[(rec, scale(staleness[rec.key]))] for rec in queue]
+    return Admission(steps, staleness, threshold)
+
+
+def _covers_groups(records: Sequence[GradientRecord], active_groups: int) -> bool:
+    return len({rec.group for rec in records}) >= active_groups
+
+
+class PureAsync(AdmissionPolicy):
+    """Apply every gradient on arrival, unscaled."""
+
+    name = "pure_async"
+
+    def admit(self, queue, version, active_groups):
+        self._check(version, active_groups)
+        return _each_on_its_own(queue, version, lambda s: 1.0, None)
+
+
+class Sync(AdmissionPolicy):
+    """One averaged step once the queue holds a gradient from every active group."""
+
+    name = "sync"
+
+    def admit(self, queue, version, active_groups):
+        self._check(version, active_groups)
+        oldest: dict[int, GradientRecord] = {}
+        for rec in queue:
+            oldest.setdefault(rec.group, rec)
+        if len(oldest) < active_groups:
+            return None
+        chosen = [rec for rec in queue if oldest[rec.group] is rec]
+        staleness = {rec.key: version - rec.base_version for rec in chosen}
+        return Admission([[(rec, 1.0) for rec in chosen]], staleness, None)
+
+
+class Stellaris(AdmissionPolicy):
+    """The paper's staleness-aware aggregation (Section V-C, Eqs. 3 and 4)."""
+
+    name = "stellaris"
+
+    def __init__(self, d: float, v: float) -> None:
+        super().__init__()
+        if not 0.0 <= d <= 1.0:
+            raise ValueError(f"d must be in [0, 1], got {d}")
+        self.d, self.v = d, v
+        self.delta_max: int | None = None  # observed in round 0
+        self._seen_max: int | None = None
+
+    @property
+    def observing(self) -> bool:
+        return self.delta_max is None
+
+    @property
+    def threshold(self) -> float | None:
+        if self.observing:
+            return None
+        return self.delta_max * self.d ** self.round  # Eq. 3
+
+    def end_round(self, round_index: int) -> None:
+        super().end_round(round_index)
+        if self.observing and self._seen_max is not None:
+            self.delta_max = self._seen_max
+
+    def admit(self, queue, version, active_groups):
+        self._check(version, active_groups)
+        scale = lambda s: lr_scale(s, self.v)  # noqa: E731
+        if self.observing or self.d == 1.0:
+            adm = _each_on_its_own(queue, version, scale, self.threshold)
+            if adm is not None and self.observing:
+                self._seen_max = max(max(adm.staleness.values()), self._seen_max or 0)
+            return adm
+        beta = self.threshold
+        # Each arrival re-evaluates the queue: the first prefix that qualifies is applied.
+        total = 0
+        for n, rec in enumerate(queue, start=1):
+            total += version - rec.base_version
+            prefix = queue[:n]
+            mean_ok = self.d > 0.0 and total / n <= beta
+            if mean_ok or _covers_groups(prefix, active_groups):
+                staleness = {r.key: version - r.base_version for r in prefix}
+                return Admission([[(r, scale(staleness[r.key])) for r in prefix]], staleness, beta)
+        return None
+
+
+class StellarisCode(AdmissionPolicy):
+    """The authors' released code (RLlib 2.8 fork), as described in DESIGN.md section 4."""
+
+    name = "stellaris_code"
+
+    def __init__(self, d: float) -> None:
+        super().__init__()
+        self.d = d
+        self.delta_max: int | None = None
+        self._sum = 0
+        self._count = 0
+
+    @property
+    def observing(self) -> bool:
+        return self.delta_max is None
+
+    @property
+    def threshold(self) -> float | None:
+        if self.observing:
+            return None
+        beta = math.floor(self.delta_max * self.d ** self.round) + 1
+        return float(min(max(beta, 1), self.delta_max))
+
+    def end_round(self, round_index: int) -> None:
+        super().end_round(round_index)
+        if self.observing and self._count > 0:
+            self.delta_max = int(self._sum / self._count) + 1
+
+    def admit(self, queue, version, active_groups):
+        self._check(version, active_groups)
+        if self.observing:
+            adm = _each_on_its_own(queue, version, lambda s: 1.0, None)
+            if adm is not None:
+                self._sum += sum(adm.staleness.values())
+                self._count += len(adm.staleness)
+            return adm
+        beta = self.threshold
+        total = 0
+        for n, rec in enumerate(queue, start=1):
+            total += version - rec.base_version
+            if total / n <= beta or n >= active_groups:
+                return _each_on_its_own(queue[:n], version, lambda s: 1.0, beta)
+        return None
+
+
+POLICIES: dict[str, Callable[[Any], AdmissionPolicy]] = {
+    "stellaris": lambda cfg: Stellaris(d=cfg.d, v=cfg.v),
+    "stellaris_code": lambda cfg: StellarisCode(d=cfg.d),
+    "pure_async": lambda cfg: PureAsync(),
+    "sync": lambda cfg: Sync(),
+}
+
+
+def make_policy(aggregation_cfg: Any) -> AdmissionPolicy:
+    """The admission policy named by ``aggregation.policy`` (an AggregationConfig)."""
+    name = aggregation_cfg.policy
+    if name not in POLICIES:
+        raise ConfigError(f"aggregation.policy: unknown admission policy {name!r}; allowed: {', '.join(POLICIES)}")
+    return POLICIES[name](aggregation_cfg)

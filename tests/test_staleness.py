@@ -1,0 +1,206 @@
+"""Admission policies on hand-worked queues (Stellaris Section V-C, Eqs. 3-4, and the code variant)."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hpcrl.config import AggregationConfig
+from hpcrl.errors import ConfigError
+from hpcrl.staleness import (
+    GradientRecord,
+    PureAsync,
+    Stellaris,
+    StellarisCode,
+    Sync,
+    aggregate,
+    lr_scale,
+    make_policy,
+)
+
+
+def rec(group, seq, base, value=1.0):
+    return GradientRecord(group=group, seq=seq, base_version=base, samples=10,
+                          grad=np.full(3, value, dtype=np.float32))
+
+
+def keys(adm):
+    return [[r.key for r, _ in step] for step in adm.steps]
+
+
+def observed(policy, staleness_values, version=100):
+    """Run round 0 with one arrival per staleness value, then end it."""
+    for i, s in enumerate(staleness_values):
+        adm = policy.admit([rec(0, i, version - s)], version, active_groups=1)
+        assert adm.staleness == {(0, i): s}
+        version += 1
+    policy.end_round(0)
+    return version
+
+
+def test_lr_scale_eq4():
+    assert lr_scale(0, 3) == 1.0
+    assert lr_scale(8, 3) == pytest.approx(0.5)
+    assert lr_scale(4, 2) == pytest.approx(0.5)
+    assert lr_scale(1, 3) == 1.0
+
+
+def test_pure_async_each_arrival_own_step():
+    q = [rec(0, 0, base=5), rec(1, 0, base=3)]
+    adm = PureAsync().admit(q, version=5, active_groups=2)
+    assert keys(adm) == [[(0, 0)], [(1, 0)]]
+    # the second step is applied at version 6
+    assert adm.staleness == {(0, 0): 0, (1, 0): 3}
+    assert [s for step in adm.steps for _, s in step] == [1.0, 1.0]
+    adm.remove_from(q)
+    assert q == []
+    assert PureAsync().admit([], 5, 1) is None
+
+
+def test_sync_waits_for_every_active_group_and_averages():
+    pol = Sync()
+    q = [rec(0, 0, 4, 1.0), rec(0, 1, 4, 5.0)]
+    assert pol.admit(q, version=4, active_groups=2) is None
+    q.append(rec(1, 0, 3, 3.0))
+    adm = pol.admit(q, version=4, active_groups=2)
+    assert keys(adm) == [[(0, 0), (1, 0)]]
+    assert adm.staleness == {(0, 0): 0, (1, 0): 1}
+    np.testing.assert_allclose(aggregate(adm.steps[0]), [2.0, 2.0, 2.0])
+    adm.remove_from(q)
+    assert [r.key for r in q] == [(0, 1)]
+    with pytest.raises(ValueError):
+        pol.admit(q, 4, active_groups=0)
+
+
+def test_stellaris_round0_is_async_and_observes_delta_max():
+    pol = Stellaris(d=0.5, v=3)
+    assert pol.threshold is None
+    q = [rec(0, 0, base=10), rec(1, 0, base=8)]
+    adm = pol.admit(q, version=10, active_groups=3)
+    assert keys(adm) == [[(0, 0)], [(1, 0)]]
+    assert adm.staleness == {(0, 0): 0, (1, 0): 3}  # 10 + 1 - 8
+    assert [s for step in adm.steps for _, s in step] == pytest.approx([1.0, 3 ** (-1 / 3)])
+    assert pol.admit([rec(2, 0, base=8)], version=12, active_groups=3).staleness == {(2, 0): 4}
+    assert pol.delta_max is None
+    pol.end_round(0)
+    assert pol.delta_max == 4
+    assert pol.threshold == pytest.approx(2.0)  # beta_1 = 4 * 0.5
+    pol.end_round(1)
+    assert pol.threshold == pytest.approx(1.0)
+
+
+def test_stellaris_mean_staleness_admission_and_lr_scales():
+    pol = Stellaris(d=0.5, v=3)
+    version = observed(pol, [4])  # delta_max = 4, beta_1 = 2
+    q = [rec(0, 0, version - 5, 2.0)]
+    assert pol.admit(q, version, active_groups=4) is None  # mean 5
+    q.append(rec(1, 0, version, 4.0))
+    assert pol.admit(q, version, active_groups=4) is None  # mean 2.5
+    q.append(rec(2, 0, version, 6.0))
+    adm = pol.admit(q, version, active_groups=4)  # mean 5/3 <= 2
+    assert keys(adm) == [[(0, 0), (1, 0), (2, 0)]]
+    assert adm.threshold == pytest.approx(2.0)
+    assert adm.staleness == {(0, 0): 5, (1, 0): 0, (2, 0): 0}
+    scales = [s for _, s in adm.steps[0]]
+    assert scales == pytest.approx([5 ** (-1 / 3), 1.0, 1.0])
+    expected = (2.0 * 5 ** (-1 / 3) + 4.0 + 6.0) / 3
+    np.testing.assert_allclose(aggregate(adm.steps[0]), np.full(3, expected), rtol=1e-6)
+
+
+def test_stellaris_applies_first_qualifying_prefix():
+    pol = Stellaris(d=0.5, v=3)
+    version = observed(pol, [4])
+    q = [rec(0, 0, version), rec(1, 0, version - 9)]
+    adm = pol.admit(q, version, active_groups=4)
+    assert keys(adm) == [[(0, 0)]]
+    adm.remove_from(q)
+    assert [r.key for r in q] == [(1, 0)]
+    assert pol.admit(q, version + 1, active_groups=4) is None  # staleness 10 waits
+
+
+@pytest.mark.parametrize("d, expected", [
+    (0.96, [9.6, 9.216, 8.84736]),
+    (0.5, [5.0, 2.5, 1.25]),
+    (1.0, [10.0, 10.0, 10.0]),
+    (0.0, [0.0, 0.0, 0.0]),
+])
+def test_stellaris_threshold_schedule_eq3(d, expected):
+    pol = Stellaris(d=d, v=3)
+    observed(pol, [3, 10, 7])
+    got = [pol.threshold]
+    for k in (1, 2):
+        pol.end_round(k)
+        got.append(pol.threshold)
+    assert got == pytest.approx(expected)
+
+
+def test_stellaris_d1_is_pure_async():
+    pol = Stellaris(d=1.0, v=3)
+    version = observed(pol, [2])
+    adm = pol.admit([rec(0, 0, version - 50)], version, active_groups=4)  # 50 > beta = 2
+    assert keys(adm) == [[(0, 0)]]
+    assert adm.steps[0][0][1] == pytest.approx(50 ** (-1 / 3))
+
+
+def test_stellaris_d0_is_synchronous():
+    pol = Stellaris(d=0.0, v=3)
+    version = observed(pol, [3])
+    q = [rec(0, 0, version)]
+    assert pol.admit(q, version, active_groups=2) is None  # fresh, but group 1 missing
+    q.append(rec(1, 0, version - 1))
+    adm = pol.admit(q, version, active_groups=2)
+    assert keys(adm) == [[(0, 0), (1, 0)]]
+
+
+def test_stellaris_unreachable_threshold_does_not_deadlock():
+    pol = Stellaris(d=0.5, v=3)
+    version = observed(pol, [1])
+    for k in range(1, 5):
+        pol.end_round(k)
+    assert pol.threshold == pytest.approx(1 / 32)
+    q = [rec(0, 0, version - 3), rec(0, 1, version - 2)]
+    assert pol.admit(q, version, active_groups=2) is None  # only group 0
+    q.append(rec(1, 0, version - 2))
+    adm = pol.admit(q, version, active_groups=2)  # mean 7/3 > beta, but every group is in
+    assert keys(adm) == [[(0, 0), (0, 1), (1, 0)]]
+
+
+def test_stellaris_code_delta_max_and_threshold():
+    pol = StellarisCode(d=0.9)
+    observed(pol, [3, 4, 4])  # mean 3.67 -> delta_max = 3 + 1
+    assert pol.delta_max == 4
+    got = {}
+    for k in range(1, 31):
+        got[k] = pol.threshold
+        pol.end_round(k)
+    assert got[1] == 4.0   # floor(3.6) + 1
+    assert got[2] == 4.0   # floor(3.24) + 1
+    assert got[5] == 3.0   # floor(2.36) + 1
+    assert got[30] == 1.0  # floor(0.17) + 1, clipped below at 1
+    big = StellarisCode(d=1.0)
+    observed(big, [5])
+    assert big.threshold == 6.0  # floor(6) + 1 = 7, clipped to delta_max = 6
+
+
+def test_stellaris_code_queue_rules():
+    pol = StellarisCode(d=0.0)
+    version = observed(pol, [2])  # delta_max 3, beta = floor(0) + 1 = 1
+    assert pol.threshold == 1.0
+    q = [rec(0, 0, version - 5)]
+    assert pol.admit(q, version, active_groups=2) is None
+    q.append(rec(0, 1, version - 5))  # as many gradients as active groups: apply
+    adm = pol.admit(q, version, active_groups=2)
+    assert keys(adm) == [[(0, 0)], [(0, 1)]]  # each its own step, in order
+    assert adm.staleness == {(0, 0): 5, (0, 1): 6}
+    assert all(s == 1.0 for step in adm.steps for _, s in step)
+    q = [rec(0, 2, version - 1)]  # mean 1 <= beta
+    assert keys(pol.admit(q, version, active_groups=4)) == [[(0, 2)]]
+
+
+def test_make_policy_names_and_error():
+    for name, cls in [("stellaris", Stellaris), ("stellaris_code", StellarisCode),
+                      ("pure_async", PureAsync), ("sync", Sync)]:
+        pol = make_policy(AggregationConfig(policy=name, d=0.9, v=2))
+        assert isinstance(pol, cls) and pol.name == name
+    assert make_policy(AggregationConfig()).d == 0.96
+    with pytest.raises(ConfigError, match="aggregation.policy.*stellaris, stellaris_code, pure_async, sync"):
+        make_policy(SimpleNamespace(policy="ssp", d=0.9, v=3))

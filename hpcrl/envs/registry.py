@@ -74,3 +74,4 @@ def make(env_id: str, **kwargs: Any) -> Any:
 
 
 # hpcrl's environments: each helper module adds its line here.
+register("hpcrl/Lorenz-v0", "hpcrl.envs.parrl.lorenz:LorenzEnv", "gym", "PAR-RL Lorenz control: perturb rho, sigma, beta to keep transient chaos alive")

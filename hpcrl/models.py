@@ -1,0 +1,172 @@
+"""Networks, and the flat-parameter view that the MPI windows move around.
+
+:class:`FlatParameters` puts every parameter (and every gradient) of a module into one
+contiguous float32 buffer, so pushing a gradient or publishing weights is one buffer, no
+copies. :class:`ActorCritic` is the PPO network: separate policy and value MLPs.
+
+Box actions: the policy is a diagonal Gaussian and ``act`` returns the raw, unclipped sample
+and its log-prob; the actor (env side) clips or rescales it into the action space before
+stepping, and stores the unclipped sample for training.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import Tensor, nn
+from torch.distributions import Categorical, Distribution, Normal
+
+from hpcrl.errors import ConfigError
+
+
+class FlatParameters:
+    """One contiguous float32 buffer behind all of ``module``'s parameters, and one behind their grads.
+
+    After construction each ``param.data`` is a view into :attr:`params` and each ``param.grad``
+    a view into :attr:`grads` (zero copy). Move the module to its device *before* wrapping it:
+    ``module.to(...)`` afterwards would give the parameters new storage. Clear gradients with
+    :meth:`zero_grad` (``module.zero_grad()`` sets them to None, which detaches them from the buffer).
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self._plist = [p for p in module.parameters()]
+        if not self._plist:
+            raise ValueError("FlatParameters: module has no parameters")
+        device = self._plist[0].device
+        if any(p.device != device for p in self._plist):
+            raise ValueError("FlatParameters: parameters live on several devices")
+        self.num_params = sum(p.numel() for p in self._plist)
+        self.params = torch.empty(self.num_params, dtype=torch.float32, device=device)
+        self.grads = torch.zeros(self.num_params, dtype=torch.float32, device=device)
+        self._views: list[tuple[Tensor, Tensor]] = []
+        offset = 0
+        for p in self._plist:
+            n = p.numel()
+            pview = self.params[offset:offset + n].view_as(p)
+            gview = self.grads[offset:offset + n].view_as(p)
+            pview.copy_(p.data)
+            p.data = pview
+            p.grad = gview
+            self._views.append((pview, gview))
+            offset += n
+
+    def zero_grad(self) -> None:
+        """Zero the gradient buffer and (re)attach every ``param.grad`` to its view."""
+        self.grads.zero_()
+        for p, (_, gview) in zip(self._plist, self._views):
+            if p.grad is None or p.grad.data_ptr() != gview.data_ptr():
+                p.grad = gview
+
+    def grads_attached(self) -> bool:
+        """True when every ``param.grad`` is still its view into :attr:`grads`."""
+        return all(p.grad is not None and p.grad.data_ptr() == g.data_ptr()
+                   for p, (_, g) in zip(self._plist, self._views))
+
+    def load_(self, flat: Tensor | np.ndarray) -> None:
+        """Copy a flat float32 vector of length ``num_params`` into the parameters."""
+        src = torch.as_tensor(flat)
+        if src.numel() != self.num_params:
+            raise ValueError(f"load_: expected {self.num_params} values, got {src.numel()}")
+        with torch.no_grad():
+            self.params.copy_(src.reshape(-1))
+
+    def numpy(self) -> np.ndarray:
+        """The parameter buffer as a numpy array sharing memory (CPU only)."""
+        return self.params.detach().numpy()
+
+    def grads_numpy(self) -> np.ndarray:
+        """The gradient buffer as a numpy array sharing memory (CPU only)."""
+        return self.grads.detach().numpy()
+
+
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
+    """Linear layers with orthogonal init (gain sqrt(2) hidden, out_gain last) and zero biases, as CleanRL."""
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        last = i == len(sizes) - 2
+        lin = nn.Linear(sizes[i], sizes[i + 1])
+        nn.init.orthogonal_(lin.weight, out_gain if last else math.sqrt(2))
+        nn.init.zeros_(lin.bias)
+        layers.append(lin)
+        if not last:
+            layers.append(_ACTIVATIONS[activation]())
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Separate MLP policy and value networks; Categorical for Discrete, diagonal Gaussian for Box.
+
+    ``flat`` is the :class:`FlatParameters` view of all parameters (policy, value, log-std).
+    """
+
+    def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, model_cfg: Any,
+                 device: str | torch.device = "cpu") -> None:
+        super().__init__()
+        if not isinstance(obs_space, spaces.Box):
+            raise ConfigError(f"env: observation space {obs_space} is not supported; allowed: Box")
+        self.obs_shape = tuple(obs_space.shape)
+        obs_dim = int(np.prod(self.obs_shape))
+        hidden = list(model_cfg.hidden_sizes)
+        act = model_cfg.activation
+        if isinstance(action_space, spaces.Discrete):
+            self.discrete = True
+            self.action_shape: tuple[int, ...] = ()
+            out = int(action_space.n)
+        elif isinstance(action_space, spaces.Box):
+            self.discrete = False
+            self.action_shape = tuple(action_space.shape)
+            out = int(np.prod(self.action_shape))
+        else:
+            raise ConfigError(f"env: action space {action_space} is not supported; allowed: Discrete, Box")
+        self.pi = _mlp([obs_dim, *hidden, out], act, out_gain=0.01)
+        self.vf = _mlp([obs_dim, *hidden, 1], act, out_gain=1.0)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.zeros(out))
+        self.to(device)
+        self.device = torch.device(device)
+        self.flat = FlatParameters(self)
+
+    def _obs(self, obs: Tensor | np.ndarray) -> Tensor:
+        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        return x.reshape(x.shape[:x.dim() - len(self.obs_shape)] + (-1,))
+
+    def dist(self, obs: Tensor | np.ndarray) -> Distribution:
+        """The action distribution at a batch of observations [B, *obs_shape]."""
+        out = self.pi(self._obs(obs))
+        if self.discrete:
+            return Categorical(logits=out)
+        return Normal(out, self.log_std.exp().expand_as(out))
+
+    def value(self, obs: Tensor | np.ndarray) -> Tensor:
+        """V(obs), shape [B]."""
+        return self.vf(self._obs(obs)).squeeze(-1)
+
+    def _logp(self, dist: Distribution, actions: Tensor) -> Tensor:
+        if self.discrete:
+            return dist.log_prob(actions.long())
+        flat = actions.reshape(actions.shape[:actions.dim() - len(self.action_shape)] + (-1,))
+        return dist.log_prob(flat.to(torch.float32)).sum(-1)
+
+    def evaluate(self, obs: Tensor | np.ndarray, actions: Tensor | np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
+        """(log pi(a|s) [B], entropy [B], V(s) [B]) with gradients."""
+        d = self.dist(obs)
+        actions = torch.as_tensor(actions, device=self.device)
+        ent = d.entropy() if self.discrete else d.entropy().sum(-1)
+        return self._logp(d, actions), ent, self.value(obs)
+
+    @torch.no_grad()
+    def act(self, obs: Tensor | np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
+        """Sample (action, log-prob, value) for a batch; Box actions are unclipped samples."""
+        d = self.dist(obs)
+        a = d.sample()
+        logp = self._logp(d, a)
+        if not self.discrete:
+            a = a.reshape(a.shape[:-1] + self.action_shape)
+        return a, logp, self.value(obs)

@@ -1,0 +1,90 @@
+"""FlatParameters are true views; ActorCritic on Discrete and Box spaces."""
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from hpcrl.config import ModelConfig
+from hpcrl.errors import ConfigError
+from hpcrl.models import ActorCritic, FlatParameters
+
+OBS = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
+CFG = ModelConfig(hidden_sizes=[16, 16], activation="tanh")
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def test_flat_params_are_views_of_one_buffer():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    before = [p.detach().clone() for p in net.parameters()]
+    flat = FlatParameters(net)
+    assert flat.num_params == 3 * 5 + 5 + 5 * 2 + 2
+    torch.testing.assert_close(flat.params, torch.cat([b.flatten() for b in before]))
+    x = torch.randn(7, 3)
+    y0 = net(x).detach()
+    flat.numpy()[:] = 0.0  # writing the buffer changes the module
+    assert torch.count_nonzero(net(x)) == 0
+    flat.load_(torch.cat([b.flatten() for b in before]))
+    torch.testing.assert_close(net(x), y0)
+    with pytest.raises(ValueError):
+        flat.load_(np.zeros(3, dtype=np.float32))
+
+
+def test_grads_land_in_flat_buffer():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 2)
+    flat = FlatParameters(net)
+    net(torch.randn(4, 3)).pow(2).sum().backward()
+    expected = torch.cat([p.grad.flatten() for p in net.parameters()]).clone()
+    assert torch.count_nonzero(flat.grads) > 0
+    torch.testing.assert_close(flat.grads, expected)
+    net.zero_grad()  # sets .grad to None: detached from the buffer
+    assert not flat.grads_attached()
+    flat.zero_grad()
+    assert flat.grads_attached() and torch.count_nonzero(flat.grads) == 0
+    net(torch.randn(4, 3)).sum().backward()
+    torch.testing.assert_close(flat.grads, torch.cat([p.grad.flatten() for p in net.parameters()]))
+    # an optimizer stepping the module writes into the buffer
+    ptr = flat.params.data_ptr()
+    torch.optim.SGD(net.parameters(), lr=0.1).step()
+    assert flat.params.data_ptr() == ptr and net.weight.data_ptr() == ptr
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_actor_critic_discrete(device):
+    torch.manual_seed(0)
+    ac = ActorCritic(OBS, spaces.Discrete(3), CFG, device=device)
+    obs = np.random.default_rng(0).uniform(-1, 1, (8, 4)).astype(np.float32)
+    a, logp, v = ac.act(obs)
+    assert a.shape == (8,) and logp.shape == (8,) and v.shape == (8,)
+    assert a.device.type == device and a.dtype == torch.int64
+    logp2, ent, v2 = ac.evaluate(obs, a)
+    torch.testing.assert_close(logp2, logp)
+    torch.testing.assert_close(v2, v)
+    assert torch.all(ent > 0)
+    # output layer init gain 0.01: a near-uniform policy
+    assert torch.allclose(logp, torch.full_like(logp, -np.log(3)), atol=0.05)
+    assert ac.flat.num_params == sum(p.numel() for p in ac.parameters())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_actor_critic_box_and_flat_roundtrip(device):
+    torch.manual_seed(0)
+    ac = ActorCritic(OBS, spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32), CFG, device=device)
+    obs = torch.randn(5, 4)
+    a, logp, _ = ac.act(obs)
+    assert a.shape == (5, 2)
+    logp2, ent, _ = ac.evaluate(obs, a)
+    torch.testing.assert_close(logp2, logp)
+    # log-std starts at 0: entropy of a unit Gaussian per dimension
+    torch.testing.assert_close(ent, torch.full((5,), 2 * 0.5 * np.log(2 * np.pi * np.e), device=device, dtype=torch.float32))
+    other = ActorCritic(OBS, spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32), CFG, device=device)
+    other.flat.load_(ac.flat.params)
+    torch.testing.assert_close(other.evaluate(obs, a)[0], logp)
+    ac.evaluate(obs, a)[0].sum().backward()
+    assert torch.count_nonzero(ac.flat.grads) > 0
+
+
+def test_unsupported_spaces_raise_config_error():
+    with pytest.raises(ConfigError, match="action space"):
+        ActorCritic(OBS, spaces.MultiDiscrete([2, 2]), CFG)

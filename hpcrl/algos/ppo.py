@@ -1,0 +1,198 @@
+"""PPO (Schulman et al. 2017) with Stellaris' importance-sampling truncation (SC'24, Eq. 2).
+
+Fragment keys (one actor fragment, time-major [T, N, ...], tensors or numpy):
+    obs [T, N, *obs_shape], actions [T, N, *action_shape], rewards, terminated, truncated,
+    behaviour_logp (log mu(a|s) of the acting policy), values (V(s) by the acting policy),
+    final_values (V of the final observation on truncated steps, 0 elsewhere) — all [T, N] —
+    and last_value [N] (V of the observation after the last step, the bootstrap).
+
+Batch keys (flat [B, ...], made by :func:`prepare_batch`):
+    obs, actions, behaviour_logp, values (old values, for value clipping),
+    advantages (GAE), returns (GAE value targets).
+
+Learner loop (runtime's job): for each of ``num_sgd_iter`` passes over the batch, for each
+shuffled minibatch of :func:`minibatches`: pull the newest weights, :func:`compute_gradient`,
+push. Each minibatch gradient is one push, computed at the pulled weights (its base version).
+
+KL penalty: ``kl_coeff * E[(r - 1) - log r]``, r = pi/mu, the non-negative sample estimator of
+KL(mu || pi) (only mu's log-probs travel with fragments, not its distribution parameters).
+RLlib's adaptive coefficient is :func:`update_kl_coeff`; whoever owns the coefficient (the
+parameter rank, once per round) may call it and pass ``kl_coeff`` in; by default it is fixed.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hpcrl.algos.returns import generalized_advantage_estimate, next_values_from
+
+RatioFn = Callable[[Tensor, Tensor], Tensor]
+FRAGMENT_KEYS = ("obs", "actions", "rewards", "terminated", "truncated", "behaviour_logp", "values",
+                 "final_values", "last_value")
+
+
+def truncated_ratio(logp_learners: Tensor, logp_behaviour: Tensor, rho: float = 1.0) -> Tensor:
+    """R' = min(|min_i pi_i/mu|, rho) (Stellaris Eq. 2), shape [B].
+
+    ``logp_learners`` [K, B]: log pi_i(a|s) of the K learner policies in the aggregation window;
+    row 0 is this learner's policy (with grad), the others detached snapshots.
+    """
+    if logp_learners.dim() != 2 or logp_learners.shape[1:] != logp_behaviour.shape:
+        raise ValueError(f"expected logp_learners [K, B] and logp_behaviour [B], got "
+                         f"{tuple(logp_learners.shape)} and {tuple(logp_behaviour.shape)}")
+    ratios = torch.exp(logp_learners - logp_behaviour)
+    return torch.clamp(ratios.min(dim=0).values.abs(), max=rho)
+
+
+def truncated_ratio_code(logp_learners: Tensor, logp_behaviour: Tensor, rho: float = 1.0) -> Tensor:
+    """The authors' released code: R' = min(r_0, max(min_j r_j, rho)), r_j = pi_j/mu, no absolute value.
+
+    Same arguments as :func:`truncated_ratio`; row 0 is this learner's policy.
+    """
+    if logp_learners.dim() != 2 or logp_learners.shape[1:] != logp_behaviour.shape:
+        raise ValueError(f"expected logp_learners [K, B] and logp_behaviour [B], got "
+                         f"{tuple(logp_learners.shape)} and {tuple(logp_behaviour.shape)}")
+    ratios = torch.exp(logp_learners - logp_behaviour)
+    cap = torch.clamp(ratios.min(dim=0).values, min=rho)
+    return torch.minimum(ratios[0], cap)
+
+
+def ratio_fn_for(aggregation_cfg) -> RatioFn | None:
+    """The IS ratio an AggregationConfig asks for: None (plain pi/mu), Eq. 2, or the code variant."""
+    if not aggregation_cfg.is_truncation:
+        return None
+    rho = aggregation_cfg.rho
+    fn = truncated_ratio_code if aggregation_cfg.policy == "stellaris_code" else truncated_ratio
+    return lambda logp_learners, logp_behaviour: fn(logp_learners, logp_behaviour, rho)
+
+
+def update_kl_coeff(kl_coeff: float, kl: float, kl_target: float) -> float:
+    """RLlib's adaptive KL coefficient: x1.5 when kl > 2 target, x0.5 when kl < target / 2."""
+    if kl > 2.0 * kl_target:
+        return kl_coeff * 1.5
+    if kl < 0.5 * kl_target:
+        return kl_coeff * 0.5
+    return kl_coeff
+
+
+def _tensor(x, device, dtype=None) -> Tensor:
+    return torch.as_tensor(np.asarray(x) if not isinstance(x, Tensor) else x, device=device, dtype=dtype)
+
+
+def prepare_batch(fragments: Mapping | Sequence[Mapping], cfg, device: str | torch.device = "cpu",
+                  policy=None) -> dict[str, Tensor]:
+    """Fragments (keys above) -> one flat batch with GAE advantages and returns (cfg: PPOConfig).
+
+    With ``policy`` (an ActorCritic) and a ``last_obs`` [N, ...] key in the fragment, ``values``
+    and ``last_value`` are recomputed by the learner's policy; ``final_values`` always come
+    from the actor (the final observation is gone after the reset).
+    """
+    if isinstance(fragments, Mapping):
+        fragments = [fragments]
+    parts: list[dict[str, Tensor]] = []
+    for frag in fragments:
+        missing = [k for k in FRAGMENT_KEYS if k not in frag]
+        if missing:
+            raise ValueError(f"prepare_batch: fragment lacks {missing}")
+        f = {k: _tensor(frag[k], device) for k in FRAGMENT_KEYS}
+        T, N = f["rewards"].shape
+        values, last_value = f["values"].float(), f["last_value"].float()
+        if policy is not None and "last_obs" in frag:
+            with torch.no_grad():
+                values = policy.value(f["obs"].reshape(T * N, *f["obs"].shape[2:])).reshape(T, N).to(device)
+                last_value = policy.value(_tensor(frag["last_obs"], device)).to(device)
+        nxt = next_values_from(values, last_value, f["truncated"], f["final_values"].float())
+        adv, ret = generalized_advantage_estimate(f["rewards"].float(), values, nxt, f["terminated"],
+                                                  f["truncated"], cfg.gamma, cfg.gae_lambda)
+        flat = lambda x: x.reshape(T * N, *x.shape[2:])  # noqa: E731
+        parts.append({"obs": flat(f["obs"]), "actions": flat(f["actions"]),
+                      "behaviour_logp": flat(f["behaviour_logp"]).float(), "values": flat(values),
+                      "advantages": flat(adv), "returns": flat(ret)})
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def minibatches(batch: Mapping[str, Tensor], size: int, generator: torch.Generator | None = None
+                ) -> Iterator[dict[str, Tensor]]:
+    """Shuffled minibatches of ``size`` rows (the last one may be smaller)."""
+    n = len(batch["advantages"])
+    order = torch.randperm(n, generator=generator).to(batch["advantages"].device)
+    for start in range(0, n, size):
+        idx = order[start:start + size]
+        yield {k: v[idx] for k, v in batch.items()}
+
+
+def ppo_loss(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | None = None,
+             ratio_fn: RatioFn | None = None, kl_coeff: float | None = None,
+             vf_clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Clipped surrogate + vf_coeff value loss + KL penalty - entropy bonus (cfg: PPOConfig).
+
+    ``window_logps`` [K-1, B]: log-probs of the batch actions under the other learner policies of
+    the aggregation window (detached); with ``ratio_fn`` (see :func:`ratio_fn_for`) the ratio is
+    ``ratio_fn([logp; window_logps], behaviour_logp)``, else pi/mu. ``vf_clip``: clip V around
+    the old values by this much (None: unclipped). ``kl_coeff`` overrides cfg.kl_coeff.
+    """
+    logp, entropy, value = policy.evaluate(batch["obs"], batch["actions"])
+    mu_logp = batch["behaviour_logp"]
+    log_r = logp - mu_logp
+    raw_ratio = torch.exp(log_r)
+    if ratio_fn is not None:
+        learners = logp.unsqueeze(0)
+        if window_logps is not None:
+            learners = torch.cat([learners, window_logps.detach().to(logp.dtype)], dim=0)
+        ratio = ratio_fn(learners, mu_logp)
+    else:
+        ratio = raw_ratio
+    adv = batch["advantages"]
+    if cfg.normalize_advantages and adv.numel() > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1.0 - cfg.clip, 1.0 + cfg.clip) * adv)
+    policy_loss = -surrogate.mean()
+    ret = batch["returns"]
+    value_err = (value - ret) ** 2
+    if vf_clip is not None:
+        old = batch["values"]
+        clipped = old + torch.clamp(value - old, -vf_clip, vf_clip)
+        value_err = torch.max(value_err, (clipped - ret) ** 2)
+    value_loss = 0.5 * value_err.mean()
+    kl = ((raw_ratio - 1.0) - log_r).mean()
+    coeff = cfg.kl_coeff if kl_coeff is None else kl_coeff
+    ent = entropy.mean()
+    loss = policy_loss + cfg.vf_coeff * value_loss + coeff * kl - cfg.entropy_coeff * ent
+    with torch.no_grad():
+        stats = {
+            "loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": value_loss.item(),
+            "kl": kl.item(), "entropy": ent.item(),
+            "clip_fraction": ((ratio - 1.0).abs() > cfg.clip).float().mean().item(),
+            "ratio_mean": ratio.mean().item(),
+            "truncated_fraction": (ratio < raw_ratio - 1e-6).float().mean().item(),
+        }
+    return loss, stats
+
+
+def compute_gradient(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | None = None,
+                     ratio_fn: RatioFn | None = None, kl_coeff: float | None = None,
+                     vf_clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Flat float32 gradient of :func:`ppo_loss` on one (mini)batch, norm-clipped to cfg.max_grad_norm.
+
+    Returns ``policy.flat.grads`` itself (valid until the next call: copy it to keep it) and the
+    loss stats plus ``grad_norm`` (before clipping). The policy's parameters are not changed.
+    """
+    flat = policy.flat
+    flat.zero_grad()
+    loss, stats = ppo_loss(batch, policy, cfg, window_logps, ratio_fn, kl_coeff, vf_clip)
+    loss.backward()
+    if not flat.grads_attached():
+        raise RuntimeError("compute_gradient: parameter grads were detached from the flat buffer")
+    norm = torch.linalg.vector_norm(flat.grads)
+    stats["grad_norm"] = norm.item()
+    flat.grads.mul_(torch.clamp(cfg.max_grad_norm / (norm + 1e-6), max=1.0))
+    return flat.grads, stats
+
+
+@torch.no_grad()
+def logps_under(policies: Sequence, batch: Mapping[str, Tensor]) -> Tensor:
+    """[K, B] log-probs of the batch actions under K policy snapshots (e.g. older weight-board versions)."""
+    return torch.stack([p.evaluate(batch["obs"], batch["actions"])[0] for p in policies])

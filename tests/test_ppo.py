@@ -1,0 +1,148 @@
+"""PPO loss, Stellaris IS truncation (Eq. 2 and the code variant), compute_gradient, prepare_batch."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from hpcrl.algos.ppo import (
+    compute_gradient,
+    logps_under,
+    minibatches,
+    ppo_loss,
+    prepare_batch,
+    ratio_fn_for,
+    truncated_ratio,
+    truncated_ratio_code,
+    update_kl_coeff,
+)
+from hpcrl.config import AggregationConfig, ModelConfig, PPOConfig
+from hpcrl.models import ActorCritic
+
+OBS = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
+MODEL = ModelConfig(hidden_sizes=[16, 16])
+
+MU = torch.tensor([0.5, 0.5, 0.2])
+PI = torch.tensor([[0.6, 0.4, 0.5],   # this learner: r = 1.2, 0.8, 2.5
+                   [0.3, 0.7, 0.1]])  # another learner: r = 0.6, 1.4, 0.5
+
+
+def test_truncated_ratio_eq2_by_hand():
+    torch.testing.assert_close(truncated_ratio(PI.log(), MU.log(), 1.0), torch.tensor([0.6, 0.8, 0.5]))
+    torch.testing.assert_close(truncated_ratio(PI.log(), MU.log(), 0.7), torch.tensor([0.6, 0.7, 0.5]))
+    torch.testing.assert_close(truncated_ratio(PI[:1].log(), MU.log(), 1.0), torch.tensor([1.0, 0.8, 1.0]))
+    # the gradient reaches this learner's log-prob only where its ratio is the minimum below rho
+    own = PI[0].log().clone().requires_grad_(True)
+    truncated_ratio(torch.stack([own, PI[1].log()]), MU.log(), 1.0).sum().backward()
+    torch.testing.assert_close(own.grad, torch.tensor([0.0, 0.8, 0.0]))
+    with pytest.raises(ValueError):
+        truncated_ratio(PI[0].log(), MU.log())
+
+
+def test_truncated_ratio_code_variant_by_hand():
+    # min(r_0, max(min_j r_j, rho)): min_j r_j = .6, .8, .5
+    torch.testing.assert_close(truncated_ratio_code(PI.log(), MU.log(), 1.0), torch.tensor([1.0, 0.8, 1.0]))
+    torch.testing.assert_close(truncated_ratio_code(PI.log(), MU.log(), 0.5), torch.tensor([0.6, 0.8, 0.5]))
+    torch.testing.assert_close(truncated_ratio_code(PI.log(), MU.log(), 2.0), torch.tensor([1.2, 0.8, 2.0]))
+
+
+def test_ratio_fn_for_config():
+    assert ratio_fn_for(AggregationConfig(is_truncation=False)) is None
+    fn = ratio_fn_for(AggregationConfig(rho=1.0))
+    torch.testing.assert_close(fn(PI.log(), MU.log()), torch.tensor([0.6, 0.8, 0.5]))
+    fn = ratio_fn_for(AggregationConfig(policy="stellaris_code", rho=1.0))
+    torch.testing.assert_close(fn(PI.log(), MU.log()), torch.tensor([1.0, 0.8, 1.0]))
+
+
+def test_update_kl_coeff():
+    assert update_kl_coeff(0.2, 0.05, 0.01) == pytest.approx(0.3)
+    assert update_kl_coeff(0.2, 0.001, 0.01) == pytest.approx(0.1)
+    assert update_kl_coeff(0.2, 0.01, 0.01) == 0.2
+
+
+def toy(seed=0, action_space=spaces.Discrete(2), B=64):
+    torch.manual_seed(seed)
+    policy = ActorCritic(OBS, action_space, MODEL)
+    obs = torch.rand(B, 4) * 2 - 1
+    actions, logp, values = policy.act(obs)
+    batch = {"obs": obs, "actions": actions, "behaviour_logp": logp, "values": values,
+             "advantages": torch.randn(B), "returns": torch.randn(B)}
+    return policy, batch
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+@pytest.mark.parametrize("space", [spaces.Discrete(2), spaces.Box(-1, 1, (2,), np.float32)])
+def test_loss_decreases_under_sgd(truncate, space):
+    policy, batch = toy(action_space=space)
+    cfg = PPOConfig(max_grad_norm=10.0, kl_coeff=0.2, entropy_coeff=0.01)
+    ratio_fn = ratio_fn_for(AggregationConfig()) if truncate else None
+    first, _ = ppo_loss(batch, policy, cfg, ratio_fn=ratio_fn)
+    for _ in range(60):
+        grad, stats = compute_gradient(batch, policy, cfg, ratio_fn=ratio_fn)
+        with torch.no_grad():
+            policy.flat.params.sub_(0.1 * grad)
+    last, stats = ppo_loss(batch, policy, cfg, ratio_fn=ratio_fn)
+    assert last.item() < 0.85 * first.item()
+    assert stats["policy_loss"] < -0.01  # on-policy start: the surrogate begins at 0
+    assert stats["kl"] > 0
+
+
+def test_compute_gradient_equals_autograd_and_is_clipped():
+    policy, batch = toy(seed=1)
+    cfg = PPOConfig(max_grad_norm=1e6, kl_coeff=0.2, entropy_coeff=0.01)
+    with torch.no_grad():  # move off the behaviour policy so every term has a gradient
+        policy.flat.params.add_(0.05 * torch.randn(policy.flat.num_params))
+    loss, _ = ppo_loss(batch, policy, cfg, vf_clip=0.5)
+    expected = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(policy.parameters()))])
+    grad, stats = compute_gradient(batch, policy, cfg, vf_clip=0.5)
+    assert grad.dtype == torch.float32 and grad.dim() == 1 and grad.numel() == policy.flat.num_params
+    torch.testing.assert_close(grad, expected)
+    assert stats["grad_norm"] == pytest.approx(expected.norm().item(), rel=1e-5)
+    small = PPOConfig(max_grad_norm=0.01, kl_coeff=0.2, entropy_coeff=0.01)
+    grad, _ = compute_gradient(batch, policy, small, vf_clip=0.5)
+    assert grad.norm().item() == pytest.approx(0.01, rel=1e-3)
+    torch.testing.assert_close(grad / grad.norm(), expected / expected.norm())
+
+
+def test_window_policies_enter_the_ratio():
+    policy, batch = toy(seed=2)
+    other = ActorCritic(OBS, spaces.Discrete(2), MODEL)
+    other.flat.load_(policy.flat.params + 0.3 * torch.randn(policy.flat.num_params))
+    window = logps_under([other], batch)
+    assert window.shape == (1, 64)
+    cfg = PPOConfig()
+    fn = ratio_fn_for(AggregationConfig())
+    _, alone = ppo_loss(batch, policy, cfg, ratio_fn=fn)
+    _, joint = ppo_loss(batch, policy, cfg, window_logps=window, ratio_fn=fn)
+    # on-policy alone: ratio 1 everywhere; the other learner's smaller ratios pull the mean below 1
+    assert alone["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    expected = torch.clamp(torch.exp(window[0] - batch["behaviour_logp"]), max=1.0).mean().item()
+    assert joint["ratio_mean"] == pytest.approx(expected, rel=1e-5)
+    assert joint["ratio_mean"] < 0.99
+
+
+def test_prepare_batch_gae_and_minibatches():
+    cfg = PPOConfig(gamma=0.9, gae_lambda=0.8)
+    T, N = 3, 2
+    frag = {
+        "obs": np.zeros((T, N, 4), np.float32), "actions": np.zeros((T, N), np.int64),
+        "rewards": np.array([[1.0, 1.0], [2.0, 1.0], [3.0, 1.0]]),
+        "terminated": np.array([[0, 0], [1, 0], [0, 0]], bool),
+        "truncated": np.array([[1, 0], [0, 0], [0, 0]], bool),
+        "behaviour_logp": np.full((T, N), math.log(0.5)),
+        "values": np.array([[0.5, 0.0], [1.0, 0.0], [1.5, 0.0]]),
+        "final_values": np.array([[4.0, 0.0], [0.0, 0.0], [0.0, 0.0]]),
+        "last_value": np.array([2.0, 1.0]),
+    }
+    batch = prepare_batch([frag, frag], cfg)
+    assert set(batch) == {"obs", "actions", "behaviour_logp", "values", "advantages", "returns"}
+    assert batch["obs"].shape == (2 * T * N, 4)
+    a1 = 1 + 0.72 * 1.9
+    expected = torch.tensor([4.1, 1 + 0.72 * a1, 1.0, a1, 3.3, 1.9])  # rows t*N + n
+    torch.testing.assert_close(batch["advantages"][:6].float(), expected)
+    torch.testing.assert_close(batch["returns"][:6], expected + batch["values"][:6])
+    with pytest.raises(ValueError, match="last_value"):
+        prepare_batch({k: v for k, v in frag.items() if k != "last_value"}, cfg)
+    seen = torch.cat([mb["advantages"] for mb in minibatches(batch, 5, torch.Generator().manual_seed(0))])
+    assert sorted(seen.tolist()) == sorted(batch["advantages"].tolist())

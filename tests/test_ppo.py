@@ -146,3 +146,23 @@ def test_prepare_batch_gae_and_minibatches():
         prepare_batch({k: v for k, v in frag.items() if k != "last_value"}, cfg)
     seen = torch.cat([mb["advantages"] for mb in minibatches(batch, 5, torch.Generator().manual_seed(0))])
     assert sorted(seen.tolist()) == sorted(batch["advantages"].tolist())
+
+
+def test_prepare_batch_recomputes_values_with_learner_policy():
+    torch.manual_seed(3)
+    policy = ActorCritic(OBS, spaces.Discrete(2), MODEL)
+    T, N = 4, 3
+    obs = torch.rand(T, N, 4)
+    last_obs = torch.rand(N, 4)
+    zeros = torch.zeros(T, N)
+    frag = {"obs": obs, "actions": torch.zeros(T, N, dtype=torch.long), "rewards": torch.ones(T, N),
+            "terminated": zeros.bool(), "truncated": zeros.bool(), "behaviour_logp": zeros,
+            "values": zeros, "final_values": zeros, "last_value": torch.zeros(N), "last_obs": last_obs}
+    cfg = PPOConfig(gamma=0.5, gae_lambda=1.0)
+    batch = prepare_batch(frag, cfg, policy=policy)
+    with torch.no_grad():
+        v = policy.value(obs.reshape(-1, 4))
+        last = policy.value(last_obs)
+    torch.testing.assert_close(batch["values"], v)
+    # lambda = 1, no dones: the return of the last row is r + gamma V(last_obs)
+    torch.testing.assert_close(batch["returns"][-N:], 1.0 + 0.5 * last)

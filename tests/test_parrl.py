@@ -65,3 +65,123 @@ def test_lorenz_kept_chaotic_is_truncated_not_terminated():
 def test_lorenz_registered():
     assert spec("hpcrl/Lorenz-v0").kind == "gym"
     assert isinstance(make("hpcrl/Lorenz-v0", episode_steps=10, judged_steps=5), LorenzEnv)
+
+
+# ---------------------------------------------------------------- spectral solver and 2D LES
+
+from hpcrl.envs.parrl.les2d import KraichnanLES, KraichnanLESEnv  # noqa: E402
+from hpcrl.envs.parrl.spectral2d import SpectralGrid, kraichnan_initial, spectral_cutoff  # noqa: E402
+
+
+def _tiny_les(tmp_path, **kw):
+    args = dict(les_n=16, dns_n=64, kp=3.0, re=500.0, t_end=0.4, interval=0.1, cache_dir=tmp_path)
+    args.update(kw)
+    return args
+
+
+def test_spectral_inviscid_energy_and_enstrophy_conserved_at_third_order():
+    g = SpectralGrid(64)
+    w0 = kraichnan_initial(g, 4.0, np.random.default_rng(0))
+    e0, z0 = g.energy(w0), g.enstrophy(w0)
+    drift = []
+    for dt, n in ((0.01, 20), (0.005, 40)):
+        w = w0
+        for _ in range(n):
+            w = g.rk3_step(w, dt, nu=0.0)
+        assert abs(g.enstrophy(w) - z0) / z0 < 1e-5
+        drift.append(abs(g.energy(w) - e0) / e0)
+    assert drift[0] < 1e-5
+    assert drift[0] / drift[1] > 6.0  # RK3's energy error falls like dt^3 (8x per halving)
+
+
+def test_spectral_viscous_eigenmode_decays_analytically():
+    # omega = sin(3x) cos(4y) + cos(5y): all |k|^2 = 25, so J(psi, omega) = 0 and omega ~ exp(-25 nu t).
+    g = SpectralGrid(32)
+    x = np.arange(32) * g.dx
+    xx, yy = np.meshgrid(x, x)
+    w = g.to_spectral(np.sin(3 * xx) * np.cos(4 * yy) + np.cos(5 * yy))
+    e0, nu = g.energy(w), 0.01
+    for _ in range(100):
+        w = g.rk3_step(w, 0.01, nu)
+    assert g.energy(w) / e0 == pytest.approx(np.exp(-2 * nu * 25 * 1.0), rel=1e-8)
+
+
+def test_kraichnan_initial_spectrum_and_cutoff_filter():
+    fine, coarse = SpectralGrid(128), SpectralGrid(32)
+    w = kraichnan_initial(fine, 5.0, np.random.default_rng(1))
+    k = np.arange(1, fine.kmax + 1)
+    analytic = 4.0 / (3.0 * np.pi) * 5.0**-5 * k**4 * np.exp(-((k / 5.0) ** 2))
+    assert np.allclose(fine.energy_spectrum(w)[1:], analytic, rtol=1e-10)
+    assert fine.energy(w) == pytest.approx(1.0 / (2.0 * np.sqrt(np.pi)), rel=1e-6)
+    wc = spectral_cutoff(w, fine, coarse)
+    assert np.allclose(coarse.energy_spectrum(wc)[1:], fine.energy_spectrum(w)[1:coarse.kmax + 1], rtol=1e-12)
+    # the filtered grid field is the fine field's low-pass: equal at the shared grid points when nothing is cut
+    smooth = fine.to_spectral(np.cos(2 * np.arange(128) * fine.dx)[None, :] * np.ones((128, 1)))
+    assert np.allclose(coarse.to_grid(spectral_cutoff(smooth, fine, coarse)), fine.to_grid(smooth)[::4, ::4])
+
+
+def test_smagorinsky_only_removes_energy():
+    g = SpectralGrid(32)
+    w = kraichnan_initial(g, 5.0, np.random.default_rng(2))
+    plain, smag = w, w
+    for _ in range(20):
+        e_before = g.energy(smag)
+        plain, smag = g.rk3_step(plain, 0.02, 1e-3), g.rk3_step(smag, 0.02, 1e-3, 0.1)
+        assert g.energy(smag) < e_before
+    assert g.energy(smag) < 0.9 * g.energy(plain)
+
+
+def test_les_env_passes_env_checker_and_caches_reference(tmp_path):
+    env = KraichnanLESEnv(**_tiny_les(tmp_path))
+    _check(env)
+    path = env.les.cache_path(0)
+    stamp = path.stat().st_mtime_ns
+    again = KraichnanLESEnv(**_tiny_les(tmp_path))
+    again.reset(seed=0)
+    assert path.stat().st_mtime_ns == stamp  # read from the cache, not regenerated
+    assert np.array_equal(again.les.reference["w_hat"], env.les.reference["w_hat"])
+    assert again.les.reference["w_hat"].shape == (5, 16, 9)
+
+
+def test_les_on_the_dns_grid_without_closure_reproduces_the_reference(tmp_path):
+    # Same grid, Cs^2 = 0: the LES is the DNS, so every spectrum error is round-off.
+    env = KraichnanLESEnv(cs2_range=(0.0, 0.5), **_tiny_les(tmp_path, les_n=32, dns_n=32))
+    env.reset(seed=0)
+    rewards, done = [], False
+    while not done:
+        _, r, done, truncated, info = env.step(np.array([0.0], np.float32))
+        rewards.append(r)
+    assert len(rewards) == 4 and max(abs(r) for r in rewards) < 1e-9
+    env.reset(seed=0)
+    _, r_smag, *_ = env.step(np.array([0.5], np.float32))
+    assert r_smag < -1e-3  # the closure changes the spectrum, and the reward sees it
+
+
+def test_les_probe_interpolation_hits_probe_values():
+    les = KraichnanLES(les_n=32, dns_n=32)
+    vals = np.arange(16.0).reshape(4, 4)
+    field = les.cs2_field(vals)
+    assert np.array_equal(field[np.ix_(les.probe_index, les.probe_index)], vals)
+    assert field.min() >= 0.0 and field.max() <= 15.0
+
+
+def test_les_multi_agent_parallel_api(tmp_path):
+    pytest.importorskip("pettingzoo")
+    from pettingzoo.test import parallel_api_test
+
+    from hpcrl.envs.parrl.les2d_marl import KraichnanLESParallelEnv
+
+    env = KraichnanLESParallelEnv(**_tiny_les(tmp_path))
+    parallel_api_test(env, num_cycles=50)
+    single = KraichnanLESEnv(**_tiny_les(tmp_path))
+    shared = KraichnanLESParallelEnv(global_share=1.0, **_tiny_les(tmp_path))
+    single.reset(seed=0)
+    shared.reset(seed=0)
+    _, r1, *_ = single.step(np.array([0.2], np.float32))
+    _, rewards, *_ = shared.step({a: np.array([0.2], np.float32) for a in shared.agents})
+    assert len(rewards) == 16 and all(r == pytest.approx(r1, rel=1e-9) for r in rewards.values())
+
+
+def test_les_registered():
+    assert spec("hpcrl/KraichnanLES-v0").kind == "gym"
+    assert spec("hpcrl/KraichnanLESProbes-v0").kind == "parallel"

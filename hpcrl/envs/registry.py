@@ -75,3 +75,5 @@ def make(env_id: str, **kwargs: Any) -> Any:
 
 # hpcrl's environments: each helper module adds its line here.
 register("hpcrl/Lorenz-v0", "hpcrl.envs.parrl.lorenz:LorenzEnv", "gym", "PAR-RL Lorenz control: perturb rho, sigma, beta to keep transient chaos alive")
+register("hpcrl/KraichnanLES-v0", "hpcrl.envs.parrl.les2d:KraichnanLESEnv", "gym", "PAR-RL 2D LES closure: one Smagorinsky Cs^2 for a 32^2 LES of Kraichnan turbulence vs filtered 256^2 DNS")
+register("hpcrl/KraichnanLESProbes-v0", "hpcrl.envs.parrl.les2d_marl:KraichnanLESParallelEnv", "parallel", "PAR-RL 2D LES closure, 16 probe agents each setting the local Cs^2")

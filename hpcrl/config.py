@@ -189,6 +189,15 @@ class StopConfig(Section):
     max_wall_seconds: float | None = Field(None, gt=0)
 
 
+class DebugConfig(Section):
+    """Fault injection for tests of the failure path (not needed in normal runs)."""
+
+    raise_on_rank: int | None = Field(None, ge=0)
+    """World rank that raises RuntimeError on purpose, to check that the whole job aborts."""
+    raise_after_seconds: float = Field(0.0, ge=0)
+    """Seconds into its role loop after which that rank raises."""
+
+
 class RunConfig(Section):
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     """Run name: letters, digits, '.', '_', '-' (it becomes part of paths and job names)."""
@@ -201,6 +210,7 @@ class RunConfig(Section):
     io: IOConfig = Field(default_factory=IOConfig)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
+    debug: DebugConfig = Field(default_factory=DebugConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -208,6 +218,31 @@ class RunConfig(Section):
         if isinstance(data, dict) and isinstance(data.get("algo"), dict) and "name" not in data["algo"]:
             data = {**data, "algo": {"name": "ppo", **data["algo"]}}
         return data
+
+    @model_validator(mode="after")
+    def _ppo_batch_sizes(self) -> "RunConfig":
+        if self.algo.name != "ppo":
+            return self
+        per_group = self.group_batch_size
+        if self.algo.minibatch_size > per_group:
+            raise ValueError(
+                f"algo.minibatch_size={self.algo.minibatch_size} exceeds the per-group batch "
+                f"algo.train_batch_size / learners.groups = {per_group}")
+        if self.algo.minibatch_size < self.learners.ranks_per_group:
+            raise ValueError(
+                f"algo.minibatch_size={self.algo.minibatch_size} is smaller than learners.ranks_per_group="
+                f"{self.learners.ranks_per_group} (each learner rank needs a share)")
+        return self
+
+    @property
+    def group_batch_size(self) -> int:
+        """Environment steps one learner group gathers before its SGD passes (train_batch_size / G)."""
+        return max(1, self.algo.train_batch_size // self.learners.groups)
+
+    @property
+    def fragment_steps(self) -> int:
+        """Environment steps in one actor fragment (fragment_length x num_envs)."""
+        return self.actors.fragment_length * self.env.num_envs
 
     @property
     def uses_mpi(self) -> bool:

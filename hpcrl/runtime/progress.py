@@ -1,0 +1,164 @@
+"""Progress of a run: a rich progress bar on a terminal, plain periodic lines otherwise.
+
+The parameter rank knows the numbers; the terminal belongs to the ``hpcrl run`` parent,
+which reads the mpiexec's stdout through a pipe. So the parameter rank has three modes:
+
+- ``pipe``: one machine-readable line per second, ``@@hpcrl {json}``, that the parent
+  renders with :class:`ProgressView` (its other output passes through unchanged);
+- ``plain``: a readable line every ``io.log_seconds`` (batch jobs: srun, PBS mpiexec);
+- ``tty``: a rich progress bar in the rank itself (an interactive ``srun --pty``).
+
+Each stats dict holds: env_steps, total_steps, episodes, mean_return, version, staleness,
+active_groups, groups, round, elapsed. The summary dict adds run_dir, stop_reason, files.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+PREFIX = "@@hpcrl "
+
+
+def parse_line(line: str) -> dict[str, Any] | None:
+    """The record carried by a pipe-mode line, or None for ordinary output."""
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        return json.loads(line[len(PREFIX):])
+    except json.JSONDecodeError:
+        return None
+
+
+def _num(x: Any, fmt: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and x != x) else format(x, fmt)
+
+
+def format_line(s: dict[str, Any]) -> str:
+    """One plain progress line."""
+    total = s.get("total_steps") or 0
+    pct = f" ({100.0 * s.get('env_steps', 0) / total:.0f}%)" if total else ""
+    rate = s.get("env_steps", 0) / s["elapsed"] if s.get("elapsed") else 0.0
+    return (
+        f"[{_num(s.get('elapsed'), '7.1f')} s] steps {s.get('env_steps', 0)}{pct} ({rate:.0f}/s)  "
+        f"episodes {s.get('episodes', 0)}  return {_num(s.get('mean_return'), '.1f')}  "
+        f"version {s.get('version', 0)}  staleness {_num(s.get('staleness'), '.2f')}  "
+        f"learners {s.get('active_groups', 0)}/{s.get('groups', 0)}  round {s.get('round', 0)}"
+    )
+
+
+class ProgressView:
+    """Renders stats records: rich bar on a TTY, plain lines every ``log_seconds`` otherwise."""
+
+    def __init__(self, tty: bool | None = None, log_seconds: float = 10.0, stream: TextIO | None = None):
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.log_seconds = log_seconds
+        self._last_print = -1e18
+        self._bar = None
+        self._task = None
+
+    def _start_bar(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(
+            TextColumn("[bold]hpcrl"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+            TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
+            console=Console(file=self.stream), transient=False, refresh_per_second=4,
+        )
+        self._task = self._bar.add_task("train", total=total or None, info="")
+        self._bar.start()
+
+    def update(self, s: dict[str, Any]) -> None:
+        if self.tty:
+            if self._bar is None:
+                self._start_bar(int(s.get("total_steps") or 0))
+            info = (f"ep {s.get('episodes', 0)}  ret {_num(s.get('mean_return'), '.1f')}  "
+                    f"v{s.get('version', 0)}  stale {_num(s.get('staleness'), '.2f')}  "
+                    f"learners {s.get('active_groups', 0)}/{s.get('groups', 0)}")
+            self._bar.update(self._task, completed=s.get("env_steps", 0), info=info)
+            return
+        now = time.monotonic()
+        if now - self._last_print >= self.log_seconds:
+            self._last_print = now
+            print(format_line(s), file=self.stream, flush=True)
+
+    def echo(self, text: str) -> None:
+        """Pass an ordinary output line through without breaking the bar."""
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def finish(self, summary: dict[str, Any] | None) -> None:
+        if self._bar is not None:
+            if summary:
+                self._bar.update(self._task, completed=summary.get("env_steps", 0))
+            self._bar.stop()
+            self._bar = None
+        if summary:
+            print_summary(summary, self.stream, rich_table=self.tty)
+
+
+def print_summary(s: dict[str, Any], stream: TextIO, rich_table: bool = False) -> None:
+    """The end-of-run table: what happened and where the files are."""
+    rows = [
+        ("stopped because", str(s.get("stop_reason", "?"))),
+        ("wall time", f"{_num(s.get('elapsed'), '.1f')} s"),
+        ("environment steps", str(s.get("env_steps", 0))),
+        ("episodes", str(s.get("episodes", 0))),
+        (f"mean return (last {s.get('return_window', '?')})", _num(s.get("mean_return"), ".2f")),
+        ("policy version", str(s.get("version", 0))),
+        ("rounds", str(s.get("round", 0))),
+        ("gradients received / admitted", f"{s.get('gradients', 0)} / {s.get('admitted', 0)}"),
+        ("mean staleness", _num(s.get("staleness"), ".2f")),
+        ("run directory", str(s.get("run_dir", "?"))),
+    ]
+    rows += [(name, str(path)) for name, path in s.get("files", {}).items()]
+    if rich_table:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="hpcrl run summary", show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        for k, v in rows:
+            table.add_row(k, v)
+        Console(file=stream).print(table)
+        return
+    width = max(len(k) for k, _ in rows)
+    print("hpcrl run summary", file=stream)
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}", file=stream)
+    stream.flush()
+
+
+class ProgressEmitter:
+    """Used by the parameter rank: emits stats in the chosen mode (pipe, plain, tty)."""
+
+    def __init__(self, mode: str, log_seconds: float, stream: TextIO | None = None):
+        if mode not in ("pipe", "plain", "tty"):
+            raise ValueError(f"progress mode must be pipe, plain or tty, got {mode!r}")
+        self.mode = mode
+        self.stream = stream or sys.stdout
+        self._view = None if mode == "pipe" else ProgressView(mode == "tty", log_seconds, self.stream)
+        self._interval = 1.0 if mode == "pipe" else 0.5
+        self._last = -1e18
+
+    def update(self, stats: dict[str, Any], force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self._interval:
+            return
+        self._last = now
+        if self._view is None:
+            print(PREFIX + json.dumps({"kind": "progress", **stats}), file=self.stream, flush=True)
+        else:
+            self._view.update(stats)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        if self._view is None:
+            print(PREFIX + json.dumps({"kind": "summary", **summary}), file=self.stream, flush=True)
+        else:
+            self._view.finish(summary)

@@ -1,0 +1,82 @@
+"""The channel LES, its wall model and the wall-model MARL environment (hpcrl.envs.turbulence)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hpcrl.envs.turbulence.checks import laminar_poiseuille, poiseuille_startup, projection_divergence
+from hpcrl.envs.turbulence.grid import ChannelGrid, Tridiagonal
+from hpcrl.envs.turbulence.wall_models import B_LOG, KAPPA, EquilibriumWallModel, log_law_state, log_law_u_tau
+from hpcrl.errors import ConfigError
+
+
+# ---- solver checks ----
+def test_laminar_poiseuille_steady_profile_is_second_order():
+    coarse = laminar_poiseuille(ny=16, t_end=25.0, dt=0.25, nu=0.25)
+    fine = laminar_poiseuille(ny=32, t_end=25.0, dt=0.25, nu=0.25)
+    print(f"steady Poiseuille max error / U_c: ny=16 {coarse.error:.2e}, ny=32 {fine.error:.2e}")
+    assert fine.error < 4e-3
+    assert 3.5 < coarse.error / fine.error < 4.5  # second order on the stretched grid
+    assert coarse.disturbance < 1e-12  # the random 3-D disturbance decayed
+    assert fine.divergence < 1e-12
+
+
+def test_laminar_startup_follows_the_analytic_transient():
+    r = laminar_poiseuille(ny=32, t_end=1.0, dt=0.025, nu=0.25)
+    print(f"start-up Poiseuille at t=1: max error / U_c {r.error:.2e}")
+    assert r.error < 5e-4
+    # the series solution itself: at t = 0 it is the state of rest
+    assert np.abs(poiseuille_startup(np.linspace(-1, 1, 9), 0.0, 1.0, 0.25)).max() < 1e-6
+
+
+def test_projection_is_divergence_free_to_round_off():
+    after, before = projection_divergence()
+    print(f"max|div u|/max|u|: before {before:.2e}, after {after:.2e}")
+    assert before > 1.0
+    assert after < 1e-12
+
+
+def test_tridiagonal_solves_complex_right_hand_sides():
+    rng = np.random.default_rng(0)
+    n = 7
+    sub, diag, sup = rng.standard_normal(n), 4 + rng.random(n), rng.standard_normal(n)
+    a = np.diag(diag) + np.diag(sub[1:], -1) + np.diag(sup[:-1], 1)
+    b = rng.standard_normal((n, 3, 2)) + 1j * rng.standard_normal((n, 3, 2))
+    x = Tridiagonal(sub, diag, sup).solve(b)
+    np.testing.assert_allclose(np.einsum("ij,jkl->ikl", a, x), b, atol=1e-12)
+
+
+def test_grid_rejects_bad_sizes():
+    with pytest.raises(ConfigError, match="grid.nx"):
+        ChannelGrid(15, 16, 16)
+    g = ChannelGrid(16, 24, 16, stretch=2.0)
+    assert g.dy[0] < g.dy[12] and abs(g.dy.sum() - 2.0) < 1e-14 and g.dy[0] == pytest.approx(g.dy[-1])
+
+
+# ---- wall model ----
+@pytest.mark.parametrize("u_tau", [0.3, 1.0, 2.5])
+@pytest.mark.parametrize("h", [0.05, 0.2])
+def test_log_law_newton_recovers_u_tau(u_tau, h):
+    nu = 1.0 / 2000
+    speed = u_tau * (np.log(h * u_tau / nu) / KAPPA + B_LOG)  # the log law, forwards
+    got = log_law_u_tau(np.array([speed, 2 * speed]), h, nu)
+    assert got[0] == pytest.approx(u_tau, rel=1e-12)
+    # doubling U at fixed h: u_tau rises by less than a factor 2 (U+ grows with ln h+)
+    assert 1.0 < got[1] / got[0] < 2.0
+
+
+def test_log_law_known_value_and_viscous_fallback():
+    # Re_tau = 1000, h = 0.1: h+ = 100, U+ = ln(100)/0.41 + 5.2 = 16.4320...
+    assert log_law_u_tau(np.array([16.432122]), 0.1, 1e-3)[0] == pytest.approx(1.0, rel=1e-6)
+    # h+ < 11: the viscous sublayer tau_w = nu U / h
+    wm = EquilibriumWallModel(h=0.01, nu=1e-3)
+    assert wm(np.array([0.5]))[0] == pytest.approx(1e-3 * 0.5 / 0.01)
+    assert wm(np.array([0.0]))[0] == 0.0
+
+
+def test_log_law_state_is_kappa_and_b_on_the_log_law():
+    nu, h, u_tau = 1.0 / 2000, 0.1, 1.3
+    speed = u_tau * (np.log(h * u_tau / nu) / KAPPA + B_LOG)
+    dudy = u_tau / (KAPPA * h)
+    inv_k, b = log_law_state(np.array(speed), np.array(dudy), np.array(u_tau**2), h, nu)
+    assert inv_k == pytest.approx(1 / KAPPA) and b == pytest.approx(B_LOG)

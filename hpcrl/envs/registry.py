@@ -77,3 +77,4 @@ def make(env_id: str, **kwargs: Any) -> Any:
 register("hpcrl/Lorenz-v0", "hpcrl.envs.parrl.lorenz:LorenzEnv", "gym", "PAR-RL Lorenz control: perturb rho, sigma, beta to keep transient chaos alive")
 register("hpcrl/KraichnanLES-v0", "hpcrl.envs.parrl.les2d:KraichnanLESEnv", "gym", "PAR-RL 2D LES closure: one Smagorinsky Cs^2 for a 32^2 LES of Kraichnan turbulence vs filtered 256^2 DNS")
 register("hpcrl/KraichnanLESProbes-v0", "hpcrl.envs.parrl.les2d_marl:KraichnanLESParallelEnv", "parallel", "PAR-RL 2D LES closure, 16 probe agents each setting the local Cs^2")
+register("hpcrl/CartPole-v1", "hpcrl.envs.classic.cartpole:CartPole", "batched", "CartPole-v1 as N tensor instances on CPU/CUDA (seed 003), Gymnasium-exact, SAME_STEP autoreset")

@@ -1,0 +1,201 @@
+"""`hpcrl run [CONFIG] [-o KEY=VALUE ...] [--resume RUN_DIR] [--inside-mpi] [--ranks N]`.
+
+Without ``--inside-mpi`` this process is the launcher: it resolves and validates the whole
+config (nothing is written when anything is wrong), creates the run directory with the
+resolved ``config.yaml``, starts ``mpiexec`` with the right number of ranks, shows
+progress, forwards SIGINT/SIGTERM/SIGUSR1 as a graceful stop (the parameter rank
+checkpoints) and enforces ``launch.timeout_seconds``. With ``--inside-mpi``, or when the
+process is already one rank of a multi-rank job (srun, PBS mpiexec), it runs its role.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from hpcrl import launch
+from hpcrl.config import RunConfig, load_config
+from hpcrl.errors import ConfigError
+
+CONFIG_FILE = "config.yaml"
+GRACE_SECONDS = 60.0
+"""After a graceful stop request, how long the job may take to checkpoint before it is killed."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="YAML config (default: the embedded CartPole-v1 job on 4 ranks)")
+    parser.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config value, e.g. -o aggregation.d=0.9 (repeatable)")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    parser.add_argument("--ranks", type=int, metavar="N",
+                        help="total MPI ranks; the ranks beyond the parameter and learner ranks become actors")
+    parser.add_argument("--inside-mpi", action="store_true",
+                        help="this process is already one rank of the job (srun / PBS mpiexec): run its role")
+
+
+def resolve_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]:
+    """The validated config and, for --resume, the existing run directory. Writes nothing."""
+    run_dir = None
+    if args.resume:
+        if args.config:
+            raise ConfigError("--resume RUN_DIR takes the config from RUN_DIR; do not also name CONFIG")
+        run_dir = Path(args.resume).resolve()
+        if not (run_dir / CONFIG_FILE).is_file():
+            raise ConfigError(f"--resume: {args.resume!r} is not a run directory (no {CONFIG_FILE})")
+        from hpcrl.runtime.checkpoint import checkpoint_path
+
+        if not checkpoint_path(run_dir).is_file():
+            raise ConfigError(f"--resume: {args.resume!r} has no checkpoint ({checkpoint_path(run_dir)})")
+        cfg = load_config(run_dir / CONFIG_FILE, args.overrides)
+    else:
+        cfg = load_config(args.config, args.overrides)
+    if args.ranks is not None:
+        learner_ranks = cfg.learners.groups * cfg.learners.ranks_per_group
+        actors = args.ranks - 1 - learner_ranks
+        if actors < 1:
+            raise ConfigError(
+                f"--ranks {args.ranks}: too few; this config needs 1 parameter + {learner_ranks} learner ranks "
+                f"+ at least 1 actor = {learner_ranks + 2}")
+        cfg = load_config(run_dir / CONFIG_FILE if run_dir else args.config,
+                          [*args.overrides, f"actors.count={actors}"])
+    validate(cfg)
+    return cfg, run_dir
+
+
+def validate(cfg: RunConfig) -> None:
+    """Checks that need more than the config schema: env id, rank plan, algorithm."""
+    from hpcrl.envs import check_env_id
+    from hpcrl.runtime.topology import plan_roles
+
+    if not cfg.uses_mpi:
+        raise ConfigError(f"algo.name: {cfg.algo.name!r} runs in one process, not as an MPI job; "
+                          "`hpcrl run` trains algo.name=ppo")
+    check_env_id(cfg.env.id)
+    plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
+    if cfg.debug.raise_on_rank is not None and cfg.debug.raise_on_rank >= cfg.num_ranks:
+        raise ConfigError(f"debug.raise_on_rank: {cfg.debug.raise_on_rank} is not a rank of a "
+                          f"{cfg.num_ranks}-rank job (allowed: 0..{cfg.num_ranks - 1})")
+
+
+def create_run_dir(cfg: RunConfig) -> Path:
+    """Make the run directory (never reusing one) and write the resolved config.yaml."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(cfg.io.run_dir.format(name=cfg.name, time=stamp)).resolve()
+    path, n = base, 1
+    while True:
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            break
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+    tmp = path / (CONFIG_FILE + ".tmp")
+    tmp.write_text(cfg.to_yaml())
+    os.replace(tmp, path / CONFIG_FILE)
+    return path
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg, run_dir = resolve_config(args)
+    inside = launch.job_rank(os.environ)
+    if args.inside_mpi or inside is not None:
+        from hpcrl.runtime.main import start_inside_job
+
+        if args.ranks is not None and inside is not None and inside[1] and inside[1] != args.ranks:
+            raise ConfigError(f"--ranks {args.ranks}: this job has {inside[1]} ranks")
+        progress = "tty" if sys.stdout.isatty() else "plain"
+        return start_inside_job(cfg, run_dir, resume=run_dir is not None,
+                                make_run_dir=lambda: create_run_dir(cfg), progress=progress)
+    mpiexec = launch.find_mpiexec(cfg.launch)
+    if run_dir is None:
+        run_dir = create_run_dir(cfg)
+    elif args.overrides or args.ranks is not None:  # the resumed run continues with the new values
+        (run_dir / CONFIG_FILE).write_text(cfg.to_yaml())
+    cmd = launch.local_command(cfg.launch, cfg.num_ranks, run_dir, mpiexec=mpiexec,
+                               flavour=launch.mpi_flavour(mpiexec), resume=args.resume is not None,
+                               progress="pipe")
+    return supervise(cmd, cfg, run_dir)
+
+
+def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path) -> int:
+    """Run mpiexec, render its progress, forward stop signals, enforce the timeout."""
+    from hpcrl.runtime.progress import ProgressView, parse_line
+
+    view = ProgressView(log_seconds=cfg.io.log_seconds)
+    if not view.tty:
+        print(f"hpcrl run: {cfg.num_ranks} ranks, run directory {run_dir}", flush=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env=launch.rank_environment(os.environ), start_new_session=True)
+    state = {"stop_requested_at": None, "killed": False, "timed_out": False}
+
+    def graceful(signum, _frame):
+        if state["stop_requested_at"] is not None and signum == signal.SIGINT:
+            _kill(proc)  # second Ctrl-C: no more waiting
+            state["killed"] = True
+            return
+        state["stop_requested_at"] = time.monotonic()
+        # mpiexec (Hydra) forwards SIGTERM/SIGUSR1 to every rank; the parameter rank checkpoints
+        _signal(proc, signal.SIGUSR1 if signum == signal.SIGUSR1 else signal.SIGTERM)
+
+    old = {s: signal.signal(s, graceful) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    summary: dict = {}
+    reader = threading.Thread(target=_pump, args=(proc, view, summary, parse_line), daemon=True)
+    reader.start()
+    start = time.monotonic()
+    try:
+        while proc.poll() is None:
+            time.sleep(0.2)
+            now = time.monotonic()
+            limit = cfg.launch.timeout_seconds
+            if limit is not None and now - start > limit and state["stop_requested_at"] is None:
+                state["timed_out"] = True
+                state["stop_requested_at"] = now
+                _signal(proc, signal.SIGTERM)
+            t = state["stop_requested_at"]
+            if t is not None and now - t > GRACE_SECONDS and not state["killed"]:
+                _kill(proc)
+                state["killed"] = True
+        reader.join(timeout=5)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    view.finish(summary.get("summary"))
+    rc = proc.returncode
+    if state["timed_out"]:
+        print(f"hpcrl run: stopped after launch.timeout_seconds={cfg.launch.timeout_seconds}", file=sys.stderr)
+        return 124
+    if rc != 0:
+        print(f"hpcrl run: the MPI job failed (exit code {rc}); run directory {run_dir}", file=sys.stderr)
+        return 1 if rc > 0 else 128 - rc
+    return 0
+
+
+def _pump(proc: subprocess.Popen, view, summary: dict, parse_line) -> None:
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        rec = parse_line(line)
+        if rec is None:
+            view.echo(line)
+        elif rec.get("kind") == "progress":
+            view.update(rec)
+        elif rec.get("kind") == "summary":
+            summary["summary"] = rec
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

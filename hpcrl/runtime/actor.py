@@ -1,0 +1,132 @@
+"""An actor rank's loop: refresh the policy, sample a fragment, send it, record it.
+
+Per fragment: pull the newest weights from the weight board when the version changed
+(``actors.weight_sync = every_fragment``) or when the policy's outputs on the shared probe
+batch drifted by more than ``aaps_delta`` in KL (``aaps``); step the environments
+``fragment_length`` times; pick the active learner group with the smallest backlog; wait
+while every active group already holds ``max_backlog`` fragments (back-pressure: actors do
+not run ahead of the learners) or while ``max_in_flight`` sends are pending; send with a
+nonblocking send; append the fragment to ``traj/actor-NNNNN.h5``; report the episodes and
+timings to the parameter rank in one small message.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hpcrl.io import TrajectoryWriter, traj_filename
+from hpcrl.runtime import control
+from hpcrl.runtime.sampler import VectorSampler
+
+
+class Actor:
+    def __init__(self, job, model) -> None:
+        self.job, self.cfg = job, job.cfg
+        self.model = model
+        self.index = job.topo.actor_index
+        self.sampler = VectorSampler(self.cfg.env, self.index)
+        self.sender = job.make_sender()
+        self.version = -1
+        self.weights = np.empty(model.flat.num_params, dtype=np.float32)
+        self.fault = control.FaultInjector(self.cfg.debug, job.rank)
+        self.fragments = 0
+        self.syncs = 0
+        path = job.run_dir / traj_filename(self.index)
+        flush = self.cfg.io.flush_seconds
+        if job.resume and path.is_file():
+            self.writer = TrajectoryWriter.open_append(path, flush_seconds=flush)
+        else:
+            self.writer = TrajectoryWriter(path, job.traj_layout, self.cfg.io.compression, actor=self.index,
+                                           flush_seconds=flush)
+        self._reports: list = []
+
+    def run(self) -> None:
+        G = self.cfg.learners.groups
+        counters = self.job.counters
+        roots = self.job.topo.learner_roots
+        T = self.cfg.actors.fragment_length
+        while True:
+            self.fault.check()
+            words = counters.read_all()
+            if words[control.STOP]:
+                break
+            t = time.perf_counter()
+            self._sync_weights()
+            t_sync = time.perf_counter() - t
+            t = time.perf_counter()
+            fragment, episodes = self.sampler.sample(self.model, T, self.version, self.index)
+            t_sample = time.perf_counter() - t
+            t = time.perf_counter()
+            group = self._wait_for_room(G)
+            if group is None:  # stopping
+                break
+            t_wait = time.perf_counter() - t
+            counters.add(control.BACKLOG + group, 1)
+            self.sender.send(roots[group], fragment)
+            steps = T * self.sampler.num_envs
+            counters.add(control.ENV_STEPS, steps)
+            self.writer.append_fragment(fragment["obs"], fragment["actions"], fragment["rewards"],
+                                        fragment["terminated"], fragment["truncated"], fragment["behaviour_logp"],
+                                        fragment["values"], fragment["policy_version"])
+            self.writer.maybe_flush()
+            self._report({"time": time.time(), "actor": self.index, "fragment": self.fragments, "steps": steps,
+                          "sample_seconds": t_sample, "transport_wait_seconds": t_wait,
+                          "weight_sync_seconds": t_sync, "policy_version": self.version, "group": group}, episodes)
+            self.fragments += 1
+        self._finish()
+
+    def _sync_weights(self) -> None:
+        board = self.job.board
+        if self.cfg.actors.weight_sync == "aaps" and self.version >= 0:
+            if not self.job.probe_drifted(self.model):
+                return
+        elif board.latest_version() == self.version:
+            return
+        v = board.read_latest(self.weights)
+        if v < 0:
+            raise RuntimeError("actor: the weight board has no published version")
+        self.model.flat.load_(self.weights)
+        self.version = v
+        self.syncs += 1
+
+    def _wait_for_room(self, G: int) -> int | None:
+        """The least-backlogged active group with room, waiting (sleeping) while there is none."""
+        sleeper = control.Sleeper(cap=5e-3)
+        cap = self.job.max_backlog
+        while True:
+            self._progress_reports()
+            self.sender.progress()
+            words = self.job.counters.read_all()
+            if words[control.STOP]:
+                return None
+            active = int(min(max(words[control.ACTIVE], 1), G))
+            backlog = words[control.BACKLOG:control.BACKLOG + active]
+            g = int(np.argmin(backlog))
+            if backlog[g] < cap and self.sender.can_send():
+                return g
+            sleeper.idle()
+
+    def _report(self, fragment_row: dict, episodes: list[dict]) -> None:
+        req = self.job.comm.isend({"fragment": fragment_row, "episodes": episodes}, dest=0, tag=control.TAG_EPISODES)
+        self._reports.append(req)
+        self._progress_reports()
+
+    def _progress_reports(self) -> None:
+        self._reports = [r for r in self._reports if not r.Test()]
+
+    def _finish(self) -> None:
+        """Complete every pending send (the learners drain until all actors are done), then say so."""
+        self.sender.drain()
+        for r in self._reports:
+            control.wait_request(r)
+        self._reports = []
+        self.writer.close()
+        self.sampler.close()
+        self.job.counters.add(control.ACTORS_DONE, 1)
+
+    def close_on_error(self) -> None:
+        try:
+            self.writer.close()
+        except Exception:
+            pass

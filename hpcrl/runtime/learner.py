@@ -1,0 +1,211 @@
+"""A learner group's loop: fragments in, one gradient per minibatch out to the mailbox.
+
+The group root receives fragments from the actors. Once it holds ``group_batch_size``
+environment steps (and the parameter rank counts the group as active) it builds one batch
+(GAE with the newest weights' values) and makes ``num_sgd_iter`` shuffled passes over it in
+minibatches. For every minibatch: read the newest weights from the weight board (their
+version is the gradient's base version), split the minibatch across the group's ranks,
+each computes the PPO gradient on its share, the group averages them with an allreduce,
+and the root pushes the average into the mailbox. The policy version can advance between
+two pushes of one batch: that is the asynchrony Stellaris' admission governs.
+
+IS truncation window (Stellaris Eq. 2): the other active groups publish the base version
+they are computing with; this group reads those versions from the weight board's history
+and evaluates the minibatch under them, so R' = min(|min_i pi_i/mu|, rho) covers the learner
+policies of the current aggregation window.
+
+An inactive group keeps receiving (so no actor blocks on it) but computes nothing and is not
+charged: only the seconds spent computing are reported (learner_activity).
+"""
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+
+from hpcrl.algos import ppo
+from hpcrl.runtime import control
+
+
+class LearnerGroup:
+    def __init__(self, job, model) -> None:
+        self.job, self.cfg = job, job.cfg
+        self.model = model
+        self.topo = job.topo
+        self.g = job.topo.group
+        self.size = job.topo.group_comm.Get_size()
+        self.is_root = job.topo.is_group_root
+        self.weights = np.empty(model.flat.num_params, dtype=np.float32)
+        self.ratio_fn = ppo.ratio_fn_for(self.cfg.aggregation)
+        self.snapshot = copy.deepcopy(model) if self.ratio_fn is not None else None
+        self.fault = control.FaultInjector(self.cfg.debug, job.rank)
+        self.seq = 0  # continues the parameter rank's count on resume (set in run)
+        self.generator = torch.Generator().manual_seed(self.cfg.env.seed + 7919 * (self.g + 1))
+        self.receiver = job.make_receiver() if self.is_root else None
+        self.frags: list[dict] = []
+        self.grad_sum = np.empty(model.flat.num_params, dtype=np.float32)
+
+    # ---- group root ----------------------------------------------------------------------
+    def run(self) -> None:
+        self.seq = self.job.startup["seq_next"][self.g]
+        if not self.is_root:
+            return self._run_member()
+        counters = self.job.counters
+        sleeper = control.Sleeper()
+        need = self.cfg.group_batch_size
+        while True:
+            self.fault.check()
+            self.frags += self.receiver.poll()
+            words = counters.read_all()
+            if words[control.STOP]:
+                break
+            active = self.g < words[control.ACTIVE]
+            have = sum(f["rewards"].size for f in self.frags)
+            if not active or have < need:
+                sleeper.idle()
+                continue
+            sleeper.reset()
+            taken, steps = [], 0
+            while steps < need:
+                f = self.frags.pop(0)
+                taken.append(f)
+                steps += f["rewards"].size
+            counters.add(control.BACKLOG + self.g, -len(taken))
+            if not self._train(taken, steps):
+                break
+        self._finish()
+
+    def _stopping(self) -> bool:
+        return bool(self.job.counters.read(control.STOP))
+
+    def _train(self, fragments: list[dict], steps: int) -> bool:
+        """num_sgd_iter passes of minibatch gradients over one batch; False when the run is stopping."""
+        algo = self.cfg.algo
+        start_unix, compute = time.time(), 0.0
+        self._pull_weights()
+        t = time.perf_counter()
+        batch = ppo.prepare_batch(fragments, algo, policy=self.model)
+        compute += time.perf_counter() - t
+        new_steps = steps
+        for _ in range(algo.num_sgd_iter):
+            for mb in ppo.minibatches(batch, algo.minibatch_size, self.generator):
+                self.fault.check()
+                if self._stopping():
+                    self._activity(start_unix, compute, steps)
+                    return False
+                version = self._pull_weights()
+                t = time.perf_counter()
+                window = self._window_logps(mb, version)
+                grad, stats = self._group_gradient(mb, version, window)
+                dt = time.perf_counter() - t
+                compute += dt
+                if not self._push(grad, version, len(mb["advantages"]), stats, dt, new_steps):
+                    self._activity(start_unix, compute, steps)
+                    return False
+                new_steps = 0
+        self._activity(start_unix, compute, steps)
+        return True
+
+    def _pull_weights(self) -> int:
+        version = self.job.board.read_latest(self.weights)
+        self.model.flat.load_(self.weights)
+        self.job.counters.set(control.base_word(self.cfg.learners.groups, self.g), version)
+        return version
+
+    def _window_logps(self, mb: dict, version: int) -> list[np.ndarray] | None:
+        """Log-probs of the minibatch actions under the other active groups' base versions."""
+        if self.ratio_fn is None:
+            return None
+        G = self.cfg.learners.groups
+        words = self.job.counters.read_all()
+        active = int(words[control.ACTIVE])
+        others = {int(words[control.base_word(G, h)]) for h in range(min(active, G)) if h != self.g}
+        others.discard(version)
+        out = []
+        buf = np.empty_like(self.weights)
+        for v in sorted(x for x in others if x >= 0):
+            if self.job.board.read_version(v, buf):
+                self.snapshot.flat.load_(buf)
+                out.append(ppo.logps_under([self.snapshot], mb)[0])
+        return [w.numpy() for w in out] if out else None
+
+    def _group_gradient(self, mb: dict, version: int, window) -> tuple[np.ndarray, dict]:
+        """This rank's share of the minibatch, averaged over the group with an allreduce."""
+        if self.size > 1:
+            shares = [{k: v[r::self.size] for k, v in mb.items()} for r in range(self.size)]
+            for r in range(1, self.size):
+                share_window = None if window is None else [w[r::self.size] for w in window]
+                self.topo.group_comm.send({"weights": self.weights, "batch": _numpy(shares[r]),
+                                           "window": share_window}, dest=r, tag=control.TAG_WORK)
+            mine = shares[0]
+            window = None if window is None else [w[0::self.size] for w in window]
+        else:
+            mine = mb
+        return self._local_gradient(mine, window)
+
+    def _local_gradient(self, mb: dict, window) -> tuple[np.ndarray, dict]:
+        wl = None if window is None else torch.as_tensor(np.stack(window))
+        grad, stats = ppo.compute_gradient(mb, self.model, self.cfg.algo, window_logps=wl, ratio_fn=self.ratio_fn)
+        g = grad.detach().cpu().numpy()
+        if self.size > 1:
+            from mpi4py import MPI
+
+            self.topo.group_comm.Allreduce(g, self.grad_sum, op=MPI.SUM)
+            g = self.grad_sum / self.size
+        return g, stats
+
+    def _push(self, grad: np.ndarray, version: int, samples: int, stats: dict, compute: float, new_steps: int) -> bool:
+        """Put the gradient in a free mailbox slot of this group; wait (sleeping) while none is free."""
+        mailbox = self.job.mailbox
+        start = time.perf_counter()
+        sleeper = control.Sleeper(cap=1e-3)
+        while True:
+            waited = time.perf_counter() - start
+            vec = [stats.get("loss", np.nan), compute, waited, new_steps, stats.get("policy_loss", np.nan),
+                   stats.get("value_loss", np.nan), stats.get("entropy", np.nan), stats.get("kl", np.nan)]
+            if mailbox.try_push(self.g, self.seq, version, samples, grad, vec):
+                self.seq += 1
+                return True
+            if self._stopping():
+                return False
+            self.frags += self.receiver.poll()
+            sleeper.idle()
+
+    def _activity(self, start_unix: float, compute: float, samples: int) -> None:
+        row = {"time_start": start_unix, "time_end": time.time(), "group": self.g, "compute_seconds": compute,
+               "samples": samples}
+        self.job.comm.send(row, dest=0, tag=control.TAG_ACTIVITY)
+
+    def _finish(self) -> None:
+        """Release the group's other ranks, keep receiving until every actor is done, then say so."""
+        for r in range(1, self.size):
+            self.topo.group_comm.send(None, dest=r, tag=control.TAG_WORK)
+        sleeper = control.Sleeper(cap=5e-3)
+        A = self.cfg.actors.count
+        while self.job.counters.read(control.ACTORS_DONE) < A:
+            self.receiver.poll()
+            sleeper.idle()
+        self.receiver.poll()
+        self.receiver.close()
+        self.job.counters.add(control.LEARNERS_DONE, 1)
+
+    # ---- other ranks of the group --------------------------------------------------------
+    def _run_member(self) -> None:
+        comm = self.topo.group_comm
+        while True:
+            self.fault.check()
+            work = control.recv_polling(comm, 0, control.TAG_WORK, control.Sleeper(cap=2e-3))
+            if work is None:
+                return
+            self.model.flat.load_(work["weights"])
+            batch = {k: torch.as_tensor(v) for k, v in work["batch"].items()}
+            self._local_gradient(batch, work["window"])
+
+    def close_on_error(self) -> None:
+        pass
+
+
+def _numpy(batch: dict) -> dict:
+    return {k: v.detach().cpu().numpy() for k, v in batch.items()}

@@ -1,0 +1,403 @@
+"""The parameter rank's loop: admit gradients, step the optimizer, publish weights, keep the record.
+
+Each pass: copy finished gradients out of the mailbox (never waiting on a learner); after
+each arrival ask the admission policy (hpcrl.staleness) what to apply; apply each admitted
+step as one optimizer step on ``(1/H) sum_c (alpha_c/alpha_0) g_c`` and publish the new
+version; drain the actors' fragment reports (episodes) and the learners' activity rows;
+every half second set the number of active learner groups from the backlog; stop on
+``cfg.stop`` or a signal, checkpoint, and take part in the shutdown.
+
+Adam and Stellaris' per-gradient learning rate (Eq. 4): the optimizer keeps its base rate
+alpha_0 and receives each gradient scaled by alpha_c/alpha_0 before averaging, so with SGD
+the update is exactly the paper's ``theta -= (1/H) sum_c alpha_c g_c``; with Adam the moment
+estimates are those of the gradients actually applied (see hpcrl.staleness for what Adam's
+normalisation does to a shared scale).
+
+Rounds (Stellaris k, RLlib training iterations) end each time the learners have consumed
+another ``train_batch_size`` environment steps; ``policy.end_round`` is called then.
+"""
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+import torch
+
+from hpcrl.io import RunFile, TrajLayout, traj_filename
+from hpcrl.io.schema import GRADIENT_REASONS, RUN_FILE
+from hpcrl.runtime import control
+from hpcrl.runtime.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
+from hpcrl.staleness import GradientRecord, aggregate, make_policy
+
+REASON = {name: i for i, name in enumerate(GRADIENT_REASONS)}
+
+
+def make_optimizer(algo_cfg, params) -> torch.optim.Optimizer:
+    if algo_cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=algo_cfg.lr, eps=1e-5)
+    return torch.optim.SGD(params, lr=algo_cfg.lr)
+
+
+class StopSignal:
+    """SIGTERM / SIGUSR1 set a flag that the loop reads (checkpoint, then a clean stop)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        for s in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.received = signum
+
+
+class ParameterRank:
+    """Owns the policy, the optimizer, the admission policy and run.h5."""
+
+    def __init__(self, job, model) -> None:
+        self.job, self.cfg = job, job.cfg
+        self.model = model
+        self.flat = model.flat
+        self.optimizer = make_optimizer(self.cfg.algo, model.parameters())
+        self.policy = make_policy(self.cfg.aggregation)
+        self.counters, self.mailbox, self.board = job.counters, job.mailbox, job.board
+        G = self.cfg.learners.groups
+        self.version = 0
+        self.round = 0
+        self.consumed = 0  # env steps the learners trained on
+        self.env_steps_start = 0  # env steps before this (resumed) job
+        self.episodes = 0
+        self.updates = 0
+        self.gradients = 0
+        self.admitted = 0
+        self.returns: deque[float] = deque(maxlen=self.cfg.stop.return_window)
+        self.seq_next = [0] * G
+        self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
+        self.queue: list[GradientRecord] = []
+        self.active = self.cfg.learners.active_range[0]
+        self.stop_reason: str | None = None
+        self.signals = StopSignal()
+        self.fault = control.FaultInjector(self.cfg.debug, job.rank)
+        self.sleeper = control.Sleeper()
+        self._round_stats = self._new_round_stats()
+        self._staleness_recent: deque[int] = deque(maxlen=64)
+        self.run_file = self._open_run_file()
+        self.t0 = time.monotonic()
+        self._round_t0 = self.run_file.now()
+        self._last_ckpt_update = self.updates
+        self._next_elastic = 0.0
+
+    # ---- set-up --------------------------------------------------------------------------
+    def _open_run_file(self) -> RunFile:
+        path = self.job.run_dir / RUN_FILE
+        if self.job.resume:
+            state = load_checkpoint(self.job.run_dir)
+            if state is None:
+                raise RuntimeError(f"--resume: no checkpoint in {self.job.run_dir}")
+            self._restore(state)
+            return RunFile.open_append(path, flush_seconds=self.cfg.io.flush_seconds)
+        roles = self.job.topo.roles
+        codes = {"parameter": 0, "learner": 1, "actor": 2}
+        actor_ranks = self.job.topo.actor_ranks
+        rank_map = {
+            "rank": np.arange(len(roles)),
+            "role": [codes[r.role] for r in roles],
+            "group": [r.group for r in roles],
+            "index": [actor_ranks.index(i) if r.role == "actor" else max(r.group_rank, 0)
+                      for i, r in enumerate(roles)],
+            "node": [n.encode()[:64] for n in self.job.topo.nodes],
+        }
+        return RunFile.create(path, self.cfg.to_yaml(), rank_map, self.cfg.io.compression,
+                              traj_layout=self.job.traj_layout, num_actors=self.cfg.actors.count,
+                              flush_seconds=self.cfg.io.flush_seconds)
+
+    def startup_info(self) -> dict[str, Any]:
+        """What every rank learns at start (broadcast by runtime.main)."""
+        return {"start_unix": self.run_file.start_unix, "version": self.version, "seq_next": list(self.seq_next)}
+
+    def publish_initial(self) -> None:
+        self.counters.set(control.ACTIVE, self.active)
+        if self.env_steps_start:
+            self.counters.add(control.ENV_STEPS, self.env_steps_start)
+        self._publish()
+
+    # ---- checkpoint ----------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {
+            "params": self.flat.params.detach().cpu().clone(),
+            "optimizer": self.optimizer.state_dict(),
+            "admission_policy": self.policy,
+            "version": self.version, "round": self.round, "consumed": self.consumed,
+            "env_steps": self.env_steps(), "episodes": self.episodes, "updates": self.updates,
+            "gradients": self.gradients, "admitted": self.admitted, "returns": list(self.returns),
+            "seq_next": list(self.seq_next), "active": self.active,
+            "wall_seconds": self.wall_before + time.monotonic() - self.t0,
+            "rng": rng_state(),
+        }
+
+    def _restore(self, s: dict[str, Any]) -> None:
+        self.flat.load_(s["params"])
+        self.optimizer.load_state_dict(s["optimizer"])
+        self.policy = s["admission_policy"]
+        self.version, self.round, self.consumed = s["version"], s["round"], s["consumed"]
+        self.env_steps_start = s["env_steps"]
+        self.episodes, self.updates = s["episodes"], s["updates"]
+        self.gradients, self.admitted = s["gradients"], s["admitted"]
+        self.returns.extend(s["returns"])
+        self.seq_next = list(s["seq_next"])
+        self.active = min(max(s["active"], self.cfg.learners.active_range[0]), self.cfg.learners.active_range[1])
+        self.wall_before = s["wall_seconds"]
+        restore_rng(s["rng"])
+
+    def checkpoint(self) -> Path:
+        self.run_file.flush()
+        path = save_checkpoint(self.job.run_dir, self.state())
+        self._last_ckpt_update = self.updates
+        return path
+
+    # ---- the loop ------------------------------------------------------------------------
+    def env_steps(self) -> int:
+        return self.counters.read(control.ENV_STEPS)
+
+    def run(self) -> None:
+        progress = self.job.progress
+        while self.stop_reason is None:
+            self.fault.check()
+            busy = self._receive_gradients()
+            busy |= self._drain_messages()
+            now = time.monotonic()
+            if now >= self._next_elastic:
+                self._next_elastic = now + 0.5
+                self._elastic()
+                self._check_stop()
+                progress.update(self.stats())
+            if self.updates - self._last_ckpt_update >= self.cfg.io.checkpoint_every:
+                self.checkpoint()
+            self.run_file.maybe_flush()
+            if busy:
+                self.sleeper.reset()
+            else:
+                self.sleeper.idle()
+        self._shutdown()
+
+    def _receive_gradients(self) -> bool:
+        got = self.mailbox.poll()
+        for header, grad in got:
+            stats = dict(zip(control.GRAD_STATS, header["stats"]))
+            rec = GradientRecord(group=header["group"], seq=header["seq"], base_version=header["base_version"],
+                                 samples=header["samples"], grad=grad, stats=stats, received_at=self.run_file.now())
+            self.gradients += 1
+            self.seq_next[rec.group] = max(self.seq_next[rec.group], rec.seq + 1)
+            new_steps = int(stats.get("new_env_steps", 0))
+            self.consumed += new_steps
+            self._round_stats["env_steps"] += new_steps
+            self._round_stats["learner_seconds"] += float(stats.get("compute_seconds", 0.0))
+            if not np.isfinite(grad).all():
+                self._gradient_row(rec, admitted=False, reason="nonfinite")
+                continue
+            self.queue.append(rec)
+            self._admit()
+            while self.consumed >= (self.round + 1) * self.cfg.algo.train_batch_size:
+                self._end_round()
+        return bool(got)
+
+    def _admit(self) -> None:
+        while (adm := self.policy.admit(self.queue, self.version, self.active)) is not None:
+            for step in adm.steps:
+                t = time.perf_counter()
+                g = aggregate(step)
+                self.flat.grads.copy_(torch.from_numpy(g))
+                self.optimizer.step()
+                self.version += 1
+                t_agg = time.perf_counter() - t
+                t = time.perf_counter()
+                self._publish()
+                t_pub = time.perf_counter() - t
+                self._update_row(step, adm, t_agg, t_pub)
+            adm.remove_from(self.queue)
+
+    def _publish(self) -> None:
+        probe = self.job.probe_outputs(self.model) if self.job.probe_size else None
+        self.board.publish(self.version, self.flat.numpy(), probe)
+
+    def _update_row(self, step, adm, t_agg: float, t_pub: float) -> None:
+        now = self.run_file.now()
+        stale = [adm.staleness[rec.key] for rec, _ in step]
+        losses = [rec.stats.get("loss", math.nan) for rec, _ in step]
+        self.updates += 1
+        for rec, scale in step:
+            self._gradient_row(rec, True, "admitted", adm.staleness[rec.key], scale, now)
+        self._staleness_recent.extend(stale)
+        self._round_stats["staleness"].extend(stale)
+        self._round_stats["loss"].extend(losses)
+        self._round_stats["updates"] += 1
+        self.run_file.append("updates", {
+            "time": now, "version": self.version, "round": self.round, "num_gradients": len(step),
+            "staleness_mean": float(np.mean(stale)), "staleness_max": int(max(stale)),
+            "threshold": math.nan if adm.threshold is None else adm.threshold, "lr": self.cfg.algo.lr,
+            "loss_mean": float(np.mean(losses)), "loss_min": float(np.min(losses)), "loss_max": float(np.max(losses)),
+            "active_groups": self.active, "aggregate_seconds": t_agg, "publish_seconds": t_pub,
+        })
+
+    def _gradient_row(self, rec: GradientRecord, admitted: bool, reason: str, staleness: int | None = None,
+                      scale: float = math.nan, now: float | None = None) -> None:
+        now = self.run_file.now() if now is None else now
+        self.admitted += int(admitted)
+        self.run_file.append("gradients", {
+            "time": rec.received_at, "group": rec.group, "seq": rec.seq, "base_version": rec.base_version,
+            "staleness": self.version - rec.base_version if staleness is None else staleness,
+            "round": self.round, "lr_scale": scale, "samples": rec.samples, "loss": rec.stats.get("loss", math.nan),
+            "admitted": int(admitted), "reason": REASON[reason], "queue_seconds": now - rec.received_at,
+            "compute_seconds": rec.stats.get("compute_seconds", math.nan),
+            "mailbox_wait_seconds": rec.stats.get("mailbox_wait_seconds", math.nan),
+        })
+
+    def _new_round_stats(self) -> dict[str, Any]:
+        return {"env_steps": 0, "episodes": 0, "updates": 0, "staleness": [], "loss": [], "returns": [],
+                "learner_seconds": 0.0, "actor_seconds": 0.0, "actors": set(), "active_max": 0}
+
+    def _end_round(self) -> None:
+        r = self._round_stats
+        now = self.run_file.now()
+        st = np.asarray(r["staleness"], dtype=np.float64)
+        ret = np.asarray(r["returns"], dtype=np.float64)
+
+        def agg(a, fn):
+            return float(fn(a)) if a.size else math.nan
+
+        threshold = self.policy.threshold
+        self.run_file.append("rounds", {
+            "round": self.round, "start": self._round_t0, "duration": now - self._round_t0,
+            "env_steps": r["env_steps"], "env_steps_total": self.consumed, "episodes": r["episodes"],
+            "updates": r["updates"], "threshold": math.nan if threshold is None else threshold,
+            "staleness_mean": agg(st, np.mean), "staleness_max": agg(st, np.max), "staleness_min": agg(st, np.min),
+            "staleness_std": agg(st, np.std), "learner_seconds": r["learner_seconds"],
+            "actor_seconds": r["actor_seconds"], "active_actors": len(r["actors"]),
+            "active_groups": max(r["active_max"], self.active), "loss": agg(np.asarray(r["loss"], float), np.nanmean),
+            "reward_mean": agg(ret, np.mean), "reward_max": agg(ret, np.max), "reward_min": agg(ret, np.min),
+            "reward_std": agg(ret, np.std),
+        })
+        self.policy.end_round(self.round)
+        self.round += 1
+        self._round_t0 = now
+        self._round_stats = self._new_round_stats()
+
+    def _drain_messages(self) -> bool:
+        comm = self.job.comm
+        busy = False
+        while comm.Iprobe(source=MPI.ANY_SOURCE, tag=control.TAG_EPISODES):
+            self._fragment_report(comm.recv(source=MPI.ANY_SOURCE, tag=control.TAG_EPISODES))
+            busy = True
+        while comm.Iprobe(source=MPI.ANY_SOURCE, tag=control.TAG_ACTIVITY):
+            row = comm.recv(source=MPI.ANY_SOURCE, tag=control.TAG_ACTIVITY)
+            self.run_file.append("learner_activity", self._times(row, ("time_start", "time_end")))
+            busy = True
+        return busy
+
+    def _times(self, row: dict, keys) -> dict:
+        """Rows from other ranks carry Unix times; the tables count from the run start."""
+        return {k: (v - self.run_file.start_unix if k in keys else v) for k, v in row.items()}
+
+    def _fragment_report(self, msg: dict) -> None:
+        r = self._round_stats
+        r["actor_seconds"] += msg["fragment"]["sample_seconds"]
+        r["actors"].add(msg["fragment"]["actor"])
+        self.run_file.append("actors", self._times(msg["fragment"], ("time",)))
+        episodes = msg["episodes"]
+        if not episodes:
+            return
+        steps = self.env_steps()
+        for ep in episodes:
+            ep = self._times(ep, ("time",))
+            ep["env_steps"] = steps
+            self.run_file.append("episodes", ep)
+            self.returns.append(ep["return"])
+            r["returns"].append(ep["return"])
+        self.episodes += len(episodes)
+        r["episodes"] += len(episodes)
+
+    def _elastic(self) -> None:
+        """Active groups follow the backlog: one more above backlog_per_group each, one fewer below half."""
+        lo, hi = self.cfg.learners.active_range
+        G = self.cfg.learners.groups
+        if lo == hi:
+            return
+        backlog = sum(self.counters.read(control.BACKLOG + g) for g in range(G))
+        per = self.cfg.learners.backlog_per_group
+        if backlog > per * self.active and self.active < hi:
+            self.active += 1
+        elif backlog < per * (self.active - 1) / 2 and self.active > lo:
+            self.active -= 1
+        else:
+            return
+        self.counters.set(control.ACTIVE, self.active)
+        self._round_stats["active_max"] = max(self._round_stats["active_max"], self.active)
+
+    def _check_stop(self) -> None:
+        s = self.cfg.stop
+        if self.signals.received is not None:
+            self.stop_reason = f"signal {signal.Signals(self.signals.received).name}"
+        elif self.env_steps() >= s.total_env_steps:
+            self.stop_reason = f"stop.total_env_steps={s.total_env_steps} reached"
+        elif s.target_return is not None and len(self.returns) >= s.return_window \
+                and float(np.mean(self.returns)) >= s.target_return:
+            self.stop_reason = f"stop.target_return={s.target_return} reached (last {s.return_window} episodes)"
+        elif s.max_wall_seconds is not None and self.wall_before + time.monotonic() - self.t0 >= s.max_wall_seconds:
+            self.stop_reason = f"stop.max_wall_seconds={s.max_wall_seconds} reached"
+
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns)) if self.returns else math.nan
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "env_steps": self.env_steps(), "total_steps": self.cfg.stop.total_env_steps, "episodes": self.episodes,
+            "mean_return": self.mean_return(), "version": self.version,
+            "staleness": float(np.mean(self._staleness_recent)) if self._staleness_recent else math.nan,
+            "active_groups": self.active, "groups": self.cfg.learners.groups, "round": self.round,
+            "elapsed": self.wall_before + time.monotonic() - self.t0,
+        }
+
+    # ---- the end -------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        """Tell everyone to stop, keep draining until actors and learners are done, checkpoint."""
+        self.counters.set(control.STOP, 1)
+        G, A = self.cfg.learners.groups, self.cfg.actors.count
+        sleeper = control.Sleeper()
+        while True:
+            busy = self._drain_messages()
+            for header, grad in self.mailbox.poll():  # pushes that were already under way
+                stats = dict(zip(control.GRAD_STATS, header["stats"]))
+                rec = GradientRecord(header["group"], header["seq"], header["base_version"], header["samples"],
+                                     grad, stats, self.run_file.now())
+                self.gradients += 1
+                self.seq_next[rec.group] = max(self.seq_next[rec.group], rec.seq + 1)
+                self.queue.append(rec)
+                busy = True
+            if self.counters.read(control.ACTORS_DONE) >= A and self.counters.read(control.LEARNERS_DONE) >= G:
+                if not self._drain_messages():
+                    break
+            sleeper.reset() if busy else sleeper.idle()
+        for rec in self.queue:
+            self._gradient_row(rec, admitted=False, reason="shutdown")
+        self.queue.clear()
+        ckpt = self.checkpoint()
+        summary = {**self.stats(), "stop_reason": self.stop_reason, "run_dir": str(self.job.run_dir),
+                   "return_window": self.cfg.stop.return_window, "gradients": self.gradients,
+                   "admitted": self.admitted,
+                   "files": {"record": str(self.run_file.path),
+                             "trajectories": str(self.job.run_dir / traj_filename(0)).replace("00000", "NNNNN"),
+                             "checkpoint": str(ckpt), "config": str(self.job.run_dir / "config.yaml")}}
+        self.run_file.close()
+        self.job.progress.finish(summary)
+
+    def close_on_error(self) -> None:
+        """Flush what is buffered (called before MPI_Abort)."""
+        try:
+            self.run_file.close()
+        except Exception:
+            pass

@@ -1,0 +1,96 @@
+"""Stepping N Gymnasium environments of one actor rank in lock-step, one fragment at a time.
+
+A plain list of environments with our own auto-reset (no dependence on one Gymnasium
+version's vector-env reset semantics): when an episode ends at step t, the row t keeps the
+transition that ended it, the value of the final observation is recorded when the episode
+was truncated (``final_values``, so GAE bootstraps through time limits), and the
+environment is reset so row t + 1 starts the new episode. Box actions are sampled
+unclipped (that is what the log-prob is of) and clipped to the action space for ``step``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from hpcrl.envs import make
+
+
+class VectorSampler:
+    """``num_envs`` environments of ``env_cfg.id``; :meth:`sample` returns one [T, N] fragment."""
+
+    def __init__(self, env_cfg, actor_index: int) -> None:
+        self.num_envs = env_cfg.num_envs
+        self.envs = [make(env_cfg.id, **env_cfg.kwargs) for _ in range(self.num_envs)]
+        space = self.envs[0].action_space
+        self.discrete = isinstance(space, spaces.Discrete)
+        self.low = None if self.discrete else np.asarray(space.low, dtype=np.float32)
+        self.high = None if self.discrete else np.asarray(space.high, dtype=np.float32)
+        self.action_shape = () if self.discrete else tuple(space.shape)
+        base = env_cfg.seed + 1000 * actor_index
+        first = [env.reset(seed=base + i)[0] for i, env in enumerate(self.envs)]
+        for i, env in enumerate(self.envs):
+            env.action_space.seed(base + i)
+        self.obs = np.stack(first).astype(np.float32)
+        self.obs_shape = tuple(self.obs.shape[1:])
+        self.ep_return = np.zeros(self.num_envs, dtype=np.float64)
+        self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
+
+    def env_action(self, a: np.ndarray) -> Any:
+        if self.discrete:
+            return int(a)
+        return np.clip(a, self.low, self.high)
+
+    def sample(self, model, T: int, version: int, actor: int) -> tuple[dict[str, np.ndarray], list[dict]]:
+        """T steps of every env with ``model`` (an ActorCritic); returns (fragment, finished episodes)."""
+        N = self.num_envs
+        obs = np.empty((T, N, *self.obs_shape), dtype=np.float32)
+        actions = np.empty((T, N, *self.action_shape), dtype=np.int64 if self.discrete else np.float32)
+        rewards = np.zeros((T, N), dtype=np.float32)
+        terminated = np.zeros((T, N), dtype=np.int8)
+        truncated = np.zeros((T, N), dtype=np.int8)
+        logp = np.empty((T, N), dtype=np.float32)
+        values = np.empty((T, N), dtype=np.float32)
+        final_values = np.zeros((T, N), dtype=np.float32)
+        episodes: list[dict] = []
+        for t in range(T):
+            obs[t] = self.obs
+            a, lp, v = model.act(self.obs)
+            a = a.cpu().numpy()
+            actions[t], logp[t], values[t] = a, lp.cpu().numpy(), v.cpu().numpy()
+            nxt = np.empty_like(self.obs)
+            finals, final_idx = [], []
+            for i, env in enumerate(self.envs):
+                o, r, term, trunc, _ = env.step(self.env_action(a[i]))
+                rewards[t, i] = r
+                terminated[t, i], truncated[t, i] = bool(term), bool(trunc)
+                self.ep_return[i] += r
+                self.ep_length[i] += 1
+                if term or trunc:
+                    if trunc and not term:
+                        finals.append(np.asarray(o, dtype=np.float32))
+                        final_idx.append(i)
+                    episodes.append({"time": time.time(), "actor": actor, "env_index": i,
+                                     "return": float(self.ep_return[i]), "length": int(self.ep_length[i]),
+                                     "policy_version": version})
+                    self.ep_return[i], self.ep_length[i] = 0.0, 0
+                    o, _ = env.reset()
+                nxt[i] = o
+            if finals:
+                with torch.no_grad():
+                    final_values[t, final_idx] = model.value(np.stack(finals)).cpu().numpy()
+            self.obs = nxt
+        with torch.no_grad():
+            last_value = model.value(self.obs).cpu().numpy().astype(np.float32)
+        fragment = {"obs": obs, "actions": actions, "rewards": rewards, "terminated": terminated,
+                    "truncated": truncated, "behaviour_logp": logp, "values": values,
+                    "final_values": final_values, "last_value": last_value, "last_obs": self.obs.copy(),
+                    "policy_version": np.full(T, version, dtype=np.int64)}
+        return fragment, episodes
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

@@ -185,3 +185,134 @@ def test_les_multi_agent_parallel_api(tmp_path):
 def test_les_registered():
     assert spec("hpcrl/KraichnanLES-v0").kind == "gym"
     assert spec("hpcrl/KraichnanLESProbes-v0").kind == "parallel"
+
+
+# ---------------------------------------------------------------- OpenFOAM dynamic relaxation
+
+from hpcrl.envs.parrl import foam_case as fc  # noqa: E402
+
+_FOAM_MISSING = (fc.find_bashrc() is None or fc.find_tutorial() is None)
+needs_foam = pytest.mark.skipif(_FOAM_MISSING, reason="OpenFOAM v1912 not installed: apt-get install openfoam openfoam-examples")
+
+_LOG = """Time = 11
+
+smoothSolver:  Solving for Ux, Initial residual = 0.2, Final residual = 0.01, No Iterations 3
+smoothSolver:  Solving for Uy, Initial residual = 0.4, Final residual = 0.02, No Iterations 3
+GAMG:  Solving for p, Initial residual = 0.05, Final residual = 0.004, No Iterations 9
+GAMG:  Solving for p, Initial residual = 0.01, Final residual = 0.001, No Iterations 4
+ExecutionTime = 0.1 s  ClockTime = 0 s
+
+Time = 12
+
+smoothSolver:  Solving for Ux, Initial residual = 0.1, Final residual = 0.01, No Iterations 3
+smoothSolver:  Solving for Uy, Initial residual = nan, Final residual = nan, No Iterations 1000
+GAMG:  Solving for p, Initial residual = 0.03, Final residual = 0.002, No Iterations 9
+GAMG:  Solving for p, Initial residual = 0.02, Final residual = 0.001, No Iterations 4
+ExecutionTime = 0.2 s  ClockTime = 0 s
+
+End
+"""
+
+
+def test_foam_log_parser_reads_last_iteration_and_refuses_garbage():
+    log = fc.parse_solver_log(_LOG)
+    assert log.times == [11.0, 12.0] and log.ended and not log.converged and not log.fatal
+    assert log.residuals["Ux"] == 0.1 and log.residuals["p"] == 0.03 and np.isnan(log.residuals["Uy"])
+    with pytest.raises(fc.FoamOutputError):
+        fc.parse_solver_log("garbage\nwithout iterations\n")
+    with pytest.raises(fc.FoamOutputError):
+        fc.parse_solver_log("Time = 1\nsmoothSolver:  Solving for Ux, Initial residual = 1.2.3x, Final residual = 1, No Iterations 1\n")
+    assert fc.parse_solver_log("--> FOAM FATAL ERROR:\ncannot find file\n").fatal == "FOAM FATAL"
+
+
+def test_foam_dictionary_and_field_editing():
+    text = "FoamFile\n{\n    object U;\n}\ninternalField   nonuniform List<vector> 2((1 2 3) (4 5 6));\n" \
+           "boundaryField\n{\n    inlet\n    {\n        type fixedValue;\n        value uniform (10 0 0);\n    }\n" \
+           "    outlet\n    {\n        type zeroGradient;\n    }\n}\n"
+    cells, inlet = fc.read_vector_field_text(text, "inlet")
+    assert cells.tolist() == [[1, 2, 3], [4, 5, 6]] and inlet.tolist() == [[10, 0, 0]]
+    text2 = fc.replace_block(text, ["boundaryField", "inlet"], "type fixedValue; value uniform (42 0 0);")
+    assert fc.read_vector_field_text(text2, "inlet")[1].tolist() == [[42, 0, 0]]
+    assert "zeroGradient" in text2 and fc.set_entry("endTime 5;\n", "endTime", "105") == "endTime 105;\n"
+    with pytest.raises(fc.FoamOutputError):
+        fc.read_vector_field_text(text.replace("(4 5 6)", "(4 5)"), "inlet")
+    with pytest.raises(fc.FoamOutputError):
+        fc.read_vector_field_text(text, "missingPatch")
+
+
+def test_foam_missing_install_gives_install_hint(tmp_path):
+    from hpcrl.envs.parrl.openfoam import FoamRelaxationEnv
+
+    with pytest.raises(fc.FoamNotInstalledError, match="apt-get install openfoam openfoam-examples"):
+        FoamRelaxationEnv(foam_bashrc=str(tmp_path / "no-bashrc"))
+
+
+@pytest.fixture
+def foam_env(tmp_path):
+    from hpcrl.envs.parrl.openfoam import FoamRelaxationEnv
+
+    envs = []
+
+    def make_env(**kw):
+        env = FoamRelaxationEnv(work_dir=str(tmp_path), **kw)
+        envs.append(env)
+        return env
+
+    yield make_env
+    for env in envs:
+        env.close()
+
+
+@needs_foam
+def test_foam_two_step_episode(foam_env):
+    env = foam_env(iterations_per_step=4, max_iterations=8, history=1)
+    obs, info = env.reset(seed=0)
+    speed = info["inlet_speed"]
+    assert 35.0 <= speed <= 65.0 and obs[0] == pytest.approx(speed**2, rel=1e-6) and obs[1] == 0.0
+    obs1, r1, term1, trunc1, info1 = env.step(np.array([0.3, 0.7], np.float32))
+    fv = (env.case / "system" / "fvSolution").read_text()
+    assert "p 0.3;" in fv and "U 0.7;" in fv
+    assert (r1, term1, trunc1) == (-4.0, False, False) and info1["iterations"] == 4
+    assert 0.0 < obs1[1] < 2.0 * speed**2 and obs1[2] == 0.0  # history holds the previous domain mean
+    obs2, r2, term2, trunc2, info2 = env.step(np.array([0.5, 0.5], np.float32))
+    assert (r2, term2, trunc2) == (-4.0, False, True) and info2["iterations_total"] == 8
+    assert obs2[2] == obs1[1]
+    assert sorted(p.name for p in env.case.iterdir() if p.name[0].isdigit()) == ["0", "8"]
+    env.reset(seed=1)  # a new episode starts from time 0 again
+    assert sorted(p.name for p in env.case.iterdir() if p.name[0].isdigit()) == ["0"]
+
+
+@needs_foam
+def test_foam_env_passes_env_checker(foam_env):
+    _check(foam_env(iterations_per_step=2, max_iterations=4))
+
+
+@needs_foam
+def test_foam_timeout_kills_solver_and_penalises(foam_env):
+    import os
+
+    env = foam_env(iterations_per_step=2000, timeout_s=0.5)
+    env.reset(seed=0)
+    _, reward, terminated, truncated, info = env.step(np.array([0.5, 0.5], np.float32))
+    assert (reward, terminated, truncated) == (-2000.0, True, False)
+    assert "timeout" in info["failure"]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(env.last_run.pid, 0)  # the solver's whole process group is gone
+
+
+@needs_foam
+def test_foam_corrupted_case_is_a_penalty_not_a_crash(foam_env):
+    env = foam_env(iterations_per_step=2)
+    env.reset(seed=0)
+    _, r, terminated, *_ = env.step(np.array([0.5, 0.5], np.float32))
+    assert r == -2.0 and not terminated
+    (env.case / "2" / "U").write_text("this is not a field\n")  # the solver restarts from here
+    obs, r, terminated, truncated, info = env.step(np.array([0.5, 0.5], np.float32))
+    assert (r, terminated, truncated) == (-2000.0, True, False) and "exited with status" in info["failure"]
+    assert np.all(np.isfinite(obs))
+    env.reset(seed=0)  # the next episode is clean again
+    assert env.step(np.array([0.5, 0.5], np.float32))[1] == -2.0
+
+
+def test_foam_registered():
+    assert spec("hpcrl/FoamRelaxation-v0").kind == "gym"

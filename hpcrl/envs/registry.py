@@ -78,3 +78,4 @@ register("hpcrl/Lorenz-v0", "hpcrl.envs.parrl.lorenz:LorenzEnv", "gym", "PAR-RL 
 register("hpcrl/KraichnanLES-v0", "hpcrl.envs.parrl.les2d:KraichnanLESEnv", "gym", "PAR-RL 2D LES closure: one Smagorinsky Cs^2 for a 32^2 LES of Kraichnan turbulence vs filtered 256^2 DNS")
 register("hpcrl/KraichnanLESProbes-v0", "hpcrl.envs.parrl.les2d_marl:KraichnanLESParallelEnv", "parallel", "PAR-RL 2D LES closure, 16 probe agents each setting the local Cs^2")
 register("hpcrl/CartPole-v1", "hpcrl.envs.classic.cartpole:CartPole", "batched", "CartPole-v1 as N tensor instances on CPU/CUDA (seed 003), Gymnasium-exact, SAME_STEP autoreset")
+register("hpcrl/FoamRelaxation-v0", "hpcrl.envs.parrl.openfoam:FoamRelaxationEnv", "gym", "PAR-RL OpenFOAM dynamic relaxation: SIMPLE relaxation factors for simpleFoam on pitzDaily (needs apt openfoam)")

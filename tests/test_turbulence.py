@@ -80,3 +80,60 @@ def test_log_law_state_is_kappa_and_b_on_the_log_law():
     dudy = u_tau / (KAPPA * h)
     inv_k, b = log_law_state(np.array(speed), np.array(dudy), np.array(u_tau**2), h, nu)
     assert inv_k == pytest.approx(1 / KAPPA) and b == pytest.approx(B_LOG)
+
+
+# ---- the MARL environment ----
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("turbulence-cache")
+
+
+def test_env_passes_pettingzoo_parallel_api_test(cache_dir):
+    from pettingzoo.test import parallel_api_test
+
+    from hpcrl.envs.turbulence.env import TurbulentChannelEnv
+
+    env = TurbulentChannelEnv("tiny", cache_dir=cache_dir, max_actions=5)
+    parallel_api_test(env, num_cycles=10)
+    assert len(env.possible_agents) == 2 * 4 * 4
+    assert list(cache_dir.glob("channel-tiny-*.npz"))  # the spin-up was cached
+
+
+def test_env_actions_scale_the_wall_stress_and_rewards_track_the_error(cache_dir):
+    from hpcrl.envs.turbulence.env import TurbulentChannelEnv
+
+    env = TurbulentChannelEnv("tiny", cache_dir=cache_dir, max_actions=3)
+    obs, _ = env.reset(seed=3, options={"snapshot": 0, "tau_factor": 1.2})
+    tau0 = env.metrics()["mean_tau_w"]
+    obs, rew, term, trunc, info = env.step({a: np.array([0.9], np.float32) for a in env.agents})
+    assert env.metrics()["mean_tau_w"] == pytest.approx(0.9 * tau0, rel=1e-9)  # uniform factor: exact
+    # reward = the drop of the local relative error (plus the bonus within 1%)
+    a = env.agents[0]
+    err_before = abs(1.0 - info[a]["tau_w"] / 0.9)
+    expected = err_before - info[a]["rel_error"] + (0.1 if info[a]["rel_error"] < 0.01 else 0.0)
+    assert rew[a] == pytest.approx(expected, abs=1e-9)
+    # out-of-range actions are clipped to [0.9, 1.1]
+    before = env.metrics()["mean_tau_w"]
+    env.step({a: np.array([5.0], np.float32) for a in env.agents})
+    assert env.metrics()["mean_tau_w"] == pytest.approx(1.1 * before, rel=1e-9)
+    *_, trunc, _ = env.step({})
+    assert env.agents == [] and all(trunc.values())
+
+
+def test_env_rejects_bad_settings():
+    from hpcrl.envs.turbulence.env import TurbulentChannelEnv
+
+    with pytest.raises(ConfigError, match="env.preset"):
+        TurbulentChannelEnv("huge")
+    with pytest.raises(ConfigError, match="env.action_low"):
+        TurbulentChannelEnv("tiny", action_low=1.1, action_high=1.2)
+    with pytest.raises(ConfigError, match="env.preset overrides"):
+        TurbulentChannelEnv("tiny", grid_points=3)
+
+
+def test_env_is_registered():
+    from hpcrl.envs.registry import spec
+
+    s = spec("hpcrl/TurbulentChannelWM-v0")
+    assert s is not None and s.kind == "parallel"
+    assert s.load().__name__ == "TurbulentChannelEnv"

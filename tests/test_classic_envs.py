@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.envs.classic import CartPole
+from hpcrl.envs.classic import Acrobot, CartPole
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -50,9 +50,20 @@ def _cartpole_boundary(s):
     return np.minimum(np.abs(np.abs(s[:, 0]) - 2.4), np.abs(np.abs(s[:, 2]) - 12 * 2 * math.pi / 360))
 
 
+def _acrobot_states(rng, k):
+    high = np.array([math.pi, math.pi, 4 * math.pi, 9 * math.pi])
+    return rng.uniform(-high, high, size=(k, 4))
+
+
+def _acrobot_boundary(s):
+    return np.abs(-np.cos(s[:, 0]) - np.cos(s[:, 1] + s[:, 0]) - 1.0)
+
+
 CASES = {
     "CartPole-v1": Case("CartPole-v1", CartPole, _cartpole_states, lambda rng, k: rng.integers(0, 2, size=k),
                         _cartpole_boundary, 1e-5, (np.full(4, -0.05), np.full(4, 0.05))),
+    "Acrobot-v1": Case("Acrobot-v1", Acrobot, _acrobot_states, lambda rng, k: rng.integers(0, 3, size=k),
+                       _acrobot_boundary, 1e-3, (np.full(4, -0.1), np.full(4, 0.1))),
 }
 
 
@@ -112,7 +123,7 @@ def batched_step(case: Case, ref: dict, dtype: torch.dtype, device: str):
 @pytest.mark.parametrize("name", list(CASES))
 def test_transitions_match_gymnasium(name, dtype, device):
     case = CASES[name]
-    ref = reference_transitions(case, np.random.default_rng(1), episodes_steps=2000, random_count=2000)
+    ref = reference_transitions(case, np.random.default_rng(1), episodes_steps=1500, random_count=1500)
     got = batched_step(case, ref, dtype, device)
     np.testing.assert_array_equal(got["truncated"], ref["truncated"])
     assert ref["terminated"].any() and ref["truncated"].any() and not ref["terminated"].all()
@@ -133,11 +144,11 @@ def test_transitions_match_gymnasium(name, dtype, device):
 def test_episodes_in_lockstep_with_gymnasium(name):
     """N reference envs follow the batched env's states, resets included, for whole episodes:
     step counters, time-limit truncation, episode returns and lengths all agree."""
-    case, n, steps = CASES[name], 6, 600
+    case, n, steps, limit = CASES[name], 6, 200, 60
     rng = np.random.default_rng(2)
-    env = case.cls(num_envs=n, dtype=torch.float64)
+    env = case.cls(num_envs=n, dtype=torch.float64, max_episode_steps=limit)
     obs, _ = env.reset(seed=3)
-    refs = [gym.make(case.gym_id) for _ in range(n)]
+    refs = [gym.make(case.gym_id, max_episode_steps=limit) for _ in range(n)]
     for r in refs:
         r.reset(seed=0)
     ref_return, ref_length, finished = np.zeros(n), np.zeros(n, dtype=int), 0
@@ -158,7 +169,7 @@ def test_episodes_in_lockstep_with_gymnasium(name):
                 r.reset(seed=0)
                 ref_return[i], ref_length[i] = 0.0, 0
                 finished += 1
-    assert finished >= n
+    assert finished >= 2 * n
     assert env.episode_count.sum().item() == finished
 
 

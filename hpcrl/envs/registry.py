@@ -80,3 +80,4 @@ register("hpcrl/KraichnanLESProbes-v0", "hpcrl.envs.parrl.les2d_marl:KraichnanLE
 register("hpcrl/CartPole-v1", "hpcrl.envs.classic.cartpole:CartPole", "batched", "CartPole-v1 as N tensor instances on CPU/CUDA (seed 003), Gymnasium-exact, SAME_STEP autoreset")
 register("hpcrl/FoamRelaxation-v0", "hpcrl.envs.parrl.openfoam:FoamRelaxationEnv", "gym", "PAR-RL OpenFOAM dynamic relaxation: SIMPLE relaxation factors for simpleFoam on pitzDaily (needs apt openfoam)")
 register("hpcrl/TurbulentChannelWM-v0", "hpcrl.envs.turbulence.env:TurbulentChannelEnv", "parallel", "Bae & Koumoutsakos wall-model MARL: agents on both walls of a WMLES channel (Re_tau 2000) scale the local wall stress")
+register("hpcrl/Acrobot-v1", "hpcrl.envs.classic.acrobot:Acrobot", "batched", "Acrobot-v1 as N tensor instances on CPU/CUDA (seed 003), RK4 as Gymnasium, SAME_STEP autoreset")

@@ -53,8 +53,13 @@ def make_solver(preset: ChannelPreset) -> ChannelLES:
     return solver
 
 
+# preset fields that do not change the spun-up fields (kept out of the cache key)
+_EPISODE_FIELDS = ("name", "agent_stride", "steps_per_action", "max_actions")
+
+
 def cache_path(preset: ChannelPreset, cache_dir: str | os.PathLike | None, seed: int) -> Path:
-    content = json.dumps({**dataclasses.asdict(preset), "seed": seed, "v": FORMAT_VERSION}, sort_keys=True)
+    fields = {k: v for k, v in dataclasses.asdict(preset).items() if k not in _EPISODE_FIELDS}
+    content = json.dumps({**fields, "seed": seed, "v": FORMAT_VERSION}, sort_keys=True)
     key = hashlib.sha1(content.encode()).hexdigest()[:12]
     return Path(cache_dir or default_cache_dir()) / f"channel-{preset.name}-{key}.npz"
 

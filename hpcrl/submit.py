@@ -1,0 +1,267 @@
+"""Batch scripts for a site: plan the job, validate every value that reaches the script, render it.
+
+``plan_job`` turns a config and the ``hpcrl submit`` flags into a :class:`Job` (nodes, ranks per
+node, walltime, paths), checking each value against a strict pattern: a batch directive line
+(``#SBATCH``/``#PBS``) is parsed by the scheduler, not by a shell, so quoting cannot protect it;
+only values that match are allowed through, and shell words are quoted again with ``shlex.quote``
+in the templates. ``render`` fills the site's Jinja2 template from ``slurm_templates/``;
+``write_job`` puts the script and the resolved config in the job directory; ``submit`` runs
+sbatch/qsub and returns the job id.
+"""
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import subprocess
+import sys
+import time as _time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from hpcrl.config import RunConfig
+from hpcrl.errors import ConfigError
+from hpcrl.launch_container import RANK_PYTHON, check_bind, container_prefix
+from hpcrl.sites import Site
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "slurm_templates"
+CHECKPOINT = "checkpoints/latest.pt"
+"""Relative to the run directory (hpcrl.runtime.checkpoint): its presence means resume."""
+JOB_SUFFIX = ".job"
+"""The job directory (script, resolved config, scheduler output) sits next to the run directory."""
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+PATH = re.compile(r"^/[A-Za-z0-9_./@+=-]*$")
+TIME = re.compile(r"^(\d{1,3}):([0-5]\d):([0-5]\d)$")
+PATH_CHARS = "letters, digits and _ . / @ + = -"
+
+
+def check_name(flag: str, value: str) -> str:
+    """Job names, accounts, queues, partitions, constraints: one word of safe characters."""
+    if not NAME.match(value):
+        raise ConfigError(f"{flag}: {value!r} is not allowed; use 1-64 letters, digits, '.', '_', '-' "
+                          "(starting with a letter or digit)")
+    return value
+
+
+def check_path(flag: str, value: str | Path) -> str:
+    """An absolute path without spaces, quotes or shell characters (it also appears in directives)."""
+    text = str(value)
+    if not PATH.match(text):
+        raise ConfigError(f"{flag}: {text!r} must be an absolute path made of {PATH_CHARS} "
+                          "(no spaces or shell characters: it goes into #SBATCH/#PBS lines)")
+    return text
+
+
+def seconds(text: str) -> int:
+    m = TIME.match(text)
+    return int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]) if m else -1
+
+
+def check_time(flag: str, value: str) -> str:
+    if seconds(value) <= 0:
+        raise ConfigError(f"{flag}: {value!r} is not a walltime; use HH:MM:SS, e.g. 01:30:00")
+    return value
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a template needs, validated."""
+
+    site: Site
+    name: str
+    nodes: int
+    ranks: int
+    ranks_per_node: int
+    cpus_per_rank: int | None
+    time: str
+    account: str | None
+    queue: str | None
+    run_dir: str
+    job_dir: str
+    python: str
+    """Interpreter on the compute nodes (outside a container)."""
+    warning_seconds: int
+    """The ranks get SIGUSR1 this long before the walltime, checkpoint, and the job is requeued."""
+    max_restarts: int
+    container: list[str] = field(default_factory=list)
+    """Container prefix words (empty: no container)."""
+    container_runtime: str | None = None
+    container_image: str | None = None
+    env_script: str | None = None
+    """A user file sourced before launch (module loads, conda activate)."""
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def filesystems(self) -> str | None:
+        """PBS -l filesystems: the site's defaults plus the one holding the run directory."""
+        names = self.site.filesystems.split(":") if self.site.filesystems else []
+        for prefix, name in self.site.filesystem_mounts.items():
+            if (self.run_dir + "/").startswith(prefix) and name not in names:
+                names.append(name)
+        return ":".join(names) or None
+
+    @property
+    def script_path(self) -> str:
+        return f"{self.job_dir}/{self.name}.{'sbatch' if self.site.scheduler == 'slurm' else 'pbs'}"
+
+    @property
+    def config_path(self) -> str:
+        return f"{self.job_dir}/config.yaml"
+
+    @property
+    def rank_python(self) -> str:
+        return RANK_PYTHON if self.container else self.python
+
+    @property
+    def walltime_seconds(self) -> int:
+        return seconds(self.time)
+
+
+def resolve_run_dir(cfg: RunConfig, run_dir: str | None, cwd: Path, stamp: str) -> Path:
+    """The run directory fixed at submit time (absolute), so every restart finds the same one."""
+    if run_dir is None:
+        pattern = cfg.io.run_dir
+        if any(c in pattern.replace("{name}", "").replace("{time}", "") for c in "{}"):
+            raise ConfigError(f"io.run_dir: {pattern!r}: the only placeholders are {{name}} and {{time}}")
+        run_dir = pattern.replace("{name}", cfg.name).replace("{time}", stamp)
+    path = Path(run_dir)
+    return path if path.is_absolute() else cwd / path
+
+
+def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str | None = None,
+             account: str | None = None, queue: str | None = None, run_dir: str | None = None,
+             python: str | None = None, warning_seconds: int = 120, max_restarts: int = 10,
+             env_script: str | None = None, overrides: tuple[str, ...] = (), cwd: Path | None = None,
+             stamp: str | None = None) -> Job:
+    """Validate the flags against the site and the config; nothing is written."""
+    if not cfg.uses_mpi:
+        raise ConfigError(f"algo.name: {cfg.algo.name!r} runs in one process, not as an MPI job; "
+                          "hpcrl submit runs algo.name=ppo jobs")
+    ranks = cfg.num_ranks
+    if nodes is not None and nodes < 1:
+        raise ConfigError(f"--nodes: {nodes} must be at least 1")
+    cap = site.max_ranks_per_node or site.cores_per_node
+    nodes = nodes or (math.ceil(ranks / cap) if cap else 1)
+    if nodes > ranks:
+        raise ConfigError(f"--nodes: {nodes} nodes for {ranks} ranks leaves nodes idle; use at most {ranks}")
+    per_node = math.ceil(ranks / nodes)
+    cpus = None
+    if site.cores_per_node:
+        if per_node > site.cores_per_node and not site.overcommit:
+            raise ConfigError(f"--nodes: {ranks} ranks on {nodes} node(s) is {per_node} per node, more than the "
+                              f"{site.cores_per_node} cores of a {site.name} node; use --nodes "
+                              f"{math.ceil(ranks / site.cores_per_node)} or more")
+        cpus = site.threads_per_core * max(1, site.cores_per_node // per_node)
+
+    queue = check_name("--queue", queue) if queue else site.default_queue
+    time = check_time("--time", time or site.default_time)
+    limits = site.queues.get(queue) if queue else None
+    if limits is not None:
+        if seconds(time) > seconds(limits.max_time):
+            raise ConfigError(f"--time: {time} exceeds the {site.name} {queue} limit of {limits.max_time}")
+        if not limits.min_nodes <= nodes <= limits.max_nodes:
+            raise ConfigError(f"--nodes: {nodes} outside the {site.name} {queue} range "
+                              f"{limits.min_nodes}-{limits.max_nodes}")
+    if account:
+        check_name("--account", account)
+    elif site.account_required:
+        raise ConfigError(f"--account: {site.name} charges every job to a project; pass --account PROJECT")
+    if not 0 < warning_seconds < seconds(time):
+        raise ConfigError(f"--warning-seconds: {warning_seconds} must be between 1 and the walltime "
+                          f"({seconds(time)} s)")
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts: {max_restarts} must be 0 or more")
+
+    stamp = stamp or _time.strftime("%Y%m%d-%H%M%S")
+    run_path = resolve_run_dir(cfg, run_dir, cwd or Path.cwd(), stamp)
+    run_text = check_path("--run-dir (or io.run_dir)", run_path)
+    python = check_path("--python", python or sys.executable)
+    if env_script:
+        env_script = check_path("--env-script", Path(env_script).absolute())
+
+    prefix: list[str] = []
+    runtime = None
+    box = cfg.launch.container
+    if box is not None:
+        if box.runtime not in site.containers:
+            allowed = ", ".join(site.containers) or "none"
+            raise ConfigError(f"launch.container.runtime: {box.runtime!r} is not available on {site.name}; "
+                              f"allowed: {allowed}")
+        # the run directory's parent must be visible inside the container (apptainer binds only home and cwd)
+        binds = [check_bind(b) for b in site.container_binds]
+        if box.runtime != "shifter":  # shifter mounts scratch and home itself and refuses other volumes
+            binds.append(str(run_path.parent))
+        prefix = container_prefix(box, binds)
+        runtime = box.runtime
+
+    return Job(site=site, name=check_name("name", cfg.name), nodes=nodes, ranks=ranks, ranks_per_node=per_node,
+               cpus_per_rank=cpus, time=time, account=account, queue=queue, run_dir=run_text,
+               job_dir=run_text + JOB_SUFFIX, python=python, warning_seconds=warning_seconds,
+               max_restarts=max_restarts, container=prefix, container_runtime=runtime,
+               container_image=box.image if box else None, env_script=env_script,
+               overrides=tuple(overrides))
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["words"] = lambda seq: " ".join(shlex.quote(str(w)) for w in seq)
+    return env
+
+
+def render(job: Job) -> str:
+    if not (TEMPLATE_DIR / job.site.template).is_file():
+        raise ConfigError(f"site {job.site.name}: template {job.site.template!r} not found in {TEMPLATE_DIR}")
+    text = _environment().get_template(job.site.template).render(
+        job=job, site=job.site, checkpoint=CHECKPOINT,
+        container_setup=job.site.containers.get(job.container_runtime, []) if job.container_runtime else [])
+    return text if text.endswith("\n") else text + "\n"
+
+
+def write_job(job: Job, cfg: RunConfig, script: str) -> Path:
+    """Create the job directory with the resolved config (io.run_dir = the fixed run dir) and the script."""
+    if Path(job.run_dir).exists() or Path(job.job_dir).exists():
+        raise ConfigError(f"--run-dir: {job.run_dir} already exists; pick a new one "
+                          "(a job resumes its own run after a requeue by itself)")
+    job_dir = Path(job.job_dir)
+    job_dir.mkdir(parents=True)
+    resolved = cfg.model_copy(update={"io": cfg.io.model_copy(update={"run_dir": job.run_dir})})
+    (job_dir / "config.yaml").write_text(resolved.to_yaml())
+    path = Path(job.script_path)
+    path.write_text(script)
+    path.chmod(0o750)
+    return path
+
+
+def submit_command(job: Job) -> list[str]:
+    if job.site.scheduler == "slurm":
+        return ["sbatch", "--parsable", job.script_path]
+    return ["qsub", job.script_path]
+
+
+def parse_job_id(scheduler: str, output: str) -> str:
+    """sbatch --parsable prints 'ID' or 'ID;CLUSTER'; qsub prints 'ID.SERVER'."""
+    text = output.strip().splitlines()[-1].strip() if output.strip() else ""
+    m = re.match(r"^(\d+)(;\S+)?$", text) if scheduler == "slurm" else re.match(r"^(\d+(\[\])?\.\S+|\d+)$", text)
+    if not m:
+        raise RuntimeError(f"could not read a job id from {scheduler} output: {output.strip()!r}")
+    return m[1]
+
+
+def submit(job: Job) -> str:
+    cmd = submit_command(job)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=job.job_dir)
+    except FileNotFoundError:
+        raise ConfigError(f"--site {job.site.name}: {cmd[0]!r} not found; submit from a login node of the site, "
+                          "or use --dry-run to see the script") from None
+    if out.returncode != 0:
+        msg = (out.stderr or out.stdout).strip().splitlines()
+        raise ConfigError(f"{cmd[0]} refused the job: {msg[-1] if msg else 'exit code ' + str(out.returncode)}")
+    job_id = parse_job_id(job.site.scheduler, out.stdout)
+    (Path(job.job_dir) / "job_id").write_text(job_id + "\n")
+    return job_id

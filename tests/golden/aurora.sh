@@ -1,0 +1,75 @@
+#!/bin/bash
+#PBS -N cartpole
+#PBS -A MyProject
+#PBS -q debug
+#PBS -l select=1
+#PBS -l place=scatter
+#PBS -l walltime=00:30:00
+#PBS -l filesystems=home:flare
+#PBS -r y
+#PBS -j oe
+#PBS -o /lus/flare/projects/MyProject/runs/cartpole.job/pbs-output.txt
+#
+# hpcrl job "cartpole": 4 MPI ranks on 1 node(s) of ALCF Aurora (PBS Pro, PALS mpiexec, 6x Intel Data Center GPU Max, 104 cores).
+# Rendered by `hpcrl submit --site aurora`. The same script starts the run, or resumes it
+# from its last checkpoint whenever the job runs again (requeue after the walltime warning, node failure).
+set -uo pipefail
+
+RUN_DIR=/lus/flare/projects/MyProject/runs/cartpole
+JOB_DIR=/lus/flare/projects/MyProject/runs/cartpole.job
+CONFIG="$JOB_DIR/config.yaml"
+RESTART=${HPCRL_RESTART:-0}
+MAX_RESTARTS=10
+cd "$JOB_DIR" || exit 1
+exec >>"$JOB_DIR/job-${PBS_JOBID:-interactive}.log" 2>&1  # one log per job; PBS overwrites its -o file
+export HDF5_USE_FILE_LOCKING=FALSE  # parallel file systems (Lustre) and concurrent readers
+export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export ZE_FLAT_DEVICE_HIERARCHY=FLAT
+
+# start, or resume from the last checkpoint
+if [ -f "$RUN_DIR/checkpoints/latest.pt" ]; then
+    echo "hpcrl: resuming $RUN_DIR from its last checkpoint (restart $RESTART)"
+    RUN_ARGS=(--resume "$RUN_DIR")
+else
+    if [ -e "$RUN_DIR" ]; then  # an earlier attempt stopped before its first checkpoint
+        mv "$RUN_DIR" "$RUN_DIR.incomplete-$(date +%Y%m%d-%H%M%S)"
+    fi
+    echo "hpcrl: starting $RUN_DIR"
+    RUN_ARGS=("$CONFIG")
+fi
+
+# The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on
+# to the ranks, whose parameter rank writes a checkpoint before the job ends.
+REQUEUE=0
+LAUNCHER_PID=
+forward() { if [ -n "$LAUNCHER_PID" ]; then kill -s "$1" "$LAUNCHER_PID" 2>/dev/null; fi; }
+trap 'REQUEUE=1; echo "hpcrl: walltime warning: checkpoint and requeue"; forward USR1' USR1
+trap 'echo "hpcrl: terminated: checkpoint and stop"; forward TERM' TERM
+# PBS sends no warning before the walltime: a timer signals this shell 120 s before it ends
+( sleep 1680 && kill -s USR1 $$ ) &
+TIMER_PID=$!
+
+# put runs on /lus/flare/projects/PROJECT; home is small
+mpiexec -n 4 --ppn 4 --depth=25 --cpu-bind depth --hostfile "$PBS_NODEFILE" \
+    /opt/hpcrl/bin/python -m hpcrl run --inside-mpi "${RUN_ARGS[@]}" &
+LAUNCHER_PID=$!
+while :; do
+    wait "$LAUNCHER_PID"
+    RC=$?
+    kill -0 "$LAUNCHER_PID" 2>/dev/null || break  # wait was cut short by a signal: the ranks still run
+done
+echo "hpcrl: ranks exited with code $RC"
+kill "$TIMER_PID" 2>/dev/null
+
+if [ "$REQUEUE" = 1 ]; then
+    if [ ! -f "$RUN_DIR/checkpoints/latest.pt" ]; then
+        echo "hpcrl: no checkpoint in $RUN_DIR; not requeueing"
+    elif [ "$RESTART" -ge "$MAX_RESTARTS" ]; then
+        echo "hpcrl: $MAX_RESTARTS restarts done; not requeueing (submit this script again to go on)"
+    else
+        # users cannot requeue a PBS job: submit this script again, to start once this job has ended
+        NEXT=$(qsub -W depend=afterany:"$PBS_JOBID" -v HPCRL_RESTART=$((RESTART + 1)) /lus/flare/projects/MyProject/runs/cartpole.job/cartpole.pbs) \
+            && echo "hpcrl: submitted $NEXT to resume (restart $((RESTART + 1)) of $MAX_RESTARTS)"
+    fi
+fi
+exit "$RC"

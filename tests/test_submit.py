@@ -1,0 +1,215 @@
+"""Batch scripts per site: golden renderings, bash -n, sbatch --test-only, and no injection.
+
+Regenerate the golden files after an intended template change with
+``HPCRL_UPDATE_GOLDEN=1 pytest tests/test_submit.py`` and review the diff.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpcrl.cli import main as cli_main
+from hpcrl.config import build_config, load_config
+from hpcrl.errors import ConfigError
+from hpcrl.sites import load_site, site_names
+from hpcrl.submit import parse_job_id, plan_job, render, write_job
+
+GOLDEN = Path(__file__).parent / "golden"
+PYTHON = "/opt/hpcrl/bin/python"
+
+# name -> (site, plan_job keyword arguments, config overrides)
+CASES = {
+    "local-slurm": ("local-slurm", {"run_dir": "/tmp/hpcrl-golden/cartpole"}, []),
+    "slurm": ("slurm", {"run_dir": "/home/me/runs/cartpole", "account": "myproject", "time": "02:00:00"}, []),
+    "perlmutter-gpu": ("perlmutter-gpu", {"run_dir": "/pscratch/sd/m/me/runs/cartpole", "account": "m1234",
+                                          "queue": "debug"},
+                       ["launch.container={runtime: podman-hpc, image: registry.nersc.gov/m1234/hpcrl:0.1, gpu: true}"]),
+    "perlmutter-cpu": ("perlmutter-cpu", {"run_dir": "/pscratch/sd/m/me/runs/cartpole", "account": "m1234"},
+                       ["launch.container={runtime: shifter, image: 'docker:me/hpcrl:0.1'}"]),
+    "polaris": ("polaris", {"run_dir": "/eagle/MyProject/runs/cartpole", "account": "MyProject",
+                            "time": "01:00:00"}, ["actors.count=10"]),
+    "polaris-apptainer": ("polaris", {"run_dir": "/lus/grand/projects/MyProject/runs/cartpole",
+                                      "account": "MyProject", "queue": "debug-scaling", "nodes": 2},
+                          ["actors.count=10",
+                           "launch.container={runtime: apptainer, image: /eagle/MyProject/hpcrl.sif, gpu: true}"]),
+    "aurora": ("aurora", {"run_dir": "/lus/flare/projects/MyProject/runs/cartpole", "account": "MyProject"}, []),
+}
+
+
+def rendered(case: str) -> str:
+    site, kwargs, overrides = CASES[case]
+    cfg = load_config(None, overrides)
+    job = plan_job(cfg, load_site(site), python=PYTHON, **kwargs)
+    return render(job)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rendering_matches_golden_file(case):
+    text = rendered(case)
+    path = GOLDEN / f"{case}.sh"
+    if os.environ.get("HPCRL_UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.is_file(), f"missing {path}; run with HPCRL_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{case}: rendering differs from {path} (HPCRL_UPDATE_GOLDEN=1 to accept)"
+
+
+def test_every_site_has_a_golden_rendering():
+    batch_sites = {CASES[c][0] for c in CASES}
+    assert batch_sites == set(site_names())
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rendered_script_is_valid_bash(case, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text(rendered(case))
+    out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_script_starts_or_resumes_and_requeues(case):
+    text = rendered(case)
+    site = load_site(CASES[case][0])
+    assert text.startswith("#!/bin/bash\n")
+    assert 'RUN_ARGS=(--resume "$RUN_DIR")' in text and '-m hpcrl run --inside-mpi "${RUN_ARGS[@]}"' in text
+    assert "trap 'REQUEUE=1;" in text
+    if site.scheduler == "slurm":
+        assert "#SBATCH --signal=B:USR1@120" in text and "#SBATCH --requeue" in text
+        assert 'scontrol requeue "$SLURM_JOB_ID"' in text
+        assert re.search(r"^srun --ntasks=\d+", text, re.M)
+    else:
+        assert "#PBS -r y" in text and "kill -s USR1 $$" in text and "qsub -W depend=afterany" in text
+        assert re.search(r"^mpiexec -n \d+ --ppn \d+ --depth=\d+ --cpu-bind depth", text, re.M)
+
+
+def test_container_prefixes_land_in_the_rank_command():
+    assert "podman-hpc run --rm --mpi --gpu -v /pscratch/sd/m/me/runs:/pscratch/sd/m/me/runs" in rendered("perlmutter-gpu")
+    cpu = rendered("perlmutter-cpu")
+    assert "shifter --image=docker:me/hpcrl:0.1 --module=mpich python3 -m hpcrl run" in cpu
+    assert "#SBATCH --image=docker:me/hpcrl:0.1" in cpu
+    polaris = rendered("polaris-apptainer")
+    assert ("apptainer exec --nv --bind /opt --bind /var/run/palsd/ --bind /lus/grand/projects/MyProject/runs "
+            "/eagle/MyProject/hpcrl.sif python3 -m hpcrl run") in polaris
+    assert "module load cray-mpich-abi" in polaris and "#PBS -l filesystems=home:eagle:grand" in polaris
+
+
+def test_layout_follows_cores_and_nodes():
+    cfg = load_config(None, ["actors.count=254"])  # 256 ranks
+    gpu = plan_job(cfg, load_site("perlmutter-gpu"), account="m1", run_dir="/x/r", python=PYTHON)
+    assert (gpu.nodes, gpu.ranks_per_node, gpu.cpus_per_rank) == (4, 64, 2)
+    cpu = plan_job(cfg, load_site("perlmutter-cpu"), account="m1", run_dir="/x/r", python=PYTHON, nodes=4)
+    assert (cpu.ranks_per_node, cpu.cpus_per_rank) == (64, 4)
+    pol = plan_job(load_config(None, ["actors.count=14"]), load_site("polaris"), account="P", run_dir="/x/r",
+                   python=PYTHON, nodes=2)
+    assert (pol.ranks_per_node, pol.cpus_per_rank) == (8, 8)  # 2 threads x floor(32 / 8)
+    with pytest.raises(ConfigError, match="more than the 32 cores"):
+        plan_job(cfg, load_site("polaris"), account="P", run_dir="/x/r", python=PYTHON, nodes=2, queue="prod")
+
+
+def test_queue_limits_are_checked():
+    cfg = load_config()
+    with pytest.raises(ConfigError, match="exceeds the polaris debug limit of 01:00:00"):
+        plan_job(cfg, load_site("polaris"), account="P", time="02:00:00", run_dir="/x/r", python=PYTHON)
+    with pytest.raises(ConfigError, match="outside the polaris prod range 10-496"):
+        plan_job(cfg, load_site("polaris"), account="P", queue="prod", run_dir="/x/r", python=PYTHON)
+    with pytest.raises(ConfigError, match="--account"):
+        plan_job(cfg, load_site("aurora"), run_dir="/x/r", python=PYTHON)
+
+
+HOSTILE = [
+    (["--account", "a;touch /tmp/pwned"], "--account"),
+    (["--account", "$(reboot)"], "--account"),
+    (["--queue", "debug\n#SBATCH --uid=0"], "--queue"),
+    (["--queue=-wrap"], "--queue"),
+    (["--time", "1:00"], "--time"),
+    (["--time", "00:00:00"], "--time"),
+    (["--time", "01:00:00;id"], "--time"),
+    (["--run-dir", "/tmp/a b"], "--run-dir"),
+    (["--run-dir", "/tmp/`id`"], "--run-dir"),
+    (["--run-dir", "/tmp/x\n#SBATCH --uid=0"], "--run-dir"),
+    (["--python", "python3; id"], "--python"),
+    (["--env-script", "/tmp/$(id).sh"], "--env-script"),
+    (["-o", "name=x;id"], "name"),
+    (["-o", "io.run_dir=/tmp/$HOME/{name}"], "--run-dir"),
+    (["-o", "launch.container={runtime: apptainer, image: 'x.sif; id'}"], "launch.container.image"),
+    (["-o", "launch.container={runtime: apptainer, image: x.sif, binds: ['/a,/etc:/etc']}"], "launch.container.binds"),
+    (["-o", "launch.container={runtime: shifter, image: x}"], "launch.container.runtime"),
+    (["--warning-seconds", "999999"], "--warning-seconds"),
+]
+
+
+@pytest.mark.parametrize("extra, field", HOSTILE)
+def test_hostile_values_are_rejected_with_one_line(extra, field, capsys, tmp_path):
+    run_dir = [] if "io.run_dir" in " ".join(extra) else ["--run-dir", str(tmp_path / "run")]
+    argv = ["submit", "--site", "local-slurm", "--dry-run", "--python", PYTHON, *run_dir, *extra]
+    assert cli_main(argv) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], out.err
+
+
+def test_config_values_never_reach_the_script(tmp_path):
+    """Only the path of the resolved config goes into the script; its content stays in YAML."""
+    cfg = build_config({"env": {"kwargs": {"x": "$(touch /tmp/pwned)"}}})
+    job = plan_job(cfg, load_site("local-slurm"), run_dir=str(tmp_path / "run"), python=PYTHON)
+    script = render(job)
+    assert "pwned" not in script
+    path = write_job(job, cfg, script)
+    resolved = load_config(tmp_path / "run.job" / "config.yaml")
+    assert resolved.env.kwargs == {"x": "$(touch /tmp/pwned)"} and resolved.io.run_dir == str(tmp_path / "run")
+    assert path.read_text() == script and os.access(path, os.X_OK)
+    with pytest.raises(ConfigError, match="already exists"):
+        write_job(job, cfg, script)
+
+
+def test_dry_run_writes_nothing(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli_main(["submit", "--site", "aurora", "--account", "P", "--dry-run", "--run-dir", str(run)]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("#!/bin/bash\n#PBS -N cartpole") and "qsub" in out.err
+    assert not run.exists() and not (tmp_path / "run.job").exists()
+
+
+def test_job_ids_are_parsed():
+    assert parse_job_id("slurm", "1234\n") == "1234"
+    assert parse_job_id("slurm", "1234;perlmutter\n") == "1234"
+    assert parse_job_id("pbs", "5678.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov\n").startswith("5678.polaris")
+    with pytest.raises(RuntimeError):
+        parse_job_id("slurm", "sbatch: error: Batch job submission failed")
+
+
+# -- against the real local Slurm (scripts/local_slurm.sh start) -------------------------------------------
+
+SITE_ONLY = re.compile(r"^#SBATCH --(constraint|qos|account|gpus-per-node|image)=.*\n", re.M)
+
+
+def slurm_running() -> bool:
+    if shutil.which("sbatch") is None:
+        return False
+    return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("case", [c for c in sorted(CASES) if load_site(CASES[c][0]).scheduler == "slurm"])
+def test_slurm_scripts_pass_sbatch_test_only(case, tmp_path):
+    if not slurm_running():
+        pytest.skip("no Slurm answering sinfo (start one with scripts/local_slurm.sh start)")
+    text = rendered(case)
+    extra = []
+    if case != "local-slurm":
+        # The local node has neither the site's features, QOS and GPUs nor its cores: drop those lines and
+        # let the ranks share the node's cores. Every other directive must parse and be schedulable.
+        text = SITE_ONLY.sub("", text)
+        text = re.sub(r"^#SBATCH --(ntasks-per-node|cpus-per-task)=\d+\n", "", text, flags=re.M)
+        extra = ["--overcommit"]
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    out = subprocess.run(["sbatch", "--test-only", *extra, str(script)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "to start at" in out.stderr, out.stderr

@@ -81,3 +81,6 @@ register("hpcrl/CartPole-v1", "hpcrl.envs.classic.cartpole:CartPole", "batched",
 register("hpcrl/FoamRelaxation-v0", "hpcrl.envs.parrl.openfoam:FoamRelaxationEnv", "gym", "PAR-RL OpenFOAM dynamic relaxation: SIMPLE relaxation factors for simpleFoam on pitzDaily (needs apt openfoam)")
 register("hpcrl/TurbulentChannelWM-v0", "hpcrl.envs.turbulence.env:TurbulentChannelEnv", "parallel", "Bae & Koumoutsakos wall-model MARL: agents on both walls of a WMLES channel (Re_tau 2000) scale the local wall stress")
 register("hpcrl/Acrobot-v1", "hpcrl.envs.classic.acrobot:Acrobot", "batched", "Acrobot-v1 as N tensor instances on CPU/CUDA (seed 003), RK4 as Gymnasium, SAME_STEP autoreset")
+register("hpcrl/Pendulum-v1", "hpcrl.envs.classic.pendulum:Pendulum", "batched", "Pendulum-v1 as N tensor instances on CPU/CUDA (seed 003), continuous torque, SAME_STEP autoreset")
+register("hpcrl/MountainCar-v0", "hpcrl.envs.classic.mountain_car:MountainCar", "batched", "MountainCar-v0 as N tensor instances on CPU/CUDA, SAME_STEP autoreset")
+register("hpcrl/MountainCarContinuous-v0", "hpcrl.envs.classic.mountain_car:MountainCarContinuous", "batched", "MountainCarContinuous-v0 as N tensor instances on CPU/CUDA, SAME_STEP autoreset")

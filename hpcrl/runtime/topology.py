@@ -1,0 +1,150 @@
+"""Rank map of one hpcrl MPI job: parameter rank, learner groups, actors.
+
+World rank 0 is the parameter rank, the next G x L ranks are G learner groups of L ranks
+(the first rank of a group is its root, the one that pushes gradients), the rest are actors.
+:func:`plan_roles` is pure (usable before MPI starts); :meth:`Topology.from_config` is
+collective over the communicator it is given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from hpcrl.errors import ConfigError
+
+PARAMETER, LEARNER, ACTOR = "parameter", "learner", "actor"
+PARAMETER_RANK = 0
+
+
+class Role(NamedTuple):
+    """One rank's place: role, learner group (-1 unless a learner), rank inside that group (-1 likewise)."""
+
+    role: str
+    group: int
+    group_rank: int
+
+
+def required_ranks(groups: int, ranks_per_group: int, actors: int) -> int:
+    """1 parameter rank + G x L learner ranks + A actor ranks."""
+    return 1 + groups * ranks_per_group + actors
+
+
+def plan_roles(world_size: int, groups: int, ranks_per_group: int, actors: int) -> list[Role]:
+    """The role of every world rank; ConfigError when the launch size does not match the config."""
+    for name, value in (("learners.groups", groups), ("learners.ranks_per_group", ranks_per_group), ("actors.count", actors)):
+        if value < 1:
+            raise ConfigError(f"{name}: must be >= 1 (got {value})")
+    need = required_ranks(groups, ranks_per_group, actors)
+    if world_size != need:
+        raise ConfigError(
+            f"launch: {world_size} ranks but the config needs 1 parameter + {groups} x {ranks_per_group} "
+            f"learners + {actors} actors = {need}"
+        )
+    roles = [Role(PARAMETER, -1, -1)]
+    roles += [Role(LEARNER, g, r) for g in range(groups) for r in range(ranks_per_group)]
+    roles += [Role(ACTOR, -1, -1)] * actors
+    return roles
+
+
+@dataclass
+class Topology:
+    """This rank's role plus the whole job's rank map. Build with :meth:`from_config` (collective)."""
+
+    comm: object
+    rank: int
+    size: int
+    role: str
+    group: int
+    """Learner group index, -1 for the parameter rank and actors."""
+    group_rank: int
+    group_comm: object
+    """Communicator of this rank's learner group (MPI.COMM_NULL for other roles)."""
+    node_comm: object
+    """Ranks sharing this node's memory (Split_type COMM_TYPE_SHARED)."""
+    groups: int
+    ranks_per_group: int
+    roles: list[Role] = field(repr=False)
+    nodes: list[str] = field(repr=False)
+    node_ranks: list[int] = field(repr=False)
+
+    @classmethod
+    def from_config(cls, comm, learners_cfg, actors_count: int) -> "Topology":
+        """Collective over ``comm``: check the size against the config and split the communicators."""
+        from mpi4py import MPI
+
+        groups, per_group = learners_cfg.groups, learners_cfg.ranks_per_group
+        roles = plan_roles(comm.Get_size(), groups, per_group, actors_count)
+        rank = comm.Get_rank()
+        mine = roles[rank]
+        color = mine.group if mine.role == LEARNER else MPI.UNDEFINED
+        group_comm = comm.Split(color, mine.group_rank if mine.role == LEARNER else 0)
+        node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        table = comm.allgather((MPI.Get_processor_name(), node_comm.Get_rank()))
+        return cls(
+            comm=comm, rank=rank, size=comm.Get_size(), role=mine.role, group=mine.group,
+            group_rank=mine.group_rank, group_comm=group_comm, node_comm=node_comm,
+            groups=groups, ranks_per_group=per_group, roles=roles,
+            nodes=[t[0] for t in table], node_ranks=[t[1] for t in table],
+        )
+
+    @property
+    def parameter_rank(self) -> int:
+        return PARAMETER_RANK
+
+    @property
+    def is_group_root(self) -> bool:
+        return self.role == LEARNER and self.group_rank == 0
+
+    @property
+    def node_rank(self) -> int:
+        """Node-local rank (GPU binding: a learner uses the device with this index modulo the count)."""
+        return self.node_ranks[self.rank]
+
+    @property
+    def node_name(self) -> str:
+        return self.nodes[self.rank]
+
+    @property
+    def learner_roots(self) -> list[int]:
+        """World rank of each group's root, indexed by group."""
+        return [r for r, x in enumerate(self.roles) if x.role == LEARNER and x.group_rank == 0]
+
+    @property
+    def learner_ranks(self) -> list[int]:
+        return [r for r, x in enumerate(self.roles) if x.role == LEARNER]
+
+    @property
+    def actor_ranks(self) -> list[int]:
+        return [r for r, x in enumerate(self.roles) if x.role == ACTOR]
+
+    @property
+    def actor_index(self) -> int:
+        """0-based index of this actor among the actors (-1 for other roles)."""
+        return self.actor_ranks.index(self.rank) if self.role == ACTOR else -1
+
+    def default_group_of_actor(self, actor_rank: int) -> int:
+        """Static round-robin assignment of actors to learner groups (actor index mod G)."""
+        return self.actor_ranks.index(actor_rank) % self.groups
+
+    def rank_map(self) -> dict[str, np.ndarray]:
+        """Equal-length columns (one row per world rank) ready for an HDF5 table."""
+        return {
+            "rank": np.arange(self.size, dtype=np.int32),
+            "role": np.array([x.role for x in self.roles], dtype="S9"),
+            "group": np.array([x.group for x in self.roles], dtype=np.int32),
+            "group_rank": np.array([x.group_rank for x in self.roles], dtype=np.int32),
+            "node": np.array([n.encode() for n in self.nodes]),
+            "node_rank": np.array(self.node_ranks, dtype=np.int32),
+        }
+
+    def free(self) -> None:
+        """Free the communicators this object split off (collective over their members)."""
+        from mpi4py import MPI
+
+        for name in ("group_comm", "node_comm"):
+            c = getattr(self, name)
+            if c != MPI.COMM_NULL:
+                c.Free()
+            setattr(self, name, MPI.COMM_NULL)

@@ -1,0 +1,463 @@
+"""The RMA objects of an hpcrl job: gradient mailbox, weight board, counters.
+
+Modelled on mpi4py's ``util/sync.Counter``: window memory exists only on the owner rank
+(``Win.Allocate`` with size 0 elsewhere), every access is a passive-target operation inside a
+shared lock epoch (``with self._epoch(rank)``), targets are explicit ``(byte displacement,
+count, datatype)`` triples (``disp_unit`` = 1), and ``free()`` (collective) makes later use raise.
+
+MPI rules this module relies on, and how it meets them:
+
+- Control words (slot states, sequence numbers, versions, counters) are only ever touched with
+  accumulate-class atomics (``Compare_and_swap``, ``Fetch_and_op``, ``Get_accumulate``), and each
+  word with a single operation plus ``NO_OP`` reads, as the default window hint
+  ``accumulate_ops=same_op_no_op`` requires. Payloads (gradients, parameters) move with
+  ``Put``/``Get``, separated from the control words by ``Flush`` (remote completion).
+- The owner reads its own window memory through RMA on itself (``Lock(owner, LOCK_SHARED)``,
+  ``Get``/``Get_accumulate``, ``Flush``), never by load/store, so the code is correct in both the
+  separate and the unified memory model without ``Win.Sync`` reasoning.
+- Progress: with MPICH, passive-target operations against a rank may need that rank to enter
+  MPI. The owner's loop calls ``GradientMailbox.poll`` often (it is an MPI call), which is enough;
+  ``MPIR_CVAR_ASYNC_PROGRESS=1`` (MPICH, needs MPI_THREAD_MULTIPLE) is an optional extra for
+  owners that spend long stretches in torch.
+- Waiting never spins hot: :class:`Backoff` sleeps 10 us doubling to 1 ms between attempts.
+- Thread level: hpcrl calls MPI from each rank's main thread only, and keeps mpi4py's default
+  ``MPI_THREAD_MULTIPLE`` (what ``MPIR_CVAR_ASYNC_PROGRESS`` needs); nothing here starts threads.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+from mpi4py import MPI
+
+FREE, CLAIMED, FULL = 0, 1, 2
+"""Mailbox slot states (the state word moves FREE -> CLAIMED -> FULL -> FREE, by CAS only)."""
+
+_I8 = 8  # bytes of an int64 control word
+_INT64 = MPI.INT64_T  # one datatype for every atomic on a control word (numpy's int64 maps to MPI_LONG)
+
+
+def _i64(a: np.ndarray) -> list:
+    return [a, _INT64]
+_ALIGN = 64
+
+
+def _align(n: int, to: int = _ALIGN) -> int:
+    return (n + to - 1) // to * to
+
+
+class Backoff:
+    """Sleep between retries: 10 us, doubling up to ``cap`` seconds; ``waited`` sums the sleeps."""
+
+    def __init__(self, first: float = 1e-5, cap: float = 1e-3):
+        self.delay, self.cap, self.waited = first, cap, 0.0
+
+    def sleep(self) -> None:
+        time.sleep(self.delay)
+        self.waited += self.delay
+        self.delay = min(self.delay * 2, self.cap)
+
+
+class PushAbandoned(RuntimeError):
+    """``GradientMailbox.push`` gave up (timeout reached or ``abandon()`` returned True)."""
+
+
+class _OwnedWindow:
+    """A window whose memory lives on ``owner_rank`` only; shared lock epochs; ``free()``."""
+
+    _what = "window"
+
+    def __init__(self, comm, owner_rank: int, nbytes: int):
+        if not 0 <= owner_rank < comm.Get_size():
+            raise ValueError(f"{self._what}: owner_rank {owner_rank} outside communicator of size {comm.Get_size()}")
+        self._comm = comm
+        self.owner = owner_rank
+        self.rank = comm.Get_rank()
+        self.nbytes = nbytes
+        self._win = MPI.Win.Allocate(nbytes if self.rank == owner_rank else 0, 1, MPI.INFO_NULL, comm)
+
+    @property
+    def is_owner(self) -> bool:
+        return self.rank == self.owner
+
+    @contextmanager
+    def _epoch(self):
+        """Shared passive-target lock epoch on the owner (any number of ranks at once)."""
+        win = self._window()
+        win.Lock(self.owner, MPI.LOCK_SHARED)
+        try:
+            yield win
+        finally:
+            win.Unlock(self.owner)
+
+    def _window(self):
+        if self._win == MPI.WIN_NULL:
+            raise RuntimeError(f"{self._what} already freed")
+        return self._win
+
+    def _require_owner(self, what: str) -> None:
+        if not self.is_owner:
+            raise RuntimeError(f"{self._what}.{what} is for the owner rank {self.owner} (this is rank {self.rank})")
+
+    def _init_words(self, disp: int, values: np.ndarray) -> None:
+        """Owner: set control words atomically (REPLACE), before anyone else touches them."""
+        with self._epoch() as win:
+            win.Accumulate(_i64(values), self.owner, (disp, values.size, _INT64), op=MPI.REPLACE)
+
+    def _fill_floats(self, disp: int, count: int, value: float) -> None:
+        """Owner: fill a float32 region with a sentinel (NaN shows uninitialised reads)."""
+        chunk = np.full(min(count, 1 << 20), value, dtype=np.float32)
+        with self._epoch() as win:
+            done = 0
+            while done < count:
+                n = min(chunk.size, count - done)
+                win.Put([chunk, n, MPI.FLOAT], self.owner, (disp + 4 * done, n, MPI.FLOAT))
+                win.Flush(self.owner)
+                done += n
+
+    def free(self) -> None:
+        """Collective over the communicator: release the window; later use raises RuntimeError."""
+        win, self._win = self._win, MPI.WIN_NULL
+        if win != MPI.WIN_NULL:
+            win.Free()
+
+
+class GradientMailbox(_OwnedWindow):
+    """Slots on the parameter rank where learner groups put flat float32 gradients (one-sided).
+
+    Window layout (bytes, owner only): ``int64 ticket`` (arrival counter, SUM only), ``int64
+    state[G*S]`` (CAS only), then G*S slots, slot ``g*S + k`` belonging to group g, each
+    ``int64 header[8]`` (seq, group, base_version, samples, ticket, pusher rank, n_stats, 0),
+    ``float64 stats[stats_capacity]``, ``float32 grad[num_params]``.
+
+    A pusher claims a FREE slot of its group with CAS (FREE -> CLAIMED), takes a ticket
+    (Fetch_and_op SUM), Puts header and gradient, Flushes, then CASes CLAIMED -> FULL. The owner
+    reads the states, copies FULL slots out and CASes them FULL -> FREE; CLAIMED slots (a write
+    in progress) are skipped, so poll never waits on a learner. Tickets order the arrivals.
+    """
+
+    _what = "GradientMailbox"
+    HEADER = ("seq", "group", "base_version", "samples", "ticket", "rank", "n_stats")
+
+    def __init__(self, comm, owner_rank: int, num_groups: int, slots_per_group: int, num_params: int,
+                 stats_capacity: int = 8):
+        if num_groups < 1 or slots_per_group < 1 or num_params < 1 or stats_capacity < 0:
+            raise ValueError("GradientMailbox: num_groups, slots_per_group, num_params must be >= 1")
+        self.num_groups, self.slots_per_group = num_groups, slots_per_group
+        self.num_params, self.stats_capacity = num_params, stats_capacity
+        nslots = num_groups * slots_per_group
+        self._state_disp = _I8
+        self._slots_disp = _align(_I8 * (1 + nslots))
+        self._header_bytes = _I8 * 8 + 8 * stats_capacity
+        self._slot_bytes = _align(self._header_bytes + 4 * num_params)
+        super().__init__(comm, owner_rank, self._slots_disp + nslots * self._slot_bytes)
+        self._one = np.ones(1, dtype=np.int64)
+        self._res = np.zeros(1, dtype=np.int64)
+        self._hdr = np.zeros(self._header_bytes // 8, dtype=np.int64)
+        self.pushes = 0
+        self.total_wait = 0.0
+        if self.is_owner:
+            self._init_words(0, np.zeros(1 + nslots, dtype=np.int64))
+            for s in range(nslots):
+                self._fill_floats(self._grad_disp(s), num_params, np.nan)
+        comm.Barrier()
+
+    def _slot_disp(self, slot: int) -> int:
+        return self._slots_disp + slot * self._slot_bytes
+
+    def _grad_disp(self, slot: int) -> int:
+        return self._slot_disp(slot) + self._header_bytes
+
+    def _cas_state(self, win, slot: int, expect: int, new: int) -> int:
+        origin = np.array([new], dtype=np.int64)
+        compare = np.array([expect], dtype=np.int64)
+        win.Compare_and_swap(_i64(origin), _i64(compare), _i64(self._res), self.owner, self._state_disp + _I8 * slot)
+        win.Flush(self.owner)
+        return int(self._res[0])
+
+    # ---- learner side -------------------------------------------------------------------
+    def try_push(self, group: int, seq: int, base_version: int, samples: int, grad: np.ndarray,
+                 stats=None) -> bool:
+        """One attempt: True if the gradient is now FULL in a slot of ``group``; False if all busy."""
+        if not 0 <= group < self.num_groups:
+            raise ValueError(f"GradientMailbox.push: group {group} outside 0..{self.num_groups - 1}")
+        grad = np.ascontiguousarray(grad, dtype=np.float32).reshape(-1)
+        if grad.size != self.num_params:
+            raise ValueError(f"GradientMailbox.push: gradient has {grad.size} values, mailbox holds {self.num_params}")
+        stats = np.asarray([] if stats is None else stats, dtype=np.float64).reshape(-1)
+        if stats.size > self.stats_capacity:
+            raise ValueError(f"GradientMailbox.push: {stats.size} stats, capacity is {self.stats_capacity}")
+        with self._epoch() as win:
+            for k in range(self.slots_per_group):
+                slot = group * self.slots_per_group + k
+                if self._cas_state(win, slot, FREE, CLAIMED) != FREE:
+                    continue
+                win.Fetch_and_op(_i64(self._one), _i64(self._res), self.owner, 0, MPI.SUM)
+                win.Flush(self.owner)
+                hdr = self._hdr
+                hdr[:] = 0
+                hdr[:7] = (seq, group, base_version, samples, self._res[0], self.rank, stats.size)
+                hdr.view(np.float64)[8:8 + stats.size] = stats
+                base = self._slot_disp(slot)
+                win.Put([hdr, MPI.BYTE], self.owner, (base, self._header_bytes, MPI.BYTE))
+                win.Put([grad, MPI.FLOAT], self.owner, (base + self._header_bytes, grad.size, MPI.FLOAT))
+                win.Flush(self.owner)
+                if self._cas_state(win, slot, CLAIMED, FULL) != CLAIMED:
+                    raise RuntimeError(f"GradientMailbox: slot {slot} left CLAIMED by someone else")
+                self.pushes += 1
+                return True
+        return False
+
+    def push(self, group: int, seq: int, base_version: int, samples: int, grad: np.ndarray, stats=None,
+             timeout: float | None = None, abandon=None) -> float:
+        """Put ``grad`` into a free slot of ``group``; wait (backing off) while all are busy.
+
+        Returns the seconds spent waiting for a slot (0.0 when one was free at once). Raises
+        :class:`PushAbandoned` after ``timeout`` seconds or when ``abandon()`` returns True.
+        """
+        start = time.perf_counter()
+        backoff = Backoff()
+        while not self.try_push(group, seq, base_version, samples, grad, stats):
+            if abandon is not None and abandon():
+                raise PushAbandoned(f"group {group} push of seq {seq} abandoned")
+            if timeout is not None and time.perf_counter() - start > timeout:
+                raise PushAbandoned(f"group {group} push of seq {seq}: no free slot within {timeout} s")
+            backoff.sleep()
+        waited = time.perf_counter() - start if backoff.waited else 0.0
+        self.total_wait += waited
+        return waited
+
+    # ---- owner side ---------------------------------------------------------------------
+    def states(self) -> np.ndarray:
+        """Current state word of every slot (atomic reads), shape (groups, slots_per_group)."""
+        n = self.num_groups * self.slots_per_group
+        out = np.zeros(n, dtype=np.int64)
+        with self._epoch() as win:
+            win.Get_accumulate(_i64(np.zeros(n, dtype=np.int64)), _i64(out), self.owner, (self._state_disp, n, _INT64),
+                               op=MPI.NO_OP)
+            win.Flush(self.owner)
+        return out.reshape(self.num_groups, self.slots_per_group)
+
+    def poll(self, limit: int | None = None) -> list[tuple[dict, np.ndarray]]:
+        """Owner: copy out every FULL slot (oldest ticket first), free them; never waits.
+
+        Returns ``[(header, grad)]`` where header has the keys of ``HEADER`` plus ``stats``
+        (float64 array) and grad is a fresh float32 array of ``num_params`` values.
+        """
+        self._require_owner("poll")
+        full = np.flatnonzero(self.states().reshape(-1) == FULL)
+        if full.size == 0:
+            return []
+        out = []
+        with self._epoch() as win:
+            hdrs = np.zeros((full.size, self._header_bytes // 8), dtype=np.int64)
+            for i, slot in enumerate(full):
+                win.Get([hdrs[i], MPI.BYTE], self.owner, (self._slot_disp(slot), self._header_bytes, MPI.BYTE))
+            win.Flush(self.owner)
+            order = np.argsort(hdrs[:, 4], kind="stable")[:limit]
+            for i in order:
+                slot = int(full[i])
+                grad = np.empty(self.num_params, dtype=np.float32)
+                win.Get([grad, MPI.FLOAT], self.owner, (self._grad_disp(slot), self.num_params, MPI.FLOAT))
+                win.Flush(self.owner)
+                if self._cas_state(win, slot, FULL, FREE) != FULL:
+                    raise RuntimeError(f"GradientMailbox: slot {slot} changed while FULL")
+                h = hdrs[i]
+                header = {k: int(h[j]) for j, k in enumerate(self.HEADER)}
+                header["stats"] = h.view(np.float64)[8:8 + header["n_stats"]].copy()
+                header["slot"] = slot
+                out.append((header, grad))
+        return out
+
+
+class WeightBoard(_OwnedWindow):
+    """The parameter rank's published policy: version, flat float32 params, probe outputs.
+
+    A ring of ``history`` slots, each guarded by a seqlock. Layout (owner only): ``int64
+    ctrl[4 + 2*history]`` = latest slot, latest version, publications, 0, then (seq, version) per
+    slot; then per slot ``float32 params[num_params] + probe[probe_size]``. ``publish`` fills the
+    slot after the latest one: seq -> odd, version, Put data, Flush, seq -> even, then the latest
+    slot and version words. A reader reads seq, Gets the data, Flushes, reads seq again and retries
+    when it was odd or changed (a conflicting Get is then discarded, never returned). The
+    newest version is never the slot being rewritten (history >= 2), so readers rarely retry;
+    the older slots serve ``read_version`` for Stellaris' IS truncation.
+    """
+
+    _what = "WeightBoard"
+
+    def __init__(self, comm, owner_rank: int, num_params: int, history: int = 4, probe_size: int = 0):
+        if num_params < 1 or history < 1 or probe_size < 0:
+            raise ValueError("WeightBoard: num_params >= 1, history >= 1, probe_size >= 0")
+        self.num_params, self.history, self.probe_size = num_params, history, probe_size
+        self._nctrl = 4 + 2 * history
+        self._data_disp = _align(_I8 * self._nctrl)
+        self._slot_bytes = _align(4 * (num_params + probe_size))
+        super().__init__(comm, owner_rank, self._data_disp + history * self._slot_bytes)
+        self._res = np.zeros(1, dtype=np.int64)
+        self._ctrl = np.zeros(self._nctrl, dtype=np.int64)
+        self._latest_slot = -1
+        self._latest_version = -1
+        self.retries = 0
+        if self.is_owner:
+            init = np.zeros(self._nctrl, dtype=np.int64)
+            init[0:2] = -1
+            init[5::2] = -1
+            self._init_words(0, init)
+            self._fill_floats(self._data_disp, history * self._slot_bytes // 4, np.nan)
+        comm.Barrier()
+
+    def _word(self, i: int) -> int:
+        return _I8 * i
+
+    def _seq_word(self, slot: int) -> int:
+        return 4 + 2 * slot
+
+    def _fop(self, win, word: int, value: int, op) -> int:
+        win.Fetch_and_op(_i64(np.array([value], dtype=np.int64)), _i64(self._res), self.owner, self._word(word), op)
+        win.Flush(self.owner)
+        return int(self._res[0])
+
+    def publish(self, version: int, flat: np.ndarray, probe: np.ndarray | None = None) -> None:
+        """Owner: make ``flat`` (and the probe outputs) readable as ``version`` (strictly increasing)."""
+        self._require_owner("publish")
+        if version <= self._latest_version:
+            raise ValueError(f"WeightBoard.publish: version {version} not above the latest {self._latest_version}")
+        flat = np.ascontiguousarray(flat, dtype=np.float32).reshape(-1)
+        if flat.size != self.num_params:
+            raise ValueError(f"WeightBoard.publish: {flat.size} params, board holds {self.num_params}")
+        probe = np.ascontiguousarray([] if probe is None else probe, dtype=np.float32).reshape(-1)
+        if probe.size != self.probe_size:
+            raise ValueError(f"WeightBoard.publish: probe has {probe.size} values, board expects {self.probe_size}")
+        slot = (self._latest_slot + 1) % self.history
+        base = self._data_disp + slot * self._slot_bytes
+        seq = self._seq_word(slot)
+        with self._epoch() as win:
+            self._fop(win, seq, 1, MPI.SUM)  # odd: being written
+            self._fop(win, seq + 1, version, MPI.REPLACE)
+            win.Put([flat, MPI.FLOAT], self.owner, (base, flat.size, MPI.FLOAT))
+            if probe.size:
+                win.Put([probe, MPI.FLOAT], self.owner, (base + 4 * self.num_params, probe.size, MPI.FLOAT))
+            win.Flush(self.owner)
+            self._fop(win, seq, 1, MPI.SUM)  # even: consistent
+            self._fop(win, 0, slot, MPI.REPLACE)
+            self._fop(win, 1, version, MPI.REPLACE)
+            self._fop(win, 2, 1, MPI.SUM)
+        self._latest_slot, self._latest_version = slot, version
+
+    def latest_version(self) -> int:
+        """Newest published version (-1 before the first publish): one atomic read."""
+        with self._epoch() as win:
+            return self._fop(win, 1, 0, MPI.NO_OP)
+
+    def _read_ctrl(self, win) -> np.ndarray:
+        win.Get_accumulate(_i64(np.zeros(self._nctrl, dtype=np.int64)), _i64(self._ctrl), self.owner,
+                           (0, self._nctrl, _INT64), op=MPI.NO_OP)
+        win.Flush(self.owner)
+        return self._ctrl
+
+    def _read_slot(self, win, slot: int, seq_before: int, offset: int, out: np.ndarray) -> bool:
+        """Get ``out.size`` floats at ``offset`` of ``slot``; True if the seqlock held throughout."""
+        if seq_before % 2:
+            return False
+        base = self._data_disp + slot * self._slot_bytes + 4 * offset
+        win.Get([out, MPI.FLOAT], self.owner, (base, out.size, MPI.FLOAT))
+        win.Flush(self.owner)
+        return self._fop(win, self._seq_word(slot), 0, MPI.NO_OP) == seq_before
+
+    def _read(self, offset: int, out: np.ndarray, version: int | None) -> int:
+        """Seqlocked read of the latest slot (version None) or of ``version``; -1 if absent."""
+        backoff = Backoff()
+        while True:
+            with self._epoch() as win:
+                ctrl = self._read_ctrl(win).copy()
+                if version is None:
+                    slot = int(ctrl[0])
+                else:
+                    found = np.flatnonzero(ctrl[5::2] == version)
+                    slot = int(found[0]) if found.size else -1
+                if slot < 0:
+                    return -1
+                seq, got = int(ctrl[4 + 2 * slot]), int(ctrl[5 + 2 * slot])
+                if self._read_slot(win, slot, seq, offset, out):
+                    return got
+            self.retries += 1
+            backoff.sleep()
+
+    def _check_out(self, out: np.ndarray, n: int, what: str) -> None:
+        if out.dtype != np.float32 or out.size != n or not out.flags.c_contiguous:
+            raise ValueError(f"WeightBoard.{what}: out must be a contiguous float32 array of {n} values")
+
+    def read_latest(self, out: np.ndarray) -> int:
+        """Copy the newest params into ``out`` (float32, num_params); return their version (-1: none yet)."""
+        self._check_out(out, self.num_params, "read_latest")
+        return self._read(0, out.reshape(-1), None)
+
+    def read_version(self, version: int, out: np.ndarray) -> bool:
+        """Copy the params of ``version`` into ``out`` if the ring still holds it; False otherwise."""
+        self._check_out(out, self.num_params, "read_version")
+        return self._read(0, out.reshape(-1), version) == version
+
+    def read_probe(self, out: np.ndarray) -> int:
+        """Copy the newest probe outputs into ``out`` (float32, probe_size); return their version."""
+        self._check_out(out, self.probe_size, "read_probe")
+        return self._read(self.num_params, out.reshape(-1), None)
+
+    def versions(self) -> list[int]:
+        """Versions the ring holds now, oldest first (a snapshot: publish may change it)."""
+        with self._epoch() as win:
+            held = self._read_ctrl(win)[5::2]
+        return sorted(int(v) for v in held if v >= 0)
+
+
+class CounterWindow(_OwnedWindow):
+    """``n`` int64 counters on ``owner_rank`` that any rank reads and updates atomically.
+
+    ``add`` is Fetch_and_op SUM, ``set`` is Fetch_and_op REPLACE, reads are NO_OP. MPI's default
+    hint ``accumulate_ops=same_op_no_op`` allows concurrent updates of one counter with one op
+    only: use each counter either with ``add`` (backlogs, tallies) or with ``set`` (flags, the
+    active-group count), not both at the same time. Reads are always safe.
+    """
+
+    _what = "CounterWindow"
+
+    def __init__(self, comm, owner_rank: int, n: int, initial=0):
+        if n < 1:
+            raise ValueError("CounterWindow: n must be >= 1")
+        self.n = n
+        super().__init__(comm, owner_rank, _I8 * n)
+        self._res = np.zeros(1, dtype=np.int64)
+        if self.is_owner:
+            self._init_words(0, np.broadcast_to(np.asarray(initial, dtype=np.int64), (n,)).copy())
+        comm.Barrier()
+
+    def _index(self, i: int) -> int:
+        if not 0 <= i < self.n:
+            raise IndexError(f"CounterWindow: counter {i} outside 0..{self.n - 1}")
+        return _I8 * i
+
+    def _fop(self, i: int, value: int, op) -> int:
+        disp = self._index(i)
+        with self._epoch() as win:
+            win.Fetch_and_op(_i64(np.array([value], dtype=np.int64)), _i64(self._res), self.owner, disp, op)
+            win.Flush(self.owner)
+        return int(self._res[0])
+
+    def add(self, i: int, value: int = 1) -> int:
+        """Atomically add ``value`` to counter ``i``; return the value before."""
+        return self._fop(i, value, MPI.SUM)
+
+    def set(self, i: int, value: int) -> int:
+        """Atomically replace counter ``i``; return the value before."""
+        return self._fop(i, value, MPI.REPLACE)
+
+    def read(self, i: int) -> int:
+        return self._fop(i, 0, MPI.NO_OP)
+
+    def read_all(self) -> np.ndarray:
+        out = np.zeros(self.n, dtype=np.int64)
+        with self._epoch() as win:
+            win.Get_accumulate(_i64(np.zeros(self.n, dtype=np.int64)), _i64(out), self.owner, (0, self.n, _INT64),
+                               op=MPI.NO_OP)
+            win.Flush(self.owner)
+        return out

@@ -1,0 +1,1 @@
+"""Small MPI programs the MPI tests start with mpiexec (one job each; nonzero exit = failure)."""

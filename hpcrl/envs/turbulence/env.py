@@ -10,9 +10,10 @@
   the LES runs ``steps_per_action`` steps with that stress (aligned with the local velocity).
 - Reward: r_i = -(|tau_ref - tau_i| - |tau_ref - tau_i,prev|) / tau_ref, plus ``bonus`` when
   |tau_ref - tau_i| < ``bonus_tolerance`` tau_ref, then r_i <- (1 - g) r_i + g mean_j r_j.
-- Episodes start from a cached spun-up field (``spinup.py``) with tau_w = log-law value times a
-  factor 1 +- U(p/2, p), p = ``tau_perturbation``; truncation after ``max_actions`` actions; a
-  diverged solver terminates every agent with reward ``divergence_penalty``.
+- Episodes start from a cached spun-up field (``spinup.py``) with tau_w uniform on each wall:
+  the log-law model's mean there times a factor 1 +- U(p/2, p), p = ``tau_perturbation``;
+  truncation after ``max_actions`` actions; a diverged solver terminates every agent with reward
+  ``divergence_penalty``.
 
 ``wall_model="log_law"`` runs the equilibrium model instead (actions ignored, same rewards and
 metrics): the baseline the agents must beat.
@@ -141,7 +142,9 @@ class TurbulentChannelEnv(ParallelEnv):
         p = self.tau_perturbation
         factor = float(options.get("tau_factor", 1.0 + self._rng.choice([-1.0, 1.0]) * self._rng.uniform(p / 2, p)))
         if self.wall_model == "agents":
-            self._solver.wall_model = PrescribedWallStress(factor * self._log_law(speed))
+            # uniform on each wall: the log-law model's mean there, times the perturbation
+            tau0 = np.broadcast_to(self._log_law(speed).mean(axis=(1, 2), keepdims=True), speed.shape)
+            self._solver.wall_model = PrescribedWallStress(factor * tau0)
             self._solver.tau_w = self._solver.wall_model.tau
         else:
             self._solver.wall_model = self._log_law

@@ -192,7 +192,8 @@ def test_les_registered():
 from hpcrl.envs.parrl import foam_case as fc  # noqa: E402
 
 _FOAM_MISSING = (fc.find_bashrc() is None or fc.find_tutorial() is None)
-needs_foam = pytest.mark.skipif(_FOAM_MISSING, reason="OpenFOAM v1912 not installed: apt-get install openfoam openfoam-examples")
+needs_foam = pytest.mark.skipif(
+    _FOAM_MISSING, reason="OpenFOAM v1912 not installed: apt-get install openfoam openfoam-examples")
 
 _LOG = """Time = 11
 
@@ -221,7 +222,8 @@ def test_foam_log_parser_reads_last_iteration_and_refuses_garbage():
     with pytest.raises(fc.FoamOutputError):
         fc.parse_solver_log("garbage\nwithout iterations\n")
     with pytest.raises(fc.FoamOutputError):
-        fc.parse_solver_log("Time = 1\nsmoothSolver:  Solving for Ux, Initial residual = 1.2.3x, Final residual = 1, No Iterations 1\n")
+        bad = "smoothSolver:  Solving for Ux, Initial residual = 1.2.3x, Final residual = 1, No Iterations 1"
+        fc.parse_solver_log(f"Time = 1\n{bad}\n")
     assert fc.parse_solver_log("--> FOAM FATAL ERROR:\ncannot find file\n").fatal == "FOAM FATAL"
 
 

@@ -52,7 +52,8 @@ def bench_les(dns_n: int, skip_dns: bool) -> None:
         env.reset(seed=0)
         gen_s = time.perf_counter() - t
         if not skip_dns:
-            _row(f"les2d: DNS reference {dns_n}^2 to t=4 (generate)", gen_s, "s", f"{env.les.reference['w_hat'].shape[0] - 1} snapshots")
+            snapshots = env.les.reference["w_hat"].shape[0] - 1
+            _row(f"les2d: DNS reference {dns_n}^2 to t=4 (generate)", gen_s, "s", f"{snapshots} snapshots")
         t = time.perf_counter()
         KraichnanLESEnv(**kw).reset(seed=0)
         _row("les2d: reference from cache", (time.perf_counter() - t) * 1e3, "ms")
@@ -116,7 +117,8 @@ def bench_foam(steps: int) -> None:
         bare_s = float(np.median(bare))
         _row("openfoam: env step (100 simpleFoam iterations)", step_s, "s", f"median of {len(walls)}")
         _row("openfoam: env overhead per step (outside solver)", overhead_s * 1e3, "ms", "edit dicts, parse log and U")
-        _row("openfoam: bare simpleFoam, first 100 iterations", bare_s, "s", f"env / bare = {step_s / bare_s:.2f} (exit {run.returncode})")
+        note = f"env / bare = {step_s / bare_s:.2f} (exit {run.returncode})"
+        _row("openfoam: bare simpleFoam, first 100 iterations", bare_s, "s", note)
         for relax in ((0.5, 0.5), (0.95, 0.95)):
             env.reset(seed=0, options={"inlet_speed": 50.0})
             total, t = 0.0, time.perf_counter()
@@ -126,7 +128,8 @@ def bench_foam(steps: int) -> None:
                 if term or trunc:
                     break
             status = "converged" if info.get("converged") else info.get("failure", "truncated")
-            _row(f"openfoam: episode return, fixed p,U = {relax}", total, "iters", f"{status}, {time.perf_counter() - t:.1f} s wall")
+            note = f"{status}, {time.perf_counter() - t:.1f} s wall"
+            _row(f"openfoam: episode return, fixed p,U = {relax}", total, "iters", note)
         env.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)

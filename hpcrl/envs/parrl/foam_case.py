@@ -15,16 +15,18 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 INSTALL_HINT = ("install it with `apt-get install openfoam openfoam-examples` (Debian/Ubuntu, OpenFOAM v1912), "
                 "or pass foam_bashrc= and tutorial= for another install")
-BASHRC_CANDIDATES = ("/usr/share/openfoam/etc/bashrc", "/usr/lib/openfoam/openfoam*/etc/bashrc", "/opt/openfoam*/etc/bashrc")
+BASHRC_CANDIDATES = ("/usr/share/openfoam/etc/bashrc", "/usr/lib/openfoam/openfoam*/etc/bashrc",
+                     "/opt/openfoam*/etc/bashrc")
 PITZDAILY = "incompressible/simpleFoam/pitzDaily"
-TUTORIAL_ROOTS = ("/usr/share/doc/openfoam-examples/examples", "/usr/lib/openfoam/openfoam*/tutorials", "/opt/openfoam*/tutorials")
+TUTORIAL_ROOTS = ("/usr/share/doc/openfoam-examples/examples", "/usr/lib/openfoam/openfoam*/tutorials",
+                  "/opt/openfoam*/tutorials")
 
 
 class FoamNotInstalledError(RuntimeError):
@@ -231,7 +233,6 @@ class RunResult:
     log: Path
     wall_s: float
     pid: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def run_foam(app: str, case: Path, env: dict[str, str], log: Path, timeout_s: float) -> RunResult:
@@ -239,8 +240,8 @@ def run_foam(app: str, case: Path, env: dict[str, str], log: Path, timeout_s: fl
     t0 = time.perf_counter()
     with open(log, "wb") as out:
         try:
-            proc = subprocess.Popen([app, "-case", str(case)], stdout=out, stderr=subprocess.STDOUT, env={**env, "PWD": str(case)},
-                                    cwd=case, start_new_session=True)
+            proc = subprocess.Popen([app, "-case", str(case)], stdout=out, stderr=subprocess.STDOUT,
+                                    env={**env, "PWD": str(case)}, cwd=case, start_new_session=True)
         except OSError as e:
             out.write(f"could not start {app}: {e}\n".encode())
             return RunResult(127, False, log, time.perf_counter() - t0)

@@ -73,7 +73,8 @@ class KraichnanLES:
 
     # ------------------------------------------------------------------ reference (filtered DNS)
     def cache_path(self, realisation: int) -> Path:
-        key = f"dns{self.dns_n}-les{self.les_n}-re{self.re:g}-kp{self.kp:g}-T{self.t_end:g}-dt{self.interval:g}-cfl{self.cfl:g}"
+        key = (f"dns{self.dns_n}-les{self.les_n}-re{self.re:g}-kp{self.kp:g}"
+               f"-T{self.t_end:g}-dt{self.interval:g}-cfl{self.cfl:g}")
         tag = hashlib.sha1(key.encode()).hexdigest()[:8]
         return self.cache_dir / f"kraichnan-{key}-seed{self.seed + realisation}-{tag}.npz"
 
@@ -208,7 +209,8 @@ class KraichnanLESEnv(gym.Env):
         return self._obs(), {"realisation": r}
 
     def step(self, action):
-        cs2 = float(np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[0], self.action_space.low[0], self.action_space.high[0]))
+        lo, hi = float(self.action_space.low[0]), float(self.action_space.high[0])
+        cs2 = float(np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[0], lo, hi))
         if not self.les.advance(cs2):
             obs = np.nan_to_num(self._obs(), nan=0.0, posinf=0.0, neginf=0.0)
             return obs, self.blowup_reward, True, False, {"blowup": True}

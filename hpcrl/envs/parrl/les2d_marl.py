@@ -57,7 +57,8 @@ class KraichnanLESParallelEnv(ParallelEnv):
 
     def step(self, actions: dict[str, np.ndarray]):
         lo, hi = float(self._action_space.low[0]), float(self._action_space.high[0])
-        probes = np.array([np.clip(float(np.asarray(actions.get(a, [lo])).reshape(-1)[0]), lo, hi) for a in self.possible_agents])
+        chosen = [float(np.asarray(actions.get(a, [lo])).reshape(-1)[0]) for a in self.possible_agents]
+        probes = np.clip(np.array(chosen), lo, hi)
         ok = self.les.advance(self.les.cs2_field(probes.reshape(N_PROBES_SIDE, N_PROBES_SIDE)))
         agents = self.agents
         if not ok:
@@ -70,7 +71,8 @@ class KraichnanLESParallelEnv(ParallelEnv):
             rewards = {a: -float((1 - self.global_share) * local[i] + self.global_share * g)
                        for i, a in enumerate(self.possible_agents) if a in agents}
             done = self.les.done
-            infos = {a: {"spectrum_error": g, "region_error": float(local[i])} for i, a in enumerate(self.possible_agents) if a in agents}
+            infos = {a: {"spectrum_error": g, "region_error": float(local[i])}
+                     for i, a in enumerate(self.possible_agents) if a in agents}
         obs = {a: obs[a] for a in agents}
         terminations = dict.fromkeys(agents, done)
         truncations = dict.fromkeys(agents, False)

@@ -103,7 +103,7 @@ class LorenzEnv(gym.Env):
 
     def step(self, action):
         a = np.clip(np.asarray(action, dtype=np.float64).reshape(3), -1.0, 1.0)
-        params = tuple(p * (1.0 + self.max_perturbation * float(ai)) for p, ai in zip(self.nominal, a))
+        params = tuple(p * (1.0 + self.max_perturbation * float(ai)) for p, ai in zip(self.nominal, a, strict=True))
         self._state = rk4(self._state, self.tau / self.substeps, self.substeps, *params)
         obs = self._obs(params)
         speed = math.sqrt(float(obs[3]) ** 2 + float(obs[4]) ** 2 + float(obs[5]) ** 2)

@@ -31,6 +31,7 @@ from hpcrl.envs.parrl import foam_case as fc
 from hpcrl.errors import ConfigError
 
 PAR_RL_TOLERANCES = {"p": 5e-2, "U": 1e-3, "k": 1e-3, "epsilon": 1e-3}
+SPEED_POWER = {"k": 2, "epsilon": 3, "omega": 1}  # how each inlet turbulence field scales with the inlet speed
 
 
 class FoamRelaxationEnv(gym.Env):
@@ -56,9 +57,11 @@ class FoamRelaxationEnv(gym.Env):
         self.bashrc = fc.find_bashrc(foam_bashrc)
         self.tutorial = fc.find_tutorial(tutorial)
         if self.bashrc is None:
-            raise fc.FoamNotInstalledError(f"OpenFOAM not found (no bashrc at {foam_bashrc or ', '.join(fc.BASHRC_CANDIDATES)}); {fc.INSTALL_HINT}")
+            looked = foam_bashrc or ", ".join(fc.BASHRC_CANDIDATES)
+            raise fc.FoamNotInstalledError(f"OpenFOAM not found (no bashrc at {looked}); {fc.INSTALL_HINT}")
         if self.tutorial is None:
-            raise fc.FoamNotInstalledError(f"pitzDaily tutorial not found ({tutorial or fc.PITZDAILY} under {', '.join(fc.TUTORIAL_ROOTS)}); {fc.INSTALL_HINT}")
+            looked = tutorial or f"{fc.PITZDAILY} under {', '.join(fc.TUTORIAL_ROOTS)}"
+            raise fc.FoamNotInstalledError(f"pitzDaily tutorial not found ({looked}); {fc.INSTALL_HINT}")
         self.n_iter, self.max_iterations = int(iterations_per_step), int(max_iterations)
         self.inlet_speed_range, self.penalty, self.max_speed = inlet_speed_range, float(penalty), float(max_speed)
         self.tolerances = dict(PAR_RL_TOLERANCES if tolerances is None else tolerances)
@@ -106,9 +109,10 @@ class FoamRelaxationEnv(gym.Env):
             if name == "U":
                 text = fc.replace_block(text, ["boundaryField", self.inlet_patch],
                                         f"        type fixedValue;\n        value uniform ({speed:.10g} 0 0);")
-            elif name in ("k", "epsilon", "omega"):
-                power = {"k": 2, "epsilon": 3, "omega": 1}[name]
-                text = re.sub(r"uniform\s+(" + fc.NUMBER + r")\s*;", lambda m: f"uniform {float(m.group(1)) * ratio**power:.10g};", text)
+            elif name in SPEED_POWER:  # keep the tutorial's turbulence intensity and length scale
+                scale = ratio ** SPEED_POWER[name]
+                text = re.sub(r"uniform\s+(" + fc.NUMBER + r")\s*;",
+                              lambda m, s=scale: f"uniform {float(m.group(1)) * s:.10g};", text)
             (zero / name).write_text(text)
 
     # ------------------------------------------------------------------ gym API

@@ -318,3 +318,13 @@ def test_foam_corrupted_case_is_a_penalty_not_a_crash(foam_env):
 
 def test_foam_registered():
     assert spec("hpcrl/FoamRelaxation-v0").kind == "gym"
+
+
+@needs_foam
+def test_foam_divergence_is_a_penalty_not_a_crash(foam_env):
+    # 5 km/s with no under-relaxation blows up: simpleFoam dies of SIGFPE inside the first step.
+    env = foam_env(iterations_per_step=50, relax_range=(0.2, 1.0))
+    obs0, _ = env.reset(seed=0, options={"inlet_speed": 5000.0})
+    obs, r, terminated, truncated, info = env.step(np.array([1.0, 1.0], np.float32))
+    assert (r, terminated, truncated) == (-2000.0, True, False)
+    assert "status" in info["failure"] and np.array_equal(obs, obs0)

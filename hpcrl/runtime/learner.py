@@ -92,12 +92,13 @@ class LearnerGroup:
         for _ in range(algo.num_sgd_iter):
             for mb in ppo.minibatches(batch, algo.minibatch_size, self.generator):
                 self.fault.check()
-                if self._stopping():
+                words = self.job.counters.read_all()
+                if words[control.STOP]:
                     self._activity(start_unix, compute, steps)
                     return False
                 version = self._pull_weights()
                 t = time.perf_counter()
-                window = self._window_logps(mb, version)
+                window = self._window_logps(mb, version, words)
                 grad, stats = self._group_gradient(mb, version, window)
                 dt = time.perf_counter() - t
                 compute += dt
@@ -111,15 +112,16 @@ class LearnerGroup:
     def _pull_weights(self) -> int:
         version = self.job.board.read_latest(self.weights)
         self.model.flat.load_(self.weights)
-        self.job.counters.set(control.base_word(self.cfg.learners.groups, self.g), version)
+        G = self.cfg.learners.groups
+        if self.ratio_fn is not None and G > 1:  # the others' IS window needs our base version
+            self.job.counters.set(control.base_word(G, self.g), version)
         return version
 
-    def _window_logps(self, mb: dict, version: int) -> list[np.ndarray] | None:
+    def _window_logps(self, mb: dict, version: int, words: np.ndarray) -> list[np.ndarray] | None:
         """Log-probs of the minibatch actions under the other active groups' base versions."""
-        if self.ratio_fn is None:
-            return None
         G = self.cfg.learners.groups
-        words = self.job.counters.read_all()
+        if self.ratio_fn is None or G == 1:
+            return None
         active = int(words[control.ACTIVE])
         others = {int(words[control.base_word(G, h)]) for h in range(min(active, G)) if h != self.g}
         others.discard(version)

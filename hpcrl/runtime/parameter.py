@@ -83,7 +83,9 @@ class ParameterRank:
         self.stop_reason: str | None = None
         self.signals = StopSignal()
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
-        self.sleeper = control.Sleeper()
+        # RMA against this rank's windows progresses only while it is inside MPI (MPICH/UCX
+        # active messages), so its idle naps stay short: a learner's push waits for them.
+        self.sleeper = control.Sleeper(first=2e-5, cap=2e-4)
         self._round_stats = self._new_round_stats()
         self._staleness_recent: deque[int] = deque(maxlen=64)
         self.run_file = self._open_run_file()
@@ -367,7 +369,7 @@ class ParameterRank:
         """Tell everyone to stop, keep draining until actors and learners are done, checkpoint."""
         self.counters.set(control.STOP, 1)
         G, A = self.cfg.learners.groups, self.cfg.actors.count
-        sleeper = control.Sleeper()
+        sleeper = control.Sleeper(first=2e-5, cap=2e-4)
         while True:
             busy = self._drain_messages()
             for header, grad in self.mailbox.poll():  # pushes that were already under way

@@ -120,6 +120,28 @@ class Job:
         return seconds(self.time)
 
 
+def layout(ranks: int, site: Site, nodes: int | None = None) -> tuple[int, int, int | None]:
+    """(nodes, ranks per node, CPUs per rank) for ``ranks`` on ``site``: one rank per core by default.
+
+    CPUs per rank count hardware threads (what srun -c and PALS --depth count); None where the
+    site's cores are unknown (generic Slurm), and then no binding is requested.
+    """
+    if nodes is not None and nodes < 1:
+        raise ConfigError(f"--nodes: {nodes} must be at least 1")
+    cap = site.max_ranks_per_node or site.cores_per_node
+    nodes = nodes or (math.ceil(ranks / cap) if cap else 1)
+    if nodes > ranks:
+        raise ConfigError(f"--nodes: {nodes} nodes for {ranks} ranks leaves nodes idle; use at most {ranks}")
+    per_node = math.ceil(ranks / nodes)
+    if not site.cores_per_node:
+        return nodes, per_node, None
+    if per_node > site.cores_per_node and not site.overcommit:
+        raise ConfigError(f"--nodes: {ranks} ranks on {nodes} node(s) is {per_node} per node, more than the "
+                          f"{site.cores_per_node} cores of a {site.name} node; use --nodes "
+                          f"{math.ceil(ranks / site.cores_per_node)} or more")
+    return nodes, per_node, site.threads_per_core * max(1, site.cores_per_node // per_node)
+
+
 def resolve_run_dir(cfg: RunConfig, run_dir: str | None, cwd: Path, stamp: str) -> Path:
     """The run directory fixed at submit time (absolute), so every restart finds the same one."""
     if run_dir is None:
@@ -141,21 +163,7 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
         raise ConfigError(f"algo.name: {cfg.algo.name!r} runs in one process, not as an MPI job; "
                           "hpcrl submit runs algo.name=ppo jobs")
     ranks = cfg.num_ranks
-    if nodes is not None and nodes < 1:
-        raise ConfigError(f"--nodes: {nodes} must be at least 1")
-    cap = site.max_ranks_per_node or site.cores_per_node
-    nodes = nodes or (math.ceil(ranks / cap) if cap else 1)
-    if nodes > ranks:
-        raise ConfigError(f"--nodes: {nodes} nodes for {ranks} ranks leaves nodes idle; use at most {ranks}")
-    per_node = math.ceil(ranks / nodes)
-    cpus = None
-    if site.cores_per_node:
-        if per_node > site.cores_per_node and not site.overcommit:
-            raise ConfigError(f"--nodes: {ranks} ranks on {nodes} node(s) is {per_node} per node, more than the "
-                              f"{site.cores_per_node} cores of a {site.name} node; use --nodes "
-                              f"{math.ceil(ranks / site.cores_per_node)} or more")
-        cpus = site.threads_per_core * max(1, site.cores_per_node // per_node)
-
+    nodes, per_node, cpus = layout(ranks, site, nodes)
     queue = check_name("--queue", queue) if queue else site.default_queue
     time = check_time("--time", time or site.default_time)
     limits = site.queues.get(queue) if queue else None
@@ -222,15 +230,21 @@ def render(job: Job) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
+def prepare_job_dir(cfg: RunConfig, run_dir: str | Path, job_dir: str | Path) -> Path:
+    """Create ``job_dir`` holding the resolved config whose io.run_dir is the fixed ``run_dir``; returns its path."""
+    if Path(run_dir).exists() or Path(job_dir).exists():
+        raise ConfigError(f"--run-dir: {run_dir} already exists; pick a new one "
+                          "(a job resumes its own run after a requeue by itself)")
+    Path(job_dir).mkdir(parents=True)
+    resolved = cfg.model_copy(update={"io": cfg.io.model_copy(update={"run_dir": str(run_dir)})})
+    path = Path(job_dir) / "config.yaml"
+    path.write_text(resolved.to_yaml())
+    return path
+
+
 def write_job(job: Job, cfg: RunConfig, script: str) -> Path:
     """Create the job directory with the resolved config (io.run_dir = the fixed run dir) and the script."""
-    if Path(job.run_dir).exists() or Path(job.job_dir).exists():
-        raise ConfigError(f"--run-dir: {job.run_dir} already exists; pick a new one "
-                          "(a job resumes its own run after a requeue by itself)")
-    job_dir = Path(job.job_dir)
-    job_dir.mkdir(parents=True)
-    resolved = cfg.model_copy(update={"io": cfg.io.model_copy(update={"run_dir": job.run_dir})})
-    (job_dir / "config.yaml").write_text(resolved.to_yaml())
+    prepare_job_dir(cfg, job.run_dir, job.job_dir)
     path = Path(job.script_path)
     path.write_text(script)
     path.chmod(0o750)

@@ -1,0 +1,48 @@
+"""Parsl configs, one small file per site; each Parsl app is one MPI job (MPIExecutor + SimpleLauncher).
+
+Every module here has ``config(**settings) -> parsl.Config``. Building a config runs no command,
+writes no file and makes no network request: Parsl's SlurmProvider runs ``sacct`` in its
+constructor and HighThroughputExecutor looks up addresses (one of them over the internet) when
+none is given, so the Slurm sites use :class:`DeferredSlurmProvider` and every site passes an
+explicit ``address``. Copy a file, fill in ``YOUR_ACCOUNT``, and pass your own settings.
+"""
+from __future__ import annotations
+
+import importlib
+
+from hpcrl.errors import ConfigError
+
+SITES = {
+    "local": "local",
+    "local-slurm": "local_slurm",
+    "perlmutter": "perlmutter",
+    "polaris": "polaris",
+    "aurora": "aurora",
+}
+"""Workflow --site name -> module in this package."""
+
+BATCH_SITE = {"local": None, "local-slurm": "local-slurm", "perlmutter": "perlmutter-gpu",
+              "polaris": "polaris", "aurora": "aurora"}
+"""Workflow site -> the hpcrl.sites facts used to lay out ranks (None: all ranks on this machine)."""
+
+
+def make_config(site: str, **settings):
+    """The Parsl config of ``site`` with ``settings`` passed to its factory."""
+    if site not in SITES:
+        raise ConfigError(f"--site: unknown Parsl site {site!r}; known: {', '.join(SITES)}")
+    module = importlib.import_module(f"{__name__}.{SITES[site]}")
+    try:
+        return module.config(**settings)
+    except TypeError as exc:  # an unknown setting for this site
+        raise ConfigError(f"--site {site}: {exc}") from None
+
+
+def interface_address(interface: str) -> str:
+    """The IPv4 address of a local network interface (a local query; no traffic)."""
+    from parsl.addresses import address_by_interface
+
+    try:
+        return address_by_interface(interface)
+    except OSError:
+        raise ConfigError(f"address: this machine has no network interface {interface!r}; run the workflow on the "
+                          "site's login node, or pass address=IP reachable from the compute nodes") from None

@@ -1,0 +1,182 @@
+"""``run.h5``: the parameter rank's record of a run (one writer, the parameter rank).
+
+SWMR, deliberately. A plain HDF5 file read while its writer flushes can show a column whose
+new extent is on disk before its data (tests/test_io.py caught readers seeing garbage that
+way); SWMR orders the writes so a reader sees a consistent file at every moment. So: every
+table and the trajectory view are created first, then ``swmr_mode = True``; afterwards
+only appends (resize + write) happen. Rows are buffered in memory and reach the file only
+in :meth:`RunFile.flush` (every ``cfg.io.flush_seconds`` through :meth:`maybe_flush`, and at
+close), so a killed job leaves the file as of its last flush. Readers open with
+``swmr=True, locking=False`` (:mod:`hpcrl.io.readers`); a plain ``h5py.File(path, "r")``
+refuses a file whose writer is running or was killed ("file is already open for write"),
+so scripts should pass ``swmr=True`` too. Resuming after a kill clears the superblock's
+write flags first (:mod:`hpcrl.io.recovery`). The file format is HDF5 1.10+ ('latest').
+SWMR needs POSIX write ordering: local disks, Lustre and GPFS give it; NFS does not (keep
+run directories off NFS home directories). Writers open with ``locking=False`` too: on
+Lustre and NFS, HDF5's file locks fail with "unable to lock file"; setting
+``HDF5_USE_FILE_LOCKING=FALSE`` in the job script does the same for other HDF5 tools
+(h5dump, h5ls, a user's own h5py scripts).
+
+``trajectories/<field>`` are virtual datasets ``[num_actors, steps, ...]`` over the actors'
+``traj/actor-NNNNN.h5`` files with an unlimited step axis: they are created once (the
+source files need not exist yet) and grow with the sources without touching run.h5;
+rows shorter than the longest actor are padded with NaN / -1 (``policy_version >= 0``
+marks real steps). A concatenated [all steps] view would need a rewrite at every flush
+(unlimited mappings cannot be placed one after another), so it is not offered.
+
+API::
+
+    run = RunFile.create(path, config_yaml: str, rank_map: dict[str, array-like], compression="gzip",
+                         *, traj_layout: TrajLayout | None = None, num_actors: int | None = None,
+                         flush_seconds: float = 5.0)
+        # rank_map columns: schema.TABLES["rank_map"] (rank, role required; role 0/1/2 =
+        # parameter/learner/actor); num_actors defaults to the count of role 2 rows.
+        # traj_layout given: the trajectories/ view is created now (it cannot be added once SWMR is on,
+        # except by open_append(path, traj_layout=...)).
+    run = RunFile.open_append(path, flush_seconds=5.0, *, traj_layout=None, num_actors=None)
+        # resume: same file, tables keep growing
+    run.now() -> float                     # seconds since run start (the value for every `time` column)
+    run.table(name) -> Table               # name in schema.TABLES; run.table("updates").append({...})
+    run.append(name, rows) -> int          # same as run.table(name).append(rows)
+    run.flush()                            # tables -> file, then h5py flush
+    run.maybe_flush(now=None) -> bool      # flush if flush_seconds passed (now: any clock, default monotonic)
+    run.close()                            # flush and close; also a context manager
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+import hpcrl
+from hpcrl.io.errors import RunFileError
+from hpcrl.io.recovery import clear_write_flags
+from hpcrl.io.schema import SCHEMA_VERSION, TABLES, TRAJ_FIELDS, TrajLayout, fill_value, traj_filename
+from hpcrl.io.tables import FlushTimer, Table, filter_kwargs
+
+TRAJ_GROUP = "trajectories"
+
+
+class RunFile:
+    def __init__(self, file: h5py.File, compression: str, flush_seconds: float):
+        self.file = file
+        self.path = Path(file.filename)
+        self.compression = compression
+        self.start_unix = float(file.attrs["start_unix"])
+        self._tables: dict[str, Table] = {}
+        self._timer = FlushTimer(flush_seconds)
+
+    @classmethod
+    def create(cls, path: str | Path, config_yaml: str, rank_map: Mapping[str, object], compression: str = "gzip",
+               *, traj_layout: TrajLayout | None = None, num_actors: int | None = None,
+               flush_seconds: float = 5.0) -> "RunFile":
+        filter_kwargs(compression)  # validate before creating anything
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = h5py.File(path, "w", libver="latest", locking=False)
+        now = time.time()
+        f.attrs["schema_version"] = SCHEMA_VERSION
+        f.attrs["hpcrl_version"] = hpcrl.__version__
+        f.attrs["created"] = _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds")
+        f.attrs["start_unix"] = now
+        f.attrs["config_yaml"] = config_yaml
+        f.attrs["resumed_unix"] = np.zeros(0, "f8")
+        f.attrs["compression"] = compression
+        run = cls(f, compression, flush_seconds)
+        for spec in TABLES.values():
+            run._tables[spec.name] = Table.create(f, spec, compression)
+        run.table("rank_map").append(dict(rank_map))
+        if traj_layout is not None:
+            roles = np.asarray(rank_map["role"])
+            run._add_trajectory_view(traj_layout, int((roles == 2).sum()) if num_actors is None else num_actors)
+        run.flush()
+        f.swmr_mode = True
+        return run
+
+    @classmethod
+    def open_append(cls, path: str | Path, flush_seconds: float = 5.0, *, traj_layout: TrajLayout | None = None,
+                    num_actors: int | None = None) -> "RunFile":
+        path = Path(path)
+        if not path.is_file():
+            raise RunFileError(f"{path}: no such run file to resume")
+        try:
+            clear_write_flags(path)  # a killed writer left them; nobody else writes this file
+            f = h5py.File(path, "a", libver="latest", locking=False)
+        except (OSError, ValueError) as exc:
+            raise RunFileError(f"{path}: cannot reopen for appending ({str(exc).splitlines()[0]})") from None
+        version = f.attrs.get("schema_version")
+        if version is None or int(version) != SCHEMA_VERSION:
+            f.close()
+            raise RunFileError(f"{path}: schema_version {version} cannot be resumed by schema {SCHEMA_VERSION}")
+        f.attrs["resumed_unix"] = np.append(np.asarray(f.attrs.get("resumed_unix", []), "f8"), time.time())
+        run = cls(f, str(f.attrs.get("compression", "gzip")), flush_seconds)
+        for spec in TABLES.values():
+            try:
+                run._tables[spec.name] = Table.open(f, spec)
+            except KeyError as exc:
+                f.close()
+                raise RunFileError(f"{path}: {exc.args[0]}") from None
+        if traj_layout is not None and TRAJ_GROUP not in f:
+            roles = run.table("rank_map").read()["role"]
+            run._add_trajectory_view(traj_layout, int((roles == 2).sum()) if num_actors is None else num_actors)
+        f.flush()
+        f.swmr_mode = True
+        return run
+
+    def now(self) -> float:
+        """Seconds since the run started (kept across resumes)."""
+        return time.time() - self.start_unix
+
+    def table(self, name: str) -> Table:
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise KeyError(f"no table {name!r}; tables: {', '.join(TABLES)}") from None
+
+    def append(self, name: str, rows) -> int:
+        return self.table(name).append(rows)
+
+    def _add_trajectory_view(self, layout: TrajLayout, num_actors: int) -> None:
+        """Create trajectories/<field> [num_actors, steps, ...] over traj/actor-NNNNN.h5 (sources may not exist yet)."""
+        if TRAJ_GROUP in self.file:
+            del self.file[TRAJ_GROUP]
+        group = self.file.create_group(TRAJ_GROUP)
+        group.attrs["num_actors"] = num_actors
+        unlimited = h5py.h5s.UNLIMITED
+        for fld in TRAJ_FIELDS:
+            dtype, shape = layout.field_dtype(fld), layout.field_shape(fld)
+            vds = h5py.VirtualLayout(shape=(num_actors, 1, *shape), maxshape=(num_actors, None, *shape), dtype=dtype)
+            full = (slice(None),) * len(shape)
+            for a in range(num_actors):
+                src = h5py.VirtualSource(traj_filename(a), fld.name, shape=(1, *shape), maxshape=(None, *shape), dtype=dtype)
+                vds[(a, slice(0, unlimited), *full)] = src[(slice(0, unlimited), *full)]
+            d = group.create_virtual_dataset(fld.name, vds, fillvalue=fill_value(dtype))
+            d.attrs["units"] = fld.unit
+            d.attrs["description"] = f"{fld.meaning} [actor, step]; padding NaN / -1"
+
+    def flush(self) -> None:
+        """Write every table's buffered rows, then flush the HDF5 file to disk."""
+        for t in self._tables.values():
+            t.flush()
+        self.file.flush()
+
+    def maybe_flush(self, now: float | None = None) -> bool:
+        if self._timer.due(now):
+            self.flush()
+            return True
+        return False
+
+    def close(self) -> None:
+        if self.file.id.valid:
+            self.flush()
+            self.file.close()
+
+    def __enter__(self) -> "RunFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,309 @@
+"""The HDF5 record's schema, as data: every table, every column, its dtype, unit and meaning.
+
+A run directory (DESIGN.md section 6)::
+
+    RUN_DIR/config.yaml                 resolved config
+    RUN_DIR/run.h5                      written by the parameter rank only (tables below)
+    RUN_DIR/traj/actor-NNNNN.h5         one per actor, NNNNN = actor index (0-based, not the MPI rank)
+
+``run.h5`` holds one group per table in :data:`TABLES` (equal-length 1-D datasets, one per
+column) and a group ``trajectories/`` of virtual datasets over the actors' files (see
+:mod:`hpcrl.io.run_file`). Times are seconds since the run started (the ``start_unix``
+attribute of run.h5), so they keep growing across resumes. ``docs/hdf5-schema.md`` is
+rendered from this module (``python -m hpcrl.io.schema > docs/hdf5-schema.md``); a test
+keeps the two equal.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+"""Bumped whenever a table, column, dtype or meaning changes."""
+
+RUN_FILE = "run.h5"
+TRAJ_DIR = "traj"
+
+
+def traj_filename(actor: int) -> str:
+    """Path of actor ``actor``'s trajectory file, relative to the run directory."""
+    return f"{TRAJ_DIR}/actor-{actor:05d}.h5"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: str
+    """numpy dtype string: f8, f4, i8, i4, i1, S64 ..."""
+    unit: str
+    meaning: str
+    required: bool = False
+    """Required columns must be given to Table.append; others default to the fill value."""
+    codes: tuple[str, ...] = ()
+    """For integer code columns: codes[i] names code i (stored as the dataset's 'codes' attribute)."""
+
+    @property
+    def fill(self):
+        """Value written when an optional column is not given: NaN, -1 or b''."""
+        return fill_value(self.dtype)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    meaning: str
+    columns: tuple[Column, ...]
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(f"table {self.name!r} has no column {name!r}; columns: {', '.join(self.names)}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+
+def _c(name, dtype, unit, meaning, required=False, codes=()):
+    return Column(name, dtype, unit, meaning, required, tuple(codes))
+
+
+ROLES = ("parameter", "learner", "actor")
+
+GRADIENT_REASONS = (
+    "admitted",        # 0: applied in an aggregation event
+    "too_stale",       # 1: rejected by the admission policy (staleness over its hard bound)
+    "nonfinite",       # 2: rejected: NaN or inf in the gradient
+    "shutdown",        # 3: still queued when the run stopped
+    "inactive_group",  # 4: discarded: the group was deactivated before it was admitted
+)
+
+TABLE_LIST = (
+    TableSpec("rank_map", "One row per MPI rank: its role and place in the job (written once at creation).", (
+        _c("rank", "i4", "", "MPI rank in COMM_WORLD", True),
+        _c("role", "i1", "code", "0 parameter, 1 learner, 2 actor", True, ROLES),
+        _c("group", "i4", "", "learner group index (-1 for other roles)"),
+        _c("index", "i4", "", "actor index (traj file number) or rank within the learner group; 0 for the parameter rank"),
+        _c("node", "S64", "", "host name"),
+    )),
+    TableSpec("updates", "One row per aggregation event on the parameter rank (Stellaris Section V-C).", (
+        _c("time", "f8", "s", "time the update was applied, since run start", True),
+        _c("version", "i8", "", "policy version after this update", True),
+        _c("round", "i8", "", "training round (Stellaris k) the update belongs to", True),
+        _c("num_gradients", "i4", "", "gradients applied together (H in Stellaris Eq. 4's aggregation)", True),
+        _c("staleness_mean", "f4", "versions", "mean staleness of the applied gradients"),
+        _c("staleness_max", "i4", "versions", "largest staleness among the applied gradients"),
+        _c("threshold", "f4", "versions", "threshold beta_k in force (Stellaris Eq. 3); NaN when none (round 0, pure async)"),
+        _c("lr", "f4", "", "base learning rate alpha_0"),
+        _c("loss_mean", "f4", "", "mean training loss reported with the applied gradients"),
+        _c("loss_min", "f4", "", "smallest loss among the applied gradients"),
+        _c("loss_max", "f4", "", "largest loss among the applied gradients"),
+        _c("active_groups", "i4", "", "active learner groups when the update was applied"),
+        _c("aggregate_seconds", "f4", "s", "wall time spent combining gradients and stepping the optimizer"),
+        _c("publish_seconds", "f4", "s", "wall time spent publishing the new weights on the weight board"),
+    )),
+    TableSpec("gradients", "One row per gradient the parameter rank received, admitted or not.", (
+        _c("time", "f8", "s", "time the gradient was taken out of the mailbox, since run start", True),
+        _c("group", "i4", "", "learner group that pushed it", True),
+        _c("seq", "i8", "", "the group's sequence number (0, 1, 2 ...)", True),
+        _c("base_version", "i8", "", "policy version the gradient was computed with", True),
+        _c("staleness", "i4", "versions", "policy version at admission (or rejection) minus base_version"),
+        _c("round", "i8", "", "training round when it was admitted or rejected"),
+        _c("lr_scale", "f4", "", "alpha_c / alpha_0 applied to it (Stellaris Eq. 4); NaN if not admitted"),
+        _c("samples", "i4", "steps", "environment steps the gradient was computed on"),
+        _c("loss", "f4", "", "training loss the learner reported with it"),
+        _c("admitted", "i1", "", "1 admitted and applied, 0 not", True),
+        _c("reason", "i1", "code", "why (index into the codes attribute)", True, GRADIENT_REASONS),
+        _c("queue_seconds", "f4", "s", "time in the parameter rank's admission queue"),
+        _c("compute_seconds", "f4", "s", "learner group wall time computing the gradient"),
+        _c("mailbox_wait_seconds", "f4", "s", "time the learner waited for a free mailbox slot"),
+    )),
+    TableSpec("episodes", "One row per finished episode on any actor.", (
+        _c("time", "f8", "s", "time the episode ended, since run start", True),
+        _c("actor", "i4", "", "actor index", True),
+        _c("env_index", "i4", "", "environment instance within the actor", True),
+        _c("return", "f4", "", "undiscounted episodic return", True),
+        _c("length", "i4", "steps", "episode length", True),
+        _c("policy_version", "i8", "", "policy version the actor held when the episode ended"),
+        _c("env_steps", "i8", "steps", "environment steps of the whole run when the episode ended (as known to the writer)"),
+    )),
+    TableSpec("learner_activity", "One row per stretch of gradient computation by a learner group (the cost model's input).", (
+        _c("time_start", "f8", "s", "start of the stretch, since run start", True),
+        _c("time_end", "f8", "s", "end of the stretch, since run start", True),
+        _c("group", "i4", "", "learner group", True),
+        _c("compute_seconds", "f4", "s", "seconds spent computing (excludes waiting)", True),
+        _c("samples", "i4", "steps", "environment steps processed"),
+    )),
+    TableSpec("rounds", "One row per training round (train_batch_size new environment steps consumed).", (
+        _c("round", "i8", "", "round id k (0 = the threshold-free observation round)", True),
+        _c("start", "f8", "s", "round start, since run start", True),
+        _c("duration", "f4", "s", "round wall time", True),
+        _c("env_steps", "i8", "steps", "environment steps consumed in the round"),
+        _c("env_steps_total", "i8", "steps", "environment steps consumed since the run started, at the round's end"),
+        _c("episodes", "i4", "", "episodes finished during the round"),
+        _c("updates", "i4", "", "aggregation events during the round"),
+        _c("threshold", "f4", "versions", "beta_k of the round (Stellaris Eq. 3); NaN when none"),
+        _c("staleness_mean", "f4", "versions", "mean staleness of gradients admitted in the round"),
+        _c("staleness_max", "f4", "versions", "largest admitted staleness"),
+        _c("staleness_min", "f4", "versions", "smallest admitted staleness"),
+        _c("staleness_std", "f4", "versions", "standard deviation of admitted staleness"),
+        _c("learner_seconds", "f4", "s", "learner compute seconds summed over groups (active time only)"),
+        _c("actor_seconds", "f4", "s", "actor sampling seconds summed over actors"),
+        _c("active_actors", "i4", "", "actors that delivered a fragment during the round"),
+        _c("active_groups", "i4", "", "largest number of active learner groups during the round"),
+        _c("loss", "f4", "", "mean training loss of the admitted gradients"),
+        _c("reward_mean", "f4", "", "mean return of episodes finished in the round"),
+        _c("reward_max", "f4", "", "largest return"),
+        _c("reward_min", "f4", "", "smallest return"),
+        _c("reward_std", "f4", "", "standard deviation of returns"),
+    )),
+    TableSpec("actors", "Optional: one row per trajectory fragment an actor produced (latency breakdown).", (
+        _c("time", "f8", "s", "time the fragment was handed to transport, since run start", True),
+        _c("actor", "i4", "", "actor index", True),
+        _c("fragment", "i8", "", "the actor's fragment sequence number", True),
+        _c("steps", "i4", "steps", "environment steps in the fragment (fragment_length x num_envs)"),
+        _c("sample_seconds", "f4", "s", "wall time stepping the environments and the policy"),
+        _c("transport_wait_seconds", "f4", "s", "time waiting for an in-flight slot to free (back-pressure)"),
+        _c("weight_sync_seconds", "f4", "s", "time pulling new weights before the fragment (0 when skipped)"),
+        _c("policy_version", "i8", "", "policy version that sampled the fragment"),
+        _c("group", "i4", "", "learner group the fragment was sent to"),
+    )),
+)
+TABLES: dict[str, TableSpec] = {t.name: t for t in TABLE_LIST}
+
+
+@dataclass(frozen=True)
+class TrajField:
+    name: str
+    dtype: str
+    unit: str
+    meaning: str
+    per_step_shape: str = ""
+    """'obs' / 'action' for fields whose trailing shape comes from the layout."""
+
+
+TRAJ_FIELDS = (
+    TrajField("obs", "", "", "observation the action was taken in", "obs"),
+    TrajField("actions", "", "", "action taken", "action"),
+    TrajField("rewards", "f4", "", "reward received after the action"),
+    TrajField("terminated", "i1", "", "1 if the episode ended in a terminal state after this step"),
+    TrajField("truncated", "i1", "", "1 if the episode was cut by a time limit after this step (bootstrap from values)"),
+    TrajField("behaviour_logp", "f4", "nats", "log-probability of the action under the behaviour policy mu"),
+    TrajField("values", "f4", "", "value estimate of obs by the behaviour policy's critic"),
+    TrajField("policy_version", "i8", "", "policy version that chose the action"),
+    TrajField("env_index", "i4", "", "environment instance within the actor"),
+)
+TRAJ_FIELD_NAMES = tuple(f.name for f in TRAJ_FIELDS)
+
+
+@dataclass(frozen=True)
+class TrajLayout:
+    """Per-step shapes and dtypes of a trajectory file's ``obs`` and ``actions`` datasets."""
+
+    obs_shape: tuple[int, ...]
+    action_shape: tuple[int, ...] = ()
+    obs_dtype: str = "f4"
+    action_dtype: str = "f4"
+    """'f4' for continuous actions, 'i8' for discrete ones."""
+    num_envs: int = 1
+    """Environments per actor (N of a [T, N, ...] fragment)."""
+
+    def field_dtype(self, f: TrajField) -> np.dtype:
+        if f.per_step_shape == "obs":
+            return np.dtype(self.obs_dtype)
+        if f.per_step_shape == "action":
+            return np.dtype(self.action_dtype)
+        return np.dtype(f.dtype)
+
+    def field_shape(self, f: TrajField) -> tuple[int, ...]:
+        return tuple(self.obs_shape) if f.per_step_shape == "obs" else (
+            tuple(self.action_shape) if f.per_step_shape == "action" else ())
+
+    def to_attrs(self) -> dict:
+        return {"obs_shape": np.asarray(self.obs_shape, "i8"), "action_shape": np.asarray(self.action_shape, "i8"),
+                "obs_dtype": self.obs_dtype, "action_dtype": self.action_dtype, "num_envs": self.num_envs}
+
+    @classmethod
+    def from_attrs(cls, attrs) -> "TrajLayout":
+        def text(v):
+            return v.decode() if isinstance(v, bytes) else str(v)
+        return cls(tuple(int(x) for x in attrs["obs_shape"]), tuple(int(x) for x in attrs["action_shape"]),
+                   text(attrs["obs_dtype"]), text(attrs["action_dtype"]), int(attrs["num_envs"]))
+
+
+def fill_value(dtype) -> object:
+    """Fill used for padding (virtual datasets) and missing optional columns."""
+    kind = np.dtype(dtype).kind
+    return np.nan if kind == "f" else (b"" if kind == "S" else -1)
+
+
+def render_markdown() -> str:
+    """docs/hdf5-schema.md, rendered from the tables above."""
+    out = [
+        "# HDF5 record schema",
+        "",
+        f"Rendered from `hpcrl/io/schema.py` (schema version {SCHEMA_VERSION}) by "
+        "`python -m hpcrl.io.schema > docs/hdf5-schema.md`; `tests/test_io.py` fails when they differ.",
+        "",
+        "A run directory holds `config.yaml`, `run.h5` (written by the parameter rank) and "
+        "`traj/actor-NNNNN.h5` (one per actor, NNNNN = actor index). Times are seconds since the run "
+        "started (`start_unix` attribute of run.h5). Optional columns that a writer did not fill hold "
+        "NaN (floats) or -1 (integers).",
+        "",
+        "## run.h5 attributes",
+        "",
+        "| attribute | meaning |",
+        "| --- | --- |",
+        "| `schema_version` | this schema's version (int) |",
+        "| `hpcrl_version` | hpcrl version that created the file |",
+        "| `created` | creation time, ISO 8601 UTC |",
+        "| `start_unix` | run start, seconds since the Unix epoch; every `time` column counts from here |",
+        "| `config_yaml` | the resolved config text |",
+        "| `resumed_unix` | times (Unix s) the file was reopened to resume, one per resume |",
+        "",
+        "Every table is a group of equal-length, resizable, chunked, compressed 1-D datasets, one per "
+        "column; each dataset has `units` and `description` attributes, code columns also `codes`. "
+        "The group's `columns` attribute lists the column order.",
+        "",
+    ]
+    for t in TABLE_LIST:
+        out += [f"## table `{t.name}`", "", t.meaning, "",
+                "| column | dtype | unit | required | meaning |", "| --- | --- | --- | --- | --- |"]
+        for c in t.columns:
+            meaning = c.meaning + (f" (codes: {', '.join(f'{i} {n}' for i, n in enumerate(c.codes))})" if c.codes else "")
+            out.append(f"| `{c.name}` | {c.dtype} | {c.unit or '-'} | {'yes' if c.required else ''} | {meaning} |")
+        out.append("")
+    out += [
+        "## traj/actor-NNNNN.h5",
+        "",
+        "One file per actor. Each dataset is `[steps, *per_step_shape]`, resizable along axis 0. A fragment "
+        "`[T, N, ...]` (T time steps of N environments) is flattened time-major: step `t * N + n` holds "
+        "time `t` of environment `n`. Root attributes: `schema_version`, `actor`, `obs_shape`, `action_shape`, "
+        "`obs_dtype`, `action_dtype`, `num_envs`.",
+        "",
+        "| dataset | dtype | per-step shape | unit | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for f in TRAJ_FIELDS:
+        shape = {"obs": "obs_shape", "action": "action_shape"}.get(f.per_step_shape, "()")
+        dtype = {"obs": "obs_dtype", "action": "action_dtype"}.get(f.per_step_shape, f.dtype)
+        out.append(f"| `{f.name}` | {dtype} | {shape} | {f.unit or '-'} | {f.meaning} |")
+    out += [
+        "",
+        "## run.h5 `trajectories/<dataset>` (virtual)",
+        "",
+        "For every dataset above, a virtual dataset of shape `[num_actors, steps, *per_step_shape]` maps "
+        "actor `a`'s file onto row `a`, with an unlimited step axis that grows as the actors' files grow "
+        "(no rewrite of run.h5 needed). Actors with fewer steps, or whose file does not exist yet, are "
+        "padded with NaN (floats) or -1 (integers): `trajectories/policy_version >= 0` marks real steps. "
+        "Source paths are relative to run.h5, so the run directory can be moved or copied whole.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_markdown())

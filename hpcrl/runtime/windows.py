@@ -356,30 +356,35 @@ class WeightBoard(_OwnedWindow):
         win.Flush(self.owner)
         return self._ctrl
 
-    def _read_slot(self, win, slot: int, seq_before: int, offset: int, out: np.ndarray) -> bool:
-        """Get ``out.size`` floats at ``offset`` of ``slot``; True if the seqlock held throughout."""
-        if seq_before % 2:
-            return False
+    def _read_slot(self, win, slot: int, offset: int, out: np.ndarray) -> int | None:
+        """Seqlocked copy of ``out.size`` floats at ``offset`` of ``slot``: its version, or None if a
+        publish overlapped. The version word is read between the two seq reads, never with the
+        ctrl snapshot (a multi-word Get_accumulate is atomic per word only, in no set order)."""
+        seq = self._seq_word(slot)
+        before = self._fop(win, seq, 0, MPI.NO_OP)
+        if before % 2:
+            return None
+        version = self._fop(win, seq + 1, 0, MPI.NO_OP)
         base = self._data_disp + slot * self._slot_bytes + 4 * offset
         win.Get([out, MPI.FLOAT], self.owner, (base, out.size, MPI.FLOAT))
         win.Flush(self.owner)
-        return self._fop(win, self._seq_word(slot), 0, MPI.NO_OP) == seq_before
+        return version if self._fop(win, seq, 0, MPI.NO_OP) == before else None
 
     def _read(self, offset: int, out: np.ndarray, version: int | None) -> int:
         """Seqlocked read of the latest slot (version None) or of ``version``; -1 if absent."""
         backoff = Backoff()
         while True:
             with self._epoch() as win:
-                ctrl = self._read_ctrl(win).copy()
+                ctrl = self._read_ctrl(win)
                 if version is None:
                     slot = int(ctrl[0])
                 else:
-                    found = np.flatnonzero(ctrl[5::2] == version)
-                    slot = int(found[0]) if found.size else -1
+                    found = np.flatnonzero(ctrl[5::2] == version) if version >= 0 else []
+                    slot = int(found[0]) if len(found) else -1
                 if slot < 0:
                     return -1
-                seq, got = int(ctrl[4 + 2 * slot]), int(ctrl[5 + 2 * slot])
-                if self._read_slot(win, slot, seq, offset, out):
+                got = self._read_slot(win, slot, offset, out)
+                if got is not None and (version is None or got == version):
                     return got
             self.retries += 1
             backoff.sleep()

@@ -29,6 +29,7 @@ RANK_ENV = {
     "HDF5_USE_FILE_LOCKING": "FALSE",  # Lustre and concurrent readers (DESIGN.md section 6)
     "OMP_NUM_THREADS": "1",  # one core per rank; torch threads are set again in runtime.main
     "PYTHONUNBUFFERED": "1",
+    "UCX_LOG_LEVEL": "error",  # MPICH's UCX netmod warns about cached RMA keys at exit
 }
 
 

@@ -63,12 +63,14 @@ class Actor:
                 break
             t_wait = time.perf_counter() - t
             counters.add(control.BACKLOG + group, 1)
-            self.sender.send(roots[group], fragment)
+            fragment["policy_version"] = self.version
+            fragment["fragment"] = self.fragments
+            t_wait += self.sender.send(roots[group], fragment)
             steps = T * self.sampler.num_envs
             counters.add(control.ENV_STEPS, steps)
             self.writer.append_fragment(fragment["obs"], fragment["actions"], fragment["rewards"],
                                         fragment["terminated"], fragment["truncated"], fragment["behaviour_logp"],
-                                        fragment["values"], fragment["policy_version"])
+                                        fragment["values"], self.version)
             self.writer.maybe_flush()
             self._report({"time": time.time(), "actor": self.index, "fragment": self.fragments, "steps": steps,
                           "sample_seconds": t_sample, "transport_wait_seconds": t_wait,
@@ -96,7 +98,6 @@ class Actor:
         cap = self.job.max_backlog
         while True:
             self._progress_reports()
-            self.sender.progress()
             words = self.job.counters.read_all()
             if words[control.STOP]:
                 return None
@@ -117,7 +118,7 @@ class Actor:
 
     def _finish(self) -> None:
         """Complete every pending send (the learners drain until all actors are done), then say so."""
-        self.sender.drain()
+        self.sender.close()
         for r in self._reports:
             control.wait_request(r)
         self._reports = []

@@ -185,11 +185,11 @@ class LearnerGroup:
         for r in range(1, self.size):
             self.topo.group_comm.send(None, dest=r, tag=control.TAG_WORK)
         sleeper = control.Sleeper(cap=5e-3)
-        A = self.cfg.actors.count
-        while self.job.counters.read(control.ACTORS_DONE) < A:
+        while True:  # every actor's last send must be matched before it can finish
             self.receiver.poll()
+            if self.receiver.finished():
+                break
             sleeper.idle()
-        self.receiver.poll()
         self.receiver.close()
         self.job.counters.add(control.LEARNERS_DONE, 1)
 

@@ -9,6 +9,7 @@ HDF5 file and calls ``MPI_Abort`` so the whole job ends within seconds instead o
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 import traceback
@@ -38,6 +39,7 @@ class Job:
     startup: dict = field(default_factory=dict)
     probe: Any = None
     model: Any = None
+    layout: Any = None
 
     @property
     def rank(self) -> int:
@@ -60,14 +62,14 @@ class Job:
         return max(per_batch, 1)
 
     def make_sender(self):
-        from hpcrl.runtime.transport import FragmentSender
+        from hpcrl.runtime.transport import ActorLink
 
-        return FragmentSender(self.comm, self.cfg.actors.max_in_flight)
+        return ActorLink(self.comm, self.layout, self.cfg.actors.max_in_flight, self.topo.learner_roots)
 
     def make_receiver(self):
-        from hpcrl.runtime.transport import FragmentReceiver
+        from hpcrl.runtime.transport import LearnerLink
 
-        return FragmentReceiver(self.comm, self.topo.actor_ranks)
+        return LearnerLink(self.comm, self.layout, self.topo.actor_ranks)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +111,11 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> int:
 
         torch.set_num_threads(1)
         job = _setup(cfg, comm, run_dir, resume, progress)
+        if job.topo.role != "parameter":
+            # the launcher forwards SIGTERM/SIGUSR1 to every rank; only the parameter rank acts
+            # on them (checkpoint, then STOP for everyone)
+            for s in (signal.SIGTERM, signal.SIGUSR1):
+                signal.signal(s, signal.SIG_IGN)
         role = _make_role(job)
         if job.topo.role == "parameter":
             role.publish_initial()
@@ -149,6 +156,9 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     discrete = model.discrete
     job.traj_layout = TrajLayout(obs_shape=tuple(job.obs_space.shape), action_shape=tuple(model.action_shape),
                                  obs_dtype="f4", action_dtype="i8" if discrete else "f4", num_envs=cfg.env.num_envs)
+    from hpcrl.runtime.transport import fragment_layout
+
+    job.layout = fragment_layout(cfg, tuple(job.obs_space.shape), tuple(model.action_shape), discrete)
     if cfg.actors.weight_sync == "aaps":
         from hpcrl.runtime.aaps import Probe
 

@@ -88,7 +88,7 @@ class VectorSampler:
         fragment = {"obs": obs, "actions": actions, "rewards": rewards, "terminated": terminated,
                     "truncated": truncated, "behaviour_logp": logp, "values": values,
                     "final_values": final_values, "last_value": last_value, "last_obs": self.obs.copy(),
-                    "policy_version": np.full(T, version, dtype=np.int64)}
+                    "policy_version": version, "actor": actor}
         return fragment, episodes
 
     def close(self) -> None:

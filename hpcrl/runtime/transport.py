@@ -1,53 +1,57 @@
-"""Actor -> learner fragment transport used by the role loops (interim: pickled nonblocking sends).
+"""The role loops' view of fragment transport: :mod:`hpcrl.runtime.channels` plus back-pressure.
 
-A thin adapter with the four calls the loops need, so the buffer-based channels of
-:mod:`hpcrl.runtime.channels` can replace it without touching the loops.
+:func:`fragment_layout` fixes the packed layout every actor and learner root agrees on (the
+channel's standard fields plus ``last_obs``, which the learner uses to recompute the
+bootstrap value with the newest weights). The actor asks :meth:`ActorLink.can_send` before
+sampling the next send (``max_in_flight`` unmatched synchronous sends at most), and
+:meth:`ActorLink.close` ends with the channel's stop convention, so a learner root knows
+when every actor is done (:meth:`LearnerLink.finished`).
 """
 from __future__ import annotations
 
-from mpi4py import MPI
+import numpy as np
 
-from hpcrl.runtime.control import wait_request
-
-TAG_FRAGMENT = 21
+from hpcrl.runtime.channels import FragmentLayout, FragmentReceiver, FragmentSender
 
 
-class FragmentSender:
-    """Nonblocking sends with at most ``max_in_flight`` pending."""
+def fragment_layout(cfg, obs_shape: tuple, action_shape: tuple, discrete: bool) -> FragmentLayout:
+    N = cfg.env.num_envs
+    return FragmentLayout(cfg.actors.fragment_length, N, obs_shape=obs_shape, obs_dtype=np.float32,
+                          action_shape=action_shape, action_dtype=np.int64 if discrete else np.float32,
+                          extra={"last_obs": ((N, *obs_shape), np.float32)})
 
-    def __init__(self, comm, max_in_flight: int):
-        self.comm, self.max_in_flight = comm, max_in_flight
-        self._pending: list = []
 
-    def progress(self) -> None:
-        self._pending = [r for r in self._pending if not r.Test()]
+class ActorLink:
+    def __init__(self, comm, layout: FragmentLayout, max_in_flight: int, dests: list[int]):
+        self.sender = FragmentSender(comm, layout, max_in_flight)
+        self.max_in_flight = max_in_flight
+        self.dests = dests
 
     def can_send(self) -> bool:
-        self.progress()
-        return len(self._pending) < self.max_in_flight
+        return self.sender.in_flight < self.max_in_flight
 
-    def send(self, dest: int, fragment: dict) -> None:
-        self._pending.append(self.comm.isend(fragment, dest=dest, tag=TAG_FRAGMENT))
-
-    def drain(self) -> None:
-        for r in self._pending:
-            wait_request(r)
-        self._pending = []
-
-
-class FragmentReceiver:
-    """Receives whatever fragments have arrived, from any actor."""
-
-    def __init__(self, comm, sources):
-        self.comm = comm
-        self.sources = list(sources)
-
-    def poll(self) -> list[dict]:
-        out = []
-        status = MPI.Status()
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_FRAGMENT, status=status):
-            out.append(self.comm.recv(source=status.Get_source(), tag=TAG_FRAGMENT))
-        return out
+    def send(self, dest: int, fragment: dict) -> float:
+        return self.sender.send(dest, fragment)
 
     def close(self) -> None:
-        pass
+        """Wait for every send to be taken, then tell each learner root how many it got."""
+        self.sender.close(self.dests)
+
+
+class LearnerLink:
+    def __init__(self, comm, layout: FragmentLayout, sources: list[int]):
+        self.receiver = FragmentReceiver(comm, layout, prepost=2)
+        self.sources = sources
+
+    def poll(self) -> list[dict]:
+        """Every fragment that has arrived (possibly none)."""
+        out = []
+        while (f := self.receiver.poll()) is not None:
+            out.append(f)
+        return out
+
+    def finished(self) -> bool:
+        return self.receiver.finished(self.sources)
+
+    def close(self) -> None:
+        self.receiver.close()

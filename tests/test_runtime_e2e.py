@@ -1,0 +1,146 @@
+"""The whole MPI job through `hpcrl run`: files written, a failing rank, SIGTERM then --resume.
+
+Each test starts `hpcrl run` in a subprocess (which starts mpiexec itself) with a hard timeout
+and a tiny config, so the file stays well under a minute on two busy cores.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from hpcrl.io import read_attrs, read_table, read_trajectory
+from hpcrl.runtime.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.mpi
+
+TINY = {
+    "name": "tiny",
+    "env": {"id": "CartPole-v1", "num_envs": 2},
+    "actors": {"count": 2, "fragment_length": 16},
+    "learners": {"groups": 1, "ranks_per_group": 1},
+    "algo": {"name": "ppo", "train_batch_size": 64, "minibatch_size": 32, "num_sgd_iter": 1},
+    "stop": {"total_env_steps": 1500},
+    "io": {"flush_seconds": 0.5, "checkpoint_every": 10},
+    "launch": {"timeout_seconds": 120},
+}
+
+
+def write_config(tmp_path: Path, **sections) -> tuple[Path, Path]:
+    cfg = {k: dict(v) if isinstance(v, dict) else v for k, v in TINY.items()}
+    for key, value in sections.items():
+        cfg[key] = {**cfg.get(key, {}), **value}
+    run_dir = tmp_path / "run"
+    cfg["io"]["run_dir"] = str(run_dir)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, run_dir
+
+
+def hpcrl_run(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=cwd, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"hpcrl run {' '.join(args)} hung (> {timeout} s):\n{out[-3000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def test_short_run_writes_readable_files_with_every_table(tmp_path):
+    # two learner groups of two ranks each: group allreduce, elastic activation, IS window
+    path, run_dir = write_config(tmp_path, learners={"groups": 2, "ranks_per_group": 2, "min_active": 1,
+                                                     "backlog_per_group": 1},
+                                 aggregation={"is_truncation": True}, stop={"total_env_steps": 2500})
+    res = hpcrl_run(str(path), timeout=150)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "hpcrl run summary" in res.stdout and str(run_dir / "run.h5") in res.stdout
+    h5 = run_dir / "run.h5"
+    attrs = read_attrs(h5)
+    assert attrs["schema_version"] == 1 and "CartPole-v1" in attrs["config_yaml"]
+    ranks = read_table(h5, "rank_map")
+    assert list(ranks["role"]) == [0, 1, 1, 1, 1, 2, 2]
+    episodes = read_table(h5, "episodes")
+    assert len(episodes["return"]) > 0 and np.all(episodes["length"] >= 8)
+    assert np.allclose(episodes["return"], episodes["length"])  # CartPole: +1 per step
+    grads = read_table(h5, "gradients")
+    updates = read_table(h5, "updates")
+    admitted = grads["admitted"] == 1
+    assert admitted.sum() == updates["num_gradients"].sum()  # every admitted gradient is in one update
+    applied_at = grads["base_version"] + grads["staleness"]
+    assert np.all(grads["staleness"][admitted] >= 0) and np.all(applied_at[admitted] < updates["version"][-1])
+    assert set(np.unique(grads["group"])) <= {0, 1}
+    assert np.array_equal(updates["version"], np.arange(1, len(updates["version"]) + 1))
+    for g in (0, 1):  # each group's sequence numbers arrive once each, none lost
+        seqs = np.sort(grads["seq"][grads["group"] == g])
+        assert np.array_equal(seqs, np.arange(len(seqs)))
+    activity = read_table(h5, "learner_activity")
+    assert len(activity["group"]) > 0 and np.all(activity["compute_seconds"] > 0)
+    rounds = read_table(h5, "rounds")
+    assert len(rounds["round"]) >= 2 and np.isnan(rounds["threshold"][0])
+    for a in (0, 1):
+        traj = read_trajectory(run_dir / "traj" / f"actor-{a:05d}.h5")
+        assert traj["obs"].shape[1:] == (4,) and len(traj["rewards"]) >= 16 * 2
+        assert set(np.unique(traj["env_index"])) == {0, 1}
+    assert load_checkpoint(run_dir)["version"] == updates["version"][-1]
+
+
+def test_a_rank_that_raises_ends_the_job_within_seconds(tmp_path):
+    path, run_dir = write_config(tmp_path, debug={"raise_on_rank": 3, "raise_after_seconds": 1.0},
+                                 stop={"total_env_steps": 10_000_000})
+    start = time.monotonic()
+    res = hpcrl_run(str(path), timeout=90)
+    elapsed = time.monotonic() - start
+    assert res.returncode != 0
+    assert "[rank 3]" in res.stdout and "failing on purpose" in res.stdout
+    assert elapsed < 60, f"took {elapsed:.1f} s to end"
+    # the failing actor flushed its file, and the parameter rank's file is readable
+    assert read_trajectory(run_dir / "traj" / "actor-00001.h5")["rewards"].size >= 0
+    assert read_attrs(run_dir / "run.h5")["schema_version"] == 1
+
+
+def test_sigterm_checkpoints_and_resume_keeps_the_version_counter(tmp_path):
+    path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000})
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # wait until updates are on disk
+            time.sleep(1.0)
+            try:
+                if len(read_table(run_dir / "run.h5", "updates")["version"]) >= 20:
+                    break
+            except Exception:
+                pass
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    assert "signal SIGTERM" in out
+    ckpt = load_checkpoint(run_dir)
+    stopped_at = ckpt["version"]
+    assert stopped_at >= 20
+    episodes_before = len(read_table(run_dir / "run.h5", "episodes")["return"])
+    steps_before = len(read_trajectory(run_dir / "traj" / "actor-00000.h5")["rewards"])
+
+    res = hpcrl_run("--resume", str(run_dir), "-o", f"stop.total_env_steps={ckpt['env_steps'] + 800}", timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:]
+    updates = read_table(run_dir / "run.h5", "updates")
+    versions = updates["version"]
+    assert np.all(np.diff(versions) == 1), "the version counter restarted or skipped"
+    assert versions[-1] > stopped_at
+    assert len(read_table(run_dir / "run.h5", "episodes")["return"]) > episodes_before
+    assert len(read_trajectory(run_dir / "traj" / "actor-00000.h5")["rewards"]) > steps_before
+    assert len(read_attrs(run_dir / "run.h5")["resumed_unix"]) == 1
+    assert load_checkpoint(run_dir)["version"] == versions[-1]

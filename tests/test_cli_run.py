@@ -1,0 +1,103 @@
+"""`hpcrl run` argument handling: every mistake is one line, exit code 2, and nothing is written."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpcrl.cli import main as cli_main
+from hpcrl.commands.run import create_run_dir
+from hpcrl.config import load_config
+
+
+def run_cli(args, capsys):
+    rc = cli_main(["run", *args])
+    err = capsys.readouterr().err.strip()
+    return rc, err
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["env.id=CartPol-v1"], "env.id"),
+    (["env.idd=CartPole-v1"], "env.idd"),
+    (["algo.lr=0"], "algo.lr"),
+    (["algo.lr=-1"], "algo.lr"),
+    (["aggregation.d=1.5"], "aggregation.d"),
+    (["aggregation.policy=fastest"], "aggregation.policy"),
+    (["learners.min_active=2"], "min_active"),
+    (["algo.minibatch_size=100000"], "algo.minibatch_size"),
+    (["debug.raise_on_rank=9"], "debug.raise_on_rank"),
+    (["launch.mpiexec=/nonexistent/mpiexec"], "pip install mpich"),
+    (["actors.count=0"], "actors.count"),
+])
+def test_config_mistakes_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, overrides, field):
+    monkeypatch.chdir(tmp_path)
+    args = [a for o in overrides + [f"io.run_dir={tmp_path / 'runs' / 'x'}"] for a in ("-o", o)]
+    rc, err = run_cli(args, capsys)
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and field in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_too_few_ranks_and_bad_resume(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, err = run_cli(["--ranks", "2"], capsys)
+    assert rc == 2 and "--ranks 2" in err and "at least 1 actor = 3" in err
+    rc, err = run_cli(["--resume", str(tmp_path / "nope")], capsys)
+    assert rc == 2 and "not a run directory" in err
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.yaml").write_text(load_config().to_yaml())
+    rc, err = run_cli(["--resume", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "no checkpoint" in err
+    rc, err = run_cli([str(tmp_path / "missing.yaml")], capsys)
+    assert rc == 2 and "not found" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_ranks_sets_the_actor_count_and_run_dirs_never_collide(tmp_path):
+    from hpcrl.commands.run import resolve_config, add_arguments
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg, _ = resolve_config(p.parse_args(["--ranks", "6"]))
+    assert cfg.actors.count == 4 and cfg.num_ranks == 6
+    cfg = load_config(overrides=[f"io.run_dir={tmp_path}/{{name}}"])
+    a, b = create_run_dir(cfg), create_run_dir(cfg)
+    assert a != b and a.name == "cartpole" and b.name == "cartpole-2"
+    assert yaml.safe_load((a / "config.yaml").read_text())["env"]["id"] == "CartPole-v1"
+
+
+def test_real_process_exit_code(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "-o", "aggregation.d=2"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "aggregation.d" in res.stderr
+    assert list(Path(tmp_path).iterdir()) == []
+
+
+@pytest.mark.mpi
+def test_inside_mpi_runs_the_roles_under_an_outside_launcher(tmp_path):
+    """What srun / PBS mpiexec do: start `hpcrl run` on every rank; rank 0 makes the run directory."""
+    cfg = {"env": {"num_envs": 2}, "actors": {"count": 2, "fragment_length": 16},
+           "algo": {"train_batch_size": 64, "minibatch_size": 32, "num_sgd_iter": 1},
+           "stop": {"total_env_steps": 600, "target_return": None}, "io": {"run_dir": str(tmp_path / "runs" / "{name}-{time}")}}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    proc = subprocess.Popen([str(mpiexec), "-n", "4", sys.executable, "-m", "hpcrl", "run", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            start_new_session=True, env=dict(os.environ, UCX_LOG_LEVEL="error"))
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, out[-3000:]
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1, runs  # one directory for the whole job, not one per rank
+    assert (runs[0] / "run.h5").is_file() and (runs[0] / "traj" / "actor-00001.h5").is_file()
+    assert "hpcrl run summary" in out

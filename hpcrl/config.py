@@ -30,6 +30,12 @@ class EnvConfig(Section):
     """Keyword arguments passed to the environment constructor."""
     seed: int = 0
     """Base seed; actor r uses seed + 1000 * r."""
+    normalize_obs: bool = False
+    """Actors standardise observations with running mean/variance (per actor rank, not synchronised)."""
+    normalize_reward: bool = False
+    """Actors scale training rewards by the running std of the discounted return (episode returns stay raw)."""
+    clip: float = Field(10.0, gt=0)
+    """Normalised observations and rewards are clipped to [-clip, clip]."""
 
 
 class ModelConfig(Section):

@@ -25,7 +25,7 @@ class Actor:
         self.job, self.cfg = job, job.cfg
         self.model = model
         self.index = job.topo.actor_index
-        self.sampler = VectorSampler(self.cfg.env, self.index)
+        self.sampler = VectorSampler(self.cfg.env, self.index, gamma=getattr(self.cfg.algo, "gamma", 0.99))
         self.sender = job.make_sender()
         self.version = -1
         self.weights = np.empty(model.flat.num_params, dtype=np.float32)

@@ -6,6 +6,12 @@ transition that ended it, the value of the final observation is recorded when th
 was truncated (``final_values``, so GAE bootstraps through time limits), and the
 environment is reset so row t + 1 starts the new episode. Box actions are sampled
 unclipped (that is what the log-prob is of) and clipped to the action space for ``step``.
+
+Optional normalisation (``env.normalize_obs`` / ``env.normalize_reward``, for MuJoCo):
+observations are standardised with this actor's running mean and variance, training rewards
+are divided by the running std of the discounted return (as Gymnasium's NormalizeReward);
+both are clipped to ``env.clip``. The statistics are per actor rank (not synchronised), and
+episode returns are always recorded from the raw rewards.
 """
 from __future__ import annotations
 
@@ -19,10 +25,26 @@ from gymnasium import spaces
 from hpcrl.envs import make
 
 
+class RunningMeanStd:
+    """Running mean and variance over batches (parallel Welford / Chan et al.)."""
+
+    def __init__(self, shape: tuple = ()):
+        self.mean = np.zeros(shape, dtype=np.float64)
+        self.var = np.ones(shape, dtype=np.float64)
+        self.count = 1e-4
+
+    def update(self, x: np.ndarray) -> None:
+        m, v, n = x.mean(axis=0), x.var(axis=0), x.shape[0]
+        delta, total = m - self.mean, self.count + n
+        self.mean = self.mean + delta * n / total
+        self.var = (self.var * self.count + v * n + delta ** 2 * self.count * n / total) / total
+        self.count = total
+
+
 class VectorSampler:
     """``num_envs`` environments of ``env_cfg.id``; :meth:`sample` returns one [T, N] fragment."""
 
-    def __init__(self, env_cfg, actor_index: int) -> None:
+    def __init__(self, env_cfg, actor_index: int, gamma: float = 0.99) -> None:
         self.num_envs = env_cfg.num_envs
         self.envs = [make(env_cfg.id, **env_cfg.kwargs) for _ in range(self.num_envs)]
         space = self.envs[0].action_space
@@ -38,6 +60,29 @@ class VectorSampler:
         self.obs_shape = tuple(self.obs.shape[1:])
         self.ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
+        self.clip = env_cfg.clip
+        self.obs_rms = RunningMeanStd(self.obs_shape) if env_cfg.normalize_obs else None
+        self.ret_rms = RunningMeanStd() if env_cfg.normalize_reward else None
+        self.disc_return = np.zeros(self.num_envs, dtype=np.float64)
+        self.gamma = gamma
+        self.raw_obs = self.obs
+        self.obs = self._norm_obs(self.raw_obs, update=True)
+
+    def _norm_obs(self, raw: np.ndarray, update: bool) -> np.ndarray:
+        if self.obs_rms is None:
+            return raw
+        if update:
+            self.obs_rms.update(raw)
+        z = (raw - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8)
+        return np.clip(z, -self.clip, self.clip).astype(np.float32)
+
+    def _scale_rewards(self, r: np.ndarray, done: np.ndarray) -> np.ndarray:
+        if self.ret_rms is None:
+            return r
+        self.disc_return = self.disc_return * self.gamma + r
+        self.ret_rms.update(self.disc_return.reshape(-1, 1)[:, 0])
+        self.disc_return[done] = 0.0
+        return np.clip(r / np.sqrt(self.ret_rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
 
     def env_action(self, a: np.ndarray) -> Any:
         if self.discrete:
@@ -61,7 +106,7 @@ class VectorSampler:
             a, lp, v = model.act(self.obs)
             a = a.cpu().numpy()
             actions[t], logp[t], values[t] = a, lp.cpu().numpy(), v.cpu().numpy()
-            nxt = np.empty_like(self.obs)
+            nxt = np.empty_like(self.raw_obs)
             finals, final_idx = [], []
             for i, env in enumerate(self.envs):
                 o, r, term, trunc, _ = env.step(self.env_action(a[i]))
@@ -81,8 +126,11 @@ class VectorSampler:
                 nxt[i] = o
             if finals:
                 with torch.no_grad():
-                    final_values[t, final_idx] = model.value(np.stack(finals)).cpu().numpy()
-            self.obs = nxt
+                    final = self._norm_obs(np.stack(finals), update=False)
+                    final_values[t, final_idx] = model.value(final).cpu().numpy()
+            rewards[t] = self._scale_rewards(rewards[t], (terminated[t] | truncated[t]).astype(bool))
+            self.raw_obs = nxt
+            self.obs = self._norm_obs(nxt, update=True)
         with torch.no_grad():
             last_value = model.value(self.obs).cpu().numpy().astype(np.float32)
         fragment = {"obs": obs, "actions": actions, "rewards": rewards, "terminated": terminated,

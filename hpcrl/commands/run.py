@@ -76,6 +76,12 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"algo.name: {cfg.algo.name!r} runs in one process, not as an MPI job; "
                           "`hpcrl run` trains algo.name=ppo")
     check_env_id(cfg.env.id)
+    from hpcrl.envs import spec
+
+    s = spec(cfg.env.id)
+    if s is not None and s.kind != "gym":
+        raise ConfigError(f"env.id: {cfg.env.id!r} is a {s.kind} environment; MPI actors step single "
+                          "Gymnasium environments (kind 'gym'), e.g. CartPole-v1, Hopper-v5")
     plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
     if cfg.debug.raise_on_rank is not None and cfg.debug.raise_on_rank >= cfg.num_ranks:
         raise ConfigError(f"debug.raise_on_rank: {cfg.debug.raise_on_rank} is not a rank of a "

@@ -1,0 +1,78 @@
+"""`analyze.py RUN_DIR [RUN_DIR ...]`: figures, per-round CSV, Markdown summary, HTML report."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import figures as F
+from . import metrics as M
+from . import report as R
+from .h5read import AnalysisError, Run, load_run
+
+
+@dataclass
+class Outputs:
+    out_dir: Path
+    figures: dict[str, Path]
+    csv: list[Path]
+    markdown: Path
+    html: Path | None
+    runs: list[Run]
+
+
+def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, prices: str | Path | None = None,
+            labels: list[str] | None = None, html: bool = True) -> Outputs:
+    """Analyse runs (same label = repeats of one setting: mean and spread); write everything into out_dir."""
+    if labels and len(labels) != len(run_dirs):
+        raise AnalysisError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
+    runs = [load_run(d, labels[i] if labels else None) for i, d in enumerate(run_dirs)]
+    price_table = M.load_prices(prices)
+    out = Path(out_dir) if out_dir else (runs[0].path / "analysis" if len(runs) == 1 else Path("analysis-compare"))
+    out.mkdir(parents=True, exist_ok=True)
+    figs = F.all_figures(runs, out, price_table)
+    csvs, seen = [], set()
+    for r in runs:
+        name = R.slug(r.label if r.label not in seen else f"{r.label}-{r.path.name}")
+        seen.add(r.label)
+        csvs.append(R.write_rounds_csv(r, out / f"rounds-{name}.csv", price_table))
+    md = out / "summary.md"
+    md.write_text(R.markdown(runs, price_table))
+    page = None
+    if html:
+        page = out / "report.html"
+        page.write_text(R.html_report(runs, figs, price_table, csvs))
+    return Outputs(out, figs, csvs, md, page, runs)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (or run.h5 files); same label = repeats")
+    p.add_argument("--out", help="output folder (default: RUN_DIR/analysis for one run, ./analysis-compare for several)")
+    p.add_argument("--prices", help="JSON price table overriding the defaults (see prices.json next to this script)")
+    p.add_argument("--label", action="append", help="label per run directory, in order (default: config name and policy)")
+    p.add_argument("--no-html", action="store_true", help="skip the HTML report")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    try:
+        res = analyze(args.run_dirs, args.out, args.prices, args.label, html=not args.no_html)
+    except AnalysisError as exc:
+        print(f"analyze: error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:  # e.g. a bad prices.json
+        print(f"analyze: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    for r in res.runs:
+        for note in r.notes:
+            print(f"{r.path}: {note}", file=sys.stderr)
+    print(f"wrote {len(res.figures)} figures, {len(res.csv)} CSV, {res.markdown.name}"
+          + (f", {res.html.name}" if res.html else "") + f" to {res.out_dir}")
+    print(res.markdown.read_text())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="analyze.py", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run_cli(p.parse_args(argv))

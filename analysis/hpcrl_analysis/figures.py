@@ -1,0 +1,267 @@
+"""The figures, one function each, written as PNG; runs with the same label are one curve (mean, spread)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from . import metrics as M  # noqa: E402
+from .h5read import Run  # noqa: E402
+
+DPI = 110
+PHASES = (("sample", "sampling (actor)"), ("transport", "transport wait (actor)"),
+          ("compute", "gradient compute (learner)"), ("mailbox", "mailbox wait (learner)"),
+          ("queue", "admission queue (parameter)"), ("aggregate", "aggregation (parameter)"),
+          ("publish", "weight publication (parameter)"))
+
+
+def _groups(runs: list[Run]) -> dict[str, list[Run]]:
+    out: dict[str, list[Run]] = {}
+    for r in runs:
+        out.setdefault(r.label, []).append(r)
+    return out
+
+
+def names(runs: list[Run]) -> list[str]:
+    """Run labels, made unique with the directory name where labels repeat."""
+    count = {}
+    for r in runs:
+        count[r.label] = count.get(r.label, 0) + 1
+    return [r.label if count[r.label] == 1 else f"{r.label} [{r.path.name}]" for r in runs]
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _empty(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} recorded", ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
+def learning_curve(runs: list[Run], x: str, path: Path, window: int = 20) -> Path:
+    """Smoothed episodic return vs wall-clock or env steps; band = min..max over runs of a label."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    drawn = False
+    for label, group in _groups(runs).items():
+        c = M.curves_on_grid(group, x, window=window)
+        if not len(c["x"]):
+            continue
+        n = len(group)
+        line, = ax.plot(c["x"], c["mean"], lw=1.8, label=f"{label} (mean of {n} runs)" if n > 1 else label)
+        if n > 1:
+            ax.fill_between(c["x"], c["min"], c["max"], color=line.get_color(), alpha=0.2, lw=0)
+        drawn = True
+    if not drawn:
+        _empty(ax, "episodes")
+    ax.set_xlabel("wall-clock time since start (s)" if x == "time" else "environment steps")
+    ax.set_ylabel(f"episodic return (mean of last {window})")
+    ax.set_title("Learning curve vs " + ("wall-clock time" if x == "time" else "environment steps")
+                 + (" (band: min-max across runs)" if any(len(g) > 1 for g in _groups(runs).values()) else ""))
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8)
+    if x == "env_steps":
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
+    return _save(fig, path)
+
+
+def _pmf_bars(ax, series: list[tuple[str, np.ndarray]]) -> None:
+    """Side-by-side bars of the fraction of each integer staleness value, one colour per series."""
+    top = max(int(s.max()) for _, s in series)
+    values = np.arange(0, top + 1)
+    width = 0.8 / len(series)
+    for i, (name, s) in enumerate(series):
+        pmf = np.bincount(s.clip(min=0), minlength=len(values))[: len(values)] / len(s)
+        ax.bar(values - 0.4 + width * (i + 0.5), pmf, width=width, label=name)
+    ax.set_xticks(values)
+    ax.legend(fontsize=8)
+
+
+def staleness(runs: list[Run], path: Path) -> Path:
+    """Left: distribution of admitted staleness per label. Right: per number of active learner groups."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    series = []
+    for label, group in _groups(runs).items():
+        s = np.concatenate([M.admitted_staleness(r)["staleness"] for r in group])
+        if len(s):
+            series.append((f"{label} ({len(s)} gradients)", s))
+    if series:
+        _pmf_bars(a1, series)
+    else:
+        _empty(a1, "admitted gradients")
+    a1.set_title("Admitted staleness distribution")
+    per = {}
+    for r in runs:
+        d = M.admitted_staleness(r)
+        for k in np.unique(d["active_groups"]):
+            per.setdefault(int(k), []).append(d["staleness"][d["active_groups"] == k])
+    if per:
+        series = []
+        for k in sorted(per):
+            s = np.concatenate(per[k])
+            series.append((f"{k} active group{'s' if k != 1 else ''} ({len(s)})" if k >= 0 else f"unknown ({len(s)})", s))
+        _pmf_bars(a2, series)
+    else:
+        _empty(a2, "admitted gradients")
+    a2.set_title("Admitted staleness by active learner groups (all runs)")
+    for ax in (a1, a2):
+        ax.set_xlabel("staleness (policy versions)")
+        ax.set_ylabel("fraction of admitted gradients")
+        ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def threshold(runs: list[Run], path: Path, prices: dict) -> Path:
+    """beta_k per round (Stellaris Eq. 3) per label, with the mean admitted staleness of each round."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    drawn = False
+    for label, group in _groups(runs).items():
+        prs = [M.per_round(r, prices) for r in group]
+        prs = [p for p in prs if len(p["round_id"])]
+        if not prs:
+            continue
+        drawn = True
+        p0 = prs[0]
+        x = np.append(p0["round_id"], p0["round_id"][-1] + 1)
+        line, = ax.step(x, np.append(p0["threshold"], p0["threshold"][-1]), where="post", lw=2,
+                        label=rf"{label}: threshold $\beta_k$")
+        for i, p in enumerate(prs):
+            ax.plot(p["round_id"] + 0.5, p["staleness_mean"], "o", ms=4, color=line.get_color(), alpha=0.8,
+                    label=f"{label}: mean admitted staleness" if i == 0 else None)
+    if drawn:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        _empty(ax, "rounds")
+    ax.set_xlabel("round k")
+    ax.set_ylabel("staleness (policy versions)")
+    ax.set_title(r"Staleness threshold $\beta_k$ and mean admitted staleness per round" "\n"
+                 "(no line: no threshold, e.g. round 0 or pure async)", fontsize=10)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def gradients(runs: list[Run], path: Path) -> Path:
+    """Gradients per round by outcome (admitted or why not), one panel per run."""
+    shown = runs[:6]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(7.5, 2.6 * len(shown) + 0.6), squeeze=False)
+    for ax, r, name in zip(axes[:, 0], shown, names(shown)):
+        d = M.gradient_reasons_per_round(r)
+        if not len(d["round"]):
+            _empty(ax, "gradients")
+        bottom = np.zeros(len(d["round"]))
+        for name in M.GRADIENT_REASONS:
+            if name in d and d[name].sum():
+                ax.bar(d["round"], d[name], bottom=bottom, label=name.replace("_", " "), width=0.8)
+                bottom += d[name]
+        ax.set_ylabel("gradients")
+        ax.set_title(f"{name}: gradients received per round, by outcome", fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+        if bottom.any():
+            ax.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("round k")
+    return _save(fig, path)
+
+
+def elasticity(runs: list[Run], path: Path) -> Path:
+    """Active learner groups (at each update) and active actors (per round) over time."""
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(7.5, 5.5), sharex=True)
+    for r, name in zip(runs, names(runs)):
+        e = M.elasticity(r)
+        if len(e["time"]):
+            a1.step(e["time"], e["active_groups"], where="post", label=name)
+        if len(e["actor_time"]):
+            a2.step(e["actor_time"], e["active_actors"], where="post", label=name)
+    for ax, what in ((a1, "active learner groups"), (a2, "active actors")):
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        if ax.get_lines():
+            ax.legend(fontsize=8)
+        else:
+            _empty(ax, what)
+    a1.set_title("Elasticity: active learner groups and actors over time")
+    a2.set_xlabel("wall-clock time since start (s)")
+    return _save(fig, path)
+
+
+def cost(runs: list[Run], path: Path, prices: dict) -> Path:
+    """Left: total cost serverless vs serverful, stacked by role. Right: cumulative Stellaris per-round cost."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 1.2 + 0.9 * len(runs) + 2.4), gridspec_kw={"width_ratios": [1.3, 1]})
+    cur = prices["currency"]
+    colors = {"learner": "0.55", "parameter": "tab:orange", "actor": "tab:blue"}
+    ticks, y = [], 0
+    for r, name in zip(runs, names(runs)):
+        c = M.cost(r, prices)
+        for mode in ("serverless", "serverful"):
+            left = 0.0
+            for role in ("learner", "parameter", "actor"):
+                v = c[f"{mode}_{role}"]
+                a1.barh(y, v, left=left, color=colors[role], label=f"{role} ranks" if y == 0 else None, height=0.7)
+                left += v
+            a1.text(left, y, f" {left:.3g}", va="center", fontsize=7)
+            ticks.append((y, f"{name}\n{mode}"))
+            y += 1
+        y += 0.5
+    a1.set_yticks([t for t, _ in ticks], [n for _, n in ticks], fontsize=7)
+    a1.invert_yaxis()
+    a1.set_xlabel(f"cost ({cur})")
+    a1.set_title("Training cost: active seconds (serverless)\nvs whole allocation (serverful)", fontsize=10)
+    a1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
+    a1.grid(alpha=0.3, axis="x")
+    a1.margins(x=0.15)
+    for r, name in zip(runs, names(runs)):
+        pr = M.per_round(r, prices)
+        if len(pr["cost"]):
+            a2.plot(pr["round_id"], np.nancumsum(pr["cost"]), marker=".", label=name)
+    if a2.get_lines():
+        a2.legend(fontsize=8)
+    else:
+        _empty(a2, "rounds")
+    a2.set_xlabel("round k")
+    a2.set_ylabel(f"cumulative cost ({cur})")
+    a2.set_title("Stellaris per-round cost (cumulative):\nround duration x (learner + actor price)", fontsize=10)
+    a2.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def latency(runs: list[Run], path: Path, prices: dict) -> Path:
+    """Per round, mean seconds per event of each phase of the loop, stacked; one panel per run."""
+    shown = runs[:6]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(10.5, 2.8 * len(shown) + 0.8), squeeze=False)
+    for ax, r, name in zip(axes[:, 0], shown, names(shown)):
+        pr = M.per_round(r, prices)
+        bottom = np.zeros(len(pr["round_id"]))
+        for key, name in PHASES:
+            v = np.nan_to_num(pr[key])
+            ax.bar(pr["round_id"], v, bottom=bottom, label=name, width=0.8)
+            bottom += v
+        if not len(pr["round_id"]):
+            _empty(ax, "rounds")
+        ax.set_ylabel("seconds per event")
+        ax.set_title(f"{name}: latency breakdown per round (mean per fragment / gradient / update)", fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[-1, 0].set_xlabel("round k")
+    return _save(fig, path)
+
+
+def all_figures(runs: list[Run], out: Path, prices: dict) -> dict[str, Path]:
+    """Every figure into out/; returns name -> path in report order."""
+    out.mkdir(parents=True, exist_ok=True)
+    return {
+        "learning curve (wall-clock)": learning_curve(runs, "time", out / "learning_wallclock.png"),
+        "learning curve (env steps)": learning_curve(runs, "env_steps", out / "learning_envsteps.png"),
+        "staleness": staleness(runs, out / "staleness.png"),
+        "threshold": threshold(runs, out / "threshold.png", prices),
+        "gradients": gradients(runs, out / "gradients.png"),
+        "elasticity": elasticity(runs, out / "elasticity.png"),
+        "cost": cost(runs, out / "cost.png", prices),
+        "latency": latency(runs, out / "latency.png", prices),
+    }

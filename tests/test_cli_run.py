@@ -83,7 +83,7 @@ def test_real_process_exit_code(tmp_path):
 @pytest.mark.mpi
 def test_inside_mpi_runs_the_roles_under_an_outside_launcher(tmp_path):
     """What srun / PBS mpiexec do: start `hpcrl run` on every rank; rank 0 makes the run directory."""
-    cfg = {"env": {"num_envs": 2}, "actors": {"count": 2, "fragment_length": 16},
+    cfg = {"env": {"num_envs": 2}, "actors": {"count": 2, "fragment_length": 16, "weight_sync": "aaps"},
            "algo": {"train_batch_size": 64, "minibatch_size": 32, "num_sgd_iter": 1},
            "stop": {"total_env_steps": 600, "target_return": None}, "io": {"run_dir": str(tmp_path / "runs" / "{name}-{time}")}}
     path = tmp_path / "cfg.yaml"

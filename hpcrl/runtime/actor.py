@@ -52,8 +52,7 @@ class Actor:
             if words[control.STOP]:
                 break
             t = time.perf_counter()
-            self._sync_weights()
-            t_sync = time.perf_counter() - t
+            t_sync = time.perf_counter() - t if self._sync_weights() else 0.0
             t = time.perf_counter()
             fragment, episodes = self.sampler.sample(self.model, T, self.version, self.index)
             t_sample = time.perf_counter() - t
@@ -78,19 +77,21 @@ class Actor:
             self.fragments += 1
         self._finish()
 
-    def _sync_weights(self) -> None:
+    def _sync_weights(self) -> bool:
+        """Pull the newest weights if needed; True when they were pulled."""
         board = self.job.board
         if self.cfg.actors.weight_sync == "aaps" and self.version >= 0:
             if not self.job.probe_drifted(self.model):
-                return
+                return False
         elif board.latest_version() == self.version:
-            return
+            return False
         v = board.read_latest(self.weights)
         if v < 0:
             raise RuntimeError("actor: the weight board has no published version")
         self.model.flat.load_(self.weights)
         self.version = v
         self.syncs += 1
+        return True
 
     def _wait_for_room(self, G: int) -> int | None:
         """The least-backlogged active group with room, waiting (sleeping) while there is none."""

@@ -160,9 +160,10 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
 
     job.layout = fragment_layout(cfg, tuple(job.obs_space.shape), tuple(model.action_shape), discrete)
     if cfg.actors.weight_sync == "aaps":
-        from hpcrl.runtime.aaps import Probe
+        from hpcrl.runtime.aaps import Probe, probe_states
 
-        job.probe = Probe(cfg, model, job.obs_space)
+        states = probe_states(cfg.env, cfg.actors.probe_batch) if topo.rank == 0 else None
+        job.probe = Probe(_polling_bcast(comm, states), model, cfg.actors.aaps_delta)
     P = model.flat.num_params
     G = cfg.learners.groups
     job.mailbox = GradientMailbox(comm, 0, G, cfg.aggregation.mailbox_slots, P, stats_capacity=len(control.GRAD_STATS))

@@ -19,13 +19,13 @@ charged: only the seconds spent computing are reported (learner_activity).
 """
 from __future__ import annotations
 
-import copy
 import time
 
 import numpy as np
 import torch
 
 from hpcrl.algos import ppo
+from hpcrl.models import ActorCritic
 from hpcrl.runtime import control
 
 
@@ -39,13 +39,15 @@ class LearnerGroup:
         self.is_root = job.topo.is_group_root
         self.weights = np.empty(model.flat.num_params, dtype=np.float32)
         self.ratio_fn = ppo.ratio_fn_for(self.cfg.aggregation)
-        self.snapshot = copy.deepcopy(model) if self.ratio_fn is not None else None
+        # a second network for the other learners' snapshots (deepcopy would detach the flat views)
+        self.snapshot = (ActorCritic(job.obs_space, job.action_space, self.cfg.model, device=model.device)
+                         if self.ratio_fn is not None else None)
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
         self.seq = 0  # continues the parameter rank's count on resume (set in run)
         self.generator = torch.Generator().manual_seed(self.cfg.env.seed + 7919 * (self.g + 1))
         self.receiver = job.make_receiver() if self.is_root else None
         self.frags: list[dict] = []
-        self.grad_sum = np.empty(model.flat.num_params, dtype=np.float32)
+        self.reducer = GroupReducer(job.topo.group_comm, model.device)
 
     # ---- group root ----------------------------------------------------------------------
     def run(self) -> None:
@@ -86,7 +88,7 @@ class LearnerGroup:
         start_unix, compute = time.time(), 0.0
         self._pull_weights()
         t = time.perf_counter()
-        batch = ppo.prepare_batch(fragments, algo, policy=self.model)
+        batch = ppo.prepare_batch(fragments, algo, device=self.model.device, policy=self.model)
         compute += time.perf_counter() - t
         new_steps = steps
         for _ in range(algo.num_sgd_iter):
@@ -148,15 +150,9 @@ class LearnerGroup:
         return self._local_gradient(mine, window)
 
     def _local_gradient(self, mb: dict, window) -> tuple[np.ndarray, dict]:
-        wl = None if window is None else torch.as_tensor(np.stack(window))
+        wl = None if window is None else torch.as_tensor(np.stack(window), device=self.model.device)
         grad, stats = ppo.compute_gradient(mb, self.model, self.cfg.algo, window_logps=wl, ratio_fn=self.ratio_fn)
-        g = grad.detach().cpu().numpy()
-        if self.size > 1:
-            from mpi4py import MPI
-
-            self.topo.group_comm.Allreduce(g, self.grad_sum, op=MPI.SUM)
-            g = self.grad_sum / self.size
-        return g, stats
+        return self.reducer.average(grad), stats
 
     def _push(self, grad: np.ndarray, version: int, samples: int, stats: dict, compute: float, new_steps: int) -> bool:
         """Put the gradient in a free mailbox slot of this group; wait (sleeping) while none is free."""
@@ -191,6 +187,7 @@ class LearnerGroup:
                 break
             sleeper.idle()
         self.receiver.close()
+        self.reducer.close()
         self.job.counters.add(control.LEARNERS_DONE, 1)
 
     # ---- other ranks of the group --------------------------------------------------------
@@ -200,13 +197,56 @@ class LearnerGroup:
             self.fault.check()
             work = control.recv_polling(comm, 0, control.TAG_WORK, control.Sleeper(cap=2e-3))
             if work is None:
+                self.reducer.close()
                 return
             self.model.flat.load_(work["weights"])
-            batch = {k: torch.as_tensor(v) for k, v in work["batch"].items()}
+            batch = {k: torch.as_tensor(v, device=self.model.device) for k, v in work["batch"].items()}
             self._local_gradient(batch, work["window"])
 
     def close_on_error(self) -> None:
         pass
+
+
+class GroupReducer:
+    """Average a flat gradient over the learner group: NCCL via torch.distributed for CUDA
+    tensors (one process group per learner group, rendezvous address sent by the group root
+    over MPI), else an MPI Allreduce on the CPU buffer. Returns a float32 numpy array."""
+
+    def __init__(self, group_comm, device: torch.device) -> None:
+        self.comm = group_comm
+        self.size = group_comm.Get_size()
+        self.nccl = (device.type == "cuda" and self.size > 1 and torch.distributed.is_available()
+                     and torch.distributed.is_nccl_available())
+        self._sum = None
+        if self.nccl:
+            import socket
+
+            addr = None
+            if group_comm.Get_rank() == 0:
+                with socket.socket() as s:
+                    s.bind(("", 0))
+                    addr = f"tcp://{socket.gethostbyname(socket.gethostname())}:{s.getsockname()[1]}"
+            addr = group_comm.bcast(addr, root=0)
+            torch.distributed.init_process_group("nccl", init_method=addr, rank=group_comm.Get_rank(),
+                                                 world_size=self.size)
+
+    def average(self, grad: torch.Tensor) -> np.ndarray:
+        if self.size == 1:
+            return grad.detach().cpu().numpy()
+        if self.nccl:
+            torch.distributed.all_reduce(grad)
+            return (grad / self.size).cpu().numpy()
+        from mpi4py import MPI
+
+        g = grad.detach().cpu().numpy()
+        if self._sum is None:
+            self._sum = np.empty_like(g)
+        self.comm.Allreduce(g, self._sum, op=MPI.SUM)
+        return self._sum / self.size
+
+    def close(self) -> None:
+        if self.nccl and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 def _numpy(batch: dict) -> dict:

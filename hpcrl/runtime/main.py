@@ -152,7 +152,7 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
         env.close()
     job.obs_space, job.action_space = _polling_bcast(comm, spaces)
     torch.manual_seed(cfg.env.seed)
-    model = ActorCritic(job.obs_space, job.action_space, cfg.model)
+    model = ActorCritic(job.obs_space, job.action_space, cfg.model, device=_device(cfg.learners, topo))
     discrete = model.discrete
     job.traj_layout = TrajLayout(obs_shape=tuple(job.obs_space.shape), action_shape=tuple(model.action_shape),
                                  obs_dtype="f4", action_dtype="i8" if discrete else "f4", num_envs=cfg.env.num_envs)
@@ -171,6 +171,21 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     job.counters = CounterWindow(comm, 0, control.num_counters(G), initial=0)
     job.model = model
     return job
+
+
+def _device(learners_cfg, topo):
+    """Learner ranks use the GPU given by their node-local rank (when asked or available); others the CPU."""
+    import torch
+
+    if topo.role != "learner" or learners_cfg.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        if learners_cfg.device == "cuda":
+            raise RuntimeError("learners.device=cuda but torch sees no CUDA device on this node")
+        return torch.device("cpu")
+    index = topo.node_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def _make_role(job: Job):

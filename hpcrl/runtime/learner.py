@@ -63,9 +63,10 @@ class LearnerGroup:
             words = counters.read_all()
             if words[control.STOP]:
                 break
-            active = self.g < words[control.ACTIVE]
-            have = sum(f["rewards"].size for f in self.frags)
-            if not active or have < need:
+            if self.g >= words[control.ACTIVE]:  # inactive: nap long, compute nothing, charge nothing
+                time.sleep(0.02)
+                continue
+            if sum(f["rewards"].size for f in self.frags) < need:
                 sleeper.idle()
                 continue
             sleeper.reset()

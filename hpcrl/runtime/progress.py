@@ -64,7 +64,7 @@ class ProgressView:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._bar = Progress(
-            TextColumn("[bold]hpcrl"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+            TextColumn("[bold]hpcrl"), BarColumn(bar_width=24), MofNCompleteColumn(), TextColumn("steps"),
             TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
             console=Console(file=self.stream), transient=False, refresh_per_second=4,
         )

@@ -134,7 +134,11 @@ class HA2CConfig(Section):
     entropy_coeff: float = Field(0.01, ge=0)
     vf_coeff: float = Field(0.5, ge=0)
     max_grad_norm: float = Field(0.5, gt=0)
+    normalize_advantages: bool = True
+    """Scale the batch's advantages to zero mean and unit variance before the policy gradient."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    stats_every: int = Field(10, ge=1)
+    """Iterations between fetches of episode statistics and losses from the device (none in between)."""
 
 
 class HDDPGConfig(Section):
@@ -151,6 +155,8 @@ class HDDPGConfig(Section):
     buffer_rollouts: int = Field(2, ge=1)
     """Rollouts held in the FIFO buffer (current policy's data only)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    stats_every: int = Field(10, ge=1)
+    """Iterations between fetches of episode statistics and losses from the device (none in between)."""
 
 
 AlgoConfig = Annotated[Union[PPOConfig, HA2CConfig, HDDPGConfig], Field(discriminator="name")]

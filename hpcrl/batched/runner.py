@@ -1,0 +1,157 @@
+"""Single-process runner for the batched algorithms (HA2C, HDDPG): ``hpcrl run`` with algo.name in
+{ha2c, hddpg} calls :func:`run_batched`. No MPI: one process, one device, N env instances.
+
+The training loop never waits for the host: every ``algo.stats_every`` iterations the runner
+fetches the episode log and the per-iteration losses from the device (one synchronisation),
+appends them to ``run.h5`` (tables ``episodes``, ``updates``, ``rounds``; one "round" is one
+such window of iterations), reports progress and checks the stop conditions. Episode times
+are those of the iteration that ended them (host clock when the iteration was issued).
+"""
+from __future__ import annotations
+
+import collections
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpcrl.algos.ha2c import HA2C
+from hpcrl.algos.hddpg import HDDPG
+from hpcrl.algos.rollout import EpisodeLog
+from hpcrl.config import RunConfig
+from hpcrl.envs import registry
+from hpcrl.envs.classic.base import resolve_device
+from hpcrl.errors import ConfigError
+from hpcrl.io import RunFile
+from hpcrl.io.schema import RUN_FILE
+
+ALGOS = {"ha2c": HA2C, "hddpg": HDDPG}
+
+
+def make_env(cfg: RunConfig, device: torch.device):
+    """The batched env of cfg.env on ``device``; ConfigError unless env.id names a batched env."""
+    spec = registry.spec(cfg.env.id)
+    if spec is None or spec.kind != "batched":
+        batched = [i for i in registry.hpcrl_env_ids() if registry.spec(i).kind == "batched"]
+        hint = f" (did you mean hpcrl/{cfg.env.id}?)" if f"hpcrl/{cfg.env.id}" in batched else ""
+        raise ConfigError(f"env.id: algo.name={cfg.algo.name} needs a batched environment, got {cfg.env.id!r}{hint}; "
+                          f"allowed: {', '.join(batched)}")
+    return registry.make(cfg.env.id, num_envs=cfg.env.num_envs, device=device, **cfg.env.kwargs)
+
+
+def _progress(progress: Any, cfg: RunConfig):
+    if progress is None or hasattr(progress, "update"):
+        return progress
+    from hpcrl.runtime.progress import ProgressEmitter
+
+    return ProgressEmitter(progress, cfg.io.log_seconds)
+
+
+def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str, Any]:
+    """Train cfg.algo on cfg.env in this process; write ``run_dir/run.h5``; return the summary dict.
+
+    progress: None (quiet), a mode for :class:`hpcrl.runtime.progress.ProgressEmitter`
+    ("tty", "plain", "pipe") or an object with ``update(stats)`` and ``finish(summary)``.
+    """
+    if cfg.algo.name not in ALGOS:
+        raise ConfigError(f"algo.name: run_batched runs {', '.join(ALGOS)}, got {cfg.algo.name!r}")
+    device = resolve_device(cfg.algo.device)
+    torch.manual_seed(cfg.env.seed)
+    env = make_env(cfg, device)
+    algo = ALGOS[cfg.algo.name](cfg.algo, cfg.model, env.single_observation_space, env.single_action_space,
+                                env.num_envs, device)
+    T, N, K = cfg.algo.rollout_length, env.num_envs, cfg.algo.stats_every
+    episodes = EpisodeLog(K * T, N, device)
+    losses = torch.zeros(K, len(algo_stats(cfg.algo.name)), device=device)
+    view = _progress(progress, cfg)
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / "config.yaml").is_file():
+        (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    rank_map = {"rank": [0], "role": [0], "group": [-1], "index": [0], "node": [platform.node().encode()[:64]]}
+    run = RunFile.create(run_dir / RUN_FILE, cfg.to_yaml(), rank_map, cfg.io.compression,
+                         flush_seconds=cfg.io.flush_seconds)
+    recent = collections.deque(maxlen=cfg.stop.return_window)
+    stop, iteration, episodes_total, stop_reason = cfg.stop, 0, 0, None
+    obs, _ = env.reset(seed=cfg.env.seed)
+    start = time.monotonic()
+    try:
+        while stop_reason is None:
+            round_start, times = run.now(), []
+            for k in range(K):  # no host synchronisation inside this loop
+                obs, losses[k] = algo.iteration(env, obs, episodes)
+                times.append(run.now())
+                iteration += 1
+                env_steps = iteration * T * N
+                if env_steps >= stop.total_env_steps:
+                    stop_reason = f"stop.total_env_steps={stop.total_env_steps} reached"
+                elif stop.max_wall_seconds is not None and time.monotonic() - start >= stop.max_wall_seconds:
+                    stop_reason = f"stop.max_wall_seconds={stop.max_wall_seconds} reached"
+                if stop_reason:
+                    break
+            done_iterations = len(times)
+            first = iteration - done_iterations
+            ep = episodes.fetch()
+            loss_rows = losses[:done_iterations].cpu().numpy()
+            local_it = ep["row"] // T
+            if len(local_it):
+                run.append("episodes", {
+                    "time": np.asarray(times)[local_it], "actor": 0, "env_index": ep["env_index"],
+                    "return": ep["return"], "length": ep["length"], "policy_version": first + local_it,
+                    "env_steps": ((first * T + ep["row"] + 1) * N).astype(np.int64)})
+            run.append("updates", {
+                "time": times, "version": np.arange(first + 1, iteration + 1), "round": run_round(first, K),
+                "num_gradients": 1, "lr": _lr(cfg.algo), "loss_mean": loss_rows[:, 0]})
+            returns = ep["return"]
+            recent.extend(returns.tolist())
+            episodes_total += len(returns)
+            run.append("rounds", {
+                "round": run_round(first, K), "start": round_start, "duration": run.now() - round_start,
+                "env_steps": done_iterations * T * N, "env_steps_total": iteration * T * N,
+                "episodes": len(returns), "updates": done_iterations, "loss": float(loss_rows[:, 0].mean()),
+                **_return_stats(returns)})
+            run.maybe_flush()
+            mean_return = float(np.mean(recent)) if recent else float("nan")
+            if (stop_reason is None and stop.target_return is not None and len(recent) == recent.maxlen
+                    and mean_return >= stop.target_return):
+                stop_reason = f"stop.target_return={stop.target_return} reached (last {stop.return_window} episodes)"
+            stats = {"env_steps": iteration * T * N, "total_steps": stop.total_env_steps, "episodes": episodes_total,
+                     "mean_return": mean_return, "version": iteration, "staleness": None, "active_groups": 1,
+                     "groups": 1, "round": run_round(first, K), "elapsed": time.monotonic() - start,
+                     **dict(zip(algo_stats(cfg.algo.name), map(float, loss_rows[-1])))}
+            if view is not None:
+                view.update(stats)
+    finally:
+        run.close()
+    summary = {**stats, "stop_reason": stop_reason, "run_dir": str(run_dir), "return_window": stop.return_window,
+               "gradients": iteration, "admitted": iteration, "device": str(device), "num_envs": N,
+               "env_steps_per_second": stats["env_steps"] / max(stats["elapsed"], 1e-9),
+               "files": {"record": str(run_dir / RUN_FILE), "config": str(run_dir / "config.yaml")}}
+    if view is not None:
+        view.finish(summary)
+    return summary
+
+
+def algo_stats(name: str) -> tuple[str, ...]:
+    from hpcrl.algos import ha2c, hddpg
+
+    return {"ha2c": ha2c.STATS, "hddpg": hddpg.STATS}[name]
+
+
+def run_round(first_iteration: int, per_round: int) -> int:
+    return first_iteration // per_round
+
+
+def _lr(algo_cfg) -> float:
+    return getattr(algo_cfg, "lr", None) or getattr(algo_cfg, "actor_lr")
+
+
+def _return_stats(returns: np.ndarray) -> dict[str, float]:
+    if len(returns) == 0:
+        return {}
+    return {"reward_mean": float(returns.mean()), "reward_max": float(returns.max()),
+            "reward_min": float(returns.min()), "reward_std": float(returns.std())}

@@ -23,15 +23,18 @@ class Outputs:
 
 
 def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, prices: str | Path | None = None,
-            labels: list[str] | None = None, html: bool = True) -> Outputs:
-    """Analyse runs (same label = repeats of one setting: mean and spread); write everything into out_dir."""
+            labels: list[str] | None = None, html: bool = True, figures: bool = True) -> Outputs:
+    """Analyse runs (same label = repeats of one setting: mean and spread); write everything into out_dir.
+
+    figures=False writes only the CSV and the Markdown summary (no PNG, no HTML).
+    """
     if labels and len(labels) != len(run_dirs):
         raise AnalysisError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
     runs = [load_run(d, labels[i] if labels else None) for i, d in enumerate(run_dirs)]
     price_table = M.load_prices(prices)
     out = Path(out_dir) if out_dir else (runs[0].path / "analysis" if len(runs) == 1 else Path("analysis-compare"))
     out.mkdir(parents=True, exist_ok=True)
-    figs = F.all_figures(runs, out, price_table)
+    figs = F.all_figures(runs, out, price_table) if figures else {}
     csvs, seen = [], set()
     for r in runs:
         name = R.slug(r.label if r.label not in seen else f"{r.label}-{r.path.name}")
@@ -40,7 +43,7 @@ def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, price
     md = out / "summary.md"
     md.write_text(R.markdown(runs, price_table))
     page = None
-    if html:
+    if html and figures:
         page = out / "report.html"
         page.write_text(R.html_report(runs, figs, price_table, csvs))
     return Outputs(out, figs, csvs, md, page, runs)
@@ -52,11 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prices", help="JSON price table overriding the defaults (see prices.json next to this script)")
     p.add_argument("--label", action="append", help="label per run directory, in order (default: config name and policy)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML report")
+    p.add_argument("--no-figures", action="store_true", help="only the CSV and the Markdown summary (fast)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     try:
-        res = analyze(args.run_dirs, args.out, args.prices, args.label, html=not args.no_html)
+        res = analyze(args.run_dirs, args.out, args.prices, args.label, html=not args.no_html,
+                      figures=not args.no_figures)
     except AnalysisError as exc:
         print(f"analyze: error: {exc}", file=sys.stderr)
         return 2

@@ -148,24 +148,38 @@ def threshold(runs: list[Run], path: Path, prices: dict) -> Path:
 
 
 def gradients(runs: list[Run], path: Path) -> Path:
-    """Gradients per round by outcome (admitted or why not), one panel per run."""
+    """Per run: gradients per round by outcome (admitted or why not), and the admission queue wait."""
     shown = runs[:6]
-    fig, axes = plt.subplots(len(shown), 1, figsize=(7.5, 2.6 * len(shown) + 0.6), squeeze=False)
-    for ax, r, name in zip(axes[:, 0], shown, names(shown)):
+    fig, axes = plt.subplots(len(shown), 2, figsize=(11, 2.8 * len(shown) + 0.6), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.6, 1]})
+    for (ax, aq), r, title in zip(axes, shown, names(shown)):
         d = M.gradient_reasons_per_round(r)
         if not len(d["round"]):
             _empty(ax, "gradients")
         bottom = np.zeros(len(d["round"]))
-        for name in M.GRADIENT_REASONS:
-            if name in d and d[name].sum():
-                ax.bar(d["round"], d[name], bottom=bottom, label=name.replace("_", " "), width=0.8)
-                bottom += d[name]
+        for reason in M.GRADIENT_REASONS:
+            if reason in d and d[reason].sum():
+                ax.bar(d["round"], d[reason], bottom=bottom, label=reason.replace("_", " "), width=0.8)
+                bottom += d[reason]
         ax.set_ylabel("gradients")
-        ax.set_title(f"{name}: gradients received per round, by outcome", fontsize=10)
+        ax.set_xlabel("round k")
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.set_title(f"{title}: gradients received per round, by outcome", fontsize=10)
         ax.grid(alpha=0.3, axis="y")
         if bottom.any():
             ax.legend(fontsize=8)
-    axes[-1, 0].set_xlabel("round k")
+        g = r.table("gradients")
+        q = M.finite(g["queue_seconds"]) if g else np.zeros(0)
+        if len(q):
+            aq.hist(q * 1e3, bins=30, color="tab:purple")
+            aq.axvline(np.median(q) * 1e3, color="k", ls="--", lw=1, label=f"median {np.median(q) * 1e3:.3g} ms")
+            aq.legend(fontsize=8)
+        else:
+            _empty(aq, "queue waits")
+        aq.set_xlabel("time in the admission queue (ms)")
+        aq.set_ylabel("gradients")
+        aq.set_title("admission queue wait", fontsize=10)
+        aq.grid(alpha=0.3, axis="y")
     return _save(fig, path)
 
 
@@ -182,8 +196,10 @@ def elasticity(runs: list[Run], path: Path) -> Path:
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
         ax.yaxis.get_major_locator().set_params(integer=True)
+        top = max((float(np.nanmax(line.get_ydata())) for line in ax.get_lines() if len(line.get_ydata())), default=1.0)
+        ax.set_ylim(0, top + 0.5)
         if ax.get_lines():
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8, loc="lower right")
         else:
             _empty(ax, what)
     a1.set_title("Elasticity: active learner groups and actors over time")
@@ -238,9 +254,9 @@ def latency(runs: list[Run], path: Path, prices: dict) -> Path:
     for ax, r, name in zip(axes[:, 0], shown, names(shown)):
         pr = M.per_round(r, prices)
         bottom = np.zeros(len(pr["round_id"]))
-        for key, name in PHASES:
+        for key, phase in PHASES:
             v = np.nan_to_num(pr[key])
-            ax.bar(pr["round_id"], v, bottom=bottom, label=name, width=0.8)
+            ax.bar(pr["round_id"], v, bottom=bottom, label=phase, width=0.8)
             bottom += v
         if not len(pr["round_id"]):
             _empty(ax, "rounds")

@@ -48,6 +48,8 @@ class LearnerGroup:
         self.receiver = job.make_receiver() if self.is_root else None
         self.frags: list[dict] = []
         self.reducer = GroupReducer(job.topo.group_comm, model.device)
+        self.lockstep = self.cfg.aggregation.policy == "sync"
+        self.last_base: int | None = None
 
     # ---- group root ----------------------------------------------------------------------
     def run(self) -> None:
@@ -87,7 +89,8 @@ class LearnerGroup:
         """num_sgd_iter passes of minibatch gradients over one batch; False when the run is stopping."""
         algo = self.cfg.algo
         start_unix, compute = time.time(), 0.0
-        self._pull_weights()
+        if self._pull_weights() is None:
+            return False
         t = time.perf_counter()
         batch = ppo.prepare_batch(fragments, algo, device=self.model.device, policy=self.model)
         compute += time.perf_counter() - t
@@ -100,6 +103,9 @@ class LearnerGroup:
                     self._activity(start_unix, compute, steps)
                     return False
                 version = self._pull_weights()
+                if version is None:
+                    self._activity(start_unix, compute, steps)
+                    return False
                 t = time.perf_counter()
                 window = self._window_logps(mb, version, words)
                 grad, stats = self._group_gradient(mb, version, window)
@@ -112,7 +118,19 @@ class LearnerGroup:
         self._activity(start_unix, compute, steps)
         return True
 
-    def _pull_weights(self) -> int:
+    def _pull_weights(self) -> int | None:
+        """Newest weights into the model; their version (None: the run is stopping).
+
+        Under ``sync`` admission a group computes its next gradient only on a version newer than
+        its last base version (lockstep), so every applied gradient has staleness 0.
+        """
+        if self.lockstep and self.last_base is not None:
+            sleeper = control.Sleeper(cap=1e-3)
+            while self.job.board.latest_version() <= self.last_base:
+                if self._stopping():
+                    return None
+                self.frags += self.receiver.poll()
+                sleeper.idle()
         version = self.job.board.read_latest(self.weights)
         self.model.flat.load_(self.weights)
         G = self.cfg.learners.groups
@@ -166,6 +184,7 @@ class LearnerGroup:
                    stats.get("value_loss", np.nan), stats.get("entropy", np.nan), stats.get("kl", np.nan)]
             if mailbox.try_push(self.g, self.seq, version, samples, grad, vec):
                 self.seq += 1
+                self.last_base = version
                 return True
             if self._stopping():
                 return False

@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 import torch
 
-from hpcrl.io import RunFile, TrajLayout, traj_filename
+from hpcrl.io import RunFile, traj_filename
 from hpcrl.io.schema import GRADIENT_REASONS, RUN_FILE
 from hpcrl.runtime import control
 from hpcrl.runtime.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint

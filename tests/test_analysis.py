@@ -243,3 +243,20 @@ def test_real_short_run_is_analysed_against_its_hdf5(tmp_path):
     assert f"| episodes | {len(ep['time'])} |" in md
     assert f"| gradients admitted | {int((grads['admitted'] == 1).sum())} |" in md
     assert len(list(out.glob("*.png"))) == 8 and (out / "report.html").read_text().count("data:image/png;base64,") == 8
+
+
+def test_sparse_run_of_the_batched_runner(tmp_path):
+    """Only episodes, updates and rounds (the single-process HA2C/HDDPG runner): every output still made."""
+    from hpcrl.io import RunFile
+    with RunFile.create(tmp_path / "run.h5", "name: batched\n", {"rank": [0], "role": [0]}) as run:
+        t = np.arange(1.0, 11.0)
+        run.append("episodes", {"time": t, "actor": 0, "env_index": np.arange(10) % 4, "return": t * 10,
+                                "length": 50, "env_steps": (t * 400).astype(int)})
+        run.append("updates", {"time": t, "version": np.arange(1, 11), "round": np.arange(10) // 5,
+                               "num_gradients": 1, "loss_mean": 1 / t})
+        run.append("rounds", {"round": [0, 1], "start": [0.0, 5.5], "duration": [5.5, 5.0], "episodes": [5, 5]})
+    out = ha.analyze([tmp_path], tmp_path / "out")
+    rows = read_csv(out.csv[0])
+    assert [int(r["episodes"]) for r in rows] == [5, 5] and [float(r["reward_max"]) for r in rows] == [50.0, 100.0]
+    assert len(out.figures) == 8 and all(p.stat().st_size > 5_000 for p in out.figures.values())
+    assert "| episodes | 10 |" in out.markdown.read_text()

@@ -140,6 +140,7 @@ def threshold(runs: list[Run], path: Path, prices: dict) -> Path:
     else:
         _empty(ax, "rounds")
     ax.set_xlabel("round k")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("staleness (policy versions)")
     ax.set_title(r"Staleness threshold $\beta_k$ and mean admitted staleness per round" "\n"
                  "(no line: no threshold, e.g. round 0 or pure async)", fontsize=10)
@@ -229,7 +230,7 @@ def cost(runs: list[Run], path: Path, prices: dict) -> Path:
     a1.invert_yaxis()
     a1.set_xlabel(f"cost ({cur})")
     a1.set_title("Training cost: active seconds (serverless)\nvs whole allocation (serverful)", fontsize=10)
-    a1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
+    a1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     a1.grid(alpha=0.3, axis="x")
     a1.margins(x=0.15)
     for r, name in zip(runs, names(runs)):
@@ -241,6 +242,7 @@ def cost(runs: list[Run], path: Path, prices: dict) -> Path:
     else:
         _empty(a2, "rounds")
     a2.set_xlabel("round k")
+    a2.xaxis.get_major_locator().set_params(integer=True)
     a2.set_ylabel(f"cumulative cost ({cur})")
     a2.set_title("Stellaris per-round cost (cumulative):\nround duration x (learner + actor price)", fontsize=10)
     a2.grid(alpha=0.3)
@@ -265,6 +267,8 @@ def latency(runs: list[Run], path: Path, prices: dict) -> Path:
         ax.grid(alpha=0.3, axis="y")
     axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes[-1, 0].set_xlabel("round k")
+    for ax in axes[:, 0]:
+        ax.xaxis.get_major_locator().set_params(integer=True)
     return _save(fig, path)
 
 

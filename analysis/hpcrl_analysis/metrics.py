@@ -303,21 +303,27 @@ def cost(run: Run, prices: dict) -> dict[str, float]:
 
 
 def elasticity(run: Run) -> dict[str, np.ndarray]:
-    """Active learner groups at every update, and active actors per round (or per 1-s bin of fragments)."""
+    """Active learner groups at every update, and active actors per round (or per 1-s bin of fragments).
+
+    Values the writer did not record (-1) are left out; empty arrays when nothing was recorded.
+    """
     up = run.table("updates")
-    out = {"time": up["time"] if up else np.zeros(0), "active_groups": up["active_groups"] if up else np.zeros(0)}
+    t, g = (up["time"], up["active_groups"]) if up else (np.zeros(0), np.zeros(0, int))
+    out = {"time": t[g >= 0], "active_groups": g[g >= 0]}
     ids, starts, ends = round_windows(run)
     r = run.table("rounds")
+    ac = run.table("actors")
     if len(ids) and (r["active_actors"] >= 0).any():
         order = np.argsort(r["start"], kind="stable")
-        out["actor_time"], out["active_actors"] = starts, r["active_actors"][order]
+        a = r["active_actors"][order]
+        out["actor_time"], out["active_actors"] = starts[a >= 0], a[a >= 0]
+    elif ac and len(ac["time"]):
+        edges = np.arange(0.0, float(ac["time"].max()) + 1.0, 1.0)
+        bins = np.digitize(ac["time"], edges) - 1
+        out["actor_time"] = edges
+        out["active_actors"] = np.array([len(np.unique(ac["actor"][bins == b])) for b in range(len(edges))])
     else:
-        ac = run.table("actors")
-        t = ac["time"] if ac else np.zeros(0)
-        edges = np.arange(0.0, (float(t.max()) if len(t) else 0.0) + 1.0, 1.0)
-        bins = np.digitize(t, edges) - 1
-        out["actor_time"] = edges[:-1] if len(edges) > 1 else edges
-        out["active_actors"] = np.array([len(np.unique(ac["actor"][bins == b])) for b in range(len(out["actor_time"]))]) if len(t) else np.zeros(len(out["actor_time"]))
+        out["actor_time"], out["active_actors"] = np.zeros(0), np.zeros(0, int)
     return out
 
 

@@ -301,6 +301,19 @@ def render_markdown() -> str:
         "padded with NaN (floats) or -1 (integers): `trajectories/policy_version >= 0` marks real steps. "
         "Source paths are relative to run.h5, so the run directory can be moved or copied whole.",
         "",
+        "## Writing and reading while a run is going",
+        "",
+        "The writers (one per file: the parameter rank for run.h5, each actor for its traj file) create every "
+        "dataset first and then switch to HDF5 SWMR mode; rows are buffered in memory and written, all columns "
+        "at once, every `io.flush_seconds` and at close. A reader sees a consistent file at any moment; a killed "
+        "job leaves each file as of its last flush. A file whose writer is running, or was killed, must be opened "
+        "with `h5py.File(path, 'r', swmr=True, locking=False)` (a plain open answers \"file is already open for "
+        "write\"); `hpcrl.io.readers` and `analysis/` do this themselves. SWMR needs POSIX write ordering: local "
+        "disk, Lustre and GPFS are fine, NFS is not. On Lustre and NFS, HDF5 file locking fails (\"unable to lock "
+        "file\"): hpcrl opens every file with `locking=False`; set `HDF5_USE_FILE_LOCKING=FALSE` for other tools. "
+        "Resuming reopens the same files (`RunFile.open_append`, `TrajectoryWriter.open_append`), clearing the "
+        "write flags a killed writer left in the superblock.",
+        "",
     ]
     return "\n".join(out)
 

@@ -83,7 +83,8 @@ def test_real_process_exit_code(tmp_path):
 @pytest.mark.mpi
 def test_inside_mpi_runs_the_roles_under_an_outside_launcher(tmp_path):
     """What srun / PBS mpiexec do: start `hpcrl run` on every rank; rank 0 makes the run directory."""
-    cfg = {"env": {"num_envs": 2}, "actors": {"count": 2, "fragment_length": 16, "weight_sync": "aaps"},
+    # actors.count=7 is fitted to the job: 4 ranks = 1 parameter + 1 learner + 2 actors
+    cfg = {"env": {"num_envs": 2}, "actors": {"count": 7, "fragment_length": 16, "weight_sync": "aaps"},
            "algo": {"train_batch_size": 64, "minibatch_size": 32, "num_sgd_iter": 1},
            "stop": {"total_env_steps": 600, "target_return": None}, "io": {"run_dir": str(tmp_path / "runs" / "{name}-{time}")}}
     path = tmp_path / "cfg.yaml"
@@ -102,3 +103,11 @@ def test_inside_mpi_runs_the_roles_under_an_outside_launcher(tmp_path):
     assert len(runs) == 1, runs  # one directory for the whole job, not one per rank
     assert (runs[0] / "run.h5").is_file() and (runs[0] / "traj" / "actor-00001.h5").is_file()
     assert "hpcrl run summary" in out
+    assert sorted(p.name for p in (runs[0] / "traj").iterdir()) == ["actor-00000.h5", "actor-00001.h5"]
+
+
+def test_inside_mpi_in_a_job_too_small_is_a_one_line_error(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--inside-mpi"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, UCX_LOG_LEVEL="error"))
+    assert res.returncode == 2 and "MPI job size 1: too few" in res.stderr, res.stderr
+    assert list(Path(tmp_path).iterdir()) == []

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="this process is already one rank of the job (srun / PBS mpiexec): run its role")
 
 
-def resolve_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]:
+def resolve_config(args: argparse.Namespace, ranks_from: str = "--ranks") -> tuple[RunConfig, Path | None]:
     """The validated config and, for --resume, the existing run directory. Writes nothing."""
     run_dir = None
     if args.resume:
@@ -59,7 +59,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]:
         actors = args.ranks - 1 - learner_ranks
         if actors < 1:
             raise ConfigError(
-                f"--ranks {args.ranks}: too few; this config needs 1 parameter + {learner_ranks} learner ranks "
+                f"{ranks_from} {args.ranks}: too few; this config needs 1 parameter + {learner_ranks} learner ranks "
                 f"+ at least 1 actor = {learner_ranks + 2}")
         cfg = load_config(run_dir / CONFIG_FILE if run_dir else args.config,
                           [*args.overrides, f"actors.count={actors}"])
@@ -107,16 +107,23 @@ def create_run_dir(cfg: RunConfig) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg, run_dir = resolve_config(args)
     inside = launch.job_rank(os.environ)
     if args.inside_mpi or inside is not None:
         from hpcrl.runtime.main import start_inside_job
 
         if args.ranks is not None and inside is not None and inside[1] and inside[1] != args.ranks:
             raise ConfigError(f"--ranks {args.ranks}: this job has {inside[1]} ranks")
+        resolve_config(args)  # every mistake is reported before MPI starts
+
+        def config_for(size: int) -> RunConfig:
+            """The config for a job of ``size`` ranks: the ranks beyond parameter + learners are actors."""
+            return resolve_config(argparse.Namespace(**{**vars(args), "ranks": size}), "MPI job size")[0]
+
         progress = "tty" if sys.stdout.isatty() else "plain"
-        return start_inside_job(cfg, run_dir, resume=run_dir is not None,
-                                make_run_dir=lambda: create_run_dir(cfg), progress=progress)
+        run_dir = Path(args.resume).resolve() if args.resume else None
+        return start_inside_job(config_for, run_dir, resume=run_dir is not None,
+                                make_run_dir=create_run_dir, progress=progress)
+    cfg, run_dir = resolve_config(args)
     mpiexec = launch.find_mpiexec(cfg.launch)
     if run_dir is None:
         run_dir = create_run_dir(cfg)

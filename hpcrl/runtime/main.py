@@ -85,15 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     return run_job(cfg, run_dir, resume=args.resume, progress=args.progress)
 
 
-def start_inside_job(cfg, run_dir: Path | None, resume: bool, make_run_dir: Callable[[], Path],
-                     progress: str = "plain") -> int:
-    """`hpcrl run --inside-mpi`: rank 0 creates the run directory and tells the others."""
+def start_inside_job(config_for: Callable[[int], Any], run_dir: Path | None, resume: bool,
+                     make_run_dir: Callable[[Any], Path], progress: str = "plain") -> int:
+    """`hpcrl run --inside-mpi`: the config fitted to the job's size; rank 0 makes the run directory.
+
+    ``config_for(size)`` raises ConfigError (the same on every rank) when the job is too small.
+    """
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    cfg = config_for(comm.Get_size())
     if comm.Get_rank() == 0 and run_dir is None:
         try:
-            run_dir = make_run_dir()
+            run_dir = make_run_dir(cfg)
         except Exception:
             _abort(comm, "creating the run directory")
     run_dir = comm.bcast(str(run_dir) if run_dir is not None else None, root=0)

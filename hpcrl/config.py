@@ -154,6 +154,8 @@ class HDDPGConfig(Section):
     exploration_noise: float = Field(0.1, ge=0)
     buffer_rollouts: int = Field(2, ge=1)
     """Rollouts held in the FIFO buffer (current policy's data only)."""
+    minibatch_envs: int | None = Field(None, ge=1)
+    """Instances whose buffered steps make one update (drawn at random each time); None: all of them."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     stats_every: int = Field(10, ge=1)
     """Iterations between fetches of episode statistics and losses from the device (none in between)."""

@@ -245,3 +245,18 @@ def test_reset_seed_reproducible(name):
     assert not torch.equal(oa, oc)
     assert a.observation_space.shape == (32, *a.single_observation_space.shape)
     assert a.single_observation_space.contains(oa[0].numpy())
+
+
+def test_desync_episodes_staggers_the_time_limit():
+    env = CartPole(num_envs=256, max_episode_steps=50, desync_episodes=True)
+    env.reset(seed=1)
+    assert len(torch.unique(env.elapsed)) > 25 and int(env.elapsed.max()) < 50
+    first_end = torch.full((256,), -1)
+    for t in range(50):
+        _, _, term, trunc, info = env.step(torch.zeros(256, dtype=torch.int64))
+        ended = (term | trunc) & (first_end < 0)
+        first_end[ended] = t
+        assert torch.isnan(info["episode"]["r"][ended]).all()  # the shortened first episodes
+    assert len(torch.unique(first_end)) > 10
+    _, _, term, trunc, info = env.step(torch.zeros(256, dtype=torch.int64))
+    assert not torch.isnan(info["episode"]["r"]).any()

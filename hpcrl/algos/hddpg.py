@@ -9,6 +9,9 @@ newest ``buffer_rollouts`` rollouts (lines 20-29: no replay of older data); then
     theta_mu <- ascend  Q(O, mu(O))  (grad_a Q grad_theta mu)                         (line 34)
     theta'   <- tau theta + (1 - tau) theta'   for both target networks               (lines 36-37)
 
+With ``minibatch_envs`` set, each update uses the buffered steps of that many instances drawn
+at random (whole time rows, so n-step returns stay intact) instead of all N: cheaper updates
+where the device is slow (CPU); None (the default) is Algorithm 2 as written.
 n-step windows stop at terminated (no bootstrap) and truncated (bootstrap from the final
 observation) steps, see :func:`hpcrl.algos.returns.n_step_returns`. Parameters of each network
 live in one flat buffer (:class:`FlatParameters`), so a soft update is one ``lerp_``.
@@ -103,7 +106,11 @@ class HDDPG:
         self.buffer.shift(B)
         obs = collect(env, obs, self.policy, self.buffer.last(B), episodes)
         self.filled = min(self.filled + B, self.buffer.steps)
-        return obs, self.update(self.buffer.last(self.filled))
+        batch = self.buffer.last(self.filled)
+        if self.cfg.minibatch_envs is not None and self.cfg.minibatch_envs < batch.rewards.shape[1]:
+            batch = batch.instances(torch.randint(batch.rewards.shape[1], (self.cfg.minibatch_envs,),
+                                                  device=batch.rewards.device))
+        return obs, self.update(batch)
 
     def update(self, r: Rollout) -> Tensor:
         """Critic, then actor, then both targets; returns the detached stats tensor (see STATS)."""

@@ -55,6 +55,10 @@ class Rollout:
         for t in self.tensors():
             t[:-steps] = t[steps:].clone()
 
+    def instances(self, index: Tensor) -> "Rollout":
+        """A copy holding the instances (columns) ``index`` of every step."""
+        return Rollout(*(t[:, index] for t in self.tensors()))
+
     def last(self, steps: int) -> "Rollout":
         """A view of the newest ``steps`` rows."""
         return Rollout(*(t[-steps:] for t in self.tensors()))
@@ -84,8 +88,10 @@ class EpisodeLog:
 
     def fetch(self) -> dict[str, np.ndarray]:
         """Episodes ended since the last fetch, in step order: row (step index since the last fetch),
-        env_index, return, length. One device synchronisation; the log is empty afterwards."""
-        row, env = torch.nonzero(self.ended[:self.rows], as_tuple=True)
+        env_index, return, length. One device synchronisation; the log is empty afterwards.
+        Episodes with a NaN return (cut short on purpose by ``desync_episodes``) are left out."""
+        rows = slice(0, self.rows)
+        row, env = torch.nonzero(self.ended[rows] & ~torch.isnan(self.returns[rows]), as_tuple=True)
         out = {"row": row, "env_index": env, "return": self.returns[row, env], "length": self.lengths[row, env]}
         self.rows = 0
         return {k: v.cpu().numpy() for k, v in out.items()}

@@ -39,8 +39,8 @@ class Acrobot(BatchedEnv):
     single_observation_space = spaces.Box(-_high, _high, dtype=np.float32)
     single_action_space = spaces.Discrete(3)  # torque -1, 0, +1
 
-    def __init__(self, num_envs: int = 1, device="cpu", dtype=torch.float32, max_episode_steps: int | None = None):
-        super().__init__(num_envs, device, dtype, max_episode_steps)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         m1, m2, l1 = self.LINK_MASS_1, self.LINK_MASS_2, self.LINK_LENGTH_1
         lc1, lc2, moi, g = self.LINK_COM_POS_1, self.LINK_COM_POS_2, self.LINK_MOI, self.gravity
         self.k = self._constants(

@@ -75,7 +75,8 @@ class BatchedEnv(VectorEnv):
     single_action_space: spaces.Space
 
     def __init__(self, num_envs: int = 1, device: str | torch.device = "cpu",
-                 dtype: str | torch.dtype = torch.float32, max_episode_steps: int | None = None):
+                 dtype: str | torch.dtype = torch.float32, max_episode_steps: int | None = None,
+                 desync_episodes: bool = False):
         if num_envs < 1:
             raise ConfigError(f"env.num_envs: must be >= 1 (got {num_envs})")
         self.num_envs = int(num_envs)
@@ -85,6 +86,8 @@ class BatchedEnv(VectorEnv):
         self.max_episode_steps = int(max_episode_steps or self.default_max_episode_steps)
         if self.max_episode_steps < 1:
             raise ConfigError(f"env.kwargs.max_episode_steps: must be >= 1 (got {max_episode_steps})")
+        self.desync_episodes = bool(desync_episodes)
+        """reset() starts each instance at a random step of its first episode (see reset)."""
         self.render_mode = None
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
@@ -115,14 +118,24 @@ class BatchedEnv(VectorEnv):
 
     # -- VectorEnv ------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Tensor, dict]:
-        """Reset every instance; ``seed`` seeds the device generator that draws initial states."""
+        """Reset every instance; ``seed`` seeds the device generator that draws initial states.
+
+        With ``desync_episodes`` each instance's step counter starts at a random value in
+        [0, max_episode_steps), so the instances do not all hit the time limit together (a
+        learner without replay would otherwise see every instance at the same phase). These
+        first episodes started part-way, so they report a NaN return.
+        """
         super().reset(seed=seed)
         if seed is not None:
             self.generator.manual_seed(int(seed))
         self.state.copy_(self._initial_states(self.num_envs))
-        self.elapsed.zero_()
-        self.episode_return.zero_()
         self.episode_count.zero_()
+        if self.desync_episodes:
+            self.elapsed.random_(0, self.max_episode_steps, generator=self.generator)
+            self.episode_return.fill_(float("nan"))
+        else:
+            self.elapsed.zero_()
+            self.episode_return.zero_()
         return self._observe(self.state).T, {}
 
     def step(self, actions: Tensor | np.ndarray) -> tuple[Tensor, Tensor, Tensor, Tensor, dict]:

@@ -35,8 +35,8 @@ class CartPole(BatchedEnv):
     single_observation_space = spaces.Box(-_high, _high, dtype=np.float32)
     single_action_space = spaces.Discrete(2)
 
-    def __init__(self, num_envs: int = 1, device="cpu", dtype=torch.float32, max_episode_steps: int | None = None):
-        super().__init__(num_envs, device, dtype, max_episode_steps)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.k = self._constants(
             two_force=2 * self.force_mag, force=self.force_mag, gravity=self.gravity, inv_total_mass=1 / self.total_mass,
             length_4_3=self.length * 4.0 / 3.0, x_threshold=self.x_threshold, theta_threshold=self.theta_threshold_radians)

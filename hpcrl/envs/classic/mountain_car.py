@@ -26,9 +26,8 @@ class _MountainCarBase(BatchedEnv):
     single_observation_space = spaces.Box(np.array([min_position, -max_speed], dtype=np.float32),
                                           np.array([max_position, max_speed], dtype=np.float32), dtype=np.float32)
 
-    def __init__(self, num_envs: int = 1, device="cpu", dtype=torch.float32, max_episode_steps: int | None = None,
-                 goal_velocity: float = 0.0):
-        super().__init__(num_envs, device, dtype, max_episode_steps)
+    def __init__(self, *args, goal_velocity: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
         self.goal_velocity = goal_velocity
         self.k = self._constants(min_position=self.min_position, goal_position=self.goal_position,
                                  goal_velocity=goal_velocity, zero=0.0)

@@ -31,9 +31,8 @@ class Pendulum(BatchedEnv):
     single_observation_space = spaces.Box(-_high, _high, dtype=np.float32)
     single_action_space = spaces.Box(-max_torque, max_torque, shape=(1,), dtype=np.float32)
 
-    def __init__(self, num_envs: int = 1, device="cpu", dtype=torch.float32, max_episode_steps: int | None = None,
-                 g: float = 10.0):
-        super().__init__(num_envs, device, dtype, max_episode_steps)
+    def __init__(self, *args, g: float = 10.0, **kwargs):
+        super().__init__(*args, **kwargs)
         self.g = g
         self.k = self._constants(pi=math.pi, two_pi=2 * math.pi, gravity_term=3 * g / (2 * self.l),
                                  torque_term=3.0 / (self.m * self.l**2))

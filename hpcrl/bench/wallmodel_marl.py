@@ -55,18 +55,23 @@ def collect_episode(env: TurbulentChannelEnv, policy: ActorCritic, rng: np.rando
 
 
 def evaluate(env: TurbulentChannelEnv, act, options: list[dict]) -> dict[str, float]:
-    """Errors averaged over the actions of the given episodes; ``act(obs [N, 2]) -> factors [N]``."""
-    mean_err, local_err = [], []
+    """Errors averaged over all actions of the given episodes, and over their second halves
+    (after the recovery from the initial perturbation); ``act(obs [N, 2]) -> factors [N]``."""
+    rows = []
     for opt in options:
         obs_d, _ = env.reset(options=opt)
         agents = list(env.agents)
+        n = 0
         while env.agents:
             f = act(np.stack([obs_d[a] for a in agents]))
             obs_d, *_ = env.step({a: np.array([f[j]], np.float32) for j, a in enumerate(agents)})
             m = env.metrics()
-            mean_err.append(m["mean_error"])
-            local_err.append(m["local_error"])
-    return {"mean_error": float(np.mean(mean_err)), "local_error": float(np.mean(local_err))}
+            rows.append((m["mean_error"], m["local_error"], n >= env.preset.max_actions // 2))
+            n += 1
+    r = np.array(rows)
+    late = r[r[:, 2] > 0]
+    return {"mean_error": float(r[:, 0].mean()), "local_error": float(r[:, 1].mean()),
+            "mean_error_late": float(late[:, 0].mean()), "local_error_late": float(late[:, 1].mean())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--global-share", type=float, default=0.0, help="env global_reward_share")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache-dir", default=None)
+    ap.add_argument("--save", default=None, help="write the trained policy's state_dict here")
+    ap.add_argument("--load", default=None, help="evaluate this saved policy (with --iterations 0)")
     args = ap.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -90,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     policy.log_std.data.fill_(-1.0)
     cfg = PPOConfig(lr=1e-3, gamma=0.95, gae_lambda=0.95, clip=0.2, entropy_coeff=0.0, minibatch_size=256,
                     num_sgd_iter=6)
+    if args.load:
+        policy.load_state_dict(torch.load(args.load))
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -111,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{it:4d} {ret:8.4f} {end_err:12.4f} {policy.log_std.exp().item():6.3f} {time.perf_counter() - t0:7.1f}",
               flush=True)
 
+    if args.save:
+        torch.save(policy.state_dict(), args.save)
+
     def trained(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             mean = policy.pi(torch.as_tensor(obs, dtype=torch.float32)).numpy()[:, 0]
@@ -121,11 +133,14 @@ def main(argv: list[str] | None = None) -> int:
             ("trained agents (PPO, shared)", evaluate(env, trained, eval_opts))]
     base = rows[0][1]
     print(f"\nevaluation: {len(eval_opts)} episodes, same fields and initial perturbations (tau_factor "
-          f"{[o['tau_factor'] for o in eval_opts]}), tau_ref = 1")
-    print(f"{'wall model':32s} {'mean error':>11s} {'local error':>12s} {'ratio to log law (mean, local)':>32s}")
+          f"{[o['tau_factor'] for o in eval_opts]}), tau_ref = 1; errors averaged over all actions | over the "
+          f"second half of each episode")
+    print(f"{'wall model':32s} {'mean err':>9s} {'local err':>10s} | {'mean err':>9s} {'local err':>10s} | "
+          f"{'ratios to log law (4 columns)':>30s}")
+    keys = ("mean_error", "local_error", "mean_error_late", "local_error_late")
     for name, r in rows:
-        print(f"{name:32s} {r['mean_error']:11.4f} {r['local_error']:12.4f} "
-              f"{r['mean_error'] / base['mean_error']:15.2f} {r['local_error'] / base['local_error']:15.2f}")
+        ratios = " ".join(f"{r[k] / base[k]:6.2f}" for k in keys)
+        print(f"{name:32s} {r[keys[0]]:9.4f} {r[keys[1]]:10.4f} | {r[keys[2]]:9.4f} {r[keys[3]]:10.4f} | {ratios:>30s}")
     return 0
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from slurm_fixture import slurm  # noqa: F401 - the session fixture (starts scripts/local_slurm.sh if needed)
 
 from hpcrl.cli import main as cli_main
 from hpcrl.config import build_config, load_config
@@ -190,17 +190,9 @@ def test_job_ids_are_parsed():
 SITE_ONLY = re.compile(r"^#SBATCH --(constraint|qos|account|gpus-per-node|image)=.*\n", re.M)
 
 
-def slurm_running() -> bool:
-    if shutil.which("sbatch") is None:
-        return False
-    return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
-
-
 @pytest.mark.slurm
 @pytest.mark.parametrize("case", [c for c in sorted(CASES) if load_site(CASES[c][0]).scheduler == "slurm"])
-def test_slurm_scripts_pass_sbatch_test_only(case, tmp_path):
-    if not slurm_running():
-        pytest.skip("no Slurm answering sinfo (start one with scripts/local_slurm.sh start)")
+def test_slurm_scripts_pass_sbatch_test_only(case, tmp_path, slurm):
     text = rendered(case)
     extra = []
     if case != "local-slurm":

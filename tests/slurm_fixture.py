@@ -1,0 +1,44 @@
+"""The session fixture for tests that need Slurm: use the one answering sinfo, or start the local one."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "local_slurm.sh"
+
+
+def sinfo_ok() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A running Slurm; started here (and stopped at the end) only if none was running."""
+    if sinfo_ok():
+        yield
+        return
+    if os.geteuid() != 0:
+        pytest.skip("no Slurm running and not root: start one with `sudo scripts/local_slurm.sh start`")
+    start = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=900)
+    if start.returncode != 0:
+        pytest.skip(f"scripts/local_slurm.sh start failed: {start.stderr.strip().splitlines()[-1:]}")
+    conf = subprocess.run(["bash", str(SCRIPT), "env"], capture_output=True, text=True).stdout.split("=", 1)[1].strip()
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = conf  # in case /etc/slurm/slurm.conf belongs to someone else
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+        subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, timeout=120)

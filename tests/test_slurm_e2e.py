@@ -1,0 +1,110 @@
+"""End to end through a real Slurm: hpcrl submit, the Parsl workflow, and requeue on the walltime warning.
+
+The session fixture uses the Slurm that answers ``sinfo``, or starts the local one-node cluster with
+scripts/local_slurm.sh (as root) and stops it afterwards; it never stops a Slurm it did not start.
+Training budgets are tiny: these tests check the plumbing, not the learning.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+from slurm_fixture import slurm  # noqa: F401 - the session fixture
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["-o", "actors.count=1", "-o", "io.log_seconds=1"]  # 3 ranks: the fewest a run can have
+
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
+
+
+def job_field(job_id: str, name: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=20).stdout
+    m = re.search(rf"\b{name}=(\S+)", out)
+    return m[1] if m else ""
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def submit(run_dir: Path, *overrides: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "submit", "--site", "local-slurm", "--run-dir", str(run_dir),
+                          *SMALL, *overrides], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def finished(job_id: str) -> str:
+    state = job_field(job_id, "JobState")
+    return state if state in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"} else ""
+
+
+def episodes_recorded(run_dir: Path) -> int:
+    with h5py.File(run_dir / "run.h5", "r", locking=False) as f:
+        return len(f["episodes/return"])
+
+
+def test_submit_runs_a_job_to_completion_with_hdf5_files(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    job_id = submit(run_dir, "-o", "stop.total_env_steps=2000")
+    state = wait_for(lambda: finished(job_id), 300, f"job {job_id} to finish")
+    log = (tmp_path / "run.job" / f"slurm-{job_id}.out").read_text()
+    assert state == "COMPLETED" and job_field(job_id, "ExitCode") == "0:0", log[-3000:]
+    assert "stop.total_env_steps=2000 reached" in log
+    assert episodes_recorded(run_dir) > 0
+    assert (run_dir / "traj" / "actor-00000.h5").is_file() and (run_dir / "checkpoints" / "latest.pt").is_file()
+
+
+def test_parsl_workflow_runs_through_the_slurm_provider(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, str(ROOT / "workflows" / "train.py"), "--site", "local-slurm",
+                          "--run-dir", str(run_dir), *SMALL, "-o", "stop.total_env_steps=2000"],
+                         capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    job_dir = tmp_path / "run.job"
+    app_out = (job_dir / "app.out").read_text() if (job_dir / "app.out").exists() else ""
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:] + app_out[-2000:]
+    assert "stop.total_env_steps=2000 reached" in app_out and episodes_recorded(run_dir) > 0
+    parsl_log = next(job_dir.glob("parsl/*/parsl.log")).read_text()
+    assert "Creating process with command 'sbatch " in parsl_log  # the block really was a Slurm job
+    assert "mpi_launcher='srun'" in parsl_log or "mpi_launcher: srun" in parsl_log
+
+
+def test_walltime_warning_checkpoints_requeues_and_resumes(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    job_id = submit(run_dir, "-o", "stop.total_env_steps=30000")
+    log_path = tmp_path / "run.job" / f"slurm-{job_id}.out"
+
+    def training() -> bool:
+        return log_path.exists() and re.search(r"steps [1-9]\d*", log_path.read_text()) is not None
+
+    wait_for(training, 240, "training to start")
+    # what #SBATCH --signal=B:USR1@120 does before the walltime: USR1 to the batch shell only
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True, timeout=20)
+    # requeued: back to PENDING with one restart (on the way it passes through states like COMPLETING)
+    wait_for(lambda: job_field(job_id, "Restarts") == "1" and job_field(job_id, "JobState") == "PENDING",
+             120, "the job to be requeued")
+    assert (run_dir / "checkpoints" / "latest.pt").is_file()
+    # Slurm holds a requeued job about two minutes (Reason=BeginTime); release it now
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True, timeout=20)
+    wait_for(lambda: "hpcrl: resuming" in log_path.read_text(), 240, "the requeued job to start again")
+    state = wait_for(lambda: finished(job_id), 300, "the resumed job to finish")
+    log = log_path.read_text()
+    assert state == "COMPLETED", log[-3000:]
+    first, _, second = log.partition("hpcrl: resuming")
+    assert "stopped because                signal SIGUSR1" in first and "requeueing job" in first
+    assert second, "the requeued job did not resume from the checkpoint"
+    resumed_at = int(re.search(r"steps (\d+)", second)[1])
+    assert resumed_at > 0  # it went on from the checkpoint, not from step 0
+    assert "stop.total_env_steps=30000 reached" in second
+    assert episodes_recorded(run_dir) > 0

@@ -7,7 +7,10 @@ the wall-clock of the job, its ratio to the ``sync`` baseline measured in the sa
 the updates applied, and the mean / max staleness of the admitted gradients (read back
 from each run's run.h5).
 
-    hpcrl bench admission-compare [--steps 150000] [--groups 2] [--policies stellaris,pure_async,sync]
+    hpcrl bench admission-compare [--steps 150000] [--groups 2] [--seeds 1] [--policies stellaris,pure_async,sync]
+
+With ``--seeds K`` every policy runs K times (env.seed 0..K-1, policies interleaved so machine
+load hits them alike) and the table shows mean +- std over the seeds.
 """
 from __future__ import annotations
 
@@ -23,9 +26,9 @@ import numpy as np
 POLICIES = ("stellaris", "pure_async", "sync")
 
 
-def run_one(policy: str, steps: int, groups: int, out: Path, extra: list[str]) -> dict:
-    run_dir = out / policy
-    overrides = [f"aggregation.policy={policy}", f"stop.total_env_steps={steps}", "stop.target_return=null",
+def run_one(policy: str, steps: int, groups: int, out: Path, extra: list[str], seed: int = 0) -> dict:
+    run_dir = out / f"{policy}-seed{seed}"
+    overrides = [f"aggregation.policy={policy}", f"env.seed={seed}", f"stop.total_env_steps={steps}", "stop.target_return=null",
                  f"learners.groups={groups}", f"learners.min_active={groups}", f"io.run_dir={run_dir}",
                  "io.log_seconds=60", *extra]
     cmd = [sys.executable, "-m", "hpcrl", "run", *[a for o in overrides for a in ("-o", o)]]
@@ -52,21 +55,32 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=150_000, help="environment steps per policy (default 150000)")
     p.add_argument("--groups", type=int, default=2, help="learner groups (default 2; 1 parameter + G + 2 actor ranks)")
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--seeds", type=int, default=1, help="runs per policy with env.seed 0..K-1 (default 1)")
     p.add_argument("--out", help="keep the run directories here (default: a temporary directory)")
     p.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for every run")
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="hpcrl-admission-"))
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for policy in args.policies.split(","):
-        print(f"running {policy} for {args.steps} steps ...", flush=True)
-        rows.append(run_one(policy.strip(), args.steps, args.groups, out, args.overrides))
-    base = next((r["wall"] for r in rows if r["policy"] == "sync"), rows[0]["wall"])
-    print(f"\nCartPole-v1, {args.steps} env steps, {args.groups} learner groups; run directories in {out}")
-    print(f"{'policy':<12} {'return(last20)':>14} {'wall s':>8} {'vs sync':>8} {'updates':>8} {'episodes':>9} "
+    policies = [x.strip() for x in args.policies.split(",")]
+    runs: dict[str, list[dict]] = {pol: [] for pol in policies}
+    for seed in range(args.seeds):
+        for policy in policies:
+            print(f"running {policy} (seed {seed}) for {args.steps} steps ...", flush=True)
+            runs[policy].append(run_one(policy, args.steps, args.groups, out, args.overrides, seed))
+
+    def stat(policy: str, key: str) -> tuple[float, float]:
+        v = np.array([r[key] for r in runs[policy]], dtype=float)
+        return float(v.mean()), float(v.std())
+
+    base = stat("sync", "wall")[0] if "sync" in runs else stat(policies[0], "wall")[0]
+    print(f"\nCartPole-v1, {args.steps} env steps, {args.groups} learner groups, {args.seeds} seed(s); "
+          f"run directories in {out}")
+    print(f"{'policy':<12} {'return(last20)':>16} {'wall s':>14} {'vs sync':>8} {'updates':>8} {'episodes':>9} "
           f"{'stale mean':>10} {'stale max':>9}")
-    for r in rows:
-        print(f"{r['policy']:<12} {r['return']:>14.1f} {r['wall']:>8.1f} {r['wall'] / base:>8.2f} {r['updates']:>8d} "
-              f"{r['episodes']:>9d} {r['staleness_mean']:>10.2f} {r['staleness_max']:>9d}")
+    for policy in policies:
+        (ret, ret_sd), (wall, wall_sd) = stat(policy, "return"), stat(policy, "wall")
+        print(f"{policy:<12} {ret:>8.1f} +- {ret_sd:<5.1f} {wall:>6.1f} +- {wall_sd:<5.1f} {wall / base:>8.2f} "
+              f"{stat(policy, 'updates')[0]:>8.0f} {stat(policy, 'episodes')[0]:>9.0f} "
+              f"{stat(policy, 'staleness_mean')[0]:>10.2f} {max(r['staleness_max'] for r in runs[policy]):>9d}")
     return 0

@@ -77,3 +77,14 @@ def test_app_in_a_container_and_bad_paths(tmp_path):
     assert f"$PARSL_MPI_PREFIX apptainer exec --bind {tmp_path} /img/hpcrl.sif python3 -m hpcrl run" in run.command
     with pytest.raises(ConfigError, match="--run-dir"):
         prepare(load_config(), "local", tmp_path / "a b")
+
+
+def test_docs_show_every_site_config_verbatim():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    docs = (root / "docs" / "sites.md").read_text()
+    for module in SITES.values():
+        path = f"hpcrl/sites/parsl_configs/{module}.py"
+        block = f"### `{path}`\n\n```python\n{(root / path).read_text()}```\n"
+        assert block in docs, f"docs/sites.md is out of date for {path}"

@@ -156,6 +156,8 @@ class HDDPGConfig(Section):
     """Rollouts held in the FIFO buffer (current policy's data only)."""
     minibatch_envs: int | None = Field(None, ge=1)
     """Instances whose buffered steps make one update (drawn at random each time); None: all of them."""
+    critic_hidden_sizes: list[Annotated[int, Field(ge=1)]] | None = None
+    """Hidden widths of the critic Q(s, a) (None: model.hidden_sizes); the actor uses model.hidden_sizes."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     stats_every: int = Field(10, ge=1)
     """Iterations between fetches of episode statistics and losses from the device (none in between)."""

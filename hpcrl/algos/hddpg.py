@@ -52,9 +52,9 @@ class DeterministicActor(nn.Module):
 class QCritic(nn.Module):
     """Q(s, a) = MLP([s, a])."""
 
-    def __init__(self, obs_dim: int, action_dim: int, model_cfg: Any, device: torch.device):
+    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: list[int], activation: str, device: torch.device):
         super().__init__()
-        self.net = mlp([obs_dim + action_dim, *model_cfg.hidden_sizes, 1], model_cfg.activation, 1.0)
+        self.net = mlp([obs_dim + action_dim, *hidden_sizes, 1], activation, 1.0)
         self.to(device)
         self.flat = FlatParameters(self)
 
@@ -77,9 +77,10 @@ class HDDPG:
         self.cfg = cfg
         obs_dim, action_dim = int(observation_space.shape[0]), int(action_space.shape[0])
         self.actor = DeterministicActor(obs_dim, action_space, model_cfg, device)
-        self.critic = QCritic(obs_dim, action_dim, model_cfg, device)
+        critic_hidden = cfg.critic_hidden_sizes or model_cfg.hidden_sizes
+        self.critic = QCritic(obs_dim, action_dim, critic_hidden, model_cfg.activation, device)
         self.target_actor = DeterministicActor(obs_dim, action_space, model_cfg, device)
-        self.target_critic = QCritic(obs_dim, action_dim, model_cfg, device)
+        self.target_critic = QCritic(obs_dim, action_dim, critic_hidden, model_cfg.activation, device)
         soft_update_(self.target_actor, self.actor, 1.0)  # theta' <- theta (line 8)
         soft_update_(self.target_critic, self.critic, 1.0)
         self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr)

@@ -29,8 +29,8 @@ import numpy as np
 from mpi4py import MPI
 import torch
 
-from hpcrl.io import RunFile, traj_filename
-from hpcrl.io.schema import GRADIENT_REASONS, RUN_FILE
+from hpcrl.io import RunFile
+from hpcrl.io.schema import GRADIENT_REASONS, RUN_FILE, TRAJ_DIR
 from hpcrl.runtime import control
 from hpcrl.runtime.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.staleness import GradientRecord, aggregate, make_policy
@@ -392,7 +392,7 @@ class ParameterRank:
                    "return_window": self.cfg.stop.return_window, "gradients": self.gradients,
                    "admitted": self.admitted,
                    "files": {"record": str(self.run_file.path),
-                             "trajectories": str(self.job.run_dir / traj_filename(0)).replace("00000", "NNNNN"),
+                             "trajectories": f"{self.job.run_dir / TRAJ_DIR}/actor-NNNNN.h5 ({self.cfg.actors.count} files)",
                              "checkpoint": str(ckpt), "config": str(self.job.run_dir / "config.yaml")}}
         self.run_file.close()
         self.job.progress.finish(summary)

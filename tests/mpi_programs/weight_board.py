@@ -49,12 +49,15 @@ def exercise_board(comm, params, history, seconds):
         last = -1
         while not flags.read(STOP):
             got = board.read_latest(out)
+            if got < 0:  # nothing published yet: out was not written
+                continue
             check_uniform(out, got, "latest")
             assert got >= last, "version went backwards"
             last = got
             if got >= 1 and board.read_version(got - 1, out):
                 check_uniform(out, got - 1, "old version")
             pv = board.read_probe(probe)
+            assert pv >= got, "probe older than the params read before it"
             check_uniform(probe, -pv, "probe")
             assert board.latest_version() >= pv
             reads += 1

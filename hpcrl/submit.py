@@ -11,6 +11,7 @@ sbatch/qsub and returns the job id.
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 import subprocess
@@ -26,7 +27,9 @@ from hpcrl.errors import ConfigError
 from hpcrl.launch_container import RANK_PYTHON, check_bind, container_prefix
 from hpcrl.sites import Site
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "slurm_templates"
+TEMPLATE_DIR = Path(os.environ.get("HPCRL_TEMPLATE_DIR") or Path(__file__).resolve().parent.parent / "slurm_templates")
+"""The source tree's slurm_templates/ (hpcrl is installed from a checkout, ``pip install -e .``);
+HPCRL_TEMPLATE_DIR points elsewhere, e.g. at a site's own edited copies."""
 CHECKPOINT = "checkpoints/latest.pt"
 """Relative to the run directory (hpcrl.runtime.checkpoint): its presence means resume."""
 JOB_SUFFIX = ".job"
@@ -223,7 +226,8 @@ def _environment() -> jinja2.Environment:
 
 def render(job: Job) -> str:
     if not (TEMPLATE_DIR / job.site.template).is_file():
-        raise ConfigError(f"site {job.site.name}: template {job.site.template!r} not found in {TEMPLATE_DIR}")
+        raise ConfigError(f"site {job.site.name}: template {job.site.template!r} not found in {TEMPLATE_DIR} "
+                          "(hpcrl submit needs a source checkout, or HPCRL_TEMPLATE_DIR naming a templates folder)")
     text = _environment().get_template(job.site.template).render(
         job=job, site=job.site, checkpoint=CHECKPOINT,
         container_setup=job.site.containers.get(job.container_runtime, []) if job.container_runtime else [])

@@ -56,12 +56,12 @@ import hpcrl
 from hpcrl.io.errors import RunFileError
 from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.schema import SCHEMA_VERSION, TABLES, TRAJ_FIELDS, TrajLayout, fill_value, traj_filename
-from hpcrl.io.tables import FlushTimer, Table, filter_kwargs
+from hpcrl.io.tables import FlushTimer, TimedFlushFile, Table, filter_kwargs
 
 TRAJ_GROUP = "trajectories"
 
 
-class RunFile:
+class RunFile(TimedFlushFile):
     def __init__(self, file: h5py.File, compression: str, flush_seconds: float):
         self.file = file
         self.path = Path(file.filename)
@@ -163,20 +163,3 @@ class RunFile:
         for t in self._tables.values():
             t.flush()
         self.file.flush()
-
-    def maybe_flush(self, now: float | None = None) -> bool:
-        if self._timer.due(now):
-            self.flush()
-            return True
-        return False
-
-    def close(self) -> None:
-        if self.file.id.valid:
-            self.flush()
-            self.file.close()
-
-    def __enter__(self) -> "RunFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

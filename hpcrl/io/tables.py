@@ -58,6 +58,37 @@ class FlushTimer:
         return False
 
 
+class TimedFlushFile:
+    """Shared ending of the record's writers: timed flushes, ``close`` (flushes first), ``with``.
+
+    Subclasses set ``self.file`` (an open h5py.File) and ``self._timer`` and define ``flush``.
+    """
+
+    file: h5py.File
+    _timer: FlushTimer
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def maybe_flush(self, now: float | None = None) -> bool:
+        """Flush if the flush interval passed since the last timed flush (now: any clock, default monotonic)."""
+        if self._timer.due(now):
+            self.flush()
+            return True
+        return False
+
+    def close(self) -> None:
+        if self.file.id.valid:
+            self.flush()
+            self.file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def _text_list(values: Sequence[str]) -> np.ndarray:
     return np.array([v.encode() for v in values], dtype=h5py.string_dtype("ascii"))
 

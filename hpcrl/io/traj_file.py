@@ -27,7 +27,7 @@ import numpy as np
 
 from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.schema import SCHEMA_VERSION, TRAJ_FIELDS, TrajLayout
-from hpcrl.io.tables import FlushTimer, filter_kwargs
+from hpcrl.io.tables import FlushTimer, TimedFlushFile, filter_kwargs
 
 CHUNK_BYTES = 1 << 18
 
@@ -37,7 +37,7 @@ def _chunk_rows(dtype: np.dtype, shape: tuple[int, ...]) -> int:
     return int(min(65536, max(64, CHUNK_BYTES // row)))
 
 
-class TrajectoryWriter:
+class TrajectoryWriter(TimedFlushFile):
     def __init__(self, path: str | Path, layout: TrajLayout, compression: str = "gzip", actor: int = 0,
                  flush_seconds: float = 5.0, *, _file: h5py.File | None = None):
         self.path = Path(path)
@@ -116,21 +116,3 @@ class TrajectoryWriter:
             self._buffer = {f.name: [] for f in TRAJ_FIELDS}
             self._on_disk, self._pending = stop, 0
         self.file.flush()
-
-    def maybe_flush(self, now: float | None = None) -> bool:
-        """Flush if flush_seconds passed since the last timed flush (now: any clock, default time.monotonic())."""
-        if self._timer.due(now):
-            self.flush()
-            return True
-        return False
-
-    def close(self) -> None:
-        if self.file.id.valid:
-            self.flush()
-            self.file.close()
-
-    def __enter__(self) -> "TrajectoryWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -143,7 +143,8 @@ def threshold(runs: list[Run], path: Path, prices: dict) -> Path:
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("staleness (policy versions)")
     ax.set_title(r"Staleness threshold $\beta_k$ and mean admitted staleness per round" "\n"
-                 "(no line: no threshold, e.g. round 0 or pure async)", fontsize=10)
+                 "(no line: no threshold, e.g. round 0 or pure async;\n"
+                 "points above the line: the queue was applied once every active group was in it)", fontsize=9)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 

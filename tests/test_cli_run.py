@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -111,3 +112,53 @@ def test_inside_mpi_in_a_job_too_small_is_a_one_line_error(tmp_path):
                          text=True, timeout=120, env=dict(os.environ, UCX_LOG_LEVEL="error"))
     assert res.returncode == 2 and "MPI job size 1: too few" in res.stderr, res.stderr
     assert list(Path(tmp_path).iterdir()) == []
+
+
+CARTPOLE_HA2C = Path(__file__).resolve().parents[1] / "hpcrl" / "configs" / "cartpole_ha2c.yaml"
+
+
+def test_single_process_algo_runs_in_this_process_and_records_its_episodes(tmp_path, capsys):
+    """algo.name=ha2c: no mpiexec; the summary printed agrees with run.h5; --resume/--ranks are refused."""
+    from hpcrl.io import read_table
+
+    tiny = ["-o", "env.num_envs=16", "-o", "stop.total_env_steps=4000", "-o", "stop.target_return=null",
+            "-o", "stop.return_window=50", "-o", f"io.run_dir={tmp_path / 'runs' / '{name}'}"]
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(CARTPOLE_HA2C), *tiny], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    run_dir = tmp_path / "runs" / "cartpole-ha2c"
+    assert f"in this process, run directory {run_dir}" in res.stdout
+    summary = dict(line.strip().split("  ", 1) for line in res.stdout.split("hpcrl run summary\n")[1].splitlines())
+    summary = {k.strip(): v.strip() for k, v in summary.items()}
+    assert summary["stopped because"] == "stop.total_env_steps=4000 reached"
+    assert int(summary["environment steps"]) == 16 * 8 * 32  # whole iterations of 16 x 8 steps
+    assert summary["record"] == str(run_dir / "run.h5")
+    episodes = read_table(run_dir / "run.h5", "episodes")
+    assert len(episodes["return"]) == int(summary["episodes"]) > 16
+    assert float(summary["mean return (last 50)"]) == pytest.approx(episodes["return"][-50:].mean(), abs=0.006)
+    assert np.all(episodes["return"] == episodes["length"])  # CartPole: reward 1 per step
+    assert episodes["env_steps"].max() <= int(summary["environment steps"])
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert cfg["algo"]["name"] == "ha2c" and cfg["env"]["num_envs"] == 16
+
+    for flag, args in (("--resume", ["--resume", str(run_dir)]), ("--ranks", [str(CARTPOLE_HA2C), "--ranks", "4"])):
+        rc, err = run_cli(args, capsys)
+        assert rc == 2 and len(err.splitlines()) == 1 and f"{flag}: not supported for single-process algos" in err
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["cartpole-ha2c"]
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"algo": {"name": "hddpg"}}, "hddpg needs a 1-D continuous"),
+    ({"env": {"id": "CartPole-v1"}}, "did you mean hpcrl/CartPole-v1"),
+    ({"env": {"kwargs": {"gravity": 9.8}}}, "env.kwargs"),
+])
+def test_single_process_config_mistakes_exit_2_and_write_nothing(tmp_path, capsys, monkeypatch, change, field):
+    monkeypatch.chdir(tmp_path)
+    cfg = yaml.safe_load(CARTPOLE_HA2C.read_text())
+    for section, values in change.items():
+        cfg[section] = values if section == "algo" else {**cfg[section], **values}
+    cfg["io"] = {"run_dir": str(tmp_path / "runs" / "x")}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    rc, err = run_cli([str(tmp_path / "c.yaml")], capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and field in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]

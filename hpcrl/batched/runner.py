@@ -31,15 +31,32 @@ from hpcrl.io.schema import RUN_FILE
 ALGOS = {"ha2c": HA2C, "hddpg": HDDPG}
 
 
-def make_env(cfg: RunConfig, device: torch.device):
-    """The batched env of cfg.env on ``device``; ConfigError unless env.id names a batched env."""
+def make_env(cfg: RunConfig, device: torch.device, num_envs: int | None = None):
+    """The batched env of cfg.env (``num_envs`` instances, default env.num_envs) on ``device``.
+
+    ConfigError unless env.id names a batched env and env.kwargs are its keyword arguments.
+    """
     spec = registry.spec(cfg.env.id)
     if spec is None or spec.kind != "batched":
         batched = [i for i in registry.hpcrl_env_ids() if registry.spec(i).kind == "batched"]
         hint = f" (did you mean hpcrl/{cfg.env.id}?)" if f"hpcrl/{cfg.env.id}" in batched else ""
         raise ConfigError(f"env.id: algo.name={cfg.algo.name} needs a batched environment, got {cfg.env.id!r}{hint}; "
                           f"allowed: {', '.join(batched)}")
-    return registry.make(cfg.env.id, num_envs=cfg.env.num_envs, device=device, **cfg.env.kwargs)
+    try:
+        return registry.make(cfg.env.id, num_envs=num_envs or cfg.env.num_envs, device=device, **cfg.env.kwargs)
+    except TypeError as exc:  # an unknown or misspelt keyword argument
+        raise ConfigError(f"env.kwargs: {exc} ({cfg.env.id})") from None
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Raise ConfigError for what run_batched would reject (device, env id and kwargs, algo vs action space),
+    using a one-instance env on the CPU: nothing is written or allocated on the device."""
+    if cfg.algo.name not in ALGOS:
+        raise ConfigError(f"algo.name: run_batched runs {', '.join(ALGOS)}, got {cfg.algo.name!r}")
+    resolve_device(cfg.algo.device)
+    cpu = torch.device("cpu")
+    env = make_env(cfg, cpu, num_envs=1)
+    ALGOS[cfg.algo.name](cfg.algo, cfg.model, env.single_observation_space, env.single_action_space, 1, cpu)
 
 
 def _progress(progress: Any, cfg: RunConfig):
@@ -56,8 +73,7 @@ def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str
     progress: None (quiet), a mode for :class:`hpcrl.runtime.progress.ProgressEmitter`
     ("tty", "plain", "pipe") or an object with ``update(stats)`` and ``finish(summary)``.
     """
-    if cfg.algo.name not in ALGOS:
-        raise ConfigError(f"algo.name: run_batched runs {', '.join(ALGOS)}, got {cfg.algo.name!r}")
+    check_config(cfg)
     device = resolve_device(cfg.algo.device)
     torch.manual_seed(cfg.env.seed)
     env = make_env(cfg, device)

@@ -6,6 +6,10 @@ resolved ``config.yaml``, starts ``mpiexec`` with the right number of ranks, sho
 progress, forwards SIGINT/SIGTERM/SIGUSR1 as a graceful stop (the parameter rank
 checkpoints) and enforces ``launch.timeout_seconds``. With ``--inside-mpi``, or when the
 process is already one rank of a multi-rank job (srun, PBS mpiexec), it runs its role.
+
+The single-process algorithms (algo.name ha2c, hddpg: batched envs on one device) need no
+MPI: the same run directory is created and :func:`hpcrl.batched.runner.run_batched` trains in
+this process; they have no checkpoints, so ``--resume`` and ``--ranks`` are refused.
 """
 from __future__ import annotations
 
@@ -47,13 +51,19 @@ def resolve_config(args: argparse.Namespace, ranks_from: str = "--ranks") -> tup
         run_dir = Path(args.resume).resolve()
         if not (run_dir / CONFIG_FILE).is_file():
             raise ConfigError(f"--resume: {args.resume!r} is not a run directory (no {CONFIG_FILE})")
+    cfg = load_config(run_dir / CONFIG_FILE if run_dir else args.config, args.overrides)
+    if not cfg.uses_mpi:
+        flag = "--resume" if args.resume else "--ranks" if args.ranks is not None else None
+        if flag:
+            raise ConfigError(f"{flag}: not supported for single-process algos (algo.name={cfg.algo.name} "
+                              "runs in this process, no MPI, no checkpoints)")
+        validate(cfg)
+        return cfg, None
+    if run_dir is not None:
         from hpcrl.runtime.checkpoint import checkpoint_path
 
         if not checkpoint_path(run_dir).is_file():
             raise ConfigError(f"--resume: {args.resume!r} has no checkpoint ({checkpoint_path(run_dir)})")
-        cfg = load_config(run_dir / CONFIG_FILE, args.overrides)
-    else:
-        cfg = load_config(args.config, args.overrides)
     if args.ranks is not None:
         learner_ranks = cfg.learners.groups * cfg.learners.ranks_per_group
         actors = args.ranks - 1 - learner_ranks
@@ -73,8 +83,10 @@ def validate(cfg: RunConfig) -> None:
     from hpcrl.runtime.topology import plan_roles
 
     if not cfg.uses_mpi:
-        raise ConfigError(f"algo.name: {cfg.algo.name!r} runs in one process, not as an MPI job; "
-                          "`hpcrl run` trains algo.name=ppo")
+        from hpcrl.batched.runner import check_config
+
+        check_config(cfg)
+        return
     check_env_id(cfg.env.id)
     from hpcrl.envs import spec
 
@@ -113,7 +125,10 @@ def main(args: argparse.Namespace) -> int:
 
         if args.ranks is not None and inside is not None and inside[1] and inside[1] != args.ranks:
             raise ConfigError(f"--ranks {args.ranks}: this job has {inside[1]} ranks")
-        resolve_config(args)  # every mistake is reported before MPI starts
+        cfg = resolve_config(args)[0]  # every mistake is reported before MPI starts
+        if not cfg.uses_mpi:
+            raise ConfigError(f"algo.name: {cfg.algo.name} runs in one process, not as ranks of an MPI job; "
+                              "start `hpcrl run CONFIG` once, without mpiexec, srun or --inside-mpi")
 
         def config_for(size: int) -> RunConfig:
             """The config for a job of ``size`` ranks: the ranks beyond parameter + learners are actors."""
@@ -124,6 +139,8 @@ def main(args: argparse.Namespace) -> int:
         return start_inside_job(config_for, run_dir, resume=run_dir is not None,
                                 make_run_dir=create_run_dir, progress=progress)
     cfg, run_dir = resolve_config(args)
+    if not cfg.uses_mpi:
+        return run_in_process(cfg)
     mpiexec = launch.find_mpiexec(cfg.launch)
     if run_dir is None:
         run_dir = create_run_dir(cfg)
@@ -133,6 +150,30 @@ def main(args: argparse.Namespace) -> int:
                                flavour=launch.mpi_flavour(mpiexec), resume=args.resume is not None,
                                progress="pipe")
     return supervise(cmd, cfg, run_dir)
+
+
+def run_in_process(cfg: RunConfig) -> int:
+    """algo.name ha2c / hddpg: train in this process with run_batched; progress and summary as for MPI runs.
+
+    SIGTERM stops like Ctrl-C: run.h5 is closed with everything fetched so far (exit code 130).
+    """
+    from hpcrl.batched.runner import run_batched
+
+    run_dir = create_run_dir(cfg)
+    progress = "tty" if sys.stdout.isatty() else "plain"
+    if progress == "plain":
+        print(f"hpcrl run: {cfg.algo.name} on {cfg.env.num_envs} x {cfg.env.id} in this process, "
+              f"run directory {run_dir}", flush=True)
+
+    def stop(_signum, _frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        run_batched(cfg, run_dir, progress=progress)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return 0
 
 
 def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path) -> int:

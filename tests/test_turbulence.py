@@ -44,6 +44,13 @@ def test_tridiagonal_solves_complex_right_hand_sides():
     b = rng.standard_normal((n, 3, 2)) + 1j * rng.standard_normal((n, 3, 2))
     x = Tridiagonal(sub, diag, sup).solve(b)
     np.testing.assert_allclose(np.einsum("ij,jkl->ikl", a, x), b, atol=1e-12)
+    # one matrix per column (the projection's per-wavenumber blocks): column c uses diag + c
+    per = Tridiagonal(sub[:, None], diag[:, None] + np.arange(3.0), sup[:, None])
+    x = per.solve(b)
+    for c in range(3):
+        np.testing.assert_allclose((a + c * np.eye(n)) @ x[:, c], b[:, c], atol=1e-12)
+    with pytest.raises(np.linalg.LinAlgError, match="zero pivot in row 1"):
+        Tridiagonal(np.ones(3), np.ones(3), np.ones(3))  # [[1,1,0],[1,1,1],...]: pivot 1 - 1 = 0
 
 
 def test_grid_rejects_bad_sizes():

@@ -15,46 +15,47 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.fft
-from scipy.linalg import lapack
 
 from hpcrl.errors import ConfigError
 
 
 class Tridiagonal:
-    """A real tridiagonal matrix, LU-factored once (LAPACK gttrf), solved for many right-hand sides."""
+    """Real tridiagonal systems along axis 0, factored once, solved by a vectorised Thomas sweep.
+
+    The coefficients have shape (n,) (one matrix for every column of the right-hand side) or
+    (n, ...) (one matrix per column, e.g. per wavenumber); right-hand sides broadcast against
+    them and may be complex. No pivoting: meant for the diagonally dominant (or pinned Neumann)
+    operators of the solver, and a zero pivot raises. The sweep is 2 n NumPy operations on whole
+    planes; it uses no BLAS, so its speed does not depend on how many BLAS threads the process
+    has (a dense-inverse GEMM was 100x slower with OpenBLAS threads on busy cores).
+    """
 
     def __init__(self, sub: np.ndarray, diag: np.ndarray, sup: np.ndarray):
         """``sub[i]`` multiplies x[i-1] in row i (sub[0] unused), ``sup[i]`` x[i+1] (sup[-1] unused)."""
-        self.n = diag.size
-        dl, d, du, du2, ipiv, info = lapack.dgttrf(sub[1:].copy(), diag.copy(), sup[:-1].copy())
-        if info != 0:
-            raise np.linalg.LinAlgError(f"tridiagonal factorisation failed (gttrf info={info})")
-        self._lu = (dl, d, du, du2, ipiv)
+        sub, diag, sup = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (sub, diag, sup)))
+        self.n = diag.shape[0]
         self.sub, self.diag, self.sup = sub.copy(), diag.copy(), sup.copy()
-        # small systems with many right-hand sides (the y columns): one GEMM with the explicit
-        # inverse is ~10x faster than gttrs plus its Fortran-order copies
-        self._inverse = None
-        if self.n <= self.DENSE_MAX:
-            self._inverse = lapack.dgttrs(*self._lu, np.asfortranarray(np.eye(self.n)))[0]
-
-    DENSE_MAX = 256
+        inv = np.empty_like(diag)  # 1 / pivot of row i
+        cp = np.zeros_like(diag)  # sup[i] / pivot of row i
+        pivot = diag[0]
+        for i in range(self.n):
+            if i:
+                pivot = diag[i] - sub[i] * cp[i - 1]
+            if np.any(np.abs(pivot) <= 1e-14 * (np.abs(diag[i]) + np.abs(sub[i]) + np.abs(sup[i]))):
+                raise np.linalg.LinAlgError(f"tridiagonal factorisation: zero pivot in row {i}")
+            inv[i] = 1.0 / pivot
+            cp[i] = sup[i] * inv[i] if i < self.n - 1 else 0.0
+        self._inv, self._cp, self._sub_inv = inv, cp, sub * inv
 
     def solve(self, b: np.ndarray) -> np.ndarray:
-        """Solve A x = b for b of shape (n, ...), real or complex (real and imaginary parts solved together)."""
-        shape, dtype = b.shape, b.dtype
-        flat = np.ascontiguousarray(b).reshape(self.n, -1)
-        if np.iscomplexobj(flat):
-            flat = flat.view(np.float64)
-        if self._inverse is not None:
-            x = self._inverse @ flat
-            return (x.view(np.complex128) if np.issubdtype(dtype, np.complexfloating) else x).reshape(shape)
-        x, info = lapack.dgttrs(*self._lu, np.asfortranarray(flat))
-        if info != 0:
-            raise np.linalg.LinAlgError(f"tridiagonal solve failed (gttrs info={info})")
-        x = np.ascontiguousarray(x)
-        if np.issubdtype(dtype, np.complexfloating):
-            x = x.view(np.complex128)
-        return x.reshape(shape)
+        """Solve A x = b for b of shape (n, ...), real or complex."""
+        inv, cp, sub_inv = (_trailing(c, b.ndim) for c in (self._inv, self._cp, self._sub_inv))
+        x = np.multiply(b, inv)  # b[i] / pivot[i], then the forward elimination
+        for i in range(1, self.n):
+            x[i] -= sub_inv[i] * x[i - 1]
+        for i in range(self.n - 2, -1, -1):
+            x[i] -= cp[i] * x[i + 1]
+        return x
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
         return tridiagonal_matvec(self.sub, self.diag, self.sup, x)
@@ -62,11 +63,16 @@ class Tridiagonal:
 
 def tridiagonal_matvec(sub: np.ndarray, diag: np.ndarray, sup: np.ndarray, x: np.ndarray) -> np.ndarray:
     """A x along axis 0 for A given by (sub, diag, sup) as in ``Tridiagonal``."""
-    e = (slice(None),) + (None,) * (x.ndim - 1)
-    y = diag[e] * x
-    y[1:] += sub[1:][e] * x[:-1]
-    y[:-1] += sup[:-1][e] * x[1:]
+    sub, diag, sup = (_trailing(c, x.ndim) for c in (sub, diag, sup))
+    y = diag * x
+    y[1:] += sub[1:] * x[:-1]
+    y[:-1] += sup[:-1] * x[1:]
     return y
+
+
+def _trailing(c: np.ndarray, ndim: int) -> np.ndarray:
+    """Coefficients (n, ...) with unit axes appended to broadcast against an ndim-array."""
+    return c.reshape(c.shape + (1,) * (ndim - c.ndim))
 
 
 @dataclass
@@ -115,7 +121,9 @@ class ChannelGrid:
 
     # ---- transforms (x, z are the last two axes) ----
     def to_spectral(self, a: np.ndarray) -> np.ndarray:
-        return scipy.fft.rfft2(a, axes=(-2, -1), norm="forward") * self.mask
+        out = scipy.fft.rfft2(a, axes=(-2, -1), norm="forward")
+        out *= self.mask
+        return out
 
     def to_physical(self, a: np.ndarray) -> np.ndarray:
         return scipy.fft.irfft2(a, s=(self.nx, self.nz), axes=(-2, -1), norm="forward")

@@ -187,23 +187,24 @@ def gradients(runs: list[Run], path: Path) -> Path:
 
 def elasticity(runs: list[Run], path: Path) -> Path:
     """Active learner groups (at each update) and active actors (per round) over time."""
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(7.5, 5.5), sharex=True)
-    for r, name in zip(runs, names(runs)):
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9.5, 5.5), sharex=True)
+    for i, (r, name) in enumerate(zip(runs, names(runs))):
         e = M.elasticity(r)
+        color = f"C{i % 10}"
         if len(e["time"]):
-            a1.step(e["time"], e["active_groups"], where="post", label=name)
-        if len(e["actor_time"]):
-            a2.step(e["actor_time"], e["active_actors"], where="post", label=name)
+            a1.step(e["time"], e["active_groups"], where="post", label=name, color=color)
+        if len(e["actor_time"]):  # per round: jumpy when a round is shorter than a fragment
+            a2.step(e["actor_time"], e["active_actors"], where="post", color=color, lw=0.8, alpha=0.8)
     for ax, what in ((a1, "active learner groups"), (a2, "active actors")):
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
         ax.yaxis.get_major_locator().set_params(integer=True)
         top = max((float(np.nanmax(line.get_ydata())) for line in ax.get_lines() if len(line.get_ydata())), default=1.0)
         ax.set_ylim(0, top + 0.5)
-        if ax.get_lines():
-            ax.legend(fontsize=8, loc="lower right")
-        else:
+        if not ax.get_lines():
             _empty(ax, what)
+    if a1.get_lines():  # one legend for both panels, outside the data
+        a1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     a1.set_title("Elasticity: active learner groups and actors over time")
     a2.set_xlabel("wall-clock time since start (s)")
     return _save(fig, path)

@@ -95,8 +95,10 @@ def test_walltime_warning_checkpoints_requeues_and_resumes(slurm, tmp_path):
     wait_for(lambda: job_field(job_id, "Restarts") == "1" and job_field(job_id, "JobState") == "PENDING",
              120, "the job to be requeued")
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
-    # Slurm holds a requeued job about two minutes (Reason=BeginTime); release it now
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True, timeout=20)
+    # Slurm holds a requeued job about two minutes (Reason=BeginTime); release it in a few seconds.
+    # Not "now": slurmd revokes the old incarnation's credential with a one-second timestamp, and a
+    # relaunch within that second is killed as "Job credential revoked".
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now+5"], capture_output=True, timeout=20)
     wait_for(lambda: "hpcrl: resuming" in log_path.read_text(), 240, "the requeued job to start again")
     state = wait_for(lambda: finished(job_id), 300, "the resumed job to finish")
     log = log_path.read_text()

@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes-per-iteration", type=int, default=4)
     ap.add_argument("--eval-episodes", type=int, default=4)
     ap.add_argument("--global-share", type=float, default=0.0, help="env global_reward_share")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--gamma", type=float, default=0.95, help="discount (and GAE lambda)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--save", default=None, help="write the trained policy's state_dict here")
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = env.possible_agents[0]
     policy = ActorCritic(env.observation_space(agent), env.action_space(agent), ModelConfig(hidden_sizes=[32, 32]))
     policy.log_std.data.fill_(-1.0)
-    cfg = PPOConfig(lr=1e-3, gamma=0.95, gae_lambda=0.95, clip=0.2, entropy_coeff=0.0, minibatch_size=256,
+    cfg = PPOConfig(lr=args.lr, gamma=args.gamma, gae_lambda=args.gamma, clip=0.2, entropy_coeff=0.0, minibatch_size=256,
                     num_sgd_iter=6)
     if args.load:
         policy.load_state_dict(torch.load(args.load))

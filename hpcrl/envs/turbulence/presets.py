@@ -75,9 +75,10 @@ class ChannelPreset:
 
 
 PRESETS = {
-    # tests: ~4 ms per solver step, 200 steps (under a second) per episode, 32 agents
+    # tests: ~4 ms per solver step, 200 steps (under a second) per episode, 32 agents; the spin-up
+    # (t = 24) keeps its snapshots (t = 18 to 24) past the start-up overshoot of tau_w (t ~ 10)
     "tiny": ChannelPreset("tiny", nx=16, ny=24, nz=16, dt=0.008, matching_cell=1, agent_stride=4,
-                          steps_per_action=10, max_actions=20, spinup_steps=1500, snapshots=4, snapshot_every=100),
+                          steps_per_action=10, max_actions=20, spinup_steps=3000, snapshots=4, snapshot_every=250),
     # one actor core: ~15 ms per step, 4000 steps (about a minute) per episode, 128 agents
     "small": ChannelPreset("small", nx=32, ny=32, nz=32, dt=0.004, matching_cell=2, agent_stride=4,
                            steps_per_action=20, max_actions=200, spinup_steps=10000, snapshots=8, snapshot_every=500),

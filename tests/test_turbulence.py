@@ -95,9 +95,9 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("turbulence-cache")
 
 
-# a short spin-up (t = 3.2, still transitional) keeps the tests to seconds; the full tiny spin-up
+# a short spin-up (t = 1.6, still transitional) keeps the tests to seconds; the full tiny spin-up
 # and the turbulence statistics are in `hpcrl bench turbulence`
-SHORT = dict(spinup_steps=400, snapshots=2, snapshot_every=100)
+SHORT = dict(spinup_steps=200, snapshots=2, snapshot_every=100)
 
 
 def test_env_passes_pettingzoo_parallel_api_test(cache_dir):

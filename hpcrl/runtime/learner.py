@@ -152,7 +152,7 @@ class LearnerGroup:
             if self.job.board.read_version(v, buf):
                 self.snapshot.flat.load_(buf)
                 out.append(ppo.logps_under([self.snapshot], mb)[0])
-        return [w.numpy() for w in out] if out else None
+        return [w.detach().cpu().numpy() for w in out] if out else None
 
     def _group_gradient(self, mb: dict, version: int, window) -> tuple[np.ndarray, dict]:
         """This rank's share of the minibatch, averaged over the group with an allreduce."""
@@ -230,17 +230,27 @@ class LearnerGroup:
 class GroupReducer:
     """Average a flat gradient over the learner group: NCCL via torch.distributed for CUDA
     tensors (one process group per learner group, rendezvous address sent by the group root
-    over MPI), else an MPI Allreduce on the CPU buffer. Returns a float32 numpy array."""
+    over MPI), else an MPI Allreduce on the CPU buffer. Returns a float32 numpy array.
+
+    NCCL refuses two ranks of one communicator on the same GPU, which happens when a node has
+    fewer GPUs than learner ranks (a laptop, one lent GPU): such a group averages over MPI."""
 
     def __init__(self, group_comm, device: torch.device) -> None:
+        import socket
+
         self.comm = group_comm
         self.size = group_comm.Get_size()
         self.nccl = (device.type == "cuda" and self.size > 1 and torch.distributed.is_available()
                      and torch.distributed.is_nccl_available())
+        if self.nccl:
+            gpus = group_comm.allgather((socket.gethostname(), device.index))
+            if len(set(gpus)) < len(gpus):
+                self.nccl = False
+                if group_comm.Get_rank() == 0:
+                    print(f"hpcrl: learner group shares GPUs {sorted(set(gpus))} between {self.size} ranks; "
+                          "averaging gradients with MPI instead of NCCL", flush=True)
         self._sum = None
         if self.nccl:
-            import socket
-
             addr = None
             if group_comm.Get_rank() == 0:
                 with socket.socket() as s:

@@ -15,7 +15,8 @@ from hpcrl.errors import ConfigError
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
-    "run": ("hpcrl.commands.run", "train: start the MPI job (or run this rank's role with --inside-mpi)"),
+    "run": ("hpcrl.commands.run", "train: start the MPI job (or run this rank's role with --inside-mpi), "
+                                  "or train ha2c/hddpg in this process"),
     "submit": ("hpcrl.commands.submit", "render a batch script for a site and submit it (sbatch/qsub)"),
     "analyze": ("hpcrl.commands.analyze", "post-hoc analysis of run directories: figures, CSV, HTML report"),
     "bench": ("hpcrl.commands.bench", "run a benchmark and print its table"),

@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     agent = env.possible_agents[0]
     policy = ActorCritic(env.observation_space(agent), env.action_space(agent), ModelConfig(hidden_sizes=[32, 32]))
     policy.log_std.data.fill_(-1.0)
-    cfg = PPOConfig(lr=args.lr, gamma=args.gamma, gae_lambda=args.gamma, clip=0.2, entropy_coeff=0.0, minibatch_size=256,
-                    num_sgd_iter=6)
+    cfg = PPOConfig(lr=args.lr, gamma=args.gamma, gae_lambda=args.gamma, clip=0.2, entropy_coeff=0.0,
+                    minibatch_size=256, num_sgd_iter=6)
     if args.load:
         policy.load_state_dict(torch.load(args.load))
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)

@@ -19,6 +19,7 @@ charged: only the seconds spent computing are reported (learner_activity).
 """
 from __future__ import annotations
 
+import socket
 import time
 
 import numpy as np
@@ -236,8 +237,6 @@ class GroupReducer:
     fewer GPUs than learner ranks (a laptop, one lent GPU): such a group averages over MPI."""
 
     def __init__(self, group_comm, device: torch.device) -> None:
-        import socket
-
         self.comm = group_comm
         self.size = group_comm.Get_size()
         self.nccl = (device.type == "cuda" and self.size > 1 and torch.distributed.is_available()

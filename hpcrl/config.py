@@ -189,6 +189,9 @@ class ContainerConfig(Section):
 
 
 class LaunchConfig(Section):
+    runner: Literal["mpi", "serial"] = "mpi"
+    """Where the roles run: 'mpi' (one MPI rank each, started by mpiexec/srun/PALS) or 'serial'
+    (all roles in this one process, in-memory transports, no MPI; same record)."""
     mpiexec: str = "mpiexec"
     """MPI launcher for local runs (the one next to the Python interpreter is preferred)."""
     mpiexec_args: list[str] = Field(default_factory=list)
@@ -261,9 +264,17 @@ class RunConfig(Section):
         return self.actors.fragment_length * self.env.num_envs
 
     @property
+    def uses_runtime(self) -> bool:
+        """True when the algorithm runs on the runtime's roles (launch.runner: mpi or serial);
+        False for the single-device batched loop (ha2c, hddpg)."""
+        from hpcrl.algos import RUNTIME_ALGOS
+
+        return self.algo.name in RUNTIME_ALGOS
+
+    @property
     def uses_mpi(self) -> bool:
-        """PPO runs as an MPI job; the batched single-device algorithms run in one process."""
-        return self.algo.name == "ppo"
+        """True when ``hpcrl run`` starts MPI ranks (a runtime algorithm under launch.runner: mpi)."""
+        return self.uses_runtime and self.launch.runner == "mpi"
 
     @property
     def num_ranks(self) -> int:

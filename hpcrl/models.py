@@ -104,10 +104,12 @@ class ActorCritic(nn.Module):
     """Separate MLP policy and value networks; Categorical for Discrete, diagonal Gaussian for Box.
 
     ``flat`` is the :class:`FlatParameters` view of all parameters (policy, value, log-std).
+    ``constants`` are named scalars that are not trained (``requires_grad=False``) but travel
+    with the weights in ``flat``, e.g. PPO's adaptive KL coefficient set by the parameter rank.
     """
 
     def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, model_cfg: Any,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", constants: dict[str, float] | None = None) -> None:
         super().__init__()
         if not isinstance(obs_space, spaces.Box):
             raise ConfigError(f"env: observation space {obs_space} is not supported; allowed: Box")
@@ -129,6 +131,8 @@ class ActorCritic(nn.Module):
         self.vf = _mlp([obs_dim, *hidden, 1], act, out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(out))
+        self.constants = nn.ParameterDict({k: nn.Parameter(torch.tensor(float(v)), requires_grad=False)
+                                           for k, v in (constants or {}).items()})
         self.to(device)
         self.device = torch.device(device)
         self.flat = FlatParameters(self)

@@ -1,1 +1,21 @@
-"""Losses and estimators as plain torch functions (no MPI): returns, PPO with Stellaris IS truncation."""
+"""Losses, estimators and the algorithm objects the runtime holds (no MPI here).
+
+:func:`make_algorithm` is the one place that maps ``algo.name`` to an :class:`~hpcrl.algos.base.Algorithm`;
+the runtime calls it and never imports an algorithm module itself.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+RUNTIME_ALGOS = ("ppo",)
+"""Algorithms that run on the runtime's roles (actors, learner groups, parameter rank), under either runner."""
+
+
+def make_algorithm(algo_cfg: Any, model_cfg: Any, aggregation_cfg: Any):
+    """The algorithm object for ``algo_cfg.name`` (one per role)."""
+    if algo_cfg.name == "ppo":
+        from hpcrl.algos.ppo import PPO
+
+        return PPO(algo_cfg, model_cfg, aggregation_cfg)
+    raise ValueError(f"algo.name={algo_cfg.name!r} does not run on the runtime's roles; "
+                     f"allowed: {', '.join(RUNTIME_ALGOS)}")

@@ -16,8 +16,8 @@ push. Each minibatch gradient is one push, computed at the pulled weights (its b
 
 KL penalty: ``kl_coeff * E[(r - 1) - log r]``, r = pi/mu, the non-negative sample estimator of
 KL(mu || pi) (only mu's log-probs travel with fragments, not its distribution parameters).
-RLlib's adaptive coefficient is :func:`update_kl_coeff`; whoever owns the coefficient (the
-parameter rank, once per round) may call it and pass ``kl_coeff`` in; by default it is fixed.
+RLlib's adaptive coefficient is :func:`update_kl_coeff`; :class:`PPO` (the algorithm object the
+runtime holds) applies it on the parameter rank once per round when ``kl_coeff`` > 0.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hpcrl.algos.base import Algorithm
 from hpcrl.algos.returns import generalized_advantage_estimate, next_values_from
 
 RatioFn = Callable[[Tensor, Tensor], Tensor]
@@ -196,3 +197,48 @@ def compute_gradient(batch: Mapping[str, Tensor], policy, cfg, window_logps: Ten
 def logps_under(policies: Sequence, batch: Mapping[str, Tensor]) -> Tensor:
     """[K, B] log-probs of the batch actions under K policy snapshots (e.g. older weight-board versions)."""
     return torch.stack([p.evaluate(batch["obs"], batch["actions"])[0] for p in policies])
+
+
+class PPO(Algorithm):
+    """PPO against the algorithm contract (:mod:`hpcrl.algos.base`); cfg: PPOConfig.
+
+    Learner: GAE with the newest weights' values (:func:`prepare_batch`), ``num_sgd_iter``
+    shuffled passes of ``minibatch_size`` (one push per minibatch). Parameter rank: Adam or SGD
+    on the admitted gradients; at the end of each round RLlib's adaptive KL coefficient
+    (:func:`update_kl_coeff`, from the round's mean KL) when ``kl_coeff`` > 0. The coefficient
+    travels to the learners inside the published weights (``model.constants``).
+    """
+
+    name = "ppo"
+
+    def __init__(self, cfg, model_cfg, aggregation_cfg=None) -> None:
+        super().__init__(cfg, model_cfg)
+        self.ratio_fn = ratio_fn_for(aggregation_cfg) if aggregation_cfg is not None else None
+        self.uses_window = self.ratio_fn is not None
+
+    def make_model(self, obs_space, action_space, device="cpu"):
+        from hpcrl.models import ActorCritic
+
+        return ActorCritic(obs_space, action_space, self.model_cfg, device=device,
+                           constants={"kl_coeff": self.cfg.kl_coeff})
+
+    def prepare(self, fragments, model):
+        return prepare_batch(fragments, self.cfg, device=model.device, policy=model)
+
+    def minibatches(self, batch, generator):
+        for _ in range(self.cfg.num_sgd_iter):
+            yield from minibatches(batch, self.cfg.minibatch_size, generator)
+
+    def compute_gradient(self, minibatch, model, window=None):
+        return compute_gradient(minibatch, model, self.cfg, window_logps=window, ratio_fn=self.ratio_fn,
+                                kl_coeff=float(model.constants["kl_coeff"]))
+
+    def end_round(self, model, round_stats):
+        coeff = float(model.constants["kl_coeff"])
+        kl = round_stats.get("kl", float("nan"))
+        if coeff <= 0 or not np.isfinite(kl):
+            return {}
+        new = update_kl_coeff(coeff, kl, self.cfg.kl_target)
+        with torch.no_grad():
+            model.constants["kl_coeff"].fill_(new)
+        return {"kl_coeff": new}

@@ -53,7 +53,8 @@ def _local_paths(grad: np.ndarray, seconds: float) -> dict[str, float]:
 def _worker(sizes: list[int], seconds: float, slots: int) -> None:
     from mpi4py import MPI
 
-    from hpcrl.runtime.windows import Backoff, GradientMailbox
+    from hpcrl.runtime.backoff import Backoff
+    from hpcrl.runtime.windows import GradientMailbox
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

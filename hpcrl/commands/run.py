@@ -1,11 +1,13 @@
-"""`hpcrl run [CONFIG] [-o KEY=VALUE ...] [--resume RUN_DIR] [--inside-mpi] [--ranks N]`.
+"""`hpcrl run [CONFIG] [-o KEY=VALUE ...] [--runner mpi|serial] [--resume RUN_DIR] [--inside-mpi] [--ranks N]`.
 
 Without ``--inside-mpi`` this process is the launcher: it resolves and validates the whole
-config (nothing is written when anything is wrong), creates the run directory with the
-resolved ``config.yaml``, starts ``mpiexec`` with the right number of ranks, shows
-progress, forwards SIGINT/SIGTERM/SIGUSR1 as a graceful stop (the parameter rank
-checkpoints) and enforces ``launch.timeout_seconds``. With ``--inside-mpi``, or when the
-process is already one rank of a multi-rank job (srun, PBS mpiexec), it runs its role.
+config (nothing is written when anything is wrong) and creates the run directory with the
+resolved ``config.yaml``. Under ``launch.runner: mpi`` it starts ``mpiexec`` with the right
+number of ranks, shows progress, forwards SIGINT/SIGTERM/SIGUSR1 as a graceful stop (the
+parameter rank checkpoints) and enforces ``launch.timeout_seconds``; under ``serial`` it runs
+every role in this process (:func:`hpcrl.runtime.serial.run_serial`, same record). With
+``--inside-mpi``, or when the process is already one rank of a multi-rank job (srun, PBS
+mpiexec), it runs its role.
 
 The single-process algorithms (algo.name ha2c, hddpg: batched envs on one device) need no
 MPI: the same run directory is created and :func:`hpcrl.batched.runner.run_batched` trains in
@@ -35,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="YAML config (default: the embedded CartPole-v1 job on 4 ranks)")
     parser.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config value, e.g. -o aggregation.d=0.9 (repeatable)")
+    parser.add_argument("--runner", choices=("mpi", "serial"),
+                        help="where the roles run (sets launch.runner): MPI ranks, or all in this process")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="total MPI ranks; the ranks beyond the parameter and learner ranks become actors")
@@ -51,8 +55,10 @@ def resolve_config(args: argparse.Namespace, ranks_from: str = "--ranks") -> tup
         run_dir = Path(args.resume).resolve()
         if not (run_dir / CONFIG_FILE).is_file():
             raise ConfigError(f"--resume: {args.resume!r} is not a run directory (no {CONFIG_FILE})")
+    overrides = [*args.overrides, *([f"launch.runner={args.runner}"] if getattr(args, "runner", None) else [])]
+    args = argparse.Namespace(**{**vars(args), "overrides": overrides})
     cfg = load_config(run_dir / CONFIG_FILE if run_dir else args.config, args.overrides)
-    if not cfg.uses_mpi:
+    if not cfg.uses_runtime:
         flag = "--resume" if args.resume else "--ranks" if args.ranks is not None else None
         if flag:
             raise ConfigError(f"{flag}: not supported for single-process algos (algo.name={cfg.algo.name} "
@@ -82,11 +88,14 @@ def validate(cfg: RunConfig) -> None:
     from hpcrl.envs import check_env_id
     from hpcrl.runtime.topology import plan_roles
 
-    if not cfg.uses_mpi:
+    if not cfg.uses_runtime:
         from hpcrl.batched.runner import check_config
 
         check_config(cfg)
         return
+    if cfg.launch.runner == "serial" and cfg.learners.ranks_per_group > 1:
+        raise ConfigError(f"learners.ranks_per_group={cfg.learners.ranks_per_group}: launch.runner=serial runs one "
+                          "rank per learner group; set learners.ranks_per_group=1 or launch.runner=mpi")
     check_env_id(cfg.env.id)
     from hpcrl.envs import spec
 
@@ -127,7 +136,8 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--ranks {args.ranks}: this job has {inside[1]} ranks")
         cfg = resolve_config(args)[0]  # every mistake is reported before MPI starts
         if not cfg.uses_mpi:
-            raise ConfigError(f"algo.name: {cfg.algo.name} runs in one process, not as ranks of an MPI job; "
+            what = f"algo.name={cfg.algo.name}" if not cfg.uses_runtime else "launch.runner=serial"
+            raise ConfigError(f"{what} runs in one process, not as ranks of an MPI job; "
                               "start `hpcrl run CONFIG` once, without mpiexec, srun or --inside-mpi")
 
         def config_for(size: int) -> RunConfig:
@@ -139,13 +149,15 @@ def main(args: argparse.Namespace) -> int:
         return start_inside_job(config_for, run_dir, resume=run_dir is not None,
                                 make_run_dir=create_run_dir, progress=progress)
     cfg, run_dir = resolve_config(args)
-    if not cfg.uses_mpi:
+    if not cfg.uses_runtime:
         return run_in_process(cfg)
-    mpiexec = launch.find_mpiexec(cfg.launch)
+    mpiexec = launch.find_mpiexec(cfg.launch) if cfg.uses_mpi else None
     if run_dir is None:
         run_dir = create_run_dir(cfg)
-    elif args.overrides or args.ranks is not None:  # the resumed run continues with the new values
+    elif args.overrides or args.ranks is not None or args.runner:  # the resumed run continues with the new values
         (run_dir / CONFIG_FILE).write_text(cfg.to_yaml())
+    if not cfg.uses_mpi:
+        return run_serial_here(cfg, run_dir, resume=args.resume is not None)
     cmd = launch.local_command(cfg.launch, cfg.num_ranks, run_dir, mpiexec=mpiexec,
                                flavour=launch.mpi_flavour(mpiexec), resume=args.resume is not None,
                                progress="pipe")
@@ -174,6 +186,22 @@ def run_in_process(cfg: RunConfig) -> int:
     finally:
         signal.signal(signal.SIGTERM, old)
     return 0
+
+
+def run_serial_here(cfg: RunConfig, run_dir: Path, resume: bool) -> int:
+    """launch.runner=serial: every role in this process; a failed role is one line plus its traceback."""
+    from hpcrl.runtime.serial import RoleFailed, run_serial
+
+    progress = "tty" if sys.stdout.isatty() else "plain"
+    if progress == "plain":
+        print(f"hpcrl run: {cfg.num_ranks} roles in this process (launch.runner=serial), run directory {run_dir}",
+              flush=True)
+    try:
+        return run_serial(cfg, run_dir, resume=resume, progress=progress)
+    except RoleFailed as exc:
+        print(exc.details, file=sys.stderr, end="")
+        print(f"hpcrl run: {exc}; run directory {run_dir}", file=sys.stderr)
+        return 1
 
 
 def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path) -> int:

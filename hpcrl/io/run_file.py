@@ -73,7 +73,8 @@ class RunFile(TimedFlushFile):
     @classmethod
     def create(cls, path: str | Path, config_yaml: str, rank_map: Mapping[str, object], compression: str = "gzip",
                *, traj_layout: TrajLayout | None = None, num_actors: int | None = None,
-               flush_seconds: float = 5.0) -> "RunFile":
+               flush_seconds: float = 5.0, attrs: Mapping[str, object] | None = None) -> "RunFile":
+        """A new run.h5; ``attrs`` are extra file attributes (e.g. ``runner``), written before SWMR starts."""
         filter_kwargs(compression)  # validate before creating anything
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,6 +87,8 @@ class RunFile(TimedFlushFile):
         f.attrs["config_yaml"] = config_yaml
         f.attrs["resumed_unix"] = np.zeros(0, "f8")
         f.attrs["compression"] = compression
+        for key, value in (attrs or {}).items():
+            f.attrs[key] = value
         run = cls(f, compression, flush_seconds)
         for spec in TABLES.values():
             run._tables[spec.name] = Table.create(f, spec, compression)

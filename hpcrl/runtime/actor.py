@@ -5,9 +5,9 @@ Per fragment: pull the newest weights from the weight board when the version cha
 batch drifted by more than ``aaps_delta`` in KL (``aaps``); step the environments
 ``fragment_length`` times; pick the active learner group with the smallest backlog; wait
 while every active group already holds ``max_backlog`` fragments (back-pressure: actors do
-not run ahead of the learners) or while ``max_in_flight`` sends are pending; send with a
-nonblocking send; append the fragment to ``traj/actor-NNNNN.h5``; report the episodes and
-timings to the parameter rank in one small message.
+not run ahead of the learners) or while ``max_in_flight`` sends are pending; send it to that
+group; append the fragment to ``traj/actor-NNNNN.h5``; report the episodes and timings to the
+parameter rank in one small message. The actor acts with ``job.algo.act``.
 """
 from __future__ import annotations
 
@@ -17,18 +17,19 @@ import numpy as np
 
 from hpcrl.io import TrajectoryWriter, traj_filename
 from hpcrl.runtime import control
+from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.sampler import VectorSampler
 
 
 class Actor:
-    def __init__(self, job, model) -> None:
+    def __init__(self, job) -> None:
         self.job, self.cfg = job, job.cfg
-        self.model = model
+        self.model, self.algo = job.model, job.algo
         self.index = job.topo.actor_index
         self.sampler = VectorSampler(self.cfg.env, self.index, gamma=getattr(self.cfg.algo, "gamma", 0.99))
-        self.sender = job.make_sender()
+        self.sender = job.fragments.actor_link(self.index)
         self.version = -1
-        self.weights = np.empty(model.flat.num_params, dtype=np.float32)
+        self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
         self.fragments = 0
         self.syncs = 0
@@ -39,12 +40,9 @@ class Actor:
         else:
             self.writer = TrajectoryWriter(path, job.traj_layout, self.cfg.io.compression, actor=self.index,
                                            flush_seconds=flush)
-        self._reports: list = []
-
     def run(self) -> None:
         G = self.cfg.learners.groups
         counters = self.job.counters
-        roots = self.job.topo.learner_roots
         T = self.cfg.actors.fragment_length
         while True:
             self.fault.check()
@@ -54,7 +52,7 @@ class Actor:
             t = time.perf_counter()
             t_sync = time.perf_counter() - t if self._sync_weights() else 0.0
             t = time.perf_counter()
-            fragment, episodes = self.sampler.sample(self.model, T, self.version, self.index)
+            fragment, episodes = self.sampler.sample(self.algo, self.model, T, self.version, self.index)
             t_sample = time.perf_counter() - t
             t = time.perf_counter()
             group = self._wait_for_room(G)
@@ -64,7 +62,7 @@ class Actor:
             counters.add(control.BACKLOG + group, 1)
             fragment["policy_version"] = self.version
             fragment["fragment"] = self.fragments
-            t_wait += self.sender.send(roots[group], fragment)
+            t_wait += self.sender.send(group, fragment)
             steps = T * self.sampler.num_envs
             counters.add(control.ENV_STEPS, steps)
             self.writer.append_fragment(fragment["obs"], fragment["actions"], fragment["rewards"],
@@ -95,10 +93,9 @@ class Actor:
 
     def _wait_for_room(self, G: int) -> int | None:
         """The least-backlogged active group with room, waiting (sleeping) while there is none."""
-        sleeper = control.Sleeper(cap=5e-3)
+        backoff = Backoff(5e-5, 5e-3)
         cap = self.job.max_backlog
         while True:
-            self._progress_reports()
             words = self.job.counters.read_all()
             if words[control.STOP]:
                 return None
@@ -107,22 +104,15 @@ class Actor:
             g = int(np.argmin(backlog))
             if backlog[g] < cap and self.sender.can_send():
                 return g
-            sleeper.idle()
+            backoff.sleep()
 
     def _report(self, fragment_row: dict, episodes: list[dict]) -> None:
-        req = self.job.comm.isend({"fragment": fragment_row, "episodes": episodes}, dest=0, tag=control.TAG_EPISODES)
-        self._reports.append(req)
-        self._progress_reports()
-
-    def _progress_reports(self) -> None:
-        self._reports = [r for r in self._reports if not r.Test()]
+        self.job.reports.send("episodes", {"fragment": fragment_row, "episodes": episodes})
 
     def _finish(self) -> None:
         """Complete every pending send (the learners drain until all actors are done), then say so."""
         self.sender.close()
-        for r in self._reports:
-            control.wait_request(r)
-        self._reports = []
+        self.job.reports.close()
         self.writer.close()
         self.sampler.close()
         self.job.counters.add(control.ACTORS_DONE, 1)

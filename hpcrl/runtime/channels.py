@@ -1,6 +1,6 @@
 """Actor -> learner trajectory fragments: one contiguous byte buffer per fragment, bounded sends.
 
-A fragment is a dict of numpy arrays with a fixed layout (:class:`FragmentLayout`), packed into
+A fragment is a dict of numpy arrays with a fixed layout (:class:`~hpcrl.runtime.layout.FragmentLayout`), packed into
 one ``uint8`` buffer so that a single message moves it (no pickle). :class:`FragmentSender`
 uses synchronous-mode ``Issend``: a send completes only once the learner has matched it, so
 ``max_in_flight`` really bounds fragments sent but not yet taken by a learner, and a slow
@@ -10,7 +10,7 @@ keeps a few ``Irecv`` from any source preposted and hands fragments out in match
 Shutdown: ``FragmentSender.close(dests)`` drains its sends, then sends each destination a
 ``TAG_STOP`` message holding how many fragments it sent there; the receiver counts a source as
 finished once that many fragments from it have arrived (tags differ, so the count, not message
-order, decides). All tags hpcrl uses on the world communicator are defined here.
+order, decides). The role loops' own tags are in :mod:`hpcrl.runtime.control`.
 """
 from __future__ import annotations
 
@@ -20,92 +20,13 @@ from collections import Counter, deque
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.runtime.windows import Backoff
+from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.layout import FragmentLayout
 
 TAG_FRAGMENT = 101
 """Actor -> learner group root: one packed fragment."""
 TAG_STOP = 102
 """Actor -> learner group root: int64 count of fragments sent to it; nothing more follows."""
-TAG_CONTROL = 103
-"""Reserved for the role loops' own small control messages."""
-
-META = ("policy_version", "actor", "fragment")
-"""Scalar int64 fields of every fragment (the sender fills ``actor`` and ``fragment`` when absent)."""
-
-
-class FragmentLayout:
-    """Fixed byte layout of one fragment of T steps from N environments.
-
-    Fields (shape, dtype): obs (T, N, *obs_shape) obs_dtype; actions (T, N, *action_shape)
-    action_dtype; rewards, behaviour_logp, values, final_values (T, N) float32 (final_values:
-    value of the true final observation where ``truncated``, for the bootstrap); terminated,
-    truncated (T, N) bool; last_value (N,) float32 (value of the observation after the last step);
-    policy_version, actor, fragment: int64 scalars; plus any ``extra`` {name: (shape, dtype)}.
-    Every field starts at a multiple of 8 bytes.
-    """
-
-    def __init__(self, T: int, N: int, obs_shape=(), obs_dtype=np.float32, action_shape=(),
-                 action_dtype=np.int64, extra: dict | None = None):
-        if T < 1 or N < 1:
-            raise ValueError(f"FragmentLayout: T and N must be >= 1 (got T={T}, N={N})")
-        self.T, self.N = T, N
-        steps = (T, N)
-        spec = {
-            "obs": (steps + tuple(obs_shape), obs_dtype),
-            "actions": (steps + tuple(action_shape), action_dtype),
-            "rewards": (steps, np.float32),
-            "terminated": (steps, np.bool_),
-            "truncated": (steps, np.bool_),
-            "behaviour_logp": (steps, np.float32),
-            "values": (steps, np.float32),
-            "final_values": (steps, np.float32),
-            "last_value": ((N,), np.float32),
-            **{name: ((), np.int64) for name in META},
-        }
-        for name, (shape, dtype) in (extra or {}).items():
-            if name in spec:
-                raise ValueError(f"FragmentLayout: extra field {name!r} clashes with a standard field")
-            spec[name] = (tuple(shape), dtype)
-        self.fields: dict[str, tuple[tuple, np.dtype, int]] = {}
-        offset = 0
-        for name, (shape, dtype) in spec.items():
-            dtype = np.dtype(dtype)
-            self.fields[name] = (tuple(shape), dtype, offset)
-            offset += -(-int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // 8) * 8
-        self.nbytes = offset
-
-    def empty_buffer(self) -> np.ndarray:
-        return np.zeros(self.nbytes, dtype=np.uint8)
-
-    def views(self, buf: np.ndarray) -> dict[str, np.ndarray]:
-        """Field arrays that are views into ``buf`` (uint8, nbytes): write a fragment in place."""
-        if buf.dtype != np.uint8 or buf.size != self.nbytes:
-            raise ValueError(f"FragmentLayout: buffer must be uint8 of {self.nbytes} bytes")
-        out = {}
-        for name, (shape, dtype, offset) in self.fields.items():
-            n = int(np.prod(shape, dtype=np.int64))
-            out[name] = buf[offset:offset + n * dtype.itemsize].view(dtype).reshape(shape)
-        return out
-
-    def pack(self, fragment: dict, out: np.ndarray | None = None) -> np.ndarray:
-        """Copy a fragment dict into one byte buffer (``out`` if given); shapes must match exactly."""
-        out = self.empty_buffer() if out is None else out
-        for name, view in self.views(out).items():
-            if name not in fragment:
-                raise KeyError(f"fragment lacks field {name!r}")
-            value = np.asarray(fragment[name])
-            if value.shape != view.shape:
-                raise ValueError(f"fragment field {name!r}: shape {value.shape}, layout expects {view.shape}")
-            np.copyto(view, value, casting="unsafe")
-        return out
-
-    def unpack(self, buf: np.ndarray, copy: bool = True) -> dict[str, np.ndarray]:
-        """Field arrays from a packed buffer (copied once, or views when ``copy`` is False); scalars as int."""
-        views = self.views(buf.copy() if copy else buf)
-        for name in META:
-            views[name] = int(views[name])
-        return views
-
 
 class FragmentSender:
     """Nonblocking fragment sends (Issend) with at most ``max_in_flight`` outstanding."""

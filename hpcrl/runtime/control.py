@@ -16,12 +16,14 @@ BACKLOG + g            add     fragments sent to group g and not yet trained on
 base_word(G, g)        set     policy version group g is computing its gradients with
 =====================  ======  ==========================================================
 
-MPICH's blocking calls poll the network at full speed, which on an oversubscribed node
-takes the core from the rank that has work. Every wait here is a test-and-sleep loop.
+Every wait is a test-and-sleep loop (:class:`~hpcrl.runtime.backoff.Backoff`): MPICH's blocking
+calls would poll the network at full speed and take the core from the rank that has work.
 """
 from __future__ import annotations
 
 import time
+
+from hpcrl.runtime.backoff import Backoff
 
 STOP, ACTIVE, ACTORS_DONE, LEARNERS_DONE, ENV_STEPS, BACKLOG = range(6)
 
@@ -46,34 +48,19 @@ def num_counters(groups: int) -> int:
     return BACKLOG + 2 * groups
 
 
-class Sleeper:
-    """Back-off for idle loops: sleep 50 us doubling to ``cap``; ``reset`` after useful work."""
-
-    def __init__(self, first: float = 5e-5, cap: float = 2e-3):
-        self.first, self.cap = first, cap
-        self.delay = first
-
-    def idle(self) -> None:
-        time.sleep(self.delay)
-        self.delay = min(self.delay * 2, self.cap)
-
-    def reset(self) -> None:
-        self.delay = self.first
-
-
-def wait_request(req, sleeper: Sleeper | None = None, abandon=None):
+def wait_request(req, backoff: Backoff | None = None, abandon=None):
     """Wait for an mpi4py request by Test + sleep; returns its result (lowercase API) or None.
 
     ``abandon()`` returning True stops the wait early (the request stays pending; returns None).
     """
-    sleeper = sleeper or Sleeper()
+    backoff = backoff or Backoff(5e-5, 2e-3)
     while True:
         done, value = _test(req)
         if done:
             return value
         if abandon is not None and abandon():
             return None
-        sleeper.idle()
+        backoff.sleep()
 
 
 def _test(req):
@@ -83,13 +70,13 @@ def _test(req):
     return bool(out), None
 
 
-def recv_polling(comm, source: int, tag: int, sleeper: Sleeper | None = None, abandon=None):
+def recv_polling(comm, source: int, tag: int, backoff: Backoff | None = None, abandon=None):
     """Receive one pickled message without spinning: Iprobe + sleep, then recv."""
-    sleeper = sleeper or Sleeper()
+    backoff = backoff or Backoff(5e-5, 2e-3)
     while not comm.Iprobe(source=source, tag=tag):
         if abandon is not None and abandon():
             return None
-        sleeper.idle()
+        backoff.sleep()
     return comm.recv(source=source, tag=tag)
 
 

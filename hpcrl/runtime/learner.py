@@ -1,18 +1,18 @@
 """A learner group's loop: fragments in, one gradient per minibatch out to the mailbox.
 
 The group root receives fragments from the actors. Once it holds ``group_batch_size``
-environment steps (and the parameter rank counts the group as active) it builds one batch
-(GAE with the newest weights' values) and makes ``num_sgd_iter`` shuffled passes over it in
-minibatches. For every minibatch: read the newest weights from the weight board (their
+environment steps (and the parameter rank counts the group as active) it hands them to
+``algo.prepare`` (PPO: GAE with the newest weights' values) and pushes one gradient for each
+minibatch of ``algo.minibatches`` (PPO: ``num_sgd_iter`` shuffled passes). For every minibatch: read the newest weights from the weight board (their
 version is the gradient's base version), split the minibatch across the group's ranks,
-each computes the PPO gradient on its share, the group averages them with an allreduce,
+each computes ``algo.compute_gradient`` on its share, the group averages them with an allreduce,
 and the root pushes the average into the mailbox. The policy version can advance between
 two pushes of one batch: that is the asynchrony Stellaris' admission governs.
 
-IS truncation window (Stellaris Eq. 2): the other active groups publish the base version
-they are computing with; this group reads those versions from the weight board's history
-and evaluates the minibatch under them, so R' = min(|min_i pi_i/mu|, rho) covers the learner
-policies of the current aggregation window.
+IS truncation window (Stellaris Eq. 2, when ``algo.uses_window``): the other active groups
+publish the base version they are computing with; this group reads those versions from the
+weight board's history and evaluates the minibatch under them (``algo.logps``), so
+R' = min(|min_i pi_i/mu|, rho) covers the learner policies of the current aggregation window.
 
 An inactive group keeps receiving (so no actor blocks on it) but computes nothing and is not
 charged: only the seconds spent computing are reported (learner_activity).
@@ -25,30 +25,30 @@ import time
 import numpy as np
 import torch
 
-from hpcrl.algos import ppo
-from hpcrl.models import ActorCritic
 from hpcrl.runtime import control
+from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.push import PushAbandoned
 
 
 class LearnerGroup:
-    def __init__(self, job, model) -> None:
+    def __init__(self, job) -> None:
         self.job, self.cfg = job, job.cfg
-        self.model = model
+        self.model, self.algo = job.model, job.algo
         self.topo = job.topo
         self.g = job.topo.group
-        self.size = job.topo.group_comm.Get_size()
+        self.size = job.topo.ranks_per_group
         self.is_root = job.topo.is_group_root
-        self.weights = np.empty(model.flat.num_params, dtype=np.float32)
-        self.ratio_fn = ppo.ratio_fn_for(self.cfg.aggregation)
+        self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
+        self.window = self.algo.uses_window and self.cfg.learners.groups > 1
         # a second network for the other learners' snapshots (deepcopy would detach the flat views)
-        self.snapshot = (ActorCritic(job.obs_space, job.action_space, self.cfg.model, device=model.device)
-                         if self.ratio_fn is not None else None)
+        self.snapshot = (self.algo.make_model(job.env.observation_space, job.env.action_space, self.model.device)
+                         if self.window else None)
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
         self.seq = 0  # continues the parameter rank's count on resume (set in run)
         self.generator = torch.Generator().manual_seed(self.cfg.env.seed + 7919 * (self.g + 1))
-        self.receiver = job.make_receiver() if self.is_root else None
+        self.receiver = job.fragments.learner_link(self.g) if self.is_root else None
         self.frags: list[dict] = []
-        self.reducer = GroupReducer(job.topo.group_comm, model.device)
+        self.reducer = GroupReducer(job.topo.group_comm, self.model.device) if self.size > 1 else None
         self.lockstep = self.cfg.aggregation.policy == "sync"
         self.last_base: int | None = None
 
@@ -58,7 +58,7 @@ class LearnerGroup:
         if not self.is_root:
             return self._run_member()
         counters = self.job.counters
-        sleeper = control.Sleeper()
+        backoff = Backoff(5e-5, 2e-3)
         need = self.cfg.group_batch_size
         while True:
             self.fault.check()
@@ -70,9 +70,9 @@ class LearnerGroup:
                 time.sleep(0.02)
                 continue
             if sum(f["rewards"].size for f in self.frags) < need:
-                sleeper.idle()
+                backoff.sleep()
                 continue
-            sleeper.reset()
+            backoff.reset()
             taken, steps = [], 0
             while steps < need:
                 f = self.frags.pop(0)
@@ -87,37 +87,35 @@ class LearnerGroup:
         return bool(self.job.counters.read(control.STOP))
 
     def _train(self, fragments: list[dict], steps: int) -> bool:
-        """num_sgd_iter passes of minibatch gradients over one batch; False when the run is stopping."""
-        algo = self.cfg.algo
+        """One gradient push per minibatch of one batch; False when the run is stopping."""
         start_unix, compute = time.time(), 0.0
         if self._pull_weights() is None:
             return False
         t = time.perf_counter()
-        batch = ppo.prepare_batch(fragments, algo, device=self.model.device, policy=self.model)
+        batch = self.algo.prepare(fragments, self.model)
         compute += time.perf_counter() - t
         new_steps = steps
-        for _ in range(algo.num_sgd_iter):
-            for mb in ppo.minibatches(batch, algo.minibatch_size, self.generator):
-                self.fault.check()
-                words = self.job.counters.read_all()
-                if words[control.STOP]:
-                    self._activity(start_unix, compute, steps)
-                    return False
-                version = self._pull_weights()
-                if version is None:
-                    self._activity(start_unix, compute, steps)
-                    return False
-                t = time.perf_counter()
-                window = self._window_logps(mb, version, words)
-                grad, stats = self._group_gradient(mb, version, window)
-                dt = time.perf_counter() - t
-                compute += dt
-                if not self._push(grad, version, len(mb["advantages"]), stats, dt, new_steps):
-                    self._activity(start_unix, compute, steps)
-                    return False
-                new_steps = 0
+        for mb in self.algo.minibatches(batch, self.generator):
+            self.fault.check()
+            words = self.job.counters.read_all()
+            if words[control.STOP]:
+                break
+            version = self._pull_weights()
+            if version is None:
+                break
+            t = time.perf_counter()
+            window = self._window_logps(mb, version, words)
+            grad, stats = self._group_gradient(mb, version, window)
+            dt = time.perf_counter() - t
+            compute += dt
+            if not self._push(grad, version, len(next(iter(mb.values()))), stats, dt, new_steps):
+                break
+            new_steps = 0
+        else:
+            self._activity(start_unix, compute, steps)
+            return True
         self._activity(start_unix, compute, steps)
-        return True
+        return False
 
     def _pull_weights(self) -> int | None:
         """Newest weights into the model; their version (None: the run is stopping).
@@ -126,23 +124,23 @@ class LearnerGroup:
         its last base version (lockstep), so every applied gradient has staleness 0.
         """
         if self.lockstep and self.last_base is not None:
-            sleeper = control.Sleeper(cap=1e-3)
+            backoff = Backoff(5e-5, 1e-3)
             while self.job.board.latest_version() <= self.last_base:
                 if self._stopping():
                     return None
                 self.frags += self.receiver.poll()
-                sleeper.idle()
+                backoff.sleep()
         version = self.job.board.read_latest(self.weights)
         self.model.flat.load_(self.weights)
         G = self.cfg.learners.groups
-        if self.ratio_fn is not None and G > 1:  # the others' IS window needs our base version
+        if self.window:  # the others' IS window needs our base version
             self.job.counters.set(control.base_word(G, self.g), version)
         return version
 
     def _window_logps(self, mb: dict, version: int, words: np.ndarray) -> list[np.ndarray] | None:
         """Log-probs of the minibatch actions under the other active groups' base versions."""
         G = self.cfg.learners.groups
-        if self.ratio_fn is None or G == 1:
+        if not self.window:
             return None
         active = int(words[control.ACTIVE])
         others = {int(words[control.base_word(G, h)]) for h in range(min(active, G)) if h != self.g}
@@ -152,7 +150,7 @@ class LearnerGroup:
         for v in sorted(x for x in others if x >= 0):
             if self.job.board.read_version(v, buf):
                 self.snapshot.flat.load_(buf)
-                out.append(ppo.logps_under([self.snapshot], mb)[0])
+                out.append(self.algo.logps(self.snapshot, mb))
         return [w.detach().cpu().numpy() for w in out] if out else None
 
     def _group_gradient(self, mb: dict, version: int, window) -> tuple[np.ndarray, dict]:
@@ -171,44 +169,50 @@ class LearnerGroup:
 
     def _local_gradient(self, mb: dict, window) -> tuple[np.ndarray, dict]:
         wl = None if window is None else torch.as_tensor(np.stack(window), device=self.model.device)
-        grad, stats = ppo.compute_gradient(mb, self.model, self.cfg.algo, window_logps=wl, ratio_fn=self.ratio_fn)
+        grad, stats = self.algo.compute_gradient(mb, self.model, wl)
+        if self.reducer is None:
+            return grad.detach().cpu().numpy(), stats
         return self.reducer.average(grad), stats
 
     def _push(self, grad: np.ndarray, version: int, samples: int, stats: dict, compute: float, new_steps: int) -> bool:
-        """Put the gradient in a free mailbox slot of this group; wait (sleeping) while none is free."""
-        mailbox = self.job.mailbox
-        start = time.perf_counter()
-        sleeper = control.Sleeper(cap=1e-3)
-        while True:
-            waited = time.perf_counter() - start
-            vec = [stats.get("loss", np.nan), compute, waited, new_steps, stats.get("policy_loss", np.nan),
-                   stats.get("value_loss", np.nan), stats.get("entropy", np.nan), stats.get("kl", np.nan)]
-            if mailbox.try_push(self.g, self.seq, version, samples, grad, vec):
-                self.seq += 1
-                self.last_base = version
-                return True
-            if self._stopping():
-                return False
+        """Put the gradient in a free mailbox slot of this group; wait (sleeping, still receiving
+        fragments) while none is free. False when the run stops meanwhile."""
+        def vector(waited: float) -> list[float]:
+            extra = {"compute_seconds": compute, "mailbox_wait_seconds": waited, "new_env_steps": new_steps}
+            return [extra[k] if k in extra else stats.get(k, np.nan) for k in control.GRAD_STATS]
+
+        def abandon() -> bool:
             self.frags += self.receiver.poll()
-            sleeper.idle()
+            return self._stopping()
+
+        try:
+            self.job.mailbox.push(self.g, self.seq, version, samples, grad, vector, abandon=abandon,
+                                  backoff=Backoff(5e-5, 1e-3))
+        except PushAbandoned:
+            return False
+        self.seq += 1
+        self.last_base = version
+        return True
 
     def _activity(self, start_unix: float, compute: float, samples: int) -> None:
         row = {"time_start": start_unix, "time_end": time.time(), "group": self.g, "compute_seconds": compute,
                "samples": samples}
-        self.job.comm.send(row, dest=0, tag=control.TAG_ACTIVITY)
+        self.job.reports.send("activity", row)
 
     def _finish(self) -> None:
         """Release the group's other ranks, keep receiving until every actor is done, then say so."""
         for r in range(1, self.size):
             self.topo.group_comm.send(None, dest=r, tag=control.TAG_WORK)
-        sleeper = control.Sleeper(cap=5e-3)
+        backoff = Backoff(5e-5, 5e-3)
         while True:  # every actor's last send must be matched before it can finish
             self.receiver.poll()
             if self.receiver.finished():
                 break
-            sleeper.idle()
+            backoff.sleep()
         self.receiver.close()
-        self.reducer.close()
+        self.job.reports.close()
+        if self.reducer is not None:
+            self.reducer.close()
         self.job.counters.add(control.LEARNERS_DONE, 1)
 
     # ---- other ranks of the group --------------------------------------------------------
@@ -216,7 +220,7 @@ class LearnerGroup:
         comm = self.topo.group_comm
         while True:
             self.fault.check()
-            work = control.recv_polling(comm, 0, control.TAG_WORK, control.Sleeper(cap=2e-3))
+            work = control.recv_polling(comm, 0, control.TAG_WORK, Backoff(5e-5, 2e-3))
             if work is None:
                 self.reducer.close()
                 return

@@ -13,63 +13,12 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from hpcrl.runtime.job import Job
+
 CONFIG_FILE = "config.yaml"
-
-
-@dataclass
-class Job:
-    """What a role loop needs: its config, its place, the shared windows, and where to write."""
-
-    cfg: Any
-    comm: Any
-    topo: Any
-    run_dir: Path
-    resume: bool
-    progress: Any
-    obs_space: Any = None
-    action_space: Any = None
-    traj_layout: Any = None
-    mailbox: Any = None
-    board: Any = None
-    counters: Any = None
-    startup: dict = field(default_factory=dict)
-    probe: Any = None
-    model: Any = None
-    layout: Any = None
-
-    @property
-    def rank(self) -> int:
-        return self.topo.rank
-
-    @property
-    def probe_size(self) -> int:
-        return 0 if self.probe is None else self.probe.size
-
-    def probe_outputs(self, model):
-        return self.probe.outputs(model)
-
-    def probe_drifted(self, model) -> bool:
-        return self.probe.drifted(model, self.board)
-
-    @property
-    def max_backlog(self) -> int:
-        """Fragments a group may hold before actors wait: one batch's worth (one batch queued while one trains)."""
-        per_batch = -(-self.cfg.group_batch_size // self.cfg.fragment_steps)
-        return max(per_batch, 1)
-
-    def make_sender(self):
-        from hpcrl.runtime.transport import ActorLink
-
-        return ActorLink(self.comm, self.layout, self.cfg.actors.max_in_flight, self.topo.learner_roots)
-
-    def make_receiver(self):
-        from hpcrl.runtime.transport import LearnerLink
-
-        return LearnerLink(self.comm, self.layout, self.topo.actor_ranks)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +69,7 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> int:
             # on them (checkpoint, then STOP for everyone)
             for s in (signal.SIGTERM, signal.SIGUSR1):
                 signal.signal(s, signal.SIG_IGN)
-        role = _make_role(job)
+        role = make_role(job)
         if job.topo.role == "parameter":
             role.publish_initial()
             job.startup = role.startup_info()
@@ -135,76 +84,53 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> int:
 
 
 def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
-    from hpcrl.io import TrajLayout
-    from hpcrl.models import ActorCritic
+    """This rank's Job over MPI: rank map, env spaces (from rank 0), model, windows (collective)."""
     from hpcrl.runtime import control
+    from hpcrl.runtime.job import fragment_layout_for, role_parts
     from hpcrl.runtime.progress import ProgressEmitter
+    from hpcrl.runtime.sampler import describe_env
     from hpcrl.runtime.topology import Topology
+    from hpcrl.runtime.transport import MpiFragments, MpiReports
     from hpcrl.runtime.windows import CounterWindow, GradientMailbox, WeightBoard
 
-    import torch
-
     topo = Topology.from_config(comm, cfg.learners, cfg.actors.count)
-    emitter = ProgressEmitter(progress, cfg.io.log_seconds) if topo.role == "parameter" else None
-    job = Job(cfg=cfg, comm=comm, topo=topo, run_dir=run_dir, resume=resume, progress=emitter)
-    spaces = None
-    if topo.rank == 0:
-        from hpcrl.envs import make
-
-        env = make(cfg.env.id, **cfg.env.kwargs)
-        spaces = (env.observation_space, env.action_space)
-        env.close()
-    job.obs_space, job.action_space = _polling_bcast(comm, spaces)
-    torch.manual_seed(cfg.env.seed)
-    model = ActorCritic(job.obs_space, job.action_space, cfg.model, device=_device(cfg.learners, topo))
-    discrete = model.discrete
-    job.traj_layout = TrajLayout(obs_shape=tuple(job.obs_space.shape), action_shape=tuple(model.action_shape),
-                                 obs_dtype="f4", action_dtype="i8" if discrete else "f4", num_envs=cfg.env.num_envs)
-    from hpcrl.runtime.transport import fragment_layout
-
-    job.layout = fragment_layout(cfg, tuple(job.obs_space.shape), tuple(model.action_shape), discrete)
+    env = _polling_bcast(comm, describe_env(cfg.env) if topo.rank == 0 else None)
+    algo, model, traj_layout = role_parts(cfg, env, topo)
+    probe = None
     if cfg.actors.weight_sync == "aaps":
         from hpcrl.runtime.aaps import Probe, probe_states
 
         states = probe_states(cfg.env, cfg.actors.probe_batch) if topo.rank == 0 else None
-        job.probe = Probe(_polling_bcast(comm, states), model, cfg.actors.aaps_delta)
-    P = model.flat.num_params
-    G = cfg.learners.groups
-    job.mailbox = GradientMailbox(comm, 0, G, cfg.aggregation.mailbox_slots, P, stats_capacity=len(control.GRAD_STATS))
-    job.board = WeightBoard(comm, 0, P, history=max(2, cfg.aggregation.weight_history), probe_size=job.probe_size)
-    job.counters = CounterWindow(comm, 0, control.num_counters(G), initial=0)
-    job.model = model
-    return job
+        probe = Probe(_polling_bcast(comm, states), model, cfg.actors.aaps_delta)
+    P, G = model.flat.num_params, cfg.learners.groups
+    layout = fragment_layout_for(cfg, env, model)
+    return Job(
+        cfg=cfg, topo=topo, run_dir=run_dir, resume=resume, runner="mpi", algo=algo, model=model, env=env,
+        traj_layout=traj_layout, probe=probe,
+        counters=CounterWindow(comm, 0, control.num_counters(G), initial=0),
+        mailbox=GradientMailbox(comm, 0, G, cfg.aggregation.mailbox_slots, P, stats_capacity=len(control.GRAD_STATS)),
+        board=WeightBoard(comm, 0, P, history=max(2, cfg.aggregation.weight_history),
+                          probe_size=0 if probe is None else probe.size),
+        reports=MpiReports(comm),
+        fragments=MpiFragments(comm, layout, cfg.actors.max_in_flight, topo.learner_roots, topo.actor_ranks),
+        progress=ProgressEmitter(progress, cfg.io.log_seconds) if topo.role == "parameter" else None,
+    )
 
 
-def _device(learners_cfg, topo):
-    """Learner ranks use the GPU given by their node-local rank (when asked or available); others the CPU."""
-    import torch
-
-    if topo.role != "learner" or learners_cfg.device == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        if learners_cfg.device == "cuda":
-            raise RuntimeError("learners.device=cuda but torch sees no CUDA device on this node")
-        return torch.device("cpu")
-    index = topo.node_rank % torch.cuda.device_count()
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
-
-
-def _make_role(job: Job):
+def make_role(job: Job):
+    """The role object of ``job.topo.role`` (both runners)."""
     role = job.topo.role
     if role == "parameter":
         from hpcrl.runtime.parameter import ParameterRank
 
-        return ParameterRank(job, job.model)
+        return ParameterRank(job)
     if role == "learner":
         from hpcrl.runtime.learner import LearnerGroup
 
-        return LearnerGroup(job, job.model)
+        return LearnerGroup(job)
     from hpcrl.runtime.actor import Actor
 
-    return Actor(job, job.model)
+    return Actor(job)
 
 
 def _polling_bcast(comm, value):
@@ -218,7 +144,7 @@ def _polling_bcast(comm, value):
 def _teardown(job: Job) -> None:
     from hpcrl.runtime.control import wait_request
 
-    wait_request(job.comm.Ibarrier())
+    wait_request(job.topo.comm.Ibarrier())
     for win in (job.mailbox, job.board, job.counters):
         win.free()
     job.topo.free()

@@ -2,8 +2,8 @@
 
 Each pass: copy finished gradients out of the mailbox (never waiting on a learner); after
 each arrival ask the admission policy (hpcrl.staleness) what to apply; apply each admitted
-step as one optimizer step on ``(1/H) sum_c (alpha_c/alpha_0) g_c`` and publish the new
-version; drain the actors' fragment reports (episodes) and the learners' activity rows;
+step (``algo.apply``: one optimizer step on ``(1/H) sum_c (alpha_c/alpha_0) g_c``) and publish
+the new version; drain the actors' fragment reports (episodes) and the learners' activity rows;
 every half second set the number of active learner groups from the backlog; stop on
 ``cfg.stop`` or a signal, checkpoint, and take part in the shutdown.
 
@@ -14,7 +14,8 @@ estimates are those of the gradients actually applied (see hpcrl.staleness for w
 normalisation does to a shared scale).
 
 Rounds (Stellaris k, RLlib training iterations) end each time the learners have consumed
-another ``train_batch_size`` environment steps; ``policy.end_round`` is called then.
+another ``train_batch_size`` environment steps; ``policy.end_round`` and ``algo.end_round``
+(e.g. PPO's adaptive KL coefficient) are called then.
 """
 from __future__ import annotations
 
@@ -26,22 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
-import torch
 
 from hpcrl.io import RunFile
 from hpcrl.io.schema import GRADIENT_REASONS, RUN_FILE, TRAJ_DIR
 from hpcrl.runtime import control
+from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
+from hpcrl.runtime.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, aggregate, make_policy
 
 REASON = {name: i for i, name in enumerate(GRADIENT_REASONS)}
-
-
-def make_optimizer(algo_cfg, params) -> torch.optim.Optimizer:
-    if algo_cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=algo_cfg.lr, eps=1e-5)
-    return torch.optim.SGD(params, lr=algo_cfg.lr)
 
 
 class StopSignal:
@@ -59,11 +54,11 @@ class StopSignal:
 class ParameterRank:
     """Owns the policy, the optimizer, the admission policy and run.h5."""
 
-    def __init__(self, job, model) -> None:
+    def __init__(self, job) -> None:
         self.job, self.cfg = job, job.cfg
-        self.model = model
-        self.flat = model.flat
-        self.optimizer = make_optimizer(self.cfg.algo, model.parameters())
+        self.model, self.algo = job.model, job.algo
+        self.flat = self.model.flat
+        self.optimizer = self.algo.make_optimizer(self.model)
         self.policy = make_policy(self.cfg.aggregation)
         self.counters, self.mailbox, self.board = job.counters, job.mailbox, job.board
         G = self.cfg.learners.groups
@@ -75,7 +70,7 @@ class ParameterRank:
         self.updates = 0
         self.gradients = 0
         self.admitted = 0
-        self.returns: deque[float] = deque(maxlen=self.cfg.stop.return_window)
+        self.stop_rule = StopRule(self.cfg.stop)
         self.seq_next = [0] * G
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
@@ -85,7 +80,7 @@ class ParameterRank:
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
         # RMA against this rank's windows progresses only while it is inside MPI (MPICH/UCX
         # active messages), so its idle naps stay short: a learner's push waits for them.
-        self.sleeper = control.Sleeper(first=2e-5, cap=2e-4)
+        self.backoff = Backoff(2e-5, 2e-4)
         self._round_stats = self._new_round_stats()
         self._staleness_recent: deque[int] = deque(maxlen=64)
         self.run_file = self._open_run_file()
@@ -116,7 +111,7 @@ class ParameterRank:
         }
         return RunFile.create(path, self.cfg.to_yaml(), rank_map, self.cfg.io.compression,
                               traj_layout=self.job.traj_layout, num_actors=self.cfg.actors.count,
-                              flush_seconds=self.cfg.io.flush_seconds)
+                              flush_seconds=self.cfg.io.flush_seconds, attrs={"runner": self.job.runner})
 
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.main)."""
@@ -136,7 +131,7 @@ class ParameterRank:
             "admission_policy": self.policy,
             "version": self.version, "round": self.round, "consumed": self.consumed,
             "env_steps": self.env_steps(), "episodes": self.episodes, "updates": self.updates,
-            "gradients": self.gradients, "admitted": self.admitted, "returns": list(self.returns),
+            "gradients": self.gradients, "admitted": self.admitted, "returns": list(self.stop_rule.returns),
             "seq_next": list(self.seq_next), "active": self.active,
             "wall_seconds": self.wall_before + time.monotonic() - self.t0,
             "rng": rng_state(),
@@ -150,7 +145,7 @@ class ParameterRank:
         self.env_steps_start = s["env_steps"]
         self.episodes, self.updates = s["episodes"], s["updates"]
         self.gradients, self.admitted = s["gradients"], s["admitted"]
-        self.returns.extend(s["returns"])
+        self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.active = min(max(s["active"], self.cfg.learners.active_range[0]), self.cfg.learners.active_range[1])
         self.wall_before = s["wall_seconds"]
@@ -182,9 +177,9 @@ class ParameterRank:
                 self.checkpoint()
             self.run_file.maybe_flush()
             if busy:
-                self.sleeper.reset()
+                self.backoff.reset()
             else:
-                self.sleeper.idle()
+                self.backoff.sleep()
         self._shutdown()
 
     def _receive_gradients(self) -> bool:
@@ -212,9 +207,7 @@ class ParameterRank:
         while (adm := self.policy.admit(self.queue, self.version, self.active)) is not None:
             for step in adm.steps:
                 t = time.perf_counter()
-                g = aggregate(step)
-                self.flat.grads.copy_(torch.from_numpy(g))
-                self.optimizer.step()
+                self.algo.apply(self.model, self.optimizer, aggregate(step))
                 self.version += 1
                 t_agg = time.perf_counter() - t
                 t = time.perf_counter()
@@ -237,6 +230,7 @@ class ParameterRank:
         self._staleness_recent.extend(stale)
         self._round_stats["staleness"].extend(stale)
         self._round_stats["loss"].extend(losses)
+        self._round_stats["kl"].extend(rec.stats.get("kl", math.nan) for rec, _ in step)
         self._round_stats["updates"] += 1
         self.run_file.append("updates", {
             "time": now, "version": self.version, "round": self.round, "num_gradients": len(step),
@@ -260,7 +254,7 @@ class ParameterRank:
         })
 
     def _new_round_stats(self) -> dict[str, Any]:
-        return {"env_steps": 0, "episodes": 0, "updates": 0, "staleness": [], "loss": [], "returns": [],
+        return {"env_steps": 0, "episodes": 0, "updates": 0, "staleness": [], "loss": [], "kl": [], "returns": [],
                 "learner_seconds": 0.0, "actor_seconds": 0.0, "actors": set(), "active_max": 0}
 
     def _end_round(self) -> None:
@@ -285,18 +279,21 @@ class ParameterRank:
             "reward_std": agg(ret, np.std),
         })
         self.policy.end_round(self.round)
+        kl = np.asarray(r["kl"], float)
+        # a changed setting (e.g. the KL coefficient) is in the flat buffer: it reaches the learners
+        # with the next published version
+        self.algo.end_round(self.model, {"kl": agg(kl[np.isfinite(kl)], np.mean)})
         self.round += 1
         self._round_t0 = now
         self._round_stats = self._new_round_stats()
 
     def _drain_messages(self) -> bool:
-        comm = self.job.comm
+        reports = self.job.reports
         busy = False
-        while comm.Iprobe(source=MPI.ANY_SOURCE, tag=control.TAG_EPISODES):
-            self._fragment_report(comm.recv(source=MPI.ANY_SOURCE, tag=control.TAG_EPISODES))
+        for msg in reports.drain("episodes"):
+            self._fragment_report(msg)
             busy = True
-        while comm.Iprobe(source=MPI.ANY_SOURCE, tag=control.TAG_ACTIVITY):
-            row = comm.recv(source=MPI.ANY_SOURCE, tag=control.TAG_ACTIVITY)
+        for row in reports.drain("activity"):
             self.run_file.append("learner_activity", self._times(row, ("time_start", "time_end")))
             busy = True
         return busy
@@ -318,7 +315,7 @@ class ParameterRank:
             ep = self._times(ep, ("time",))
             ep["env_steps"] = steps
             self.run_file.append("episodes", ep)
-            self.returns.append(ep["return"])
+            self.stop_rule.add_returns([ep["return"]])
             r["returns"].append(ep["return"])
         self.episodes += len(episodes)
         r["episodes"] += len(episodes)
@@ -341,19 +338,13 @@ class ParameterRank:
         self._round_stats["active_max"] = max(self._round_stats["active_max"], self.active)
 
     def _check_stop(self) -> None:
-        s = self.cfg.stop
         if self.signals.received is not None:
             self.stop_reason = f"signal {signal.Signals(self.signals.received).name}"
-        elif self.env_steps() >= s.total_env_steps:
-            self.stop_reason = f"stop.total_env_steps={s.total_env_steps} reached"
-        elif s.target_return is not None and len(self.returns) >= s.return_window \
-                and float(np.mean(self.returns)) >= s.target_return:
-            self.stop_reason = f"stop.target_return={s.target_return} reached (last {s.return_window} episodes)"
-        elif s.max_wall_seconds is not None and self.wall_before + time.monotonic() - self.t0 >= s.max_wall_seconds:
-            self.stop_reason = f"stop.max_wall_seconds={s.max_wall_seconds} reached"
+        else:
+            self.stop_reason = self.stop_rule.reason(self.env_steps(), self.wall_before + time.monotonic() - self.t0)
 
     def mean_return(self) -> float:
-        return float(np.mean(self.returns)) if self.returns else math.nan
+        return self.stop_rule.mean_return()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -369,7 +360,7 @@ class ParameterRank:
         """Tell everyone to stop, keep draining until actors and learners are done, checkpoint."""
         self.counters.set(control.STOP, 1)
         G, A = self.cfg.learners.groups, self.cfg.actors.count
-        sleeper = control.Sleeper(first=2e-5, cap=2e-4)
+        backoff = Backoff(2e-5, 2e-4)
         while True:
             busy = self._drain_messages()
             for header, grad in self.mailbox.poll():  # pushes that were already under way
@@ -383,7 +374,7 @@ class ParameterRank:
             if self.counters.read(control.ACTORS_DONE) >= A and self.counters.read(control.LEARNERS_DONE) >= G:
                 if not self._drain_messages():
                     break
-            sleeper.reset() if busy else sleeper.idle()
+            backoff.reset() if busy else backoff.sleep()
         for rec in self.queue:
             self._gradient_row(rec, admitted=False, reason="shutdown")
         self.queue.clear()

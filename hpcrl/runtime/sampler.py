@@ -16,6 +16,7 @@ episode returns are always recorded from the raw rewards.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,25 @@ import torch
 from gymnasium import spaces
 
 from hpcrl.envs import make
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    """What every role must know of the actors' environments before it builds its model."""
+
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    num_envs: int
+    """Instances one actor rank steps together (the N of its fragments)."""
+
+
+def describe_env(env_cfg) -> EnvInfo:
+    """Build one environment of ``env_cfg`` to read its spaces (done once, on one role)."""
+    env = make(env_cfg.id, **env_cfg.kwargs)
+    try:
+        return EnvInfo(env.observation_space, env.action_space, env_cfg.num_envs)
+    finally:
+        env.close()
 
 
 class RunningMeanStd:
@@ -89,8 +109,8 @@ class VectorSampler:
             return int(a)
         return np.clip(a, self.low, self.high)
 
-    def sample(self, model, T: int, version: int, actor: int) -> tuple[dict[str, np.ndarray], list[dict]]:
-        """T steps of every env with ``model`` (an ActorCritic); returns (fragment, finished episodes)."""
+    def sample(self, algo, model, T: int, version: int, actor: int) -> tuple[dict[str, np.ndarray], list[dict]]:
+        """T steps of every env acting with ``algo.act(model, obs)``; returns (fragment, finished episodes)."""
         N = self.num_envs
         obs = np.empty((T, N, *self.obs_shape), dtype=np.float32)
         actions = np.empty((T, N, *self.action_shape), dtype=np.int64 if self.discrete else np.float32)
@@ -103,7 +123,7 @@ class VectorSampler:
         episodes: list[dict] = []
         for t in range(T):
             obs[t] = self.obs
-            a, lp, v = model.act(self.obs)
+            a, lp, v = algo.act(model, self.obs)
             a = a.cpu().numpy()
             actions[t], logp[t], values[t] = a, lp.cpu().numpy(), v.cpu().numpy()
             nxt = np.empty_like(self.raw_obs)
@@ -127,12 +147,12 @@ class VectorSampler:
             if finals:
                 with torch.no_grad():
                     final = self._norm_obs(np.stack(finals), update=False)
-                    final_values[t, final_idx] = model.value(final).cpu().numpy()
+                    final_values[t, final_idx] = algo.value(model, final).cpu().numpy()
             rewards[t] = self._scale_rewards(rewards[t], (terminated[t] | truncated[t]).astype(bool))
             self.raw_obs = nxt
             self.obs = self._norm_obs(nxt, update=True)
         with torch.no_grad():
-            last_value = model.value(self.obs).cpu().numpy().astype(np.float32)
+            last_value = algo.value(model, self.obs).cpu().numpy().astype(np.float32)
         fragment = {"obs": obs, "actions": actions, "rewards": rewards, "terminated": terminated,
                     "truncated": truncated, "behaviour_logp": logp, "values": values,
                     "final_values": final_values, "last_value": last_value, "last_obs": self.obs.copy(),

@@ -1,41 +1,42 @@
-"""The role loops' view of fragment transport: :mod:`hpcrl.runtime.channels` plus back-pressure.
+"""The role loops' view of MPI transport: fragments (:mod:`hpcrl.runtime.channels`) and reports.
 
-:func:`fragment_layout` fixes the packed layout every actor and learner root agrees on (the
-channel's standard fields plus ``last_obs``, which the learner uses to recompute the
-bootstrap value with the newest weights). The actor asks :meth:`ActorLink.can_send` before
+Fragments are packed with :func:`hpcrl.runtime.layout.fragment_layout`. The actor asks :meth:`ActorLink.can_send` before
 sampling the next send (``max_in_flight`` unmatched synchronous sends at most), and
 :meth:`ActorLink.close` ends with the channel's stop convention, so a learner root knows
-when every actor is done (:meth:`LearnerLink.finished`).
+when every actor is done (:meth:`LearnerLink.finished`). :class:`MpiReports` carries the
+small pickled messages to the parameter rank (episodes, learner activity).
+
+The serial runner's in-memory twins with the same methods are in :mod:`hpcrl.runtime.local`.
 """
 from __future__ import annotations
 
-import numpy as np
+from mpi4py import MPI
 
-from hpcrl.runtime.channels import FragmentLayout, FragmentReceiver, FragmentSender
+from hpcrl.runtime import control
+from hpcrl.runtime.channels import FragmentReceiver, FragmentSender
+from hpcrl.runtime.layout import FragmentLayout
 
-
-def fragment_layout(cfg, obs_shape: tuple, action_shape: tuple, discrete: bool) -> FragmentLayout:
-    N = cfg.env.num_envs
-    return FragmentLayout(cfg.actors.fragment_length, N, obs_shape=obs_shape, obs_dtype=np.float32,
-                          action_shape=action_shape, action_dtype=np.int64 if discrete else np.float32,
-                          extra={"last_obs": ((N, *obs_shape), np.float32)})
+REPORT_TAGS = {"episodes": control.TAG_EPISODES, "activity": control.TAG_ACTIVITY}
+"""Report kinds and their message tags (to the parameter rank)."""
 
 
 class ActorLink:
-    def __init__(self, comm, layout: FragmentLayout, max_in_flight: int, dests: list[int]):
+    """An actor's fragment sends to the learner group roots (``roots[g]`` is group g's world rank)."""
+
+    def __init__(self, comm, layout: FragmentLayout, max_in_flight: int, roots: list[int]):
         self.sender = FragmentSender(comm, layout, max_in_flight)
         self.max_in_flight = max_in_flight
-        self.dests = dests
+        self.roots = roots
 
     def can_send(self) -> bool:
         return self.sender.in_flight < self.max_in_flight
 
-    def send(self, dest: int, fragment: dict) -> float:
-        return self.sender.send(dest, fragment)
+    def send(self, group: int, fragment: dict) -> float:
+        return self.sender.send(self.roots[group], fragment)
 
     def close(self) -> None:
         """Wait for every send to be taken, then tell each learner root how many it got."""
-        self.sender.close(self.dests)
+        self.sender.close(self.roots)
 
 
 class LearnerLink:
@@ -55,3 +56,41 @@ class LearnerLink:
 
     def close(self) -> None:
         self.receiver.close()
+
+
+class MpiReports:
+    """Pickled report messages to the parameter rank (nonblocking sends, completed on ``close``)."""
+
+    def __init__(self, comm, parameter_rank: int = 0):
+        self.comm, self.dest = comm, parameter_rank
+        self._pending: list = []
+
+    def send(self, kind: str, message: dict) -> None:
+        self._pending = [r for r in self._pending if not r.Test()]
+        self._pending.append(self.comm.isend(message, dest=self.dest, tag=REPORT_TAGS[kind]))
+
+    def drain(self, kind: str) -> list[dict]:
+        """Parameter rank: every report of ``kind`` that has arrived."""
+        tag, out = REPORT_TAGS[kind], []
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag):
+            out.append(self.comm.recv(source=MPI.ANY_SOURCE, tag=tag))
+        return out
+
+    def close(self) -> None:
+        for r in self._pending:
+            control.wait_request(r)
+        self._pending = []
+
+
+class MpiFragments:
+    """Builds the MPI fragment links of one job (the twin of :class:`hpcrl.runtime.local.LocalFragments`)."""
+
+    def __init__(self, comm, layout: FragmentLayout, max_in_flight: int, roots: list[int], actor_ranks: list[int]):
+        self.comm, self.layout, self.max_in_flight = comm, layout, max_in_flight
+        self.roots, self.actor_ranks = roots, actor_ranks
+
+    def actor_link(self, actor: int) -> ActorLink:
+        return ActorLink(self.comm, self.layout, self.max_in_flight, self.roots)
+
+    def learner_link(self, group: int) -> LearnerLink:
+        return LearnerLink(self.comm, self.layout, self.actor_ranks)

@@ -19,17 +19,19 @@ MPI rules this module relies on, and how it meets them:
   MPI. The owner's loop calls ``GradientMailbox.poll`` often (it is an MPI call), which is enough;
   ``MPIR_CVAR_ASYNC_PROGRESS=1`` (MPICH, needs MPI_THREAD_MULTIPLE) is an optional extra for
   owners that spend long stretches in torch.
-- Waiting never spins hot: :class:`Backoff` sleeps 10 us doubling to 1 ms between attempts.
+- Waiting never spins hot: :class:`~hpcrl.runtime.backoff.Backoff` sleeps 10 us doubling to 1 ms between attempts.
 - Thread level: hpcrl calls MPI from each rank's main thread only, and keeps mpi4py's default
   ``MPI_THREAD_MULTIPLE`` (what ``MPIR_CVAR_ASYNC_PROGRESS`` needs); nothing here starts threads.
 """
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 
 import numpy as np
 from mpi4py import MPI
+
+from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.push import PushLoop
 
 FREE, CLAIMED, FULL = 0, 1, 2
 """Mailbox slot states (the state word moves FREE -> CLAIMED -> FULL -> FREE, by CAS only)."""
@@ -45,22 +47,6 @@ _ALIGN = 64
 
 def _align(n: int, to: int = _ALIGN) -> int:
     return (n + to - 1) // to * to
-
-
-class Backoff:
-    """Sleep between retries: 10 us, doubling up to ``cap`` seconds; ``waited`` sums the sleeps."""
-
-    def __init__(self, first: float = 1e-5, cap: float = 1e-3):
-        self.delay, self.cap, self.waited = first, cap, 0.0
-
-    def sleep(self) -> None:
-        time.sleep(self.delay)
-        self.waited += self.delay
-        self.delay = min(self.delay * 2, self.cap)
-
-
-class PushAbandoned(RuntimeError):
-    """``GradientMailbox.push`` gave up (timeout reached or ``abandon()`` returned True)."""
 
 
 class _OwnedWindow:
@@ -123,7 +109,7 @@ class _OwnedWindow:
             win.Free()
 
 
-class GradientMailbox(_OwnedWindow):
+class GradientMailbox(_OwnedWindow, PushLoop):
     """Slots on the parameter rank where learner groups put flat float32 gradients (one-sided).
 
     Window layout (bytes, owner only): ``int64 ticket`` (arrival counter, SUM only), ``int64
@@ -156,7 +142,6 @@ class GradientMailbox(_OwnedWindow):
         self._res = np.zeros(1, dtype=np.int64)
         self._hdr = np.zeros(self._header_bytes // 8, dtype=np.int64)
         self.pushes = 0
-        self.total_wait = 0.0
         if self.is_owner:
             self._init_words(0, np.zeros(1 + nslots, dtype=np.int64))
             for s in range(nslots):
@@ -208,25 +193,6 @@ class GradientMailbox(_OwnedWindow):
                 self.pushes += 1
                 return True
         return False
-
-    def push(self, group: int, seq: int, base_version: int, samples: int, grad: np.ndarray, stats=None,
-             timeout: float | None = None, abandon=None) -> float:
-        """Put ``grad`` into a free slot of ``group``; wait (backing off) while all are busy.
-
-        Returns the seconds spent waiting for a slot (0.0 when one was free at once). Raises
-        :class:`PushAbandoned` after ``timeout`` seconds or when ``abandon()`` returns True.
-        """
-        start = time.perf_counter()
-        backoff = Backoff()
-        while not self.try_push(group, seq, base_version, samples, grad, stats):
-            if abandon is not None and abandon():
-                raise PushAbandoned(f"group {group} push of seq {seq} abandoned")
-            if timeout is not None and time.perf_counter() - start > timeout:
-                raise PushAbandoned(f"group {group} push of seq {seq}: no free slot within {timeout} s")
-            backoff.sleep()
-        waited = time.perf_counter() - start if backoff.waited else 0.0
-        self.total_wait += waited
-        return waited
 
     # ---- owner side ---------------------------------------------------------------------
     def states(self) -> np.ndarray:

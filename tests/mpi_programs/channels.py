@@ -12,7 +12,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.runtime.channels import FragmentLayout, FragmentReceiver, FragmentSender
+from hpcrl.runtime.channels import FragmentReceiver, FragmentSender
+from hpcrl.runtime.layout import FragmentLayout
 from hpcrl.runtime.windows import CounterWindow
 
 T, N, OBS, PREPOST = 16, 4, (5, 2), 2

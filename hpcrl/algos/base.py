@@ -1,0 +1,100 @@
+"""The algorithm contract: what trains, separated from where it runs.
+
+An :class:`Algorithm` is one object per role (each rank or thread builds its own from the
+config). Its methods are named for the role that calls them; the runtime (``hpcrl.runtime``,
+either runner) moves fragments, gradients and weights between the roles and never looks
+inside them::
+
+    actor      act(model, obs) -> (actions, behaviour_logp, values)   one env step of N instances
+               value(model, obs) -> values                            bootstrap of truncated steps
+    learner    prepare(fragments, model) -> batch                     post-processing (e.g. GAE)
+               minibatches(batch, generator) -> iterator              one gradient push each
+               compute_gradient(minibatch, model, window) -> (flat gradient, stats)
+    parameter  make_optimizer(model)
+               apply(model, optimizer, gradient)                      one admitted (aggregated) step
+               end_round(model, round_stats) -> {name: new value}     once per round (adaptive KL...)
+    everyone   make_model(obs_space, action_space, device)
+
+What is published to actors and learners is the model's flat parameter buffer
+(:class:`hpcrl.models.FlatParameters`): everything an actor or learner needs lives in it,
+including non-trained values such as PPO's adaptive KL coefficient (parameters with
+``requires_grad=False``, which :meth:`make_optimizer` leaves out).
+
+``window``: Stellaris' importance-sampling truncation (Eq. 2) needs the log-probabilities of
+the minibatch under the other learner groups' base versions. When :attr:`uses_window` is
+True the learner evaluates :meth:`logps` with those snapshots and passes them as a
+[K-1, B] tensor; otherwise ``window`` is None.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import Tensor, nn
+
+Batch = dict[str, Tensor]
+
+
+class Algorithm:
+    """Base class: subclasses set :attr:`name` and implement the learner-side methods."""
+
+    name: str = ""
+    uses_window: bool = False
+    """True when :meth:`compute_gradient` wants the other learners' log-probs (IS truncation)."""
+
+    def __init__(self, cfg: Any, model_cfg: Any) -> None:
+        self.cfg = cfg
+        self.model_cfg = model_cfg
+
+    # ---- every role -----------------------------------------------------------------------
+    def make_model(self, obs_space: spaces.Space, action_space: spaces.Space,
+                   device: str | torch.device = "cpu") -> nn.Module:
+        """The network whose ``flat`` buffer is trained, published and checkpointed."""
+        from hpcrl.models import ActorCritic
+
+        return ActorCritic(obs_space, action_space, self.model_cfg, device=device)
+
+    # ---- actor ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def act(self, model: nn.Module, obs: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
+        """Actions (unclipped samples for Box), their log-probs and V(obs) for a batch [N, ...]."""
+        return model.act(obs)
+
+    @torch.no_grad()
+    def value(self, model: nn.Module, obs: np.ndarray) -> Tensor:
+        return model.value(obs)
+
+    # ---- learner --------------------------------------------------------------------------
+    def prepare(self, fragments: Sequence[Mapping], model: nn.Module) -> Batch:
+        raise NotImplementedError
+
+    def minibatches(self, batch: Batch, generator: torch.Generator) -> Iterator[Batch]:
+        """The minibatches of one batch, one gradient push each (default: the whole batch once)."""
+        yield batch
+
+    def compute_gradient(self, minibatch: Batch, model: nn.Module,
+                         window: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def logps(self, model: nn.Module, minibatch: Batch) -> Tensor:
+        """log pi(a|s) of the minibatch actions under ``model`` (a snapshot of another version)."""
+        return model.evaluate(minibatch["obs"], minibatch["actions"])[0]
+
+    # ---- parameter rank -------------------------------------------------------------------
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        params = [p for p in model.parameters() if p.requires_grad]
+        if getattr(self.cfg, "optimizer", "adam") == "sgd":
+            return torch.optim.SGD(params, lr=self.cfg.lr)
+        return torch.optim.Adam(params, lr=self.cfg.lr, eps=1e-5)
+
+    def apply(self, model: nn.Module, optimizer: torch.optim.Optimizer, gradient: np.ndarray) -> None:
+        """One optimizer step with an admitted (already staleness-scaled and averaged) flat gradient."""
+        model.flat.grads.copy_(torch.as_tensor(gradient, device=model.flat.grads.device))
+        optimizer.step()
+
+    def end_round(self, model: nn.Module, round_stats: Mapping[str, float]) -> dict[str, float]:
+        """Called by the parameter rank when a round ends; returns the settings it changed."""
+        return {}

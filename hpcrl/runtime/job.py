@@ -1,0 +1,104 @@
+"""What a role loop is given (:class:`Job`), and the parts both runners build the same way.
+
+A role (parameter, learner group, actor) receives one :class:`Job`: its config, its place in
+the rank map, the algorithm object and model, the run directory, and the job's shared objects.
+The shared objects are the MPI windows and channels under ``launch.runner: mpi``
+(:mod:`hpcrl.runtime.main`) and their in-memory twins under ``serial``
+(:mod:`hpcrl.runtime.serial`); the role loops use only the methods the two have in common.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpcrl.algos import make_algorithm
+from hpcrl.algos.base import Algorithm
+from hpcrl.config import RunConfig
+from hpcrl.io import TrajLayout
+from hpcrl.runtime.sampler import EnvInfo
+from hpcrl.runtime.topology import Topology
+
+
+@dataclass
+class Job:
+    """One role's view of the run."""
+
+    cfg: RunConfig
+    topo: Topology
+    run_dir: Path
+    resume: bool
+    runner: str
+    """'mpi' or 'serial' (recorded in run.h5; nothing else depends on it)."""
+    algo: Algorithm
+    model: nn.Module
+    env: EnvInfo
+    traj_layout: TrajLayout
+    counters: Any
+    """CounterWindow or LocalCounters: add, set, read, read_all (words in hpcrl.runtime.control)."""
+    mailbox: Any
+    """GradientMailbox or LocalMailbox: try_push, push, poll."""
+    board: Any
+    """WeightBoard or LocalBoard: publish, latest_version, read_latest, read_version, read_probe."""
+    reports: Any
+    """MpiReports or LocalReports: send(kind, message), drain(kind), close()."""
+    fragments: Any
+    """MpiFragments or LocalFragments: actor_link(actor), learner_link(group)."""
+    probe: Any = None
+    """AAPS probe (hpcrl.runtime.aaps.Probe) when actors.weight_sync is aaps."""
+    progress: Any = None
+    """ProgressEmitter on the parameter role, None elsewhere."""
+    startup: dict = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return self.topo.rank
+
+    @property
+    def probe_size(self) -> int:
+        return 0 if self.probe is None else self.probe.size
+
+    def probe_outputs(self, model):
+        return self.probe.outputs(model)
+
+    def probe_drifted(self, model) -> bool:
+        return self.probe.drifted(model, self.board)
+
+    @property
+    def max_backlog(self) -> int:
+        """Fragments a group may hold before actors wait: one batch's worth (one batch queued while one trains)."""
+        per_batch = -(-self.cfg.group_batch_size // (self.cfg.actors.fragment_length * self.env.num_envs))
+        return max(per_batch, 1)
+
+
+def role_device(learners_cfg, topo: Topology) -> torch.device:
+    """Learner ranks use the GPU given by their node-local rank (when asked or available); others the CPU."""
+    if topo.role != "learner" or learners_cfg.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        if learners_cfg.device == "cuda":
+            raise RuntimeError("learners.device=cuda but torch sees no CUDA device on this node")
+        return torch.device("cpu")
+    index = topo.node_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def role_parts(cfg: RunConfig, env: EnvInfo, topo: Topology) -> tuple[Algorithm, nn.Module, TrajLayout]:
+    """This role's algorithm object, model (same initial weights on every role) and trajectory layout."""
+    algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
+    torch.manual_seed(cfg.env.seed)
+    model = algo.make_model(env.observation_space, env.action_space, device=role_device(cfg.learners, topo))
+    traj = TrajLayout(obs_shape=tuple(env.observation_space.shape), action_shape=tuple(model.action_shape),
+                      obs_dtype="f4", action_dtype="i8" if model.discrete else "f4", num_envs=env.num_envs)
+    return algo, model, traj
+
+
+def fragment_layout_for(cfg: RunConfig, env: EnvInfo, model: nn.Module):
+    from hpcrl.runtime.layout import fragment_layout
+
+    return fragment_layout(env.num_envs, cfg.actors.fragment_length, tuple(env.observation_space.shape),
+                           tuple(model.action_shape), model.discrete)

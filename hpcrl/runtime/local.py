@@ -1,0 +1,248 @@
+"""In-memory twins of the job's shared objects, for the serial runner (all roles in one process).
+
+Each class has the interface of its MPI counterpart, so the role loops cannot tell them apart:
+
+=====================  ============================================  =====================
+here                   MPI counterpart                               interface
+=====================  ============================================  =====================
+LocalCounters          windows.CounterWindow                         add, set, read, read_all
+LocalMailbox           windows.GradientMailbox                       try_push, push, poll
+LocalBoard             windows.WeightBoard                           publish, read_latest, ...
+LocalReports           transport.MpiReports                          send, drain, close
+LocalFragments         transport.ActorLink / LearnerLink             can_send, send, poll, ...
+=====================  ============================================  =====================
+
+Every object is guarded by one lock (the roles are threads). When any role fails, the runner
+sets ``abort``: the next counter read of every other role raises :class:`RunAborted`, so no
+role waits for a partner that is gone (the in-process version of MPI_Abort).
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import numpy as np
+
+from hpcrl.runtime.push import PushLoop
+
+
+class RunAborted(RuntimeError):
+    """Another role of the serial run failed; this one stops."""
+
+
+class LocalCounters:
+    """``n`` int64 counters; reads raise :class:`RunAborted` once ``abort`` is set."""
+
+    def __init__(self, n: int, abort: threading.Event, initial: int = 0):
+        self.n = n
+        self._words = np.full(n, initial, dtype=np.int64)
+        self._lock = threading.Lock()
+        self.abort = abort
+
+    def _check(self) -> None:
+        if self.abort.is_set():
+            raise RunAborted("another role of this run failed")
+
+    def add(self, i: int, value: int = 1) -> int:
+        with self._lock:
+            old = int(self._words[i])
+            self._words[i] += value
+        return old
+
+    def set(self, i: int, value: int) -> int:
+        with self._lock:
+            old = int(self._words[i])
+            self._words[i] = value
+        return old
+
+    def read(self, i: int) -> int:
+        self._check()
+        return int(self._words[i])
+
+    def read_all(self) -> np.ndarray:
+        self._check()
+        with self._lock:
+            return self._words.copy()
+
+    def free(self) -> None:
+        pass
+
+
+class LocalMailbox(PushLoop):
+    """``slots_per_group`` places per learner group; a full group's push waits (back-pressure)."""
+
+    def __init__(self, num_groups: int, slots_per_group: int, num_params: int, stats_capacity: int = 8):
+        self.num_groups, self.slots_per_group = num_groups, slots_per_group
+        self.num_params, self.stats_capacity = num_params, stats_capacity
+        self._held = [0] * num_groups
+        self._queue: deque[tuple[dict, np.ndarray]] = deque()
+        self._ticket = 0
+        self._lock = threading.Lock()
+        self.pushes = 0
+
+    def try_push(self, group: int, seq: int, base_version: int, samples: int, grad: np.ndarray,
+                 stats=None) -> bool:
+        grad = np.array(grad, dtype=np.float32, copy=True).reshape(-1)
+        if grad.size != self.num_params:
+            raise ValueError(f"LocalMailbox.push: gradient has {grad.size} values, mailbox holds {self.num_params}")
+        stats = np.asarray([] if stats is None else stats, dtype=np.float64).reshape(-1)
+        with self._lock:
+            if self._held[group] >= self.slots_per_group:
+                return False
+            self._held[group] += 1
+            header = {"seq": seq, "group": group, "base_version": base_version, "samples": samples,
+                      "ticket": self._ticket, "n_stats": stats.size, "stats": stats.copy()}
+            self._ticket += 1
+            self._queue.append((header, grad))
+            self.pushes += 1
+        return True
+
+    def poll(self, limit: int | None = None) -> list[tuple[dict, np.ndarray]]:
+        out = []
+        with self._lock:
+            while self._queue and (limit is None or len(out) < limit):
+                header, grad = self._queue.popleft()
+                self._held[header["group"]] -= 1
+                out.append((header, grad))
+        return out
+
+    def free(self) -> None:
+        pass
+
+
+class LocalBoard:
+    """The newest ``history`` published versions (params + probe outputs), copied on publish and read."""
+
+    def __init__(self, num_params: int, history: int = 4, probe_size: int = 0):
+        self.num_params, self.history, self.probe_size = num_params, history, probe_size
+        self._ring: deque[tuple[int, np.ndarray, np.ndarray]] = deque(maxlen=history)
+        self._lock = threading.Lock()
+
+    def publish(self, version: int, flat: np.ndarray, probe: np.ndarray | None = None) -> None:
+        with self._lock:
+            if self._ring and version <= self._ring[-1][0]:
+                raise ValueError(f"LocalBoard.publish: version {version} not above the latest {self._ring[-1][0]}")
+            probe = np.zeros(0, np.float32) if probe is None else np.array(probe, dtype=np.float32)
+            self._ring.append((version, np.array(flat, dtype=np.float32, copy=True).reshape(-1), probe))
+
+    def latest_version(self) -> int:
+        with self._lock:
+            return self._ring[-1][0] if self._ring else -1
+
+    def read_latest(self, out: np.ndarray) -> int:
+        with self._lock:
+            if not self._ring:
+                return -1
+            version, params, _ = self._ring[-1]
+            out[:] = params
+            return version
+
+    def read_version(self, version: int, out: np.ndarray) -> bool:
+        with self._lock:
+            for v, params, _ in self._ring:
+                if v == version:
+                    out[:] = params
+                    return True
+        return False
+
+    def read_probe(self, out: np.ndarray) -> int:
+        with self._lock:
+            if not self._ring:
+                return -1
+            version, _, probe = self._ring[-1]
+            out[:] = probe
+            return version
+
+    def versions(self) -> list[int]:
+        with self._lock:
+            return [v for v, _, _ in self._ring]
+
+    def free(self) -> None:
+        pass
+
+
+class LocalReports:
+    """Small messages to the parameter role (episode reports, learner activity rows), FIFO per kind."""
+
+    def __init__(self):
+        self._queues: dict[str, deque] = {}
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, message: dict) -> None:
+        with self._lock:
+            self._queues.setdefault(kind, deque()).append(message)
+
+    def drain(self, kind: str) -> list[dict]:
+        with self._lock:
+            q = self._queues.get(kind)
+            out = list(q) if q else []
+            if q:
+                q.clear()
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class LocalFragments:
+    """Fragment queues of the learner groups; each fragment is packed and unpacked with the same
+    layout as over MPI (so a learner sees the same dtypes and shapes under either runner)."""
+
+    def __init__(self, layout, num_groups: int, num_actors: int, max_in_flight: int, abort: threading.Event):
+        self.layout, self.abort = layout, abort
+        self.max_in_flight = max_in_flight
+        self._queues = [deque() for _ in range(num_groups)]
+        self._in_flight = [0] * num_actors
+        self._closed = [False] * num_actors
+        self._lock = threading.Lock()
+
+    def actor_link(self, actor: int) -> "LocalActorLink":
+        return LocalActorLink(self, actor)
+
+    def learner_link(self, group: int) -> "LocalLearnerLink":
+        return LocalLearnerLink(self, group)
+
+
+class LocalActorLink:
+    def __init__(self, hub: LocalFragments, actor: int):
+        self.hub, self.actor = hub, actor
+
+    def can_send(self) -> bool:
+        return self.hub._in_flight[self.actor] < self.hub.max_in_flight
+
+    def send(self, group: int, fragment: dict) -> float:
+        frag = dict(fragment)
+        frag.setdefault("actor", self.actor)
+        packed = self.hub.layout.unpack(self.hub.layout.pack(frag), copy=False)
+        with self.hub._lock:
+            self.hub._in_flight[self.actor] += 1
+            self.hub._queues[group].append((self.actor, packed))
+        return 0.0
+
+    def close(self) -> None:
+        with self.hub._lock:
+            self.hub._closed[self.actor] = True
+
+
+class LocalLearnerLink:
+    def __init__(self, hub: LocalFragments, group: int):
+        self.hub, self.group = hub, group
+
+    def poll(self) -> list[dict]:
+        with self.hub._lock:
+            q = self.hub._queues[self.group]
+            out = []
+            while q:
+                actor, frag = q.popleft()
+                self.hub._in_flight[actor] -= 1
+                out.append(frag)
+        return out
+
+    def finished(self) -> bool:
+        if self.hub.abort.is_set():
+            raise RunAborted("another role of this run failed")
+        with self.hub._lock:
+            return all(self.hub._closed) and not self.hub._queues[self.group]
+
+    def close(self) -> None:
+        pass

@@ -166,3 +166,23 @@ def test_prepare_batch_recomputes_values_with_learner_policy():
     torch.testing.assert_close(batch["values"], v)
     # lambda = 1, no dones: the return of the last row is r + gamma V(last_obs)
     torch.testing.assert_close(batch["returns"][-N:], 1.0 + 0.5 * last)
+
+
+def test_ppo_algorithm_adapts_kl_coeff_on_the_parameter_side_and_publishes_it_in_the_weights():
+    from hpcrl.algos import make_algorithm
+
+    cfg = PPOConfig(kl_coeff=0.2, kl_target=0.01, minibatch_size=4, train_batch_size=8, num_sgd_iter=3)
+    algo = make_algorithm(cfg, MODEL, AggregationConfig(is_truncation=False))
+    parameter = algo.make_model(OBS, spaces.Discrete(2))
+    learner = algo.make_model(OBS, spaces.Discrete(2))
+    optimizer = algo.make_optimizer(parameter)
+    trained = sum(p.numel() for group in optimizer.param_groups for p in group["params"])
+    assert trained == parameter.flat.num_params - 1  # the coefficient travels in the buffer, untrained
+    assert algo.end_round(parameter, {"kl": 0.05}) == {"kl_coeff": pytest.approx(0.3)}  # kl > 2 target: x1.5
+    assert algo.end_round(parameter, {"kl": 0.001}) == {"kl_coeff": pytest.approx(0.15)}  # kl < target/2: x0.5
+    assert algo.end_round(parameter, {"kl": math.nan}) == {}
+    learner.flat.load_(parameter.flat.params)  # what a learner reads from the weight board
+    assert float(learner.constants["kl_coeff"]) == pytest.approx(0.15)
+    assert len(list(algo.minibatches({"advantages": torch.zeros(8)}, torch.Generator()))) == 3 * 2
+    off = make_algorithm(PPOConfig(kl_coeff=0.0), MODEL, AggregationConfig())
+    assert off.uses_window and off.end_round(off.make_model(OBS, spaces.Discrete(2)), {"kl": 1.0}) == {}

@@ -1,0 +1,145 @@
+"""The serial runner: every role in one process, no mpiexec, the same record as an MPI job.
+
+The in-process tests check the same invariants as tests/test_runtime_e2e.py checks on MPI
+jobs (gradients neither lost nor duplicated, versions contiguous, IS window with two groups,
+a failing role ends the run, SIGTERM then --resume); one test (marked mpi) runs the same tiny
+config under both runners and compares the files' structure.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from hpcrl.config import build_config
+from hpcrl.io import read_attrs, read_table, read_trajectory
+from hpcrl.runtime.checkpoint import load_checkpoint
+from hpcrl.runtime.serial import RoleFailed, run_serial
+
+TINY = {
+    "name": "tiny",
+    "env": {"id": "CartPole-v1", "num_envs": 2},
+    "actors": {"count": 2, "fragment_length": 16},
+    "learners": {"groups": 1, "ranks_per_group": 1},
+    "algo": {"name": "ppo", "train_batch_size": 64, "minibatch_size": 32, "num_sgd_iter": 1},
+    "stop": {"total_env_steps": 1500},
+    "io": {"flush_seconds": 0.5, "checkpoint_every": 10},
+    "launch": {"runner": "serial", "timeout_seconds": 120},
+}
+
+
+def tiny(run_dir: Path, **sections):
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in TINY.items()}
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    data["io"]["run_dir"] = str(run_dir)
+    return data
+
+
+def test_serial_run_keeps_every_invariant_of_the_record(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = build_config(tiny(run_dir, learners={"groups": 2, "min_active": 1, "backlog_per_group": 1},
+                            aggregation={"is_truncation": True}, stop={"total_env_steps": 1200}))
+    assert run_serial(cfg, run_dir, progress="plain") == 0
+    h5 = run_dir / "run.h5"
+    assert read_attrs(h5)["runner"] == "serial"
+    assert list(read_table(h5, "rank_map")["role"]) == [0, 1, 1, 2, 2]
+    episodes = read_table(h5, "episodes")
+    assert len(episodes["return"]) > 0 and np.allclose(episodes["return"], episodes["length"])
+    grads, updates = read_table(h5, "gradients"), read_table(h5, "updates")
+    admitted = grads["admitted"] == 1
+    assert admitted.sum() == updates["num_gradients"].sum()
+    assert np.array_equal(updates["version"], np.arange(1, len(updates["version"]) + 1))
+    assert set(np.unique(grads["group"])) <= {0, 1}
+    for g in np.unique(grads["group"]):  # each group's sequence numbers arrive once each, none lost
+        seqs = np.sort(grads["seq"][grads["group"] == g])
+        assert np.array_equal(seqs, np.arange(len(seqs)))
+    assert np.all(read_table(h5, "learner_activity")["compute_seconds"] > 0)
+    assert len(read_table(h5, "rounds")["round"]) >= 2
+    steps = sum(len(read_trajectory(run_dir / "traj" / f"actor-{a:05d}.h5")["rewards"]) for a in (0, 1))
+    assert steps * 2 >= 1200  # rows are [num_envs] wide: every sampled env step is on disk
+    assert load_checkpoint(run_dir)["version"] == updates["version"][-1]
+
+
+def test_a_failing_role_ends_the_serial_run_and_names_itself(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = build_config(tiny(run_dir, debug={"raise_on_rank": 2, "raise_after_seconds": 0.5},
+                            stop={"total_env_steps": 10_000_000}))
+    start = time.monotonic()
+    with pytest.raises(RoleFailed, match=r"rank 2 \(actor\) failed: RuntimeError: .*failing on purpose") as info:
+        run_serial(cfg, run_dir, progress="plain")
+    assert time.monotonic() - start < 30
+    assert "Traceback" in info.value.details
+    assert read_attrs(run_dir / "run.h5")["schema_version"] == 1  # the record was closed and stays readable
+    read_trajectory(run_dir / "traj" / "actor-00001.h5")
+
+
+def test_sigterm_stops_a_serial_run_cleanly_and_resume_continues(tmp_path):
+    data = tiny(tmp_path / "run", stop={"total_env_steps": 10_000_000})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                if len(read_table(run_dir / "run.h5", "updates")["version"]) >= 10:
+                    break
+            except Exception:
+                pass
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    assert "signal SIGTERM" in out and "launch.runner=serial" in out
+    stopped_at = load_checkpoint(run_dir)["version"]
+    assert stopped_at >= 10
+    env_steps = load_checkpoint(run_dir)["env_steps"]
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--resume", str(run_dir), "-o",
+                          f"stop.total_env_steps={env_steps + 400}"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    versions = read_table(run_dir / "run.h5", "updates")["version"]
+    assert np.all(np.diff(versions) == 1) and versions[-1] > stopped_at
+    assert len(read_attrs(run_dir / "run.h5")["resumed_unix"]) == 1
+
+
+def _structure(h5: Path) -> dict:
+    """Every dataset's path, dtype and rank, and the file attributes' names."""
+    out = {}
+    with h5py.File(h5, "r", swmr=True) as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, (obj.dtype.str, obj.ndim))
+                     if isinstance(obj, h5py.Dataset) else None)
+        out["attrs"] = sorted(f.attrs)
+    return out
+
+
+@pytest.mark.mpi
+def test_both_runners_write_the_same_record(tmp_path):
+    runs = {}
+    for runner in ("serial", "mpi"):
+        data = tiny(tmp_path / runner, launch={"runner": runner})
+        path = tmp_path / f"{runner}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(path)], capture_output=True, text=True,
+                             timeout=150)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        runs[runner] = tmp_path / runner
+    serial, mpi = (_structure(runs[r] / "run.h5") for r in ("serial", "mpi"))
+    assert serial == mpi
+    assert read_attrs(runs["mpi"] / "run.h5")["runner"] == "mpi"
+    for runner, run_dir in runs.items():
+        assert len(read_table(run_dir / "run.h5", "episodes")["return"]) > 0, runner
+        assert sorted(os.listdir(run_dir / "traj")) == ["actor-00000.h5", "actor-00001.h5"]

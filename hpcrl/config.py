@@ -14,8 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hpcrl.errors import ConfigError
 
-SCHEMA_VERSION = 1
-
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -71,7 +69,8 @@ class LearnersConfig(Section):
     backlog_per_group: int = Field(4, ge=1)
     """Queued fragments per active group above which another group is activated."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto: the GPU given by the node-local rank when CUDA is available, else CPU."""
+    """Where learners compute (and, for ha2c/hddpg, where the batched envs and the whole loop run):
+    auto = the GPU given by the node-local rank when CUDA is available, else the CPU."""
 
     @model_validator(mode="after")
     def _active_bounds(self) -> "LearnersConfig":
@@ -91,7 +90,8 @@ class AggregationConfig(Section):
     policy: Literal["stellaris", "stellaris_code", "pure_async", "sync"] = "stellaris"
     """Admission policy on the parameter rank (hpcrl.staleness)."""
     d: float = Field(0.96, ge=0.0, le=1.0)
-    """Threshold decay (Stellaris Eq. 3): beta_k = delta_max * d**k; 1 = pure async, 0 = synchronous."""
+    """Threshold decay (Stellaris Eq. 3): beta_k = delta_max * d**k; 0 = synchronous; 1 keeps beta at the
+    observed delta_max (near, not equal to, policy pure_async, which applies every gradient on arrival)."""
     v: float = Field(3.0, gt=0)
     """Learning-rate staleness exponent (Stellaris Eq. 4): alpha = alpha_0 / delta**(1/v)."""
     rho: float = Field(1.0, gt=0)
@@ -136,7 +136,6 @@ class HA2CConfig(Section):
     max_grad_norm: float = Field(0.5, gt=0)
     normalize_advantages: bool = True
     """Scale the batch's advantages to zero mean and unit variance before the policy gradient."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
     stats_every: int = Field(10, ge=1)
     """Iterations between fetches of episode statistics and losses from the device (none in between)."""
 
@@ -158,7 +157,6 @@ class HDDPGConfig(Section):
     """Instances whose buffered steps make one update (drawn at random each time); None: all of them."""
     critic_hidden_sizes: list[Annotated[int, Field(ge=1)]] | None = None
     """Hidden widths of the critic Q(s, a) (None: model.hidden_sizes); the actor uses model.hidden_sizes."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
     stats_every: int = Field(10, ge=1)
     """Iterations between fetches of episode statistics and losses from the device (none in between)."""
 

@@ -53,7 +53,7 @@ def check_config(cfg: RunConfig) -> None:
     using a one-instance env on the CPU: nothing is written or allocated on the device."""
     if cfg.algo.name not in ALGOS:
         raise ConfigError(f"algo.name: run_batched runs {', '.join(ALGOS)}, got {cfg.algo.name!r}")
-    resolve_device(cfg.algo.device)
+    resolve_device(cfg.learners.device)
     cpu = torch.device("cpu")
     env = make_env(cfg, cpu, num_envs=1)
     ALGOS[cfg.algo.name](cfg.algo, cfg.model, env.single_observation_space, env.single_action_space, 1, cpu)
@@ -74,7 +74,7 @@ def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str
     ("tty", "plain", "pipe") or an object with ``update(stats)`` and ``finish(summary)``.
     """
     check_config(cfg)
-    device = resolve_device(cfg.algo.device)
+    device = resolve_device(cfg.learners.device)
     torch.manual_seed(cfg.env.seed)
     env = make_env(cfg, device)
     algo = ALGOS[cfg.algo.name](cfg.algo, cfg.model, env.single_observation_space, env.single_action_space,

@@ -28,7 +28,7 @@ TASKS = {"cartpole": "cartpole_ha2c.yaml", "acrobot": "acrobot_ha2c.yaml", "pend
 
 
 def solve(task: str, seed: int, instances: int | None, max_minutes: float, device: str, run_dir: Path) -> dict:
-    overrides = [f"env.seed={seed}", f"stop.max_wall_seconds={max_minutes * 60}", f"algo.device={device}",
+    overrides = [f"env.seed={seed}", f"stop.max_wall_seconds={max_minutes * 60}", f"learners.device={device}",
                  f"name={task}-seed{seed}"]
     if instances:
         overrides.append(f"env.num_envs={instances}")

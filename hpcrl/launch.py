@@ -1,10 +1,10 @@
 """Config -> the command line that starts the ranks.
 
-Locally ``hpcrl run`` starts ``mpiexec -n N python -m hpcrl.runtime.main RUN_DIR`` itself;
-on a site the batch script starts the same per-rank command with ``srun`` (Slurm) or the
-PALS ``mpiexec`` (PBS at ALCF), optionally inside a container. Everything here is pure
-string work except :func:`find_mpiexec` and :func:`mpi_flavour`, which look at the
-filesystem and run ``mpiexec --version`` when asked (never at import).
+Every launcher starts the same per-rank command, :func:`rank_command`: locally ``hpcrl run``
+runs ``mpiexec -n N`` + it; the batch scripts (``hpcrl submit``) put it after ``srun`` (Slurm)
+or the PALS ``mpiexec`` (PBS at ALCF); a Parsl app puts it after ``$PARSL_MPI_PREFIX``.
+Everything here is pure string work except :func:`find_mpiexec` and :func:`mpi_flavour`,
+which look at the filesystem and run ``mpiexec --version`` when asked (never at import).
 """
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Mapping
 
 from hpcrl.config import ContainerConfig, LaunchConfig
 from hpcrl.errors import ConfigError
+from hpcrl.launch_container import wrap
 
 NO_MPIEXEC_HELP = (
     "install one with `pip install mpich` (or `pip install 'hpcrl[local-mpi]'`), "
@@ -90,31 +91,26 @@ def mpi_flavour(mpiexec: str) -> str:
     return "unknown"
 
 
-def rank_command(run_dir: str | Path, python: str = sys.executable, resume: bool = False,
-                 progress: str = "plain", container: ContainerConfig | None = None) -> list[str]:
-    """What every rank executes: ``python -m hpcrl.runtime.main RUN_DIR`` (in a container if asked)."""
+def rank_command(run_dir: str | Path, *, python: str = sys.executable, resume: bool = False,
+                 progress: str = "plain", container: ContainerConfig | None = None,
+                 binds: Iterable[str] = ()) -> list[str]:
+    """The argv of one rank, the same for every launcher (local mpiexec, batch scripts, Parsl apps).
+
+    ``python -m hpcrl.runtime.main RUN_DIR --progress=MODE [--resume]``; the run directory holds the
+    resolved ``config.yaml``. With a container the rank runs inside it with the image's Python;
+    ``binds`` are the site's host paths every container needs, and the run directory's parent is
+    bound too (apptainer binds only home and cwd, podman-hpc nothing; shifter mounts scratch and
+    home itself and refuses other volumes).
+    """
     cmd = [python, "-m", "hpcrl.runtime.main", str(run_dir), f"--progress={progress}"]
     if resume:
         cmd.append("--resume")
-    return container_wrap(cmd, container) if container else cmd
-
-
-def container_wrap(cmd: list[str], container: ContainerConfig) -> list[str]:
-    """Run ``cmd`` inside the container: the MPI launcher stays outside, one container per rank."""
-    if container.runtime == "apptainer":
-        opts = ["--nv"] if container.gpu else []
-        for b in container.binds:
-            opts += ["--bind", b]
-        # inside the image the interpreter is the image's own python
-        return ["apptainer", "exec", *opts, container.image, "python3", *cmd[1:]]
-    if container.runtime == "podman-hpc":
-        opts = ["--rm", "--mpi"] + (["--gpu"] if container.gpu else [])
-        for b in container.binds:
-            src, _, dst = b.partition(":")
-            opts += ["-v", f"{src}:{dst or src}"]
-        return ["podman-hpc", "run", *opts, container.image, "python3", *cmd[1:]]
-    opts = [f"--image={container.image}"] + (["--module=gpu"] if container.gpu else [])
-    return ["shifter", *opts, "python3", *cmd[1:]]
+    if container is None:
+        return cmd
+    binds = list(binds)
+    if container.runtime != "shifter":
+        binds.append(str(Path(run_dir).parent))
+    return wrap(cmd, container, binds)
 
 
 def local_command(launch: LaunchConfig, num_ranks: int, run_dir: str | Path, *, mpiexec: str,
@@ -129,21 +125,8 @@ def local_command(launch: LaunchConfig, num_ranks: int, run_dir: str | Path, *, 
     if flavour == "openmpi" and num_ranks > (os.cpu_count() or 1) and "--oversubscribe" not in launch.mpiexec_args:
         cmd.append("--oversubscribe")
     cmd += list(launch.mpiexec_args)
-    return cmd + rank_command(run_dir, python, resume, progress, launch.container)
-
-
-def srun_command(num_ranks: int, run_dir: str | Path, *, python: str = "python3", resume: bool = False,
-                 container: ContainerConfig | None = None, extra: list[str] = ()) -> list[str]:
-    """Slurm (NERSC Perlmutter): ``srun -n N --cpu-bind=cores ... python -m hpcrl.runtime.main RUN_DIR``."""
-    return ["srun", "-n", str(num_ranks), "--cpu-bind=cores", *extra,
-            *rank_command(run_dir, python, resume, "plain", container)]
-
-
-def pals_command(num_ranks: int, ranks_per_node: int, run_dir: str | Path, *, python: str = "python3",
-                 resume: bool = False, container: ContainerConfig | None = None, extra: list[str] = ()) -> list[str]:
-    """PBS + PALS (ALCF Polaris, Aurora): ``mpiexec -n N --ppn P --cpu-bind depth ... RUN_DIR``."""
-    return ["mpiexec", "-n", str(num_ranks), "--ppn", str(ranks_per_node), "--cpu-bind", "depth", *extra,
-            *rank_command(run_dir, python, resume, "plain", container)]
+    return cmd + rank_command(run_dir, python=python, resume=resume, progress=progress,
+                              container=launch.container)
 
 
 def rank_environment(base: Mapping[str, str]) -> dict[str, str]:

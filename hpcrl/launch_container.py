@@ -1,10 +1,11 @@
-"""Container wrapping for the hybrid MPI model: the host launcher starts one container per rank.
+"""The one container wrapper: the host launcher starts one container per rank (hybrid MPI model).
 
-``container_prefix(cfg)`` is what goes between the launcher and the rank's command::
+``wrap(rank_argv, container, binds)`` puts ``container_prefix`` between the launcher and the rank's
+command (:func:`hpcrl.launch.rank_command` calls it for local runs, batch scripts and Parsl apps)::
 
-    srun -n 8 | apptainer exec --nv --bind /scratch IMAGE            | python3 -m hpcrl run --inside-mpi ...
-    srun -n 8 | podman-hpc run --rm --mpi --gpu -v /scratch:/scratch IMAGE | python3 -m hpcrl run ...
-    srun -n 8 | shifter --image=IMAGE --module=mpich,gpu             | python3 -m hpcrl run ...
+    srun -n 8 | apptainer exec --nv --bind /scratch IMAGE                | python3 -m hpcrl.runtime.main RUN_DIR ...
+    srun -n 8 | podman-hpc run --rm --mpi --gpu -v /scratch:/scratch IMAGE | python3 -m hpcrl.runtime.main ...
+    srun -n 8 | shifter --image=IMAGE --module=mpich,gpu                 | python3 -m hpcrl.runtime.main ...
 
 The MPI inside the image must be MPICH (ABI compatible with Cray MPICH, which the site swaps in:
 ALCF via ``cray-mpich-abi``, NERSC via ``podman-hpc --mpi`` / ``shifter --module=mpich``); see
@@ -82,7 +83,7 @@ def container_prefix(container: ContainerConfig, extra_binds: Iterable[str] = ()
 
 
 def wrap(command: list[str], container: ContainerConfig | None, extra_binds: Iterable[str] = ()) -> list[str]:
-    """``command`` (``python -m hpcrl ...``) run in the container, with the image's Python; unchanged without one."""
+    """``command`` (``python -m ...``) run in the container, with the image's Python; unchanged without one."""
     if container is None:
         return list(command)
     return [*container_prefix(container, extra_binds), RANK_PYTHON, *command[1:]]

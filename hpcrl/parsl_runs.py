@@ -1,13 +1,14 @@
 """One hpcrl run as one Parsl MPI app: its job directory, resource specification and bash command.
 
 The workflows in ``workflows/`` call :func:`prepare` for each run and hand ``spec.command`` to a
-``@bash_app`` together with ``parsl_resource_specification=spec.resources``. The command starts the
-ranks with ``$PARSL_MPI_PREFIX`` (srun or mpiexec for the nodes Parsl gave the app) and, like the
-batch scripts, resumes the run from its last checkpoint when the app runs again (a Parsl retry).
+``@bash_app`` together with ``parsl_resource_specification=spec.resources``. The command is
+``slurm_templates/parsl_app.sh.j2``: the batch scripts' rank environment, container setup and
+start-or-resume (``_ranks.sh.j2``), then the ranks after ``$PARSL_MPI_PREFIX`` (srun or mpiexec
+for the nodes Parsl gave the app). When the app runs again (a Parsl retry) the run resumes from
+its last checkpoint.
 """
 from __future__ import annotations
 
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +16,10 @@ from pathlib import Path
 from parsl import bash_app
 
 from hpcrl.config import RunConfig
-from hpcrl.launch_container import container_prefix, wrap
-from hpcrl.sites import load_site
-from hpcrl.sites.parsl_configs import BATCH_SITE, SITES
 from hpcrl.errors import ConfigError
-from hpcrl.submit import CHECKPOINT, JOB_SUFFIX, check_path, layout, prepare_job_dir
+from hpcrl.sites import Site, load_site
+from hpcrl.sites.parsl_configs import BATCH_SITE, SITES
+from hpcrl.submit import JOB_SUFFIX, check_path, layout, plan_rank_start, prepare_job_dir, render_template
 
 
 @dataclass(frozen=True)
@@ -29,18 +29,23 @@ class AppRun:
     resources: dict
     """parsl_resource_specification: num_nodes, ranks_per_node, num_ranks, launcher_options."""
     command: str
-    """The bash app's command line (every path quoted)."""
+    """The bash app's script (slurm_templates/parsl_app.sh.j2, every path quoted)."""
 
 
-def launcher_options(site: str, cpus_per_rank: int | None) -> str:
-    """Options appended to $PARSL_MPI_PREFIX, matching the batch templates' launch lines."""
-    if site == "local":
+def launcher_options(site: Site | None, cpus_per_rank: int | None) -> str:
+    """Options appended to $PARSL_MPI_PREFIX, from the site facts the batch templates' launch lines use."""
+    if site is None:
         return "-launcher fork"  # Hydra: every rank on this machine, no ssh
-    if site == "local-slurm":
-        return "--mpi=pmi2 --overcommit"  # PMI-2 for the mpich wheel; more ranks than the test node's cores
-    if site == "perlmutter":
-        return f"--cpus-per-task={cpus_per_rank} --cpu-bind=cores --gpu-bind=none"
-    return f"--depth={cpus_per_rank} --cpu-bind depth"  # PALS mpiexec (Polaris, Aurora)
+    if site.launcher == "pals":
+        return f"--depth={cpus_per_rank} --cpu-bind depth"
+    words = [f"--mpi={site.srun_mpi}"] if site.srun_mpi else []
+    if cpus_per_rank:
+        words += [f"--cpus-per-task={cpus_per_rank}", "--cpu-bind=cores"]
+    if site.gpus_per_node:
+        words.append("--gpu-bind=none")  # every rank sees its node's GPUs; a learner takes its node-local rank's
+    if site.overcommit:
+        words.append("--overcommit")  # more ranks than cores (the test node)
+    return " ".join(words)
 
 
 def prepare(cfg: RunConfig, site: str, run_dir: str | Path, *, nodes: int | None = None,
@@ -54,26 +59,17 @@ def prepare(cfg: RunConfig, site: str, run_dir: str | Path, *, nodes: int | None
     job_dir = Path(str(run_dir) + JOB_SUFFIX)
     python = check_path("--python", python or sys.executable)
     ranks = cfg.num_ranks
-    facts = BATCH_SITE[site]
+    facts = load_site(BATCH_SITE[site]) if BATCH_SITE[site] else None
     if facts is None:
         nodes, per_node, cpus = 1, ranks, None
     else:
-        nodes, per_node, cpus = layout(ranks, load_site(facts), nodes)
-    binds = [] if cfg.launch.container is None or cfg.launch.container.runtime == "shifter" else [str(run_dir.parent)]
-    if cfg.launch.container is not None:
-        container_prefix(cfg.launch.container, binds)  # validate before anything is written
-    config_path = prepare_job_dir(cfg, run_dir, job_dir)
-    rank = wrap([python, "-m", "hpcrl", "run", "--inside-mpi"], cfg.launch.container, binds)
-    q = shlex.quote
-    command = (
-        f"cd {q(str(job_dir))} && export HDF5_USE_FILE_LOCKING=FALSE OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 && "
-        f"if [ -f {q(str(run_dir / CHECKPOINT))} ]; then set -- --resume {q(str(run_dir))}; "
-        f"else {{ [ ! -e {q(str(run_dir))} ] || mv {q(str(run_dir))} {q(str(run_dir))}.incomplete-$(date +%s); }}; "
-        f"set -- {q(str(config_path))}; fi && "
-        f"$PARSL_MPI_PREFIX {' '.join(q(w) for w in rank)} \"$@\""
-    )
+        nodes, per_node, cpus = layout(ranks, facts, nodes)
+    command = render_template("parsl_app.sh.j2", run_dir=run_dir, job_dir=job_dir,
+                              rank_start=plan_rank_start(cfg, facts, run_dir, python),
+                              resume_note=" (the app runs again)")
+    prepare_job_dir(cfg, run_dir, job_dir)  # only once everything above is valid
     resources = {"num_nodes": nodes, "ranks_per_node": per_node, "num_ranks": ranks,
-                 "launcher_options": launcher_options(site, cpus)}
+                 "launcher_options": launcher_options(facts, cpus)}
     return AppRun(run_dir=run_dir, job_dir=job_dir, resources=resources, command=command)
 
 

@@ -1,12 +1,13 @@
 """Batch scripts for a site: plan the job, validate every value that reaches the script, render it.
 
 ``plan_job`` turns a config and the ``hpcrl submit`` flags into a :class:`Job` (nodes, ranks per
-node, walltime, paths), checking each value against a strict pattern: a batch directive line
-(``#SBATCH``/``#PBS``) is parsed by the scheduler, not by a shell, so quoting cannot protect it;
-only values that match are allowed through, and shell words are quoted again with ``shlex.quote``
-in the templates. ``render`` fills the site's Jinja2 template from ``slurm_templates/``;
-``write_job`` puts the script and the resolved config in the job directory; ``submit`` runs
-sbatch/qsub and returns the job id.
+node, walltime, paths, and the :class:`RankStart`: how each rank starts), checking each value
+against a strict pattern: a batch directive line (``#SBATCH``/``#PBS``) is parsed by the
+scheduler, not by a shell, so quoting cannot protect it; only values that match are allowed
+through, and shell words are quoted again with ``shlex.quote`` in the templates. ``render`` fills
+the site's Jinja2 template from ``slurm_templates/`` (the Parsl apps of :mod:`hpcrl.parsl_runs`
+share its ``_ranks.sh.j2``); ``write_job`` puts the script and the resolved config in the job
+directory; ``submit`` runs sbatch/qsub and returns the job id.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import jinja2
 
 from hpcrl.config import RunConfig
 from hpcrl.errors import ConfigError
-from hpcrl.launch_container import RANK_PYTHON, check_bind, container_prefix
+from hpcrl.launch import rank_command
 from hpcrl.sites import Site
 
 TEMPLATE_DIR = Path(os.environ.get("HPCRL_TEMPLATE_DIR") or Path(__file__).resolve().parent.parent / "slurm_templates")
@@ -70,6 +71,40 @@ def check_time(flag: str, value: str) -> str:
 
 
 @dataclass(frozen=True)
+class RankStart:
+    """How every rank of a job starts: what slurm_templates/_ranks.sh.j2 renders (batch scripts, Parsl apps)."""
+
+    start: list[str]
+    """argv of one rank starting the run (hpcrl.launch.rank_command)."""
+    resume: list[str]
+    """argv of one rank resuming it from its last checkpoint."""
+    env: dict[str, str] = field(default_factory=dict)
+    """The site's exports (values are quoted in the script)."""
+    container_runtime: str | None = None
+    container_setup: list[str] = field(default_factory=list)
+    """The site's shell lines for that runtime (module loads, ABI paths); trusted: they come from this package."""
+
+
+def plan_rank_start(cfg: RunConfig, site: Site | None, run_dir: str | Path, python: str) -> RankStart:
+    """How the ranks of ``cfg`` start on ``site`` (None: this machine, no site facts); checks the container first."""
+    box = cfg.launch.container
+    binds: list[str] = []
+    if box is not None and site is not None:
+        if box.runtime not in site.containers:
+            allowed = ", ".join(site.containers) or "none"
+            raise ConfigError(f"launch.container.runtime: {box.runtime!r} is not available on {site.name}; "
+                              f"allowed: {allowed}")
+        binds = list(site.container_binds)
+
+    def argv(resume: bool) -> list[str]:
+        return rank_command(run_dir, python=python, resume=resume, container=box, binds=binds)
+
+    return RankStart(start=argv(False), resume=argv(True), env=dict(site.env) if site else {},
+                     container_runtime=box.runtime if box else None,
+                     container_setup=list(site.containers.get(box.runtime, [])) if box and site else [])
+
+
+@dataclass(frozen=True)
 class Job:
     """Everything a template needs, validated."""
 
@@ -84,14 +119,10 @@ class Job:
     queue: str | None
     run_dir: str
     job_dir: str
-    python: str
-    """Interpreter on the compute nodes (outside a container)."""
+    rank_start: RankStart
     warning_seconds: int
     """The ranks get SIGUSR1 this long before the walltime, checkpoint, and the job is requeued."""
     max_restarts: int
-    container: list[str] = field(default_factory=list)
-    """Container prefix words (empty: no container)."""
-    container_runtime: str | None = None
     container_image: str | None = None
     env_script: str | None = None
     """A user file sourced before launch (module loads, conda activate)."""
@@ -109,14 +140,6 @@ class Job:
     @property
     def script_path(self) -> str:
         return f"{self.job_dir}/{self.name}.{'sbatch' if self.site.scheduler == 'slurm' else 'pbs'}"
-
-    @property
-    def config_path(self) -> str:
-        return f"{self.job_dir}/config.yaml"
-
-    @property
-    def rank_python(self) -> str:
-        return RANK_PYTHON if self.container else self.python
 
     @property
     def walltime_seconds(self) -> int:
@@ -193,27 +216,12 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
     if env_script:
         env_script = check_path("--env-script", Path(env_script).absolute())
 
-    prefix: list[str] = []
-    runtime = None
     box = cfg.launch.container
-    if box is not None:
-        if box.runtime not in site.containers:
-            allowed = ", ".join(site.containers) or "none"
-            raise ConfigError(f"launch.container.runtime: {box.runtime!r} is not available on {site.name}; "
-                              f"allowed: {allowed}")
-        # the run directory's parent must be visible inside the container (apptainer binds only home and cwd)
-        binds = [check_bind(b) for b in site.container_binds]
-        if box.runtime != "shifter":  # shifter mounts scratch and home itself and refuses other volumes
-            binds.append(str(run_path.parent))
-        prefix = container_prefix(box, binds)
-        runtime = box.runtime
-
     return Job(site=site, name=check_name("name", cfg.name), nodes=nodes, ranks=ranks, ranks_per_node=per_node,
                cpus_per_rank=cpus, time=time, account=account, queue=queue, run_dir=run_text,
-               job_dir=run_text + JOB_SUFFIX, python=python, warning_seconds=warning_seconds,
-               max_restarts=max_restarts, container=prefix, container_runtime=runtime,
-               container_image=box.image if box else None, env_script=env_script,
-               overrides=tuple(overrides))
+               job_dir=run_text + JOB_SUFFIX, rank_start=plan_rank_start(cfg, site, run_text, python),
+               warning_seconds=warning_seconds, max_restarts=max_restarts,
+               container_image=box.image if box else None, env_script=env_script, overrides=tuple(overrides))
 
 
 def _environment() -> jinja2.Environment:
@@ -224,14 +232,19 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render(job: Job) -> str:
-    if not (TEMPLATE_DIR / job.site.template).is_file():
-        raise ConfigError(f"site {job.site.name}: template {job.site.template!r} not found in {TEMPLATE_DIR} "
-                          "(hpcrl submit needs a source checkout, or HPCRL_TEMPLATE_DIR naming a templates folder)")
-    text = _environment().get_template(job.site.template).render(
-        job=job, site=job.site, checkpoint=CHECKPOINT,
-        container_setup=job.site.containers.get(job.container_runtime, []) if job.container_runtime else [])
+def render_template(name: str, **context) -> str:
+    """Fill ``slurm_templates/NAME``; every template also gets ``checkpoint`` (its presence means resume)."""
+    if not (TEMPLATE_DIR / name).is_file():
+        raise ConfigError(f"template {name!r} not found in {TEMPLATE_DIR} (hpcrl submit and the workflows "
+                          "need a source checkout, or HPCRL_TEMPLATE_DIR naming a templates folder)")
+    text = _environment().get_template(name).render(checkpoint=CHECKPOINT, **context)
     return text if text.endswith("\n") else text + "\n"
+
+
+def render(job: Job) -> str:
+    """The site's batch script for ``job``."""
+    return render_template(job.site.template, job=job, site=job.site, rank_start=job.rank_start,
+                           resume_note=" (restart $RESTART)")
 
 
 def prepare_job_dir(cfg: RunConfig, run_dir: str | Path, job_dir: str | Path) -> Path:

@@ -63,19 +63,19 @@ def test_local_command_composition(monkeypatch):
     assert cmd[:4] == ["mpiexec", "-n", "4", "--oversubscribe"] and cmd[-1] == "--resume"
 
 
-def test_site_launchers_and_containers():
+def test_one_rank_command_in_a_container():
+    """The argv every launcher starts (local mpiexec, batch scripts, Parsl apps); the site launch lines in test_submit."""
     c = ContainerConfig(image="/images/hpcrl.sif", binds=["/lus/proj:/data"], gpu=True)
-    cmd = launch.srun_command(64, "/runs/x", container=c)
-    assert cmd[:4] == ["srun", "-n", "64", "--cpu-bind=cores"]
-    i = cmd.index("apptainer")
-    assert cmd[i:i + 6] == ["apptainer", "exec", "--nv", "--bind", "/lus/proj:/data", "/images/hpcrl.sif"]
-    assert cmd[i + 6:i + 9] == ["python3", "-m", "hpcrl.runtime.main"]
-    cmd = launch.pals_command(32, 8, "/runs/x")
-    assert cmd[:7] == ["mpiexec", "-n", "32", "--ppn", "8", "--cpu-bind", "depth"]
-    podman = launch.container_wrap(["py", "-m", "m"], ContainerConfig(runtime="podman-hpc", image="img", binds=["/a"]))
-    assert podman == ["podman-hpc", "run", "--rm", "--mpi", "-v", "/a:/a", "img", "python3", "-m", "m"]
-    shifter = launch.container_wrap(["py", "-m", "m"], ContainerConfig(runtime="shifter", image="img:1"))
-    assert shifter == ["shifter", "--image=img:1", "python3", "-m", "m"]
+    cmd = launch.rank_command("/runs/x", python="/v/bin/python", container=c, binds=["/opt"])
+    assert cmd[:6] == ["apptainer", "exec", "--nv", "--bind", "/lus/proj:/data", "--bind"]
+    assert cmd[6:9] == ["/opt", "--bind", "/runs"]  # the site's binds, then the run directory's parent
+    assert cmd[9:] == ["/images/hpcrl.sif", "python3", "-m", "hpcrl.runtime.main", "/runs/x", "--progress=plain"]
+    shifter = launch.rank_command("/runs/x", resume=True, container=ContainerConfig(runtime="shifter", image="img:1"))
+    assert shifter == ["shifter", "--image=img:1", "--module=mpich",  # no volume: shifter mounts scratch itself
+                       "python3", "-m", "hpcrl.runtime.main", "/runs/x", "--progress=plain", "--resume"]
+    local = launch.local_command(LaunchConfig(container=c), 4, "/runs/x", mpiexec="mpiexec", flavour="mpich")
+    assert local[:5] == ["mpiexec", "-n", "4", "apptainer", "exec"]
+    assert local[-4:] == ["-m", "hpcrl.runtime.main", "/runs/x", "--progress=plain"]
 
 
 def test_rank_environment_keeps_explicit_values():

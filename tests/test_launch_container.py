@@ -1,11 +1,11 @@
-"""Rank command lines for apptainer, podman-hpc and shifter (hybrid MPI model: launcher outside)."""
+"""The one container wrapper: apptainer, podman-hpc and shifter (hybrid MPI model: launcher outside)."""
 import pytest
 
 from hpcrl.config import ContainerConfig
 from hpcrl.errors import ConfigError
 from hpcrl.launch_container import container_prefix, wrap
 
-RANK = ["/venv/bin/python", "-m", "hpcrl", "run", "--inside-mpi", "--resume", "/scratch/run"]
+RANK = ["/venv/bin/python", "-m", "hpcrl.runtime.main", "/scratch/run", "--progress=plain", "--resume"]
 
 
 def box(**kw):
@@ -16,7 +16,7 @@ def test_apptainer_exec_with_gpus_and_binds():
     cmd = wrap(RANK, box(gpu=True, binds=["/scratch", "/data:/mnt/data:ro"]), extra_binds=["/scratch", "/opt"])
     assert cmd == ["apptainer", "exec", "--nv", "--bind", "/scratch", "--bind", "/data:/mnt/data:ro",
                    "--bind", "/opt", "/images/hpcrl.sif",
-                   "python3", "-m", "hpcrl", "run", "--inside-mpi", "--resume", "/scratch/run"]
+                   "python3", "-m", "hpcrl.runtime.main", "/scratch/run", "--progress=plain", "--resume"]
 
 
 def test_podman_hpc_run_passes_mpi_gpu_volumes_and_rank_environment():
@@ -31,6 +31,14 @@ def test_shifter_loads_the_mpich_module_and_gpu_when_asked():
     assert container_prefix(box(runtime="shifter", image="docker:me/hpcrl:0.1")) == [
         "shifter", "--image=docker:me/hpcrl:0.1", "--module=mpich"]
     assert container_prefix(box(runtime="shifter", image="docker:me/hpcrl:0.1", gpu=True))[2] == "--module=mpich,gpu"
+
+
+def test_wrapped_commands_start_with_the_image_python():
+    podman = wrap(["py", "-m", "m"], box(runtime="podman-hpc", image="img", binds=["/a"]))
+    assert podman == ["podman-hpc", "run", "--rm", "--mpi", "-v", "/a:/a", "-e", "HDF5_USE_FILE_LOCKING",
+                      "-e", "OMP_NUM_THREADS", "-e", "PYTHONUNBUFFERED", "img", "python3", "-m", "m"]
+    shifter = wrap(["py", "-m", "m"], box(runtime="shifter", image="img:1"))
+    assert shifter == ["shifter", "--image=img:1", "--module=mpich", "python3", "-m", "m"]
 
 
 def test_no_container_leaves_the_command_alone():

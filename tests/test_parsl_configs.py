@@ -9,7 +9,8 @@ from parsl.launchers import SimpleLauncher
 from hpcrl.config import load_config
 from hpcrl.errors import ConfigError
 from hpcrl.parsl_runs import prepare
-from hpcrl.sites.parsl_configs import SITES, make_config
+from hpcrl.sites import load_site
+from hpcrl.sites.parsl_configs import BATCH_SITE, SITES, make_config
 
 ADDRESS = {"perlmutter": "10.0.0.1", "polaris": "10.0.0.1", "aurora": "10.0.0.1"}
 
@@ -44,6 +45,20 @@ def test_cluster_sites_carry_the_placeholder_account(no_side_effects):
     assert make_config("polaris", address="10.0.0.1", account="P1", queue="prod").executors[0].provider.queue == "prod"
 
 
+def test_configs_read_the_batch_scripts_site_facts(no_side_effects):
+    """File systems, GPUs and CPUs come from hpcrl/sites/*.yaml, the facts hpcrl submit renders."""
+    polaris = make_config("polaris", address="10.0.0.1").executors[0].provider
+    assert polaris.scheduler_options == f"#PBS -l filesystems={load_site('polaris').filesystems}" \
+        == "#PBS -l filesystems=home:eagle"
+    assert (polaris.select_options, polaris.cpus_per_node) == ("ngpus=4", 64)
+    aurora = make_config("aurora", address="10.0.0.1").executors[0].provider
+    assert aurora.scheduler_options == "#PBS -l filesystems=home:flare"
+    gpu = make_config("perlmutter", address="10.0.0.1").executors[0].provider  # SlurmProvider appends its own lines
+    assert gpu.scheduler_options.startswith("#SBATCH --gpus-per-node=4\n")
+    cpu = make_config("perlmutter", address="10.0.0.1", constraint="cpu").executors[0].provider
+    assert "--gpus-per-node" not in cpu.scheduler_options
+
+
 def test_unknown_site_and_setting_are_one_line_errors():
     with pytest.raises(ConfigError, match="known: local"):
         make_config("summit")
@@ -66,15 +81,28 @@ def test_missing_interface_says_what_to_do():
 def test_app_resources_and_command(site, options, tmp_path):
     run = prepare(load_config(), site, tmp_path / "run", python="/opt/py/bin/python")
     assert run.resources == {"num_nodes": 1, "ranks_per_node": 4, "num_ranks": 4, "launcher_options": options}
-    assert run.command.endswith('$PARSL_MPI_PREFIX /opt/py/bin/python -m hpcrl run --inside-mpi "$@"')
-    assert f"set -- --resume {tmp_path}/run;" in run.command
+    assert run.command.endswith('\n$PARSL_MPI_PREFIX "${RANK_ARGS[@]}"\n')
+    rank = f"/opt/py/bin/python -m hpcrl.runtime.main {tmp_path}/run --progress=plain"  # as in the batch scripts
+    assert f"RANK_ARGS=({rank} --resume)" in run.command and f"RANK_ARGS=({rank})" in run.command
     assert load_config(run.job_dir / "config.yaml").io.run_dir == str(tmp_path / "run")
+    facts = load_site(BATCH_SITE[site]) if BATCH_SITE[site] else None
+    for key, value in (facts.env if facts else {}).items():  # the site's rank environment, as in the batch scripts
+        assert f"\nexport {key}={value}\n" in run.command
+    script = tmp_path / "app.sh"
+    script.write_text(run.command)
+    out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
 
 
 def test_app_in_a_container_and_bad_paths(tmp_path):
     cfg = load_config(None, ["launch.container={runtime: apptainer, image: /img/hpcrl.sif}"])
     run = prepare(cfg, "polaris", tmp_path / "run")
-    assert f"$PARSL_MPI_PREFIX apptainer exec --bind {tmp_path} /img/hpcrl.sif python3 -m hpcrl run" in run.command
+    assert (f"RANK_ARGS=(apptainer exec --bind /opt --bind /var/run/palsd/ --bind {tmp_path} /img/hpcrl.sif "
+            f"python3 -m hpcrl.runtime.main {tmp_path}/run") in run.command
+    assert "module load cray-mpich-abi" in run.command  # the site's container setup, as in the batch scripts
+    with pytest.raises(ConfigError, match="launch.container.runtime: 'apptainer' is not available on perlmutter-gpu"):
+        prepare(cfg, "perlmutter", tmp_path / "run2")
+    assert not (tmp_path / "run2.job").exists()
     with pytest.raises(ConfigError, match="--run-dir"):
         prepare(load_config(), "local", tmp_path / "a b")
 

@@ -1,8 +1,10 @@
-"""Scheduler facts per site (``hpcrl/sites/<name>.yaml``) and Parsl config factories (``hpcrl.sites.parsl``).
+"""Scheduler facts per site (``hpcrl/sites/<name>.yaml``), the one place they are written.
 
 Loading a site reads one small YAML file from this package and nothing else: no scheduler
 calls, no environment variables. ``hpcrl submit --site NAME`` renders the site's template
-from ``slurm_templates/`` with these facts.
+from ``slurm_templates/`` with these facts; the Parsl config factories in
+``hpcrl.sites.parsl_configs`` and the Parsl apps (``hpcrl.parsl_runs``) read the same ones
+(``parsl_configs.BATCH_SITE`` says which site file serves which Parsl site).
 """
 from __future__ import annotations
 
@@ -73,8 +75,6 @@ class Site(BaseModel):
     """Host paths every container on this site needs (Cray MPICH and PALS for the hybrid MPI model)."""
     resubmit: Literal["requeue", "qsub"] = "requeue"
     """After the walltime warning: scontrol requeue (Slurm) or submit the same script again (PBS)."""
-    parsl: str | None = None
-    """Name of the Parsl config factory in hpcrl.sites.parsl for this site."""
 
 
 def site_names() -> list[str]:

@@ -28,13 +28,14 @@ export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 # start, or resume from the last checkpoint
 if [ -f "$RUN_DIR/checkpoints/latest.pt" ]; then
     echo "hpcrl: resuming $RUN_DIR from its last checkpoint (restart $RESTART)"
-    RUN_ARGS=(--resume "$RUN_DIR")
+    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.main /tmp/hpcrl-golden/cartpole --progress=plain --resume)
 else
     if [ -e "$RUN_DIR" ]; then  # an earlier attempt stopped before its first checkpoint
         mv "$RUN_DIR" "$RUN_DIR.incomplete-$(date +%Y%m%d-%H%M%S)"
     fi
     echo "hpcrl: starting $RUN_DIR"
-    RUN_ARGS=("$CONFIG")
+    mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.yaml" || exit 1  # the ranks read the resolved config there
+    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.main /tmp/hpcrl-golden/cartpole --progress=plain)
 fi
 
 # The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on
@@ -46,7 +47,7 @@ trap 'REQUEUE=1; echo "hpcrl: walltime warning: checkpoint and requeue"; forward
 trap 'echo "hpcrl: terminated: checkpoint and stop"; forward TERM' TERM
 
 srun --ntasks=4 --overcommit --mpi=pmi2 \
-    /opt/hpcrl/bin/python -m hpcrl run --inside-mpi "${RUN_ARGS[@]}" &
+    "${RANK_ARGS[@]}" &
 LAUNCHER_PID=$!
 while :; do
     wait "$LAUNCHER_PID"

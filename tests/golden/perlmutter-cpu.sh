@@ -33,13 +33,14 @@ export SLURM_CPU_BIND=cores
 # start, or resume from the last checkpoint
 if [ -f "$RUN_DIR/checkpoints/latest.pt" ]; then
     echo "hpcrl: resuming $RUN_DIR from its last checkpoint (restart $RESTART)"
-    RUN_ARGS=(--resume "$RUN_DIR")
+    RANK_ARGS=(shifter --image=docker:me/hpcrl:0.1 --module=mpich python3 -m hpcrl.runtime.main /pscratch/sd/m/me/runs/cartpole --progress=plain --resume)
 else
     if [ -e "$RUN_DIR" ]; then  # an earlier attempt stopped before its first checkpoint
         mv "$RUN_DIR" "$RUN_DIR.incomplete-$(date +%Y%m%d-%H%M%S)"
     fi
     echo "hpcrl: starting $RUN_DIR"
-    RUN_ARGS=("$CONFIG")
+    mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.yaml" || exit 1  # the ranks read the resolved config there
+    RANK_ARGS=(shifter --image=docker:me/hpcrl:0.1 --module=mpich python3 -m hpcrl.runtime.main /pscratch/sd/m/me/runs/cartpole --progress=plain)
 fi
 
 # The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on
@@ -52,7 +53,7 @@ trap 'echo "hpcrl: terminated: checkpoint and stop"; forward TERM' TERM
 
 # put runs on $PSCRATCH (Lustre); $HOME is small and slow
 srun --ntasks=4 --ntasks-per-node=4 --cpus-per-task=64 --cpu-bind=cores \
-    shifter --image=docker:me/hpcrl:0.1 --module=mpich python3 -m hpcrl run --inside-mpi "${RUN_ARGS[@]}" &
+    "${RANK_ARGS[@]}" &
 LAUNCHER_PID=$!
 while :; do
     wait "$LAUNCHER_PID"

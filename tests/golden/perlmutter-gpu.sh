@@ -34,13 +34,14 @@ export MPICH_GPU_SUPPORT_ENABLED=0
 # start, or resume from the last checkpoint
 if [ -f "$RUN_DIR/checkpoints/latest.pt" ]; then
     echo "hpcrl: resuming $RUN_DIR from its last checkpoint (restart $RESTART)"
-    RUN_ARGS=(--resume "$RUN_DIR")
+    RANK_ARGS=(podman-hpc run --rm --mpi --gpu -v /pscratch/sd/m/me/runs:/pscratch/sd/m/me/runs -e HDF5_USE_FILE_LOCKING -e OMP_NUM_THREADS -e PYTHONUNBUFFERED registry.nersc.gov/m1234/hpcrl:0.1 python3 -m hpcrl.runtime.main /pscratch/sd/m/me/runs/cartpole --progress=plain --resume)
 else
     if [ -e "$RUN_DIR" ]; then  # an earlier attempt stopped before its first checkpoint
         mv "$RUN_DIR" "$RUN_DIR.incomplete-$(date +%Y%m%d-%H%M%S)"
     fi
     echo "hpcrl: starting $RUN_DIR"
-    RUN_ARGS=("$CONFIG")
+    mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.yaml" || exit 1  # the ranks read the resolved config there
+    RANK_ARGS=(podman-hpc run --rm --mpi --gpu -v /pscratch/sd/m/me/runs:/pscratch/sd/m/me/runs -e HDF5_USE_FILE_LOCKING -e OMP_NUM_THREADS -e PYTHONUNBUFFERED registry.nersc.gov/m1234/hpcrl:0.1 python3 -m hpcrl.runtime.main /pscratch/sd/m/me/runs/cartpole --progress=plain)
 fi
 
 # The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on
@@ -54,7 +55,7 @@ trap 'echo "hpcrl: terminated: checkpoint and stop"; forward TERM' TERM
 # put runs on $PSCRATCH (Lustre); $HOME is small and slow
 # every rank sees the node's 4 GPUs; a learner rank takes the one of its node-local rank
 srun --ntasks=4 --ntasks-per-node=4 --cpus-per-task=32 --cpu-bind=cores --gpu-bind=none \
-    podman-hpc run --rm --mpi --gpu -v /pscratch/sd/m/me/runs:/pscratch/sd/m/me/runs -e HDF5_USE_FILE_LOCKING -e OMP_NUM_THREADS -e PYTHONUNBUFFERED registry.nersc.gov/m1234/hpcrl:0.1 python3 -m hpcrl run --inside-mpi "${RUN_ARGS[@]}" &
+    "${RANK_ARGS[@]}" &
 LAUNCHER_PID=$!
 while :; do
     wait "$LAUNCHER_PID"

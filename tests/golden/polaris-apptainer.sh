@@ -34,13 +34,14 @@ export APPTAINERENV_LD_LIBRARY_PATH="$CRAY_LD_LIBRARY_PATH:$LD_LIBRARY_PATH:$(ls
 # start, or resume from the last checkpoint
 if [ -f "$RUN_DIR/checkpoints/latest.pt" ]; then
     echo "hpcrl: resuming $RUN_DIR from its last checkpoint (restart $RESTART)"
-    RUN_ARGS=(--resume "$RUN_DIR")
+    RANK_ARGS=(apptainer exec --nv --bind /opt --bind /var/run/palsd/ --bind /lus/grand/projects/MyProject/runs /eagle/MyProject/hpcrl.sif python3 -m hpcrl.runtime.main /lus/grand/projects/MyProject/runs/cartpole --progress=plain --resume)
 else
     if [ -e "$RUN_DIR" ]; then  # an earlier attempt stopped before its first checkpoint
         mv "$RUN_DIR" "$RUN_DIR.incomplete-$(date +%Y%m%d-%H%M%S)"
     fi
     echo "hpcrl: starting $RUN_DIR"
-    RUN_ARGS=("$CONFIG")
+    mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.yaml" || exit 1  # the ranks read the resolved config there
+    RANK_ARGS=(apptainer exec --nv --bind /opt --bind /var/run/palsd/ --bind /lus/grand/projects/MyProject/runs /eagle/MyProject/hpcrl.sif python3 -m hpcrl.runtime.main /lus/grand/projects/MyProject/runs/cartpole --progress=plain)
 fi
 
 # The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on
@@ -56,7 +57,7 @@ TIMER_PID=$!
 
 # put runs on /eagle/PROJECT (Lustre); home is small
 mpiexec -n 12 --ppn 6 --depth=10 --cpu-bind depth --hostfile "$PBS_NODEFILE" \
-    apptainer exec --nv --bind /opt --bind /var/run/palsd/ --bind /lus/grand/projects/MyProject/runs /eagle/MyProject/hpcrl.sif python3 -m hpcrl run --inside-mpi "${RUN_ARGS[@]}" &
+    "${RANK_ARGS[@]}" &
 LAUNCHER_PID=$!
 while :; do
     wait "$LAUNCHER_PID"

@@ -1,10 +1,12 @@
 """Parsl configs, one small file per site; each Parsl app is one MPI job (MPIExecutor + SimpleLauncher).
 
-Every module here has ``config(**settings) -> parsl.Config``. Building a config runs no command,
-writes no file and makes no network request: Parsl's SlurmProvider runs ``sacct`` in its
-constructor and HighThroughputExecutor looks up addresses (one of them over the internet) when
-none is given, so the Slurm sites use :class:`DeferredSlurmProvider` and every site passes an
-explicit ``address``. Copy a file, fill in ``YOUR_ACCOUNT``, and pass your own settings.
+Every module here has ``config(**settings) -> parsl.Config``. Machine facts (cores, GPUs, file
+systems) come from the site's YAML in ``hpcrl/sites/``, as for the batch scripts. Building a
+config reads that file and nothing else: it runs no command, writes no file and makes no network
+request: Parsl's SlurmProvider runs ``sacct`` in its constructor and HighThroughputExecutor looks
+up addresses (one of them over the internet) when none is given, so the Slurm sites use
+:class:`DeferredSlurmProvider` and every site passes an explicit ``address``. Copy a file, fill
+in ``YOUR_ACCOUNT``, and pass your own settings.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ SITES = {
 
 BATCH_SITE = {"local": None, "local-slurm": "local-slurm", "perlmutter": "perlmutter-gpu",
               "polaris": "polaris", "aurora": "aurora"}
-"""Workflow site -> the hpcrl.sites facts used to lay out ranks (None: all ranks on this machine)."""
+"""Workflow site -> its facts, hpcrl/sites/NAME.yaml: the rank layout, launcher options, rank environment
+and container setup of its apps (None: all ranks on this machine)."""
 
 
 def make_config(site: str, **settings):

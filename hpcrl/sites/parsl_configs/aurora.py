@@ -9,6 +9,7 @@ from parsl.executors import MPIExecutor, ThreadPoolExecutor
 from parsl.launchers import SimpleLauncher
 from parsl.providers import PBSProProvider
 
+from hpcrl.sites import load_site
 from hpcrl.sites.parsl_configs import interface_address
 
 
@@ -16,6 +17,7 @@ def config(*, account: str = "YOUR_ACCOUNT", queue: str = "debug", nodes_per_blo
            parallel_runs: int = 1, walltime: str = "00:30:00",
            worker_init: str = "module load frameworks", address: str | None = None,
            run_dir: str = "runinfo") -> Config:
+    site = load_site("aurora")  # file systems, as in hpcrl submit's scripts
     return Config(
         executors=[
             MPIExecutor(
@@ -26,15 +28,15 @@ def config(*, account: str = "YOUR_ACCOUNT", queue: str = "debug", nodes_per_blo
                 provider=PBSProProvider(
                     account=account,
                     queue=queue,
-                    scheduler_options="#PBS -l filesystems=home:flare",
+                    scheduler_options=f"#PBS -l filesystems={site.filesystems}",
                     select_options="",
-                    cpus_per_node=208,  # 104 cores x 2 hardware threads
+                    cpus_per_node=208,  # PBS ncpus: 104 cores x 2 hardware threads
                     nodes_per_block=nodes_per_block,
                     init_blocks=1,
                     max_blocks=1,
                     walltime=walltime,
                     launcher=SimpleLauncher(),
-                    worker_init=f"{worker_init}; export TMPDIR=/tmp; export ZE_FLAT_DEVICE_HIERARCHY=FLAT",
+                    worker_init=f"{worker_init}; export TMPDIR=/tmp",  # each app exports the site's env (ZE_FLAT_...)
                 ),
             ),
             ThreadPoolExecutor(label="local", max_threads=2),

@@ -9,6 +9,7 @@ from parsl.config import Config
 from parsl.executors import MPIExecutor, ThreadPoolExecutor
 from parsl.launchers import SimpleLauncher
 
+from hpcrl.sites import load_site
 from hpcrl.sites.parsl_configs import interface_address
 from hpcrl.sites.parsl_configs._slurm import DeferredSlurmProvider
 
@@ -17,7 +18,8 @@ def config(*, account: str = "YOUR_ACCOUNT", qos: str = "debug", constraint: str
            nodes_per_block: int = 1, parallel_runs: int = 1, walltime: str = "00:30:00",
            worker_init: str = "module load python", address: str | None = None,
            run_dir: str = "runinfo") -> Config:
-    gpus = "#SBATCH --gpus-per-node=4" if constraint == "gpu" else ""
+    site = load_site(f"perlmutter-{constraint}")  # hpcrl/sites/perlmutter-gpu.yaml or perlmutter-cpu.yaml
+    gpus = f"#SBATCH --gpus-per-node={site.gpus_per_node}" if site.gpus_per_node else ""
     return Config(
         executors=[
             MPIExecutor(

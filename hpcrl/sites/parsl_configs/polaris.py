@@ -9,6 +9,7 @@ from parsl.executors import MPIExecutor, ThreadPoolExecutor
 from parsl.launchers import SimpleLauncher
 from parsl.providers import PBSProProvider
 
+from hpcrl.sites import load_site
 from hpcrl.sites.parsl_configs import interface_address
 
 
@@ -16,6 +17,7 @@ def config(*, account: str = "YOUR_ACCOUNT", queue: str = "debug", nodes_per_blo
            parallel_runs: int = 1, walltime: str = "00:30:00",
            worker_init: str = "module use /soft/modulefiles; module load conda; conda activate base",
            address: str | None = None, run_dir: str = "runinfo") -> Config:
+    site = load_site("polaris")  # cores, GPUs and file systems, as in hpcrl submit's scripts
     return Config(
         executors=[
             MPIExecutor(
@@ -27,9 +29,9 @@ def config(*, account: str = "YOUR_ACCOUNT", queue: str = "debug", nodes_per_blo
                     account=account,
                     queue=queue,
                     # every file system the job touches must be listed, or PBS may start it during an outage
-                    scheduler_options="#PBS -l filesystems=home:eagle",
-                    select_options="ngpus=4",
-                    cpus_per_node=64,
+                    scheduler_options=f"#PBS -l filesystems={site.filesystems}",
+                    select_options=f"ngpus={site.gpus_per_node}",
+                    cpus_per_node=site.cores_per_node * site.threads_per_core,  # PBS ncpus counts hardware threads
                     nodes_per_block=nodes_per_block,
                     init_blocks=1,
                     max_blocks=1,

@@ -183,7 +183,7 @@ class ContainerConfig(Section):
     binds: list[str] = Field(default_factory=list)
     """Host paths to bind into the container (src[:dst])."""
     gpu: bool = False
-    """Expose GPUs (apptainer --nv, podman-hpc --gpu, shifter --module=gpu)."""
+    """Expose GPUs (apptainer --nv, podman-hpc --gpu, shifter --module=mpich,gpu)."""
 
 
 class LaunchConfig(Section):

@@ -104,6 +104,10 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"env.id: {cfg.env.id!r} is a {s.kind} environment; MPI actors step single "
                           "Gymnasium environments (kind 'gym'), e.g. CartPole-v1, Hopper-v5")
     plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
+    if cfg.launch.container is not None:
+        from hpcrl.launch_container import container_prefix
+
+        container_prefix(cfg.launch.container)  # image and binds checked before the run directory exists
     if cfg.debug.raise_on_rank is not None and cfg.debug.raise_on_rank >= cfg.num_ranks:
         raise ConfigError(f"debug.raise_on_rank: {cfg.debug.raise_on_rank} is not a rank of a "
                           f"{cfg.num_ranks}-rank job (allowed: 0..{cfg.num_ranks - 1})")

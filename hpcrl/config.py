@@ -16,7 +16,7 @@ from hpcrl.errors import ConfigError
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 class EnvConfig(Section):
@@ -40,6 +40,7 @@ class ModelConfig(Section):
     hidden_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [64, 64])
     """Widths of the MLP hidden layers (policy and value networks are separate MLPs)."""
     activation: Literal["tanh", "relu"] = "tanh"
+    """Hidden-layer nonlinearity."""
 
 
 class ActorsConfig(Section):
@@ -106,34 +107,56 @@ class AggregationConfig(Section):
 
 class PPOConfig(Section):
     name: Literal["ppo"] = "ppo"
+    """PPO with Stellaris' IS truncation (runs on the runtime's roles, either runner)."""
     lr: float = Field(3e-4, gt=0)
+    """Base learning rate alpha_0 (Stellaris Eq. 4 scales it per gradient)."""
     gamma: float = Field(0.99, gt=0, le=1)
+    """Discount factor."""
     gae_lambda: float = Field(0.95, ge=0, le=1)
+    """GAE lambda."""
     clip: float = Field(0.2, gt=0)
+    """Clip range of the PPO surrogate ratio (1 +- clip)."""
     kl_coeff: float = Field(0.0, ge=0)
+    """Initial KL penalty coefficient; > 0 turns on RLlib's adaptive rule (x1.5 / x0.5 per round)."""
     kl_target: float = Field(0.01, gt=0)
+    """Target KL for the adaptive coefficient."""
     entropy_coeff: float = Field(0.0, ge=0)
+    """Weight of the entropy bonus."""
     vf_coeff: float = Field(0.5, ge=0)
+    """Weight of the value loss."""
     max_grad_norm: float = Field(0.5, gt=0)
+    """Each minibatch gradient is clipped to this global norm before it is pushed."""
     normalize_advantages: bool = True
+    """Standardise advantages within each minibatch."""
     train_batch_size: int = Field(4096, ge=1)
     """Environment steps that make one round (Stellaris/RLlib training iteration)."""
     minibatch_size: int = Field(512, ge=1)
+    """Rows per minibatch; one gradient push each."""
     num_sgd_iter: int = Field(4, ge=1)
+    """Passes over each learner batch."""
     optimizer: Literal["adam", "sgd"] = "adam"
+    """Optimizer on the parameter rank."""
 
 
 class HA2CConfig(Section):
     """Seed 003, Algorithm 1: A2C over N batched environments, one update per rollout."""
 
     name: Literal["ha2c"] = "ha2c"
+    """HA2C (batched envs, one process, learners.device)."""
     rollout_length: int = Field(8, ge=1)
+    """Steps B of every instance per update."""
     lr: float = Field(1e-3, gt=0)
+    """Adam learning rate."""
     gamma: float = Field(0.99, gt=0, le=1)
+    """Discount factor."""
     gae_lambda: float = Field(0.95, ge=0, le=1)
+    """GAE lambda (1: the discounted returns of Algorithm 1)."""
     entropy_coeff: float = Field(0.01, ge=0)
+    """Weight of the entropy bonus."""
     vf_coeff: float = Field(0.5, ge=0)
+    """Weight of the value loss."""
     max_grad_norm: float = Field(0.5, gt=0)
+    """Gradient norm clip."""
     normalize_advantages: bool = True
     """Scale the batch's advantages to zero mean and unit variance before the policy gradient."""
     stats_every: int = Field(10, ge=1)
@@ -144,13 +167,21 @@ class HDDPGConfig(Section):
     """Seed 003, Algorithm 2: DDPG on an on-policy FIFO buffer, n-step returns, no replay."""
 
     name: Literal["hddpg"] = "hddpg"
+    """HDDPG (batched envs, one process, learners.device)."""
     rollout_length: int = Field(8, ge=1)
+    """Steps B of every instance per update."""
     n_step: int = Field(4, ge=1)
+    """n of the n-step returns."""
     actor_lr: float = Field(1e-3, gt=0)
+    """Adam learning rate of the actor mu."""
     critic_lr: float = Field(1e-3, gt=0)
+    """Adam learning rate of the critic Q."""
     gamma: float = Field(0.99, gt=0, le=1)
+    """Discount factor."""
     tau: float = Field(0.005, gt=0, le=1)
+    """Soft target update rate."""
     exploration_noise: float = Field(0.1, ge=0)
+    """Gaussian action noise, as a fraction of half the action range."""
     buffer_rollouts: int = Field(2, ge=1)
     """Rollouts held in the FIFO buffer (current policy's data only)."""
     minibatch_envs: int | None = Field(None, ge=1)
@@ -172,12 +203,14 @@ class IOConfig(Section):
     checkpoint_every: int = Field(50, ge=1)
     """Aggregation events between checkpoints (also on SIGTERM/SIGUSR1)."""
     compression: Literal["gzip", "lzf", "none"] = "gzip"
+    """HDF5 dataset compression filter."""
     log_seconds: float = Field(10.0, gt=0)
     """Interval of progress lines when stdout is not a terminal."""
 
 
 class ContainerConfig(Section):
     runtime: Literal["apptainer", "podman-hpc", "shifter"] = "apptainer"
+    """Container runtime that wraps each rank."""
     image: str
     """Image path (.sif) for apptainer, image name for podman-hpc and shifter."""
     binds: list[str] = Field(default_factory=list)
@@ -193,17 +226,22 @@ class LaunchConfig(Section):
     mpiexec: str = "mpiexec"
     """MPI launcher for local runs (the one next to the Python interpreter is preferred)."""
     mpiexec_args: list[str] = Field(default_factory=list)
+    """Extra arguments for the local MPI launcher (placed before the rank command)."""
     container: ContainerConfig | None = None
+    """Run each rank inside this container (None: on the host)."""
     timeout_seconds: float | None = Field(None, gt=0)
     """Kill the job if it runs longer than this (local runs)."""
 
 
 class StopConfig(Section):
     total_env_steps: int = Field(500_000, ge=1)
+    """Stop once the actors have sampled this many environment steps."""
     target_return: float | None = None
     """Stop early once the mean return of the last return_window episodes reaches this."""
     return_window: int = Field(20, ge=1)
+    """Episodes averaged for target_return (and for the reported mean return)."""
     max_wall_seconds: float | None = Field(None, gt=0)
+    """Stop after this many seconds of training (summed over resumed jobs)."""
 
 
 class DebugConfig(Section):
@@ -341,11 +379,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty; give at least one section (env, actors, learners, ...), "
+                          "or run `hpcrl run` without CONFIG for the default job")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections (env, actors, learners, ...), got {type(data).__name__}")
     return build_config(data, overrides, source=str(path))

@@ -162,3 +162,26 @@ def test_single_process_config_mistakes_exit_2_and_write_nothing(tmp_path, capsy
     rc, err = run_cli([str(tmp_path / "c.yaml")], capsys)
     assert rc == 2 and len(err.splitlines()) == 1 and field in err, err
     assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
+
+
+def test_resume_refuses_a_change_the_checkpoint_depends_on_and_writes_nothing(tmp_path, capsys):
+    from hpcrl.runtime.checkpoint import save_checkpoint
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    text = "name: r\nenv: {id: CartPole-v1, num_envs: 2}\nactors: {count: 1}\n"
+    (run_dir / "config.yaml").write_text(text)
+    save_checkpoint(run_dir, {"version": 3})
+    rc, err = run_cli(["--resume", str(run_dir), "-o", "aggregation.d=0.5"], capsys)
+    assert rc == 2 and "\n" not in err
+    assert "aggregation.d would change from 0.96 to 0.5" in err and "stop.*" in err
+    rc, err = run_cli(["--resume", str(run_dir), "--ranks", "5"], capsys)  # more actors: refused for now
+    assert rc == 2 and "actors.count would change from 1 to 3" in err
+    assert (run_dir / "config.yaml").read_text() == text
+
+
+def test_an_empty_config_file_is_refused(tmp_path, capsys):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    rc, err = run_cli([str(empty)], capsys)
+    assert rc == 2 and "the file is empty" in err and "\n" not in err

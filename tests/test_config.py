@@ -73,3 +73,22 @@ def test_resolved_config_round_trips_through_yaml(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(cfg.to_yaml())
     assert load_config(path) == cfg
+
+
+def test_config_reference_is_current_and_every_field_is_documented():
+    from pathlib import Path
+
+    from pydantic import BaseModel
+
+    from hpcrl import config
+    from hpcrl.config_docs import render_markdown
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+    assert doc.read_text() == render_markdown(), "run: python -m hpcrl.config_docs > docs/config.md"
+    for model in (config.EnvConfig, config.ModelConfig, config.ActorsConfig, config.LearnersConfig,
+                  config.AggregationConfig, config.PPOConfig, config.HA2CConfig, config.HDDPGConfig, config.IOConfig,
+                  config.ContainerConfig, config.LaunchConfig, config.StopConfig, config.DebugConfig):
+        for name, field in model.model_fields.items():
+            sub = field.annotation
+            if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+                assert field.description, f"{model.__name__}.{name} has no docstring"

@@ -34,7 +34,7 @@ GRACE_SECONDS = 60.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", help="YAML config (default: the embedded CartPole-v1 job on 4 ranks)")
+    parser.add_argument("config", nargs="?", help="YAML config (default: hpcrl/configs/cartpole.yaml, CartPole-v1 on 4 ranks)")
     parser.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config value, e.g. -o aggregation.d=0.9 (repeatable)")
     parser.add_argument("--runner", choices=("mpi", "serial"),
@@ -79,8 +79,30 @@ def resolve_config(args: argparse.Namespace, ranks_from: str = "--ranks") -> tup
                 f"+ at least 1 actor = {learner_ranks + 2}")
         cfg = load_config(run_dir / CONFIG_FILE if run_dir else args.config,
                           [*args.overrides, f"actors.count={actors}"])
+    if run_dir is not None:
+        check_resume_changes(load_config(run_dir / CONFIG_FILE), cfg)
     validate(cfg)
     return cfg, run_dir
+
+
+RESUMABLE = ("stop.", "io.flush_seconds", "io.checkpoint_every", "io.log_seconds", "launch.", "debug.")
+"""Settings a resumed run may change; every other one is part of the state the checkpoint holds."""
+
+
+def check_resume_changes(before: RunConfig, after: RunConfig) -> None:
+    """ConfigError naming the first changed setting that the checkpoint's state depends on."""
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) and k != "kwargs" else {f"{prefix}{k}": v})
+        return out
+
+    old, new = flat(before.model_dump(mode="json")), flat(after.model_dump(mode="json"))
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key) and not key.startswith(RESUMABLE):
+            raise ConfigError(f"--resume: {key} would change from {old.get(key)!r} to {new.get(key)!r}, but the "
+                              f"checkpoint was made with the first; a resumed run may change only "
+                              f"{', '.join(k + '*' if k.endswith('.') else k for k in RESUMABLE)}")
 
 
 def validate(cfg: RunConfig) -> None:
@@ -153,6 +175,8 @@ def main(args: argparse.Namespace) -> int:
         return start_inside_job(config_for, run_dir, resume=run_dir is not None,
                                 make_run_dir=create_run_dir, progress=progress)
     cfg, run_dir = resolve_config(args)
+    if args.config is None and run_dir is None:
+        print("hpcrl run: no CONFIG given: the default job, hpcrl/configs/cartpole.yaml", flush=True)
     if not cfg.uses_runtime:
         return run_in_process(cfg)
     mpiexec = launch.find_mpiexec(cfg.launch) if cfg.uses_mpi else None

@@ -143,8 +143,6 @@ class HA2CConfig(Section):
 
     name: Literal["ha2c"] = "ha2c"
     """HA2C (batched envs, one process, learners.device)."""
-    rollout_length: int = Field(8, ge=1)
-    """Steps B of every instance per update."""
     lr: float = Field(1e-3, gt=0)
     """Adam learning rate."""
     gamma: float = Field(0.99, gt=0, le=1)
@@ -160,7 +158,7 @@ class HA2CConfig(Section):
     normalize_advantages: bool = True
     """Scale the batch's advantages to zero mean and unit variance before the policy gradient."""
     stats_every: int = Field(10, ge=1)
-    """Iterations between fetches of episode statistics and losses from the device (none in between)."""
+    """Fused loop: iterations between fetches of episode statistics and losses from the device (none in between)."""
 
 
 class HDDPGConfig(Section):
@@ -168,8 +166,6 @@ class HDDPGConfig(Section):
 
     name: Literal["hddpg"] = "hddpg"
     """HDDPG (batched envs, one process, learners.device)."""
-    rollout_length: int = Field(8, ge=1)
-    """Steps B of every instance per update."""
     n_step: int = Field(4, ge=1)
     """n of the n-step returns."""
     actor_lr: float = Field(1e-3, gt=0)
@@ -183,13 +179,14 @@ class HDDPGConfig(Section):
     exploration_noise: float = Field(0.1, ge=0)
     """Gaussian action noise, as a fraction of half the action range."""
     buffer_rollouts: int = Field(2, ge=1)
-    """Rollouts held in the FIFO buffer (current policy's data only)."""
+    """Fragments held in the fused loop's FIFO buffer (current policy's data only); on the roles each
+    fragment is trained on once."""
     minibatch_envs: int | None = Field(None, ge=1)
     """Instances whose buffered steps make one update (drawn at random each time); None: all of them."""
     critic_hidden_sizes: list[Annotated[int, Field(ge=1)]] | None = None
     """Hidden widths of the critic Q(s, a) (None: model.hidden_sizes); the actor uses model.hidden_sizes."""
     stats_every: int = Field(10, ge=1)
-    """Iterations between fetches of episode statistics and losses from the device (none in between)."""
+    """Fused loop: iterations between fetches of episode statistics and losses from the device (none in between)."""
 
 
 AlgoConfig = Annotated[Union[PPOConfig, HA2CConfig, HDDPGConfig], Field(discriminator="name")]
@@ -291,8 +288,19 @@ class RunConfig(Section):
 
     @property
     def group_batch_size(self) -> int:
-        """Environment steps one learner group gathers before its SGD passes (train_batch_size / G)."""
+        """Environment steps one learner group gathers before it trains: train_batch_size / G for PPO,
+        one fragment for ha2c and hddpg (one update per fragment, seed 003)."""
+        if self.algo.name != "ppo":
+            return self.fragment_steps
         return max(1, self.algo.train_batch_size // self.learners.groups)
+
+    @property
+    def round_steps(self) -> int:
+        """Environment steps the learners consume per round (Stellaris k, an RLlib training iteration):
+        train_batch_size for PPO, one fragment of every actor for ha2c and hddpg."""
+        if self.algo.name != "ppo":
+            return self.fragment_steps * self.actors.count
+        return self.algo.train_batch_size
 
     @property
     def fragment_steps(self) -> int:
@@ -300,17 +308,9 @@ class RunConfig(Section):
         return self.actors.fragment_length * self.env.num_envs
 
     @property
-    def uses_runtime(self) -> bool:
-        """True when the algorithm runs on the runtime's roles (launch.runner: mpi or serial);
-        False for the single-device batched loop (ha2c, hddpg)."""
-        from hpcrl.algos import RUNTIME_ALGOS
-
-        return self.algo.name in RUNTIME_ALGOS
-
-    @property
     def uses_mpi(self) -> bool:
-        """True when ``hpcrl run`` starts MPI ranks (a runtime algorithm under launch.runner: mpi)."""
-        return self.uses_runtime and self.launch.runner == "mpi"
+        """True when ``hpcrl run`` starts MPI ranks (launch.runner: mpi)."""
+        return self.launch.runner == "mpi"
 
     @property
     def num_ranks(self) -> int:

@@ -131,6 +131,9 @@ class ActorCritic(nn.Module):
         self.vf = _mlp([obs_dim, *hidden, 1], act, out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(out))
+            # the action box, for whoever steps the env (buffers: they move with the module, never trained)
+            self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
+            self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
         self.constants = nn.ParameterDict({k: nn.Parameter(torch.tensor(float(v)), requires_grad=False)
                                            for k, v in (constants or {}).items()})
         self.to(device)

@@ -54,7 +54,8 @@ def prepare(cfg: RunConfig, site: str, run_dir: str | Path, *, nodes: int | None
     if site not in SITES:
         raise ConfigError(f"--site: unknown Parsl site {site!r}; known: {', '.join(SITES)}")
     if not cfg.uses_mpi:
-        raise ConfigError(f"algo.name: {cfg.algo.name!r} runs in one process; the workflows run algo.name=ppo jobs")
+        raise ConfigError("launch.runner: serial runs every role in one process; a Parsl MPI app starts MPI ranks "
+                          "(use -o launch.runner=mpi)")
     run_dir = Path(check_path("--run-dir", Path(run_dir).absolute()))
     job_dir = Path(str(run_dir) + JOB_SUFFIX)
     python = check_path("--python", python or sys.executable)

@@ -186,8 +186,8 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
              stamp: str | None = None) -> Job:
     """Validate the flags against the site and the config; nothing is written."""
     if not cfg.uses_mpi:
-        raise ConfigError(f"algo.name: {cfg.algo.name!r} runs in one process, not as an MPI job; "
-                          "hpcrl submit runs algo.name=ppo jobs")
+        raise ConfigError("launch.runner: serial runs every role in one process; a batch job starts MPI ranks "
+                          "(use -o launch.runner=mpi)")
     ranks = cfg.num_ranks
     nodes, per_node, cpus = layout(ranks, site, nodes)
     queue = check_name("--queue", queue) if queue else site.default_queue

@@ -118,7 +118,8 @@ CARTPOLE_HA2C = Path(__file__).resolve().parents[1] / "hpcrl" / "configs" / "car
 
 
 def test_single_process_algo_runs_in_this_process_and_records_its_episodes(tmp_path, capsys):
-    """algo.name=ha2c: no mpiexec; the summary printed agrees with run.h5; --resume/--ranks are refused."""
+    """algo.name=ha2c on a batched env, one actor, serial runner: the fused loop, no mpiexec; the summary
+    printed agrees with run.h5; --resume/--ranks are refused."""
     from hpcrl.io import read_table
 
     tiny = ["-o", "env.num_envs=16", "-o", "stop.total_env_steps=4000", "-o", "stop.target_return=null",
@@ -127,7 +128,7 @@ def test_single_process_algo_runs_in_this_process_and_records_its_episodes(tmp_p
                          capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert res.returncode == 0, res.stdout + res.stderr
     run_dir = tmp_path / "runs" / "cartpole-ha2c"
-    assert f"in this process, run directory {run_dir}" in res.stdout
+    assert f"in this process (launch.runner=serial, fused loop), run directory {run_dir}" in res.stdout
     summary = dict(line.strip().split("  ", 1) for line in res.stdout.split("hpcrl run summary\n")[1].splitlines())
     summary = {k.strip(): v.strip() for k, v in summary.items()}
     assert summary["stopped because"] == "stop.total_env_steps=4000 reached"
@@ -143,13 +144,13 @@ def test_single_process_algo_runs_in_this_process_and_records_its_episodes(tmp_p
 
     for flag, args in (("--resume", ["--resume", str(run_dir)]), ("--ranks", [str(CARTPOLE_HA2C), "--ranks", "4"])):
         rc, err = run_cli(args, capsys)
-        assert rc == 2 and len(err.splitlines()) == 1 and f"{flag}: not supported for single-process algos" in err
+        assert rc == 2 and len(err.splitlines()) == 1 and f"{flag}: not supported by the fused loop" in err
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["cartpole-ha2c"]
 
 
 @pytest.mark.parametrize("change, field", [
     ({"algo": {"name": "hddpg"}}, "hddpg needs a 1-D continuous"),
-    ({"env": {"id": "CartPole-v1"}}, "did you mean hpcrl/CartPole-v1"),
+    ({"env": {"id": "hpcrl/CartPole-v9"}}, "unknown environment 'hpcrl/CartPole-v9'"),
     ({"env": {"kwargs": {"gravity": 9.8}}}, "env.kwargs"),
 ])
 def test_single_process_config_mistakes_exit_2_and_write_nothing(tmp_path, capsys, monkeypatch, change, field):

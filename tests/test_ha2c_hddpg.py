@@ -1,8 +1,9 @@
-"""HA2C and HDDPG (seed 003, Algorithms 1 and 2) on the batched envs, and their single-process runner.
+"""HA2C and HDDPG (seed 003, Algorithms 1 and 2) on the batched envs: the fused loop and the roles.
 
 Short runs: losses finite, parameters and target networks move as the algorithms say, the
-FIFO buffer keeps the newest rollouts, HA2C shows a learning signal within a few seconds,
-and the runner records episodes to run.h5. Parametrised over the devices torch sees.
+FIFO buffer keeps the newest fragments, HA2C shows a learning signal within a few seconds,
+the fused loop records episodes to run.h5, and both algorithms also train on the runtime's
+roles (serial runner). Parametrised over the devices torch sees.
 """
 from __future__ import annotations
 
@@ -10,10 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.algos.ha2c import HA2C
-from hpcrl.algos.hddpg import HDDPG
 from hpcrl.algos.rollout import EpisodeLog
-from hpcrl.batched.runner import make_env, run_batched
+from hpcrl.batched.runner import FusedLoop, make_env, run_batched
 from hpcrl.config import build_config
 from hpcrl.errors import ConfigError
 from hpcrl.io import read_table
@@ -30,59 +29,61 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-def setup(env_id: str, algo: dict, num_envs: int, device: str, model: dict | None = None, seed: int = 0):
+def setup(env_id: str, algo: dict, num_envs: int, device: str, model: dict | None = None, seed: int = 0,
+          fragment_length: int = 8):
     cfg = build_config({"env": {"id": env_id, "num_envs": num_envs, "seed": seed}, "algo": algo,
-                        "model": model or {}})
+                        "model": model or {}, "actors": {"count": 1, "fragment_length": fragment_length},
+                        "launch": {"runner": "serial"}})
     torch.manual_seed(seed)
     env = make_env(cfg, torch.device(device))
-    cls = {"ha2c": HA2C, "hddpg": HDDPG}[algo["name"]]
-    learner = cls(cfg.algo, cfg.model, env.single_observation_space, env.single_action_space, num_envs,
-                  torch.device(device))
-    episodes = EpisodeLog(cfg.algo.rollout_length * cfg.algo.stats_every, num_envs, torch.device(device))
+    loop = FusedLoop(cfg, env, torch.device(device))
+    episodes = EpisodeLog(fragment_length * cfg.algo.stats_every, num_envs, torch.device(device))
     obs, _ = env.reset(seed=seed)
-    return env, learner, episodes, obs
+    return env, loop, episodes, obs
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("env_id", ["hpcrl/CartPole-v1", "hpcrl/Acrobot-v1", "hpcrl/Pendulum-v1"])
 def test_ha2c_update_is_finite_and_moves_parameters(env_id, device):
-    env, algo, episodes, obs = setup(env_id, {"name": "ha2c", "rollout_length": 4}, 32, device)
-    before = algo.net.flat.params.clone()
+    env, loop, episodes, obs = setup(env_id, {"name": "ha2c"}, 32, device, fragment_length=4)
+    before = loop.model.flat.params.clone()
     for _ in range(3):
-        obs, stats = algo.iteration(env, obs, episodes)
+        obs, stats = loop.iteration(obs, episodes)
     assert stats.device.type == torch.device(device).type and stats.shape == (5,)
     assert torch.isfinite(stats).all()
-    assert not torch.equal(before, algo.net.flat.params)
-    assert algo.rollout.obs.shape == (4, 32, *env.single_observation_space.shape)
+    assert not torch.equal(before, loop.model.flat.params)
+    assert loop.buffer.obs.shape == (4, 32, *env.single_observation_space.shape)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_hddpg_targets_follow_by_soft_updates(device):
-    env, algo, episodes, obs = setup("hpcrl/Pendulum-v1", {"name": "hddpg", "rollout_length": 4, "tau": 0.25}, 32,
-                                     device)
-    assert torch.equal(algo.target_actor.flat.params, algo.actor.flat.params)
-    assert torch.equal(algo.target_critic.flat.params, algo.critic.flat.params)
+    env, loop, episodes, obs = setup("hpcrl/Pendulum-v1", {"name": "hddpg", "tau": 0.25}, 32, device,
+                                     fragment_length=4)
+    m = loop.model
+    flat = lambda net: torch.cat([p.reshape(-1) for p in net.parameters()])  # noqa: E731
+    assert torch.equal(flat(m.target_actor), flat(m.actor))
+    assert torch.equal(flat(m.target_critic), flat(m.critic))
     for _ in range(2):
-        old_target = algo.target_critic.flat.params.clone()
-        obs, stats = algo.iteration(env, obs, episodes)
+        old_target = flat(m.target_critic).clone()
+        obs, stats = loop.iteration(obs, episodes)
         assert torch.isfinite(stats).all()
-        expected = old_target + 0.25 * (algo.critic.flat.params - old_target)  # theta' <- tau theta + (1 - tau) theta'
-        torch.testing.assert_close(algo.target_critic.flat.params, expected)
-        assert not torch.equal(algo.target_critic.flat.params, algo.critic.flat.params)
+        expected = old_target + 0.25 * (flat(m.critic) - old_target)  # theta' <- tau theta + (1 - tau) theta'
+        torch.testing.assert_close(flat(m.target_critic), expected)
+        assert not torch.equal(flat(m.target_critic), flat(m.critic))
 
 
 def test_hddpg_fifo_buffer_holds_the_newest_rollouts():
-    env, algo, episodes, obs = setup("hpcrl/Pendulum-v1", {"name": "hddpg", "rollout_length": 3,
-                                                           "buffer_rollouts": 2}, 8, "cpu")
+    env, loop, episodes, obs = setup("hpcrl/Pendulum-v1", {"name": "hddpg", "buffer_rollouts": 2}, 8, "cpu",
+                                     fragment_length=3)
     seen = []
-    act = algo.policy
-    algo.policy = lambda o: (seen.append(o.clone()), act(o))[1]
+    act = loop.act
+    loop.act = lambda o: (seen.append(o.clone()), act(o))[1]
     for i in range(3):
-        obs, _ = algo.iteration(env, obs, episodes)
-        assert algo.filled == min(3 * (i + 1), 6)
-    torch.testing.assert_close(algo.buffer.obs, torch.stack(seen[-6:]))
+        obs, _ = loop.iteration(obs, episodes)
+        assert loop.filled == min(3 * (i + 1), 6)
+    torch.testing.assert_close(loop.buffer.obs, torch.stack(seen[-6:]))
     # next_obs of a step is the obs of the next one (no episode ends within these 9 steps)
-    torch.testing.assert_close(algo.buffer.next_obs[:-1], algo.buffer.obs[1:])
+    torch.testing.assert_close(loop.buffer.next_obs[:-1], loop.buffer.obs[1:])
 
 
 def test_hddpg_rejects_discrete_actions():
@@ -92,12 +93,12 @@ def test_hddpg_rejects_discrete_actions():
 
 def test_ha2c_learns_cartpole_on_a_small_budget():
     """128 instances, 60 updates (61K steps): mean episode return at least doubles (random: ~22)."""
-    env, algo, episodes, obs = setup("hpcrl/CartPole-v1", {"name": "ha2c", "lr": 3e-3, "max_grad_norm": 10.0,
+    env, loop, episodes, obs = setup("hpcrl/CartPole-v1", {"name": "ha2c", "lr": 3e-3, "max_grad_norm": 10.0,
                                                            "stats_every": 10}, 128, "cpu", seed=1)
     means = []
     for _ in range(6):
         for _ in range(10):
-            obs, _ = algo.iteration(env, obs, episodes)
+            obs, _ = loop.iteration(obs, episodes)
         means.append(float(np.mean(episodes.fetch()["return"])))
     assert means[0] < 30
     assert max(means[-2:]) > 2 * means[0], means
@@ -105,16 +106,21 @@ def test_ha2c_learns_cartpole_on_a_small_budget():
 
 def test_hddpg_critic_fits_its_targets():
     """On a fixed rollout, repeated critic steps drive the n-step TD error down."""
-    env, algo, episodes, obs = setup("hpcrl/Pendulum-v1", {"name": "hddpg", "critic_lr": 3e-3}, 64, "cpu")
-    obs, first = algo.iteration(env, obs, episodes)
-    losses = [float(algo.update(algo.buffer.last(algo.filled))[0]) for _ in range(40)]
+    env, loop, episodes, obs = setup("hpcrl/Pendulum-v1", {"name": "hddpg", "critic_lr": 3e-3}, 64, "cpu")
+    obs, first = loop.iteration(obs, episodes)
+    batch = loop.algo.prepare_rollout(loop.buffer.last(loop.filled), loop.model)
+    losses = []
+    for _ in range(40):
+        grad, stats = loop.algo.compute_gradient(batch, loop.model)
+        loop.algo.apply(loop.model, loop.optimizer, grad)
+        losses.append(float(stats["critic_loss"]))
     assert losses[-1] < 0.5 * losses[0], losses[::10]
 
 
 def test_runner_records_episodes_and_stops(tmp_path):
     cfg = build_config({"name": "t", "env": {"id": "hpcrl/CartPole-v1", "num_envs": 64},
-                        "algo": {"name": "ha2c", "stats_every": 5},
-                        "stop": {"total_env_steps": 64 * 8 * 12}})
+                        "algo": {"name": "ha2c", "stats_every": 5}, "actors": {"count": 1, "fragment_length": 8},
+                        "launch": {"runner": "serial"}, "stop": {"total_env_steps": 64 * 8 * 12}})
     summary = run_batched(cfg, tmp_path / "run")
     assert summary["env_steps"] == 64 * 8 * 12 and summary["stop_reason"].startswith("stop.total_env_steps")
     episodes = read_table(tmp_path / "run" / "run.h5", "episodes")
@@ -129,7 +135,8 @@ def test_runner_records_episodes_and_stops(tmp_path):
 
 def test_runner_stops_at_target_return(tmp_path):
     cfg = build_config({"name": "t", "env": {"id": "hpcrl/Pendulum-v1", "num_envs": 16},
-                        "algo": {"name": "hddpg", "stats_every": 25},
+                        "algo": {"name": "hddpg", "stats_every": 25}, "actors": {"count": 1, "fragment_length": 8},
+                        "launch": {"runner": "serial"},
                         "stop": {"total_env_steps": 10**6, "target_return": -1e9, "return_window": 16}})
     summary = run_batched(cfg, tmp_path / "run")
     assert summary["stop_reason"].startswith("stop.target_return")
@@ -146,12 +153,32 @@ def test_runner_rejects_non_batched_env(tmp_path):
 @pytest.mark.parametrize("algo", [{"name": "ha2c"}, {"name": "hddpg"}])
 def test_no_host_synchronisation_inside_an_iteration(algo):
     env_id = "hpcrl/CartPole-v1" if algo["name"] == "ha2c" else "hpcrl/Pendulum-v1"
-    env, learner, episodes, obs = setup(env_id, algo, 1024, "cuda")
-    obs, _ = learner.iteration(env, obs, episodes)  # warm-up (lazy CUDA init syncs)
+    env, loop, episodes, obs = setup(env_id, algo, 1024, "cuda")
+    obs, _ = loop.iteration(obs, episodes)  # warm-up (lazy CUDA init syncs)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(2):
-            obs, _ = learner.iteration(env, obs, episodes)
+            obs, _ = loop.iteration(obs, episodes)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("env_id, algo", [("CartPole-v1", {"name": "ha2c", "lr": 3e-3}),
+                                          ("Pendulum-v1", {"name": "hddpg"})])
+def test_ha2c_and_hddpg_train_on_the_roles_too(tmp_path, env_id, algo):
+    """The same algorithm objects on the runtime's roles (serial runner, two actors, gym envs)."""
+    from hpcrl.runtime.checkpoint import load_checkpoint
+    from hpcrl.runtime.serial import run_serial
+
+    cfg = build_config({"name": "t", "env": {"id": env_id, "num_envs": 4}, "algo": algo,
+                        "actors": {"count": 2, "fragment_length": 16}, "launch": {"runner": "serial"},
+                        "stop": {"total_env_steps": 2000}, "io": {"run_dir": str(tmp_path / "run")}})
+    assert run_serial(cfg, tmp_path / "run") == 0
+    h5 = tmp_path / "run" / "run.h5"
+    grads, updates = read_table(h5, "gradients"), read_table(h5, "updates")
+    assert len(updates["version"]) >= 2000 // (16 * 4) - 4  # one gradient per fragment, a few in flight at the end
+    assert np.all(grads["samples"][grads["admitted"] == 1] == 16 * 4)
+    assert np.isfinite(updates["loss_mean"]).all()
+    assert len(read_table(h5, "episodes")["return"]) > 0
+    assert load_checkpoint(tmp_path / "run")["version"] == updates["version"][-1]

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-RUNTIME_ALGOS = ("ppo",)
-"""Algorithms that run on the runtime's roles (actors, learner groups, parameter rank), under either runner."""
+ALGOS = ("ppo", "ha2c", "hddpg")
 
 
 def make_algorithm(algo_cfg: Any, model_cfg: Any, aggregation_cfg: Any):
@@ -17,5 +16,12 @@ def make_algorithm(algo_cfg: Any, model_cfg: Any, aggregation_cfg: Any):
         from hpcrl.algos.ppo import PPO
 
         return PPO(algo_cfg, model_cfg, aggregation_cfg)
-    raise ValueError(f"algo.name={algo_cfg.name!r} does not run on the runtime's roles; "
-                     f"allowed: {', '.join(RUNTIME_ALGOS)}")
+    if algo_cfg.name == "ha2c":
+        from hpcrl.algos.ha2c import HA2C
+
+        return HA2C(algo_cfg, model_cfg)
+    if algo_cfg.name == "hddpg":
+        from hpcrl.algos.hddpg import HDDPG
+
+        return HDDPG(algo_cfg, model_cfg)
+    raise ValueError(f"algo.name={algo_cfg.name!r}; allowed: {', '.join(ALGOS)}")

@@ -76,6 +76,9 @@ class Algorithm:
 
     def compute_gradient(self, minibatch: Batch, model: nn.Module,
                          window: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+        """The flat gradient (``model.flat.grads``) and stats: floats or 0-dim tensors (a device loop
+        must not wait for the host), with at least ``loss``; ``policy_loss``, ``value_loss``,
+        ``entropy`` and ``kl`` are recorded when present."""
         raise NotImplementedError
 
     @torch.no_grad()

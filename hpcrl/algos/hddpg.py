@@ -1,20 +1,26 @@
 """HDDPG: high-throughput DDPG without replay (seed 003, Algorithm 2; DDPG of Lillicrap et al. 2015).
 
-A deterministic actor mu(s; theta_mu) with Gaussian exploration noise steps N batched envs
-for B = ``rollout_length`` steps. The transitions enter an on-policy FIFO buffer holding the
-newest ``buffer_rollouts`` rollouts (lines 20-29: no replay of older data); then
+A deterministic actor mu(s; theta_mu) with Gaussian exploration noise acts in N instances for
+B steps (one fragment, ``actors.fragment_length``). The learner keeps an on-policy FIFO
+buffer of the newest ``buffer_rollouts`` fragments (lines 20-29: no replay of older data); then
 
     Ret_n   = r_t + ... + gamma^(n-1) r_(t+n-1) + gamma^n Q'(s_(t+n), mu'(s_(t+n)))   (line 33)
     theta_Q  <- descend (Ret_n - Q(O, A))^2                                          (line 35)
     theta_mu <- ascend  Q(O, mu(O))  (grad_a Q grad_theta mu)                         (line 34)
     theta'   <- tau theta + (1 - tau) theta'   for both target networks               (lines 36-37)
 
+Against the algorithm contract (:mod:`hpcrl.algos.base`): the model (:class:`DDPGModel`) holds
+the actor, the critic and both target networks in one flat buffer, so the targets travel with
+the published weights; one flat gradient carries both losses' gradients, computed at the same
+weights (the critic's from its TD loss, the actor's from -Q(s, mu(s)) through the critic), and
+:meth:`HDDPG.apply` steps both with their own learning rates, then moves the targets. (Algorithm 2
+as printed steps the critic before the actor's gradient; here both come from the same weights,
+as a gradient push requires.)
+
 With ``minibatch_envs`` set, each update uses the buffered steps of that many instances drawn
-at random (whole time rows, so n-step returns stay intact) instead of all N: cheaper updates
-where the device is slow (CPU); None (the default) is Algorithm 2 as written.
-n-step windows stop at terminated (no bootstrap) and truncated (bootstrap from the final
-observation) steps, see :func:`hpcrl.algos.returns.n_step_returns`. Parameters of each network
-live in one flat buffer (:class:`FlatParameters`), so a soft update is one ``lerp_``.
+at random (whole time rows, so n-step returns stay intact) instead of all N. n-step windows stop
+at terminated (no bootstrap) and truncated (bootstrap from the final observation) steps, see
+:func:`hpcrl.algos.returns.n_step_returns`.
 """
 from __future__ import annotations
 
@@ -24,26 +30,25 @@ import torch
 from gymnasium import spaces
 from torch import Tensor, nn
 
-from hpcrl.algos.returns import n_step_returns
-from hpcrl.algos.rollout import EpisodeLog, Rollout, collect
+from hpcrl.algos.base import Algorithm
+from hpcrl.algos.returns import n_step_returns, next_values_from
+from hpcrl.algos.rollout import Rollout
 from hpcrl.errors import ConfigError
 from hpcrl.models import FlatParameters
 from hpcrl.models import _mlp as mlp
 
 STATS = ("critic_loss", "actor_loss", "q_mean", "target_mean")
-"""Names of the entries of the stats tensor :meth:`HDDPG.update` returns."""
+"""Names of the stats :meth:`HDDPG.compute_gradient` returns (0-dim tensors, in this order)."""
 
 
 class DeterministicActor(nn.Module):
     """mu(s) = centre + half_range * tanh(MLP(s)): always inside the action box."""
 
-    def __init__(self, obs_dim: int, action_space: spaces.Box, model_cfg: Any, device: torch.device):
+    def __init__(self, obs_dim: int, action_space: spaces.Box, model_cfg: Any):
         super().__init__()
         self.net = mlp([obs_dim, *model_cfg.hidden_sizes, int(action_space.shape[0])], model_cfg.activation, 0.01)
         self.register_buffer("centre", torch.as_tensor((action_space.high + action_space.low) / 2))
         self.register_buffer("half_range", torch.as_tensor((action_space.high - action_space.low) / 2))
-        self.to(device)
-        self.flat = FlatParameters(self)
 
     def forward(self, obs: Tensor) -> Tensor:
         return torch.addcmul(self.centre, self.half_range, torch.tanh(self.net(obs)))
@@ -52,86 +57,142 @@ class DeterministicActor(nn.Module):
 class QCritic(nn.Module):
     """Q(s, a) = MLP([s, a])."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: list[int], activation: str, device: torch.device):
+    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: list[int], activation: str):
         super().__init__()
         self.net = mlp([obs_dim + action_dim, *hidden_sizes, 1], activation, 1.0)
-        self.to(device)
-        self.flat = FlatParameters(self)
 
     def forward(self, obs: Tensor, action: Tensor) -> Tensor:
         return self.net(torch.cat([obs, action], dim=-1)).squeeze(-1)
 
 
-def soft_update_(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """theta' <- tau theta + (1 - tau) theta' (Algorithm 2, lines 36-37), one op on the flat buffers."""
-    target.flat.params.lerp_(online.flat.params, tau)
+class DDPGModel(nn.Module):
+    """mu, Q and their targets mu', Q' (targets untrained: ``requires_grad=False``) in one flat buffer."""
 
+    discrete = False
 
-class HDDPG:
-    def __init__(self, cfg: Any, model_cfg: Any, observation_space: spaces.Box, action_space: spaces.Space,
-                 num_envs: int, device: torch.device):
-        """cfg: HDDPGConfig; spaces are the env's single-instance spaces."""
+    def __init__(self, observation_space: spaces.Box, action_space: spaces.Space, cfg: Any, model_cfg: Any,
+                 device: str | torch.device = "cpu"):
+        super().__init__()
         if not isinstance(action_space, spaces.Box) or len(action_space.shape) != 1:
             raise ConfigError(f"algo.name: hddpg needs a 1-D continuous (Box) action space; the env has "
-                              f"{action_space}; use ha2c for discrete actions")
-        self.cfg = cfg
+                              f"{action_space}; use ha2c or ppo for discrete actions")
         obs_dim, action_dim = int(observation_space.shape[0]), int(action_space.shape[0])
-        self.actor = DeterministicActor(obs_dim, action_space, model_cfg, device)
         critic_hidden = cfg.critic_hidden_sizes or model_cfg.hidden_sizes
-        self.critic = QCritic(obs_dim, action_dim, critic_hidden, model_cfg.activation, device)
-        self.target_actor = DeterministicActor(obs_dim, action_space, model_cfg, device)
-        self.target_critic = QCritic(obs_dim, action_dim, critic_hidden, model_cfg.activation, device)
-        soft_update_(self.target_actor, self.actor, 1.0)  # theta' <- theta (line 8)
-        soft_update_(self.target_critic, self.critic, 1.0)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
-        self.low = torch.as_tensor(action_space.low, device=device)
-        self.high = torch.as_tensor(action_space.high, device=device)
-        self.noise_std = torch.as_tensor(cfg.exploration_noise * (action_space.high - action_space.low) / 2,
-                                         device=device)
-        self.buffer = Rollout.allocate(cfg.buffer_rollouts * cfg.rollout_length, num_envs, observation_space.shape,
-                                       (action_dim,), torch.float32, device)
-        self.filled = 0
-        """Steps of the FIFO buffer holding data (it fills up over the first buffer_rollouts iterations)."""
+        self.actor = DeterministicActor(obs_dim, action_space, model_cfg)
+        self.critic = QCritic(obs_dim, action_dim, critic_hidden, model_cfg.activation)
+        self.target_actor = DeterministicActor(obs_dim, action_space, model_cfg)
+        self.target_critic = QCritic(obs_dim, action_dim, critic_hidden, model_cfg.activation)
+        for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):
+            target.load_state_dict(online.state_dict())  # theta' <- theta (line 8)
+            target.requires_grad_(False)
+        self.action_shape = (action_dim,)
+        self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
+        self.register_buffer("noise_std", torch.as_tensor(
+            cfg.exploration_noise * (action_space.high - action_space.low) / 2, dtype=torch.float32))
+        self.to(device)
+        self.device = torch.device(device)
+        self.flat = FlatParameters(self)
 
+    def obs(self, x) -> Tensor:
+        return torch.as_tensor(x, dtype=torch.float32, device=self.device)
+
+    def target_q(self, obs: Tensor) -> Tensor:
+        """Q'(s, mu'(s)): the bootstrap value of a state."""
+        return self.target_critic(obs, self.target_actor(obs))
+
+    def pairs(self) -> tuple[list[Tensor], list[Tensor]]:
+        """(target parameters, online parameters), matched one to one."""
+        targets = [*self.target_actor.parameters(), *self.target_critic.parameters()]
+        online = [*self.actor.parameters(), *self.critic.parameters()]
+        return targets, online
+
+
+class HDDPG(Algorithm):
+    """cfg: HDDPGConfig."""
+
+    name = "hddpg"
+    stats = STATS
+
+    @property
+    def kept_fragments(self) -> int:
+        """Fragments the FIFO buffer holds (Algorithm 2: the current policy's data only)."""
+        return self.cfg.buffer_rollouts
+
+    def make_model(self, obs_space, action_space, device="cpu") -> DDPGModel:
+        return DDPGModel(obs_space, action_space, self.cfg, self.model_cfg, device)
+
+    # ---- acting ---------------------------------------------------------------------------
     @torch.no_grad()
-    def policy(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        """a = mu(s) + noise, clipped to the action box (Algorithm 2, line 18)."""
-        mu = self.actor(obs)
-        action = torch.clamp(torch.addcmul(mu, torch.randn_like(mu), self.noise_std), self.low, self.high)
+    def sample(self, model: DDPGModel, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """a = mu(s) + noise, clipped to the action box (Algorithm 2, line 18): stored and stepped."""
+        mu = model.actor(obs)
+        action = torch.clamp(torch.addcmul(mu, torch.randn_like(mu), model.noise_std), model.low, model.high)
         return action, action
 
-    def iteration(self, env, obs: Tensor, episodes: EpisodeLog) -> tuple[Tensor, Tensor]:
-        """One pass of Algorithm 2's while loop: B new steps pushed into the FIFO buffer, one update."""
-        B = self.cfg.rollout_length
-        self.buffer.shift(B)
-        obs = collect(env, obs, self.policy, self.buffer.last(B), episodes)
-        self.filled = min(self.filled + B, self.buffer.steps)
-        batch = self.buffer.last(self.filled)
-        if self.cfg.minibatch_envs is not None and self.cfg.minibatch_envs < batch.rewards.shape[1]:
-            batch = batch.instances(torch.randint(batch.rewards.shape[1], (self.cfg.minibatch_envs,),
-                                                  device=batch.rewards.device))
-        return obs, self.update(batch)
+    @torch.no_grad()
+    def act(self, model: DDPGModel, obs) -> tuple[Tensor, Tensor, Tensor]:
+        obs = model.obs(obs)
+        action, _ = self.sample(model, obs)
+        zeros = torch.zeros(obs.shape[0], device=model.device)
+        return action, zeros, zeros  # no log-probs; values are not needed by the learner
 
-    def update(self, r: Rollout) -> Tensor:
-        """Critic, then actor, then both targets; returns the detached stats tensor (see STATS)."""
-        cfg, (T, N) = self.cfg, r.rewards.shape
-        obs, actions = r.obs.flatten(0, 1), r.actions.flatten(0, 1)
+    @torch.no_grad()
+    def value(self, model: DDPGModel, obs) -> Tensor:
+        return model.target_q(model.obs(obs))
+
+    # ---- learner --------------------------------------------------------------------------
+    @torch.no_grad()
+    def _batch(self, obs: Tensor, actions: Tensor, rewards: Tensor, next_q: Tensor, terminated: Tensor,
+               truncated: Tensor) -> dict[str, Tensor]:
+        targets = n_step_returns(rewards, next_q, terminated, truncated, self.cfg.gamma, self.cfg.n_step)
+        return {"obs": obs.flatten(0, 1), "actions": actions.flatten(0, 1), "targets": targets.flatten()}
+
+    def prepare(self, fragments, model: DDPGModel) -> dict[str, Tensor]:
+        """n-step targets from fragments; Q' of each next state: the next row's obs, last_obs after the
+        last row, the actor's final value where an episode was truncated."""
+        parts = []
+        for f in fragments:
+            obs, T = model.obs(f["obs"]), f["rewards"].shape[0]
+            with torch.no_grad():
+                q = model.target_q(obs.flatten(0, 1)).view(T, -1)
+                next_q = next_values_from(q, model.target_q(model.obs(f["last_obs"])), model.obs(f["truncated"]),
+                                          model.obs(f["final_values"]))
+            parts.append(self._batch(obs, model.obs(f["actions"]), model.obs(f["rewards"]), next_q,
+                                     model.obs(f["terminated"]), model.obs(f["truncated"])))
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def prepare_rollout(self, r: Rollout, model: DDPGModel) -> dict[str, Tensor]:
+        """The same from the fused loop's buffer (``next_obs`` = the env's final observations); with
+        ``minibatch_envs``, of that many instances drawn at random."""
+        m = self.cfg.minibatch_envs
+        if m is not None and m < r.rewards.shape[1]:
+            r = r.instances(torch.randint(r.rewards.shape[1], (m,), device=r.rewards.device))
+        T, N = r.rewards.shape
         with torch.no_grad():
-            next_obs = r.next_obs.flatten(0, 1)
-            next_q = self.target_critic(next_obs, self.target_actor(next_obs)).view(T, N)
-            targets = n_step_returns(r.rewards, next_q, r.terminated, r.truncated, cfg.gamma, cfg.n_step)
-        q = self.critic(obs, actions)
-        critic_loss = (targets.flatten() - q).square().mean()
-        self.critic.flat.zero_grad()
+            next_q = model.target_q(r.next_obs.flatten(0, 1)).view(T, N)
+        return self._batch(r.obs, r.actions, r.rewards, next_q, r.terminated, r.truncated)
+
+    def compute_gradient(self, batch, model: DDPGModel, window=None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Critic TD gradient and actor gradient at the same weights, in one flat buffer."""
+        obs, targets = batch["obs"], batch["targets"]
+        model.flat.zero_grad()
+        q = model.critic(obs, batch["actions"])
+        critic_loss = (targets - q).square().mean()
         critic_loss.backward()
-        self.critic_optimizer.step()
+        actor_loss = -model.critic(obs, model.actor(obs)).mean()
+        actor_loss.backward(inputs=list(model.actor.parameters()))  # the critic's grads stay its TD loss's
+        stats = dict(zip(STATS, (critic_loss, actor_loss, q.mean(), targets.mean())))
+        stats.update(loss=critic_loss + actor_loss, value_loss=critic_loss, policy_loss=actor_loss)
+        return model.flat.grads, {k: v.detach() for k, v in stats.items()}
 
-        actor_loss = -self.critic(obs, self.actor(obs)).mean()
-        self.actor.flat.zero_grad()
-        actor_loss.backward()  # also leaves grads in the critic; they are zeroed before its next step
-        self.actor_optimizer.step()
+    # ---- parameter side -------------------------------------------------------------------
+    def make_optimizer(self, model: DDPGModel) -> torch.optim.Optimizer:
+        return torch.optim.Adam([{"params": model.actor.parameters(), "lr": self.cfg.actor_lr},
+                                 {"params": model.critic.parameters(), "lr": self.cfg.critic_lr}])
 
-        soft_update_(self.target_critic, self.critic, cfg.tau)
-        soft_update_(self.target_actor, self.actor, cfg.tau)
-        return torch.stack([critic_loss, actor_loss, q.mean(), targets.mean()]).detach()
+    def apply(self, model: DDPGModel, optimizer, gradient) -> None:
+        super().apply(model, optimizer, gradient)
+        targets, online = model.pairs()
+        with torch.no_grad():
+            torch._foreach_lerp_(targets, online, self.cfg.tau)  # lines 36-37, one fused op

@@ -1,1 +1,14 @@
-"""Single-process training of the batched algorithms (HA2C, HDDPG) on batched envs."""
+"""The fused single-device loop (seed 003): :mod:`hpcrl.batched.runner`; :func:`fuses` says when it runs."""
+from __future__ import annotations
+
+FUSED_ALGOS = ("ha2c", "hddpg")
+
+
+def fuses(cfg) -> bool:
+    """True when the serial runner fuses the roles into one device loop: algo ha2c or hddpg on a batched
+    tensor env with one actor and one learner group (otherwise the roles run as usual)."""
+    from hpcrl.envs import registry
+
+    spec = registry.spec(cfg.env.id)
+    return (cfg.launch.runner == "serial" and cfg.algo.name in FUSED_ALGOS and spec is not None
+            and spec.kind == "batched" and cfg.actors.count == 1 and cfg.learners.groups == 1)

@@ -1,15 +1,21 @@
-"""Single-process runner for the batched algorithms (HA2C, HDDPG): ``hpcrl run`` with algo.name in
-{ha2c, hddpg} calls :func:`run_batched`. No MPI: one process, one device, N env instances.
+"""The fused single-device loop: seed 003's setting, chosen by the serial runner (:mod:`hpcrl.runtime.serial`)
+when one actor and one learner group would share one device with a batched tensor env.
 
-The training loop never waits for the host: every ``algo.stats_every`` iterations the runner
-fetches the episode log and the per-iteration losses from the device (one synchronisation),
-appends them to ``run.h5`` (tables ``episodes``, ``updates``, ``rounds``; one "round" is one
-such window of iterations), reports progress and checks the stop conditions. Episode times
-are those of the iteration that ended them (host clock when the iteration was issued).
+The actor, learner and parameter roles become one loop on ``learners.device`` with no queues and
+no host copies per step, calling the same algorithm object the roles call (:mod:`hpcrl.algos.base`):
+``algo.sample`` acts, the fragment (``actors.fragment_length`` steps of ``env.num_envs`` instances)
+enters a device buffer of ``algo.kept_fragments`` fragments, ``algo.prepare_rollout`` builds the
+batch, ``algo.compute_gradient`` and ``algo.apply`` train.
+
+The loop never waits for the host: every ``algo.stats_every`` iterations it fetches the episode
+log and the per-iteration stats from the device (one synchronisation), appends them to
+``run.h5`` (tables ``episodes``, ``updates``, ``rounds``; one round is one such window of
+iterations), reports progress and checks the stop rule. Episode times are those of the
+iteration that ended them. No per-step trajectories are written (10K instances x millions of
+steps), and there are no checkpoints.
 """
 from __future__ import annotations
 
-import collections
 import platform
 import time
 from pathlib import Path
@@ -18,17 +24,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcrl.algos.ha2c import HA2C
-from hpcrl.algos.hddpg import HDDPG
-from hpcrl.algos.rollout import EpisodeLog
+from hpcrl.algos import make_algorithm
+from hpcrl.algos.ha2c import no_argument_checks
+from hpcrl.algos.rollout import EpisodeLog, Rollout, collect
+from hpcrl.batched import FUSED_ALGOS
 from hpcrl.config import RunConfig
 from hpcrl.envs import registry
 from hpcrl.envs.classic.base import resolve_device
 from hpcrl.errors import ConfigError
 from hpcrl.io import RunFile
 from hpcrl.io.schema import RUN_FILE
-
-ALGOS = {"ha2c": HA2C, "hddpg": HDDPG}
+from hpcrl.runtime.stop_rule import StopRule
 
 
 def make_env(cfg: RunConfig, device: torch.device, num_envs: int | None = None):
@@ -40,7 +46,7 @@ def make_env(cfg: RunConfig, device: torch.device, num_envs: int | None = None):
     if spec is None or spec.kind != "batched":
         batched = [i for i in registry.hpcrl_env_ids() if registry.spec(i).kind == "batched"]
         hint = f" (did you mean hpcrl/{cfg.env.id}?)" if f"hpcrl/{cfg.env.id}" in batched else ""
-        raise ConfigError(f"env.id: algo.name={cfg.algo.name} needs a batched environment, got {cfg.env.id!r}{hint}; "
+        raise ConfigError(f"env.id: the fused loop needs a batched environment, got {cfg.env.id!r}{hint}; "
                           f"allowed: {', '.join(batched)}")
     try:
         return registry.make(cfg.env.id, num_envs=num_envs or cfg.env.num_envs, device=device, **cfg.env.kwargs)
@@ -48,15 +54,47 @@ def make_env(cfg: RunConfig, device: torch.device, num_envs: int | None = None):
         raise ConfigError(f"env.kwargs: {exc} ({cfg.env.id})") from None
 
 
+class FusedLoop:
+    """One actor, one learner and the parameter role as one device-resident loop (see the module doc)."""
+
+    def __init__(self, cfg: RunConfig, env, device: torch.device):
+        self.cfg, self.env = cfg, env
+        self.algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
+        self.model = self.algo.make_model(env.single_observation_space, env.single_action_space, device)
+        self.optimizer = self.algo.make_optimizer(self.model)
+        T = cfg.actors.fragment_length
+        box = not self.model.discrete
+        self.buffer = Rollout.allocate(self.algo.kept_fragments * T, env.num_envs, env.single_observation_space.shape,
+                                       self.model.action_shape, torch.float32 if box else torch.int64, device)
+        self.filled = 0
+        """Steps of the buffer holding data (it fills up over the first kept_fragments iterations)."""
+
+    def act(self, obs):
+        return self.algo.sample(self.model, obs)
+
+    def iteration(self, obs, episodes: EpisodeLog):
+        """One fragment of every instance into the buffer, one update; returns (last obs, stats tensor)."""
+        T = self.cfg.actors.fragment_length
+        with no_argument_checks():
+            self.buffer.shift(T)
+            obs = collect(self.env, obs, self.act, self.buffer.last(T), episodes)
+            self.filled = min(self.filled + T, self.buffer.steps)
+            batch = self.algo.prepare_rollout(self.buffer.last(self.filled), self.model)
+            grad, stats = self.algo.compute_gradient(batch, self.model)
+            self.algo.apply(self.model, self.optimizer, grad)
+        return obs, torch.stack([stats[k] for k in self.algo.stats])
+
+
 def check_config(cfg: RunConfig) -> None:
     """Raise ConfigError for what run_batched would reject (device, env id and kwargs, algo vs action space),
     using a one-instance env on the CPU: nothing is written or allocated on the device."""
-    if cfg.algo.name not in ALGOS:
-        raise ConfigError(f"algo.name: run_batched runs {', '.join(ALGOS)}, got {cfg.algo.name!r}")
+    if cfg.algo.name not in FUSED_ALGOS:
+        raise ConfigError(f"algo.name: the fused loop runs {', '.join(FUSED_ALGOS)}, got {cfg.algo.name!r}")
     resolve_device(cfg.learners.device)
     cpu = torch.device("cpu")
     env = make_env(cfg, cpu, num_envs=1)
-    ALGOS[cfg.algo.name](cfg.algo, cfg.model, env.single_observation_space, env.single_action_space, 1, cpu)
+    make_algorithm(cfg.algo, cfg.model, cfg.aggregation).make_model(env.single_observation_space,
+                                                                     env.single_action_space, cpu)
 
 
 def _progress(progress: Any, cfg: RunConfig):
@@ -77,11 +115,10 @@ def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str
     device = resolve_device(cfg.learners.device)
     torch.manual_seed(cfg.env.seed)
     env = make_env(cfg, device)
-    algo = ALGOS[cfg.algo.name](cfg.algo, cfg.model, env.single_observation_space, env.single_action_space,
-                                env.num_envs, device)
-    T, N, K = cfg.algo.rollout_length, env.num_envs, cfg.algo.stats_every
+    loop = FusedLoop(cfg, env, device)
+    T, N, K = cfg.actors.fragment_length, env.num_envs, cfg.algo.stats_every
     episodes = EpisodeLog(K * T, N, device)
-    losses = torch.zeros(K, len(algo_stats(cfg.algo.name)), device=device)
+    losses = torch.zeros(K, len(loop.algo.stats), device=device)
     view = _progress(progress, cfg)
 
     run_dir = Path(run_dir)
@@ -90,23 +127,19 @@ def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str
         (run_dir / "config.yaml").write_text(cfg.to_yaml())
     rank_map = {"rank": [0], "role": [0], "group": [-1], "index": [0], "node": [platform.node().encode()[:64]]}
     run = RunFile.create(run_dir / RUN_FILE, cfg.to_yaml(), rank_map, cfg.io.compression,
-                         flush_seconds=cfg.io.flush_seconds)
-    recent = collections.deque(maxlen=cfg.stop.return_window)
-    stop, iteration, episodes_total, stop_reason = cfg.stop, 0, 0, None
+                         flush_seconds=cfg.io.flush_seconds, attrs={"runner": "serial", "fused": True})
+    stop = StopRule(cfg.stop)
+    iteration, episodes_total, stop_reason = 0, 0, None
     obs, _ = env.reset(seed=cfg.env.seed)
     start = time.monotonic()
     try:
         while stop_reason is None:
             round_start, times = run.now(), []
             for k in range(K):  # no host synchronisation inside this loop
-                obs, losses[k] = algo.iteration(env, obs, episodes)
+                obs, losses[k] = loop.iteration(obs, episodes)
                 times.append(run.now())
                 iteration += 1
-                env_steps = iteration * T * N
-                if env_steps >= stop.total_env_steps:
-                    stop_reason = f"stop.total_env_steps={stop.total_env_steps} reached"
-                elif stop.max_wall_seconds is not None and time.monotonic() - start >= stop.max_wall_seconds:
-                    stop_reason = f"stop.max_wall_seconds={stop.max_wall_seconds} reached"
+                stop_reason = stop.reason(iteration * T * N, time.monotonic() - start)
                 if stop_reason:
                     break
             done_iterations = len(times)
@@ -123,7 +156,7 @@ def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str
                 "time": times, "version": np.arange(first + 1, iteration + 1), "round": run_round(first, K),
                 "num_gradients": 1, "lr": _lr(cfg.algo), "loss_mean": loss_rows[:, 0]})
             returns = ep["return"]
-            recent.extend(returns.tolist())
+            stop.add_returns(returns)
             episodes_total += len(returns)
             run.append("rounds", {
                 "round": run_round(first, K), "start": round_start, "duration": run.now() - round_start,
@@ -131,31 +164,22 @@ def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str
                 "episodes": len(returns), "updates": done_iterations, "loss": float(loss_rows[:, 0].mean()),
                 **_return_stats(returns)})
             run.maybe_flush()
-            mean_return = float(np.mean(recent)) if recent else float("nan")
-            if (stop_reason is None and stop.target_return is not None and len(recent) == recent.maxlen
-                    and mean_return >= stop.target_return):
-                stop_reason = f"stop.target_return={stop.target_return} reached (last {stop.return_window} episodes)"
-            stats = {"env_steps": iteration * T * N, "total_steps": stop.total_env_steps, "episodes": episodes_total,
-                     "mean_return": mean_return, "version": iteration, "staleness": None, "active_groups": 1,
-                     "groups": 1, "round": run_round(first, K), "elapsed": time.monotonic() - start,
-                     **dict(zip(algo_stats(cfg.algo.name), map(float, loss_rows[-1])))}
+            stop_reason = stop_reason or stop.reason(iteration * T * N, time.monotonic() - start)
+            stats = {"env_steps": iteration * T * N, "total_steps": cfg.stop.total_env_steps,
+                     "episodes": episodes_total, "mean_return": stop.mean_return(), "version": iteration,
+                     "staleness": None, "active_groups": 1, "groups": 1, "round": run_round(first, K),
+                     "elapsed": time.monotonic() - start, **dict(zip(loop.algo.stats, map(float, loss_rows[-1])))}
             if view is not None:
                 view.update(stats)
     finally:
         run.close()
-    summary = {**stats, "stop_reason": stop_reason, "run_dir": str(run_dir), "return_window": stop.return_window,
+    summary = {**stats, "stop_reason": stop_reason, "run_dir": str(run_dir), "return_window": cfg.stop.return_window,
                "gradients": iteration, "admitted": iteration, "device": str(device), "num_envs": N,
                "env_steps_per_second": stats["env_steps"] / max(stats["elapsed"], 1e-9),
                "files": {"record": str(run_dir / RUN_FILE), "config": str(run_dir / "config.yaml")}}
     if view is not None:
         view.finish(summary)
     return summary
-
-
-def algo_stats(name: str) -> tuple[str, ...]:
-    from hpcrl.algos import ha2c, hddpg
-
-    return {"ha2c": ha2c.STATS, "hddpg": hddpg.STATS}[name]
 
 
 def run_round(first_iteration: int, per_round: int) -> int:

@@ -8,7 +8,7 @@ same process and interleaved (median of ``--repeats`` rounds):
   ``gym.make_vec(..., vectorization_mode="vector_entry_point")``) and ``SyncVectorEnv``, as
   ratios hpcrl / Gymnasium;
 - rollout+training steps/s: HA2C (discrete actions) or HDDPG (continuous) as configured in
-  ``hpcrl/configs/*_ha2c.yaml`` / ``pendulum_hddpg.yaml`` (rollout_length x N steps per update).
+  ``hpcrl/configs/*_ha2c.yaml`` / ``pendulum_hddpg.yaml`` (fragment_length x N steps per update).
 
     hpcrl bench classic-control [--envs cartpole,acrobot] [--counts 10,100,...] [--device auto]
                                 [--threads 1] [--seconds 0.5] [--repeats 3] [--no-training]
@@ -83,18 +83,18 @@ def gym_step(env: gym.vector.VectorEnv, n: int) -> Callable[[], object]:
 def training_step(env_name: str, n: int, device: torch.device):
     """(callable doing one algorithm iteration, env steps per call, description)."""
     from hpcrl.algos.rollout import EpisodeLog
-    from hpcrl.batched.runner import ALGOS
+    from hpcrl.batched.runner import FusedLoop
 
     cls, _, config = ENVS[env_name]
     cfg = load_config(CONFIGS / config)
     env = cls(num_envs=n, device=device, desync_episodes=True)
-    algo = ALGOS[cfg.algo.name](cfg.algo, cfg.model, env.single_observation_space, env.single_action_space, n, device)
-    T = cfg.algo.rollout_length
+    loop = FusedLoop(cfg, env, device)
+    T = cfg.actors.fragment_length
     episodes = EpisodeLog(T, n, device)
     box = {"obs": env.reset(seed=0)[0]}
 
     def iteration():
-        box["obs"], _ = algo.iteration(env, box["obs"], episodes)
+        box["obs"], _ = loop.iteration(box["obs"], episodes)
         episodes.rows = 0  # discard the episode log (no host fetch while timing)
     return iteration, T * n, f"{cfg.algo.name} ({config})"
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from hpcrl import launch
+from hpcrl.batched import fuses
 from hpcrl.config import RunConfig, load_config
 from hpcrl.errors import ConfigError
 
@@ -58,11 +59,11 @@ def resolve_config(args: argparse.Namespace, ranks_from: str = "--ranks") -> tup
     overrides = [*args.overrides, *([f"launch.runner={args.runner}"] if getattr(args, "runner", None) else [])]
     args = argparse.Namespace(**{**vars(args), "overrides": overrides})
     cfg = load_config(run_dir / CONFIG_FILE if run_dir else args.config, args.overrides)
-    if not cfg.uses_runtime:
+    if fuses(cfg):
         flag = "--resume" if args.resume else "--ranks" if args.ranks is not None else None
         if flag:
-            raise ConfigError(f"{flag}: not supported for single-process algos (algo.name={cfg.algo.name} "
-                              "runs in this process, no MPI, no checkpoints)")
+            raise ConfigError(f"{flag}: not supported by the fused loop (algo.name={cfg.algo.name} on a batched env "
+                              "with one actor and one learner group runs in this process, no checkpoints)")
         validate(cfg)
         return cfg, None
     if run_dir is not None:
@@ -110,7 +111,7 @@ def validate(cfg: RunConfig) -> None:
     from hpcrl.envs import check_env_id
     from hpcrl.runtime.topology import plan_roles
 
-    if not cfg.uses_runtime:
+    if fuses(cfg):
         from hpcrl.batched.runner import check_config
 
         check_config(cfg)
@@ -162,8 +163,7 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--ranks {args.ranks}: this job has {inside[1]} ranks")
         cfg = resolve_config(args)[0]  # every mistake is reported before MPI starts
         if not cfg.uses_mpi:
-            what = f"algo.name={cfg.algo.name}" if not cfg.uses_runtime else "launch.runner=serial"
-            raise ConfigError(f"{what} runs in one process, not as ranks of an MPI job; "
+            raise ConfigError("launch.runner=serial runs in one process, not as ranks of an MPI job; "
                               "start `hpcrl run CONFIG` once, without mpiexec, srun or --inside-mpi")
 
         def config_for(size: int) -> RunConfig:
@@ -177,7 +177,7 @@ def main(args: argparse.Namespace) -> int:
     cfg, run_dir = resolve_config(args)
     if args.config is None and run_dir is None:
         print("hpcrl run: no CONFIG given: the default job, hpcrl/configs/cartpole.yaml", flush=True)
-    if not cfg.uses_runtime:
+    if fuses(cfg):
         return run_in_process(cfg)
     mpiexec = launch.find_mpiexec(cfg.launch) if cfg.uses_mpi else None
     if run_dir is None:
@@ -193,7 +193,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_in_process(cfg: RunConfig) -> int:
-    """algo.name ha2c / hddpg: train in this process with run_batched; progress and summary as for MPI runs.
+    """The fused loop (hpcrl.batched.fuses): train in this process with run_batched; progress and summary
+    as for the roles.
 
     SIGTERM stops like Ctrl-C: run.h5 is closed with everything fetched so far (exit code 130).
     """
@@ -202,8 +203,8 @@ def run_in_process(cfg: RunConfig) -> int:
     run_dir = create_run_dir(cfg)
     progress = "tty" if sys.stdout.isatty() else "plain"
     if progress == "plain":
-        print(f"hpcrl run: {cfg.algo.name} on {cfg.env.num_envs} x {cfg.env.id} in this process, "
-              f"run directory {run_dir}", flush=True)
+        print(f"hpcrl run: {cfg.algo.name} on {cfg.env.num_envs} x {cfg.env.id} in this process "
+              f"(launch.runner=serial, fused loop), run directory {run_dir}", flush=True)
 
     def stop(_signum, _frame):
         raise KeyboardInterrupt

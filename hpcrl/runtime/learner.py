@@ -170,6 +170,7 @@ class LearnerGroup:
     def _local_gradient(self, mb: dict, window) -> tuple[np.ndarray, dict]:
         wl = None if window is None else torch.as_tensor(np.stack(window), device=self.model.device)
         grad, stats = self.algo.compute_gradient(mb, self.model, wl)
+        stats = {k: float(v) for k, v in stats.items()}
         if self.reducer is None:
             return grad.detach().cpu().numpy(), stats
         return self.reducer.average(grad), stats

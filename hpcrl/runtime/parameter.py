@@ -14,7 +14,7 @@ estimates are those of the gradients actually applied (see hpcrl.staleness for w
 normalisation does to a shared scale).
 
 Rounds (Stellaris k, RLlib training iterations) end each time the learners have consumed
-another ``train_batch_size`` environment steps; ``policy.end_round`` and ``algo.end_round``
+another ``cfg.round_steps`` environment steps; ``policy.end_round`` and ``algo.end_round``
 (e.g. PPO's adaptive KL coefficient) are called then.
 """
 from __future__ import annotations
@@ -199,7 +199,7 @@ class ParameterRank:
                 continue
             self.queue.append(rec)
             self._admit()
-            while self.consumed >= (self.round + 1) * self.cfg.algo.train_batch_size:
+            while self.consumed >= (self.round + 1) * self.cfg.round_steps:
                 self._end_round()
         return bool(got)
 
@@ -235,7 +235,7 @@ class ParameterRank:
         self.run_file.append("updates", {
             "time": now, "version": self.version, "round": self.round, "num_gradients": len(step),
             "staleness_mean": float(np.mean(stale)), "staleness_max": int(max(stale)),
-            "threshold": math.nan if adm.threshold is None else adm.threshold, "lr": self.cfg.algo.lr,
+            "threshold": math.nan if adm.threshold is None else adm.threshold, "lr": self.optimizer.param_groups[0]["lr"],
             "loss_mean": float(np.mean(losses)), "loss_min": float(np.min(losses)), "loss_max": float(np.max(losses)),
             "active_groups": self.active, "aggregate_seconds": t_agg, "publish_seconds": t_pub,
         })

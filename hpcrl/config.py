@@ -91,8 +91,8 @@ class AggregationConfig(Section):
     policy: Literal["stellaris", "stellaris_code", "pure_async", "sync"] = "stellaris"
     """Admission policy on the parameter rank (hpcrl.staleness)."""
     d: float = Field(0.96, ge=0.0, le=1.0)
-    """Threshold decay (Stellaris Eq. 3): beta_k = delta_max * d**k; 0 = synchronous; 1 keeps beta at the
-    observed delta_max (near, not equal to, policy pure_async, which applies every gradient on arrival)."""
+    """Threshold decay (Stellaris Eq. 3): beta_k = delta_max * d**k; 0 = synchronous; 1 = every gradient on
+    arrival, scaled by Eq. 4 (policy pure_async is the same without the scaling)."""
     v: float = Field(3.0, gt=0)
     """Learning-rate staleness exponent (Stellaris Eq. 4): alpha = alpha_0 / delta**(1/v)."""
     rho: float = Field(1.0, gt=0)

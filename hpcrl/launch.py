@@ -27,7 +27,7 @@ NO_MPIEXEC_HELP = (
 
 # Environment variables that every rank gets from the local launcher.
 RANK_ENV = {
-    "HDF5_USE_FILE_LOCKING": "FALSE",  # Lustre and concurrent readers (DESIGN.md section 6)
+    "HDF5_USE_FILE_LOCKING": "FALSE",  # HDF5 file locks fail on Lustre and NFS; hpcrl opens files with locking=False anyway
     "OMP_NUM_THREADS": "1",  # one core per rank; torch threads are set again in runtime.main
     "PYTHONUNBUFFERED": "1",
     "UCX_LOG_LEVEL": "error",  # MPICH's UCX netmod warns about cached RMA keys at exit

@@ -20,9 +20,9 @@ Staleness of a gradient = the version at which it is applied minus its base vers
   arrival re-evaluates the queue's mean staleness and the whole queue is applied as one
   averaged step once the mean is <= beta_k = delta_max * d**k (Eq. 3). Each gradient is
   scaled by alpha_c / alpha_0 = delta_c**(-1/v) for delta_c > 0, else 1 (Eq. 4).
-  d = 1 is pure async (every arrival applied at once, as in round 0) and d = 0 is
-  synchronous (wait for one gradient from every active group).
-- ``stellaris_code``: the authors' released code (DESIGN.md section 4): delta_max =
+  d = 1 applies every arrival at once (as in round 0; ``pure_async`` without the Eq. 4
+  scaling) and d = 0 is synchronous (wait for one gradient from every active group).
+- ``stellaris_code``: the authors' released code (Stellaris-SC24 artifact, an RLlib 2.8 fork): delta_max =
   int(mean staleness of the observation round) + 1; beta = clip(floor(delta_max * d**k) + 1,
   1, delta_max) (their rounds count from 1 at the observation round, so their d**(k-1)
   is our d**k); the queue is also applied once it holds as many gradients as there are
@@ -239,7 +239,7 @@ class Stellaris(AdmissionPolicy):
 
 
 class StellarisCode(AdmissionPolicy):
-    """The authors' released code (RLlib 2.8 fork), as described in DESIGN.md section 4."""
+    """The authors' released code (the Stellaris-SC24 artifact, an RLlib 2.8 fork); see the module docstring."""
 
     name = "stellaris_code"
 

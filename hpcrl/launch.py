@@ -25,7 +25,8 @@ NO_MPIEXEC_HELP = (
     "or name it in launch.mpiexec"
 )
 
-# Environment variables that every rank gets from the local launcher.
+# Environment variables that every rank gets: from the local launcher, and exported by the batch
+# scripts and Parsl apps (slurm_templates/_ranks.sh.j2 renders this dict).
 RANK_ENV = {
     "HDF5_USE_FILE_LOCKING": "FALSE",  # HDF5 file locks fail on Lustre and NFS; hpcrl opens files with locking=False anyway
     "OMP_NUM_THREADS": "1",  # one core per rank; torch threads are set again in runtime.main

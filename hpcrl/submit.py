@@ -233,11 +233,14 @@ def _environment() -> jinja2.Environment:
 
 
 def render_template(name: str, **context) -> str:
-    """Fill ``slurm_templates/NAME``; every template also gets ``checkpoint`` (its presence means resume)."""
+    """Fill ``slurm_templates/NAME``; every template also gets ``checkpoint`` (its presence means resume)
+    and ``rank_env`` (the variables every rank gets, :data:`hpcrl.launch.RANK_ENV`)."""
     if not (TEMPLATE_DIR / name).is_file():
         raise ConfigError(f"template {name!r} not found in {TEMPLATE_DIR} (hpcrl submit and the workflows "
                           "need a source checkout, or HPCRL_TEMPLATE_DIR naming a templates folder)")
-    text = _environment().get_template(name).render(checkpoint=CHECKPOINT, **context)
+    from hpcrl.launch import RANK_ENV
+
+    text = _environment().get_template(name).render(checkpoint=CHECKPOINT, rank_env=RANK_ENV, **context)
     return text if text.endswith("\n") else text + "\n"
 
 

@@ -25,8 +25,10 @@ CONFIG="$JOB_DIR/config.yaml"
 RESTART=${SLURM_RESTART_COUNT:-0}
 MAX_RESTARTS=10
 cd "$JOB_DIR" || exit 1
-export HDF5_USE_FILE_LOCKING=FALSE  # parallel file systems (Lustre) and concurrent readers
-export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export HDF5_USE_FILE_LOCKING=FALSE
+export OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+export UCX_LOG_LEVEL=error
 export SLURM_CPU_BIND=cores
 export MPICH_GPU_SUPPORT_ENABLED=0
 # container (podman-hpc): one per rank, started by the host launcher (hybrid MPI model)

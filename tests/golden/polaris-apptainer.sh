@@ -23,8 +23,10 @@ MAX_RESTARTS=10
 cd "$JOB_DIR" || exit 1
 exec >>"$JOB_DIR/job-${PBS_JOBID:-interactive}.log" 2>&1  # one log per job; PBS overwrites its -o file
 module use /soft/modulefiles
-export HDF5_USE_FILE_LOCKING=FALSE  # parallel file systems (Lustre) and concurrent readers
-export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export HDF5_USE_FILE_LOCKING=FALSE
+export OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+export UCX_LOG_LEVEL=error
 # container (apptainer): one per rank, started by the host launcher (hybrid MPI model)
 module use /soft/modulefiles
 module load spack-pe-base apptainer

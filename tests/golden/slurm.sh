@@ -21,8 +21,10 @@ CONFIG="$JOB_DIR/config.yaml"
 RESTART=${SLURM_RESTART_COUNT:-0}
 MAX_RESTARTS=10
 cd "$JOB_DIR" || exit 1
-export HDF5_USE_FILE_LOCKING=FALSE  # parallel file systems (Lustre) and concurrent readers
-export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export HDF5_USE_FILE_LOCKING=FALSE
+export OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+export UCX_LOG_LEVEL=error
 
 # start, or resume from the last checkpoint
 if [ -f "$RUN_DIR/checkpoints/latest.pt" ]; then

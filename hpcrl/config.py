@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpcrl.errors import ConfigError
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, strict=True,
+                              allow_inf_nan=False)
 
 
 class EnvConfig(Section):
@@ -195,6 +196,15 @@ AlgoConfig = Annotated[Union[PPOConfig, HA2CConfig, HDDPGConfig], Field(discrimi
 class IOConfig(Section):
     run_dir: str = "runs/{name}-{time}"
     """Run directory; {name} and {time} (YYYYmmdd-HHMMSS) are filled in."""
+
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir_placeholders(cls, value: str) -> str:
+        try:
+            value.format(name="n", time="t")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only the placeholders {{name}} and {{time}} are allowed ({exc})") from None
+        return value
     flush_seconds: float = Field(5.0, gt=0)
     """HDF5 files are flushed at least this often, so a killed job leaves readable files."""
     checkpoint_every: int = Field(50, ge=1)
@@ -228,6 +238,9 @@ class LaunchConfig(Section):
     """Run each rank inside this container (None: on the host)."""
     timeout_seconds: float | None = Field(None, gt=0)
     """Kill the job if it runs longer than this (local runs)."""
+    ranks_per_core: float = Field(4.0, gt=0)
+    """A local run (hpcrl run without a scheduler) with more ranks or roles than this many per core is
+    refused; `hpcrl run --oversubscribe` lifts the limit."""
 
 
 class StopConfig(Section):
@@ -371,6 +384,20 @@ def build_config(data: dict[str, Any] | None = None, overrides: list[str] = (), 
         raise ConfigError(_one_line(exc, source)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """Read a YAML config (None: the embedded default, CartPole-v1 on 4 ranks) and apply KEY=VALUE overrides."""
     if path is None:
@@ -379,7 +406,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} not found")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save the config as UTF-8") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from hpcrl.cli import main as cli_main
@@ -35,10 +36,16 @@ def run_cli(args, capsys):
     (["launch.mpiexec=/nonexistent/mpiexec"], "pip install mpich"),
     (["actors.count=0"], "actors.count"),
     (["env.id=hpcrl/CartPole-v1"], "batched"),
-])
+    (["actors.count=true"], "actors.count"),
+    (["algo.lr=.inf"], "algo.lr: Input should be a finite number"),
+    (["stop.max_wall_seconds=.nan"], "stop.max_wall_seconds"),
+    (["io.run_dir=runs/{"], "only the placeholders {name} and {time}"),
+    (["actors.count=1000"], "launch.ranks_per_core"),
+] + ([] if torch.cuda.is_available() else [(["learners.device=cuda"], "torch sees no CUDA device")]))
 def test_config_mistakes_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, overrides, field):
     monkeypatch.chdir(tmp_path)
-    args = [a for o in overrides + [f"io.run_dir={tmp_path / 'runs' / 'x'}"] for a in ("-o", o)]
+    run_dir = [] if any(o.startswith("io.run_dir") for o in overrides) else [f"io.run_dir={tmp_path / 'runs' / 'x'}"]
+    args = [a for o in overrides + run_dir for a in ("-o", o)]
     rc, err = run_cli(args, capsys)
     assert rc == 2
     assert len(err.splitlines()) == 1 and field in err, err
@@ -179,6 +186,28 @@ def test_resume_refuses_a_change_the_checkpoint_depends_on_and_writes_nothing(tm
     rc, err = run_cli(["--resume", str(run_dir), "--ranks", "5"], capsys)  # more actors: refused for now
     assert rc == 2 and "actors.count would change from 1 to 3" in err
     assert (run_dir / "config.yaml").read_text() == text
+
+
+def test_unreadable_inputs_and_unwritable_run_dirs_are_one_line(tmp_path, capsys):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("env: {id: CartPole-v1}\nactors: {count: 2}\nenv: {num_envs: 3}\n")
+    rc, err = run_cli([str(dup)], capsys)
+    assert rc == 2 and "line 3" in err and "key 'env' appears twice" in err and "\n" not in err
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"name: caf\xe9\n")
+    rc, err = run_cli([str(latin)], capsys)
+    assert rc == 2 and "not UTF-8" in err and "\n" not in err
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        rc, err = run_cli(["-o", f"io.run_dir={locked / 'run'}"], capsys)
+    finally:
+        locked.chmod(0o700)
+    if os.geteuid() != 0:  # root writes anywhere; a read-only file system is the same error
+        assert rc == 2 and "cannot create" in err and "\n" not in err
+    rc, err = run_cli(["-o", "io.run_dir=/proc/hpcrl-run"], capsys)
+    assert rc == 2 and "io.run_dir: cannot create /proc/hpcrl-run" in err and "\n" not in err
 
 
 def test_an_empty_config_file_is_refused(tmp_path, capsys):

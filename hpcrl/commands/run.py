@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="total MPI ranks; the ranks beyond the parameter and learner ranks become actors")
+    parser.add_argument("--oversubscribe", action="store_true",
+                        help="start more local ranks than launch.ranks_per_core x the cores allow")
     parser.add_argument("--inside-mpi", action="store_true",
                         help="this process is already one rank of the job (srun / PBS mpiexec): run its role")
 
@@ -141,16 +143,20 @@ def create_run_dir(cfg: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(cfg.io.run_dir.format(name=cfg.name, time=stamp)).resolve()
     path, n = base, 1
-    while True:
-        try:
-            path.mkdir(parents=True, exist_ok=False)
-            break
-        except FileExistsError:
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-    tmp = path / (CONFIG_FILE + ".tmp")
-    tmp.write_text(cfg.to_yaml())
-    os.replace(tmp, path / CONFIG_FILE)
+    try:
+        while True:
+            try:
+                path.mkdir(parents=True, exist_ok=False)
+                break
+            except FileExistsError:
+                n += 1
+                path = base.with_name(f"{base.name}-{n}")
+        tmp = path / (CONFIG_FILE + ".tmp")
+        tmp.write_text(cfg.to_yaml())
+        os.replace(tmp, path / CONFIG_FILE)
+    except OSError as exc:
+        raise ConfigError(f"io.run_dir: cannot create {path} ({exc.strerror or exc}); "
+                          "pick a writable place with -o io.run_dir=PATH") from None
     return path
 
 
@@ -175,6 +181,7 @@ def main(args: argparse.Namespace) -> int:
         return start_inside_job(config_for, run_dir, resume=run_dir is not None,
                                 make_run_dir=create_run_dir, progress=progress)
     cfg, run_dir = resolve_config(args)
+    check_local_machine(cfg, oversubscribe=args.oversubscribe)
     if args.config is None and run_dir is None:
         print("hpcrl run: no CONFIG given: the default job, hpcrl/configs/cartpole.yaml", flush=True)
     if fuses(cfg):
@@ -190,6 +197,23 @@ def main(args: argparse.Namespace) -> int:
                                flavour=launch.mpi_flavour(mpiexec), resume=args.resume is not None,
                                progress="pipe")
     return supervise(cmd, cfg, run_dir)
+
+
+def check_local_machine(cfg: RunConfig, oversubscribe: bool = False) -> None:
+    """What a local launch needs of this machine: not too many ranks per core, a GPU if learners.device=cuda."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ranks = 1 if fuses(cfg) else cfg.num_ranks
+    limit = cfg.launch.ranks_per_core * cores
+    if ranks > limit and not oversubscribe:
+        raise ConfigError(f"actors.count: {ranks} ranks on {cores} cores is more than launch.ranks_per_core="
+                          f"{cfg.launch.ranks_per_core:g} per core ({limit:g}); use fewer actors, raise "
+                          "launch.ranks_per_core, or pass --oversubscribe")
+    if cfg.learners.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("learners.device: cuda, but torch sees no CUDA device on this machine; "
+                              "allowed here: auto, cpu")
 
 
 def run_in_process(cfg: RunConfig) -> int:

@@ -3,7 +3,7 @@
 See docs/hdf5-schema.md for every table and column. Importing this package imports h5py and
 numpy only.
 """
-from hpcrl.io.errors import RunFileError
+from hpcrl.io.errors import RecordWriteError, RunFileError
 from hpcrl.io.readers import open_run_file, read_attrs, read_table, read_trajectory
 from hpcrl.io.run_file import RunFile
 from hpcrl.io.schema import SCHEMA_VERSION, TABLES, TrajLayout, traj_filename
@@ -11,6 +11,6 @@ from hpcrl.io.tables import Table
 from hpcrl.io.traj_file import TrajectoryWriter
 
 __all__ = [
-    "SCHEMA_VERSION", "TABLES", "RunFile", "RunFileError", "Table", "TrajLayout", "TrajectoryWriter",
+    "SCHEMA_VERSION", "TABLES", "RecordWriteError", "RunFile", "RunFileError", "Table", "TrajLayout", "TrajectoryWriter",
     "open_run_file", "read_attrs", "read_table", "read_trajectory", "traj_filename",
 ]

@@ -36,7 +36,7 @@ import numpy as np
 
 from hpcrl.errors import ConfigError
 from hpcrl.io.errors import RecordWriteError, record_write_error
-from hpcrl.io.schema import Column, TableSpec
+from hpcrl.io.schema import Column, TableSpec, fill_value
 
 CHUNK_ROWS = 4096
 COMPRESSIONS = ("gzip", "lzf", "none")
@@ -53,6 +53,19 @@ def committed_length(node: h5py.Group, lengths: Iterable[int], attr: str = COMMI
     if attr in node.attrs:
         n = min(n, int(node.attrs[attr]))
     return n
+
+
+def written_prefix(required: Mapping[str, np.ndarray]) -> int:
+    """Rows up to the last one whose required columns all hold real values, not their fill value
+    (for tables written before committed_rows existed: a cut-short flush left fill rows at the end)."""
+    n = min((len(a) for a in required.values()), default=0)
+    if not required or n == 0:
+        return n
+    unwritten = np.zeros(n, bool)
+    for a in required.values():
+        unwritten |= np.isnan(a[:n]) if a.dtype.kind == "f" else (a[:n] == fill_value(a.dtype))
+    real = np.flatnonzero(~unwritten)
+    return int(real[-1]) + 1 if len(real) else 0
 
 
 def abandon_file(f: h5py.File) -> None:
@@ -201,7 +214,10 @@ class Table:
         table = cls(parent[spec.name], spec)
         # a kill or a failed write mid-flush leaves columns longer than the committed rows: cut them
         # (the file is not in SWMR mode yet, so the attribute can be created for older files)
-        table.cut(table._on_disk)
+        rows = table._on_disk
+        if COMMITTED_ROWS not in table.group.attrs:
+            rows = written_prefix({c.name: table._columns[c.name][:rows] for c in spec.columns if c.required})
+        table.cut(rows)
         return table
 
     def cut(self, rows: int) -> int:

@@ -34,7 +34,8 @@ import numpy as np
 from hpcrl.io.errors import record_write_error
 from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.schema import SCHEMA_VERSION, TRAJ_FIELDS, TrajLayout
-from hpcrl.io.tables import COMMITTED_STEPS, FlushTimer, TimedFlushFile, abandon_file, committed_length, filter_kwargs
+from hpcrl.io.tables import (COMMITTED_STEPS, FlushTimer, TimedFlushFile, abandon_file, committed_length, filter_kwargs,
+                             written_prefix)
 
 CHUNK_BYTES = 1 << 18
 # policy_version is written last: a step whose policy_version is on disk has all its fields there
@@ -51,6 +52,8 @@ def cut_trajectory(f: h5py.File, steps: int) -> int:
     dropping uncommitted steps too; returns the committed steps removed."""
     lengths = [f[name].shape[0] for name in WRITE_ORDER]
     have = committed_length(f, lengths, COMMITTED_STEPS)
+    if COMMITTED_STEPS not in f.attrs:  # older file: trailing steps that never got their policy_version
+        have = written_prefix({"policy_version": f["policy_version"][:have]})
     steps = min(steps, have)
     for name in WRITE_ORDER:
         if f[name].shape[0] != steps:

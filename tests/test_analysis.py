@@ -260,3 +260,25 @@ def test_sparse_run_of_the_batched_runner(tmp_path):
     assert [int(r["episodes"]) for r in rows] == [5, 5] and [float(r["reward_max"]) for r in rows] == [50.0, 100.0]
     assert len(out.figures) == 8 and all(p.stat().st_size > 5_000 for p in out.figures.values())
     assert "| episodes | 10 |" in out.markdown.read_text()
+
+
+def test_complete_only_when_no_table_holds_unwritten_rows(runs, tmp_path):
+    from hpcrl.io.schema import TABLES
+    import h5py
+
+    assert ha.h5read.REQUIRED == {n: tuple(c.name for c in t.columns if c.required) for n, t in TABLES.items()}
+    prices = M.load_prices(None)
+    assert M.summary(ha.load_run(runs["s0"]), prices)["status"] == "complete tables"
+    episodes = len(read_table(runs["s0"], "episodes")["time"])
+    for case in ("cut_short", "no_attribute"):
+        run_dir = tmp_path / case
+        shutil.copytree(runs["s0"], run_dir)
+        with h5py.File(run_dir / "run.h5", "a", locking=False) as f:  # a flush cut short: 5 rows of fill values
+            for c in f["episodes"]:
+                f["episodes"][c].resize(episodes + 5, axis=0)
+            if case == "no_attribute":  # as in files from before committed_rows
+                del f["episodes"].attrs["committed_rows"]
+        run = ha.load_run(run_dir)
+        status = M.summary(run, prices)["status"]
+        assert status != "complete tables" and "table 'episodes'" in status, status
+        assert run.rows("episodes") == episodes and np.isfinite(run.table("episodes")["time"]).all()

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from hpcrl.errors import ConfigError
-from hpcrl.io import RunFile, RunFileError, TrajectoryWriter, TrajLayout, read_attrs, read_table, read_trajectory
+from hpcrl.io import (RunFile, RunFileError, TrajectoryWriter, TrajLayout, open_run_file, read_attrs, read_table,
+                      read_trajectories, read_trajectory)
 from hpcrl.io.schema import SCHEMA_VERSION, TABLES, TRAJ_FIELD_NAMES, render_markdown, traj_filename
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,6 +220,85 @@ def test_killed_actor_leaves_a_readable_trajectory_file(tmp_path):
         proc.kill()
     got = read_trajectory(tmp_path / "a.h5", ["policy_version"])
     assert got["policy_version"].tolist() == [0] * 8 + [1] * 8 + [2] * 8
+
+
+def _episodes(n, start=0):
+    return {"time": np.arange(start, start + n, dtype="f8"), "actor": 0, "env_index": 0, "return": 1.0, "length": 1}
+
+
+def test_rows_past_committed_rows_are_never_claimed(tmp_path):
+    path = tmp_path / "run.h5"
+    with RunFile.create(path, "", RANK_MAP) as run:
+        run.append("episodes", _episodes(10))
+        run.flush()
+        assert run.row_counts()["episodes"] == 10 and run.row_counts()["updates"] == 0
+    with h5py.File(path, "a", locking=False) as f:  # a flush cut short: columns grew, the data never came
+        assert int(f["episodes"].attrs["committed_rows"]) == 10
+        for c in f["episodes"]:
+            f["episodes"][c].resize(15, axis=0)
+        assert np.isnan(f["episodes/time"][10:]).all()
+    assert read_table(path, "episodes")["time"].tolist() == list(range(10))
+    with h5py.File(path, "a", locking=False) as f:  # a file from before the attribute: fill rows still dropped
+        del f["episodes"].attrs["committed_rows"]
+    assert read_table(path, "episodes", ["env_steps"])["env_steps"].tolist() == [-1] * 10
+    with RunFile.open_append(path) as run:  # resume cuts the unwritten rows and keeps appending after them
+        assert len(run.table("episodes")) == 10
+        run.append("episodes", _episodes(1, 10))
+    assert read_table(path, "episodes")["time"].tolist() == list(range(11))
+    with h5py.File(path, "a", locking=False) as f:  # mid-flush columns of unequal length: the shortest of all counts
+        f["episodes/return"].resize(7, axis=0)
+    assert len(read_table(path, "episodes", ["time"])["time"]) == 7
+
+
+def test_steps_past_committed_steps_are_never_claimed(tmp_path):
+    path = tmp_path / "a.h5"
+    layout = TrajLayout(obs_shape=(2,), num_envs=2)
+    with TrajectoryWriter(path, layout) as w:
+        w.append_fragment(**_fragment(np.random.default_rng(0), 3, 2, (2,), 0.0))
+    with h5py.File(path, "a", locking=False) as f:
+        assert int(f.attrs["committed_steps"]) == 6
+        for k in TRAJ_FIELD_NAMES:
+            f[k].resize(9, axis=0)
+    assert read_trajectory(path)["policy_version"].tolist() == [0, 0, 1, 1, 2, 2]
+    with h5py.File(path, "a", locking=False) as f:  # a file from before the attribute
+        del f.attrs["committed_steps"]
+    assert len(read_trajectory(path, ["obs"])["obs"]) == 6
+    with TrajectoryWriter.open_append(path) as w:
+        assert w.num_steps == 6
+    with h5py.File(path, "r", locking=False) as f:
+        assert f["obs"].shape == (6, 2) and int(f.attrs["committed_steps"]) == 6
+
+
+def test_trajectory_view_reads_after_an_actor_was_killed(tmp_path):
+    layout = TrajLayout(obs_shape=(2,), num_envs=2)
+    RunFile.create(tmp_path / "run.h5", "", RANK_MAP, traj_layout=layout).close()
+    with TrajectoryWriter(tmp_path / traj_filename(0), layout, actor=0) as w:
+        w.append_fragment(**_fragment(np.random.default_rng(0), 4, 2, (2,), 0.0))
+    code = textwrap.dedent("""
+        import sys, time, numpy as np
+        from hpcrl.io import TrajectoryWriter, TrajLayout
+        w = TrajectoryWriter(sys.argv[1], TrajLayout(obs_shape=(2,), num_envs=2), actor=1)
+        z = np.zeros((4, 2))
+        w.append_fragment(np.ones((4, 2, 2)), z, z, z, z, z, z, 7)
+        w.flush()
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / traj_filename(1))], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdout.readline().startswith("ready")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    with h5py.File(tmp_path / "run.h5", "r", locking=False) as f:  # HDF5's behaviour the readers work around
+        with pytest.raises((OSError, RuntimeError), match="already open for write"):
+            f["trajectories/policy_version"][()]
+    pv = read_trajectories(tmp_path / "run.h5", ["policy_version"])["policy_version"]
+    assert pv.shape == (2, 8) and pv[0].tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and pv[1].tolist() == [7] * 8
+    with open_run_file(tmp_path) as f:
+        assert (f["trajectories/obs"][1] == 1).all()
 
 
 def test_truncated_foreign_and_missing_files_give_one_line(tmp_path):

@@ -3,6 +3,9 @@
 A run directory holds run.h5 (tables, see docs/hdf5-schema.md in the hpcrl repository) and
 traj/actor-NNNNN.h5. The writers use SWMR: a file whose writer is running, or was killed,
 refuses a plain open ("already open for write"), so it is opened as an SWMR reader then.
+A table is read up to its ``committed_rows`` attribute and the shortest column; rows whose
+required columns hold fill values (never written) are left out. Each of these is reported in
+``Run.notes``, so a run is called complete only when every table was whole.
 """
 from __future__ import annotations
 
@@ -83,14 +86,48 @@ class Run:
 
 
 TABLE_NAMES = ("rank_map", "updates", "gradients", "episodes", "learner_activity", "rounds", "actors")
+REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); a fill value there = never written
+    "rank_map": ("rank", "role"),
+    "updates": ("time", "version", "round", "num_gradients"),
+    "gradients": ("time", "group", "seq", "base_version", "admitted", "reason"),
+    "episodes": ("time", "actor", "env_index", "return", "length"),
+    "learner_activity": ("time_start", "time_end", "group", "compute_seconds"),
+    "rounds": ("round", "start", "duration"),
+    "actors": ("time", "actor", "fragment"),
+}
 
 
-def _read_group(f: h5py.File, name: str) -> dict[str, np.ndarray]:
+def _is_fill(d: h5py.Dataset, values: np.ndarray) -> np.ndarray:
+    """Where a required column holds its dataset's fill value, if that is one no real row holds (NaN, -1)."""
+    fill = d.fillvalue
+    if values.dtype.kind == "f" and np.isnan(fill):
+        return np.isnan(values)
+    if values.dtype.kind in "iu" and fill == -1:
+        return values == -1
+    return np.zeros(len(values), bool)
+
+
+def _read_group(f: h5py.File, name: str) -> tuple[dict[str, np.ndarray], list[str]]:
+    """A table's columns and what was wrong with it (empty when the table is whole)."""
     g = f[name]
     cols = [c.decode() if isinstance(c, bytes) else str(c) for c in g.attrs.get("columns", list(g.keys()))]
     cols = [c for c in cols if c in g]
-    n = min((g[c].shape[0] for c in cols), default=0)  # columns cut to the shortest
-    return {c: g[c][:n] for c in cols}
+    lengths = [g[c].shape[0] for c in cols]
+    n = min(lengths, default=0)  # columns cut to the shortest
+    problems = []
+    if "committed_rows" in g.attrs and int(g.attrs["committed_rows"]) < n:
+        n = int(g.attrs["committed_rows"])
+    if max(lengths, default=0) > n:
+        problems.append(f"table '{name}': {max(lengths) - n} rows past the {n} fully written left out")
+    data = {c: g[c][:n] for c in cols}
+    unwritten = np.zeros(n, bool)
+    for c in REQUIRED.get(name, ()):
+        if c in data:
+            unwritten |= _is_fill(g[c], data[c])
+    if unwritten.any():
+        problems.append(f"table '{name}': {int(unwritten.sum())} of {n} rows hold fill values (never written), left out")
+        data = {c: v[~unwritten] for c, v in data.items()}
+    return data, problems
 
 
 def _label(attrs: dict, path: Path) -> str:
@@ -125,7 +162,8 @@ def load_run(run_dir: str | Path, label: str | None = None) -> Run:
                     run.notes.append("writer still running or killed: data up to its last flush")
                 for name in TABLE_NAMES:
                     if name in f:
-                        run.tables[name] = _read_group(f, name)
+                        run.tables[name], problems = _read_group(f, name)
+                        run.notes += problems
                     else:
                         run.notes.append(f"table '{name}' missing")
                 if "episodes" not in f:

@@ -353,5 +353,6 @@ def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
         f"cost serverless ({prices['currency']})": c["serverless_learner"] + c["serverless_actor"] + c["serverless_parameter"],
         f"cost serverful ({prices['currency']})": c["serverful_learner"] + c["serverful_actor"] + c["serverful_parameter"],
         f"cost Stellaris per-round sum ({prices['currency']})": float(np.nansum(pr["cost"])) if len(pr["cost"]) else 0.0,
+        # notes hold every table that was cut, had fill-value rows or was missing (h5read.load_run)
         "status": "; ".join(run.notes) or "complete tables",
     }

@@ -9,8 +9,10 @@ in :meth:`RunFile.flush` (every ``cfg.io.flush_seconds`` through :meth:`maybe_fl
 close), so a killed job leaves the file as of its last flush. Readers open with
 ``swmr=True, locking=False`` (:mod:`hpcrl.io.readers`); a plain ``h5py.File(path, "r")``
 refuses a file whose writer is running or was killed ("file is already open for write"),
-so scripts should pass ``swmr=True`` too. Resuming after a kill clears the superblock's
-write flags first (:mod:`hpcrl.io.recovery`). The file format is HDF5 1.10+ ('latest').
+so scripts should pass ``swmr=True`` too. Each table's ``committed_rows`` attribute says how
+many rows are fully written (see :mod:`hpcrl.io.tables`). A failed write (disk full ...)
+raises :class:`~hpcrl.io.errors.RecordWriteError` once and ends the writer. Resuming after
+a kill clears the superblock's write flags first (:mod:`hpcrl.io.recovery`). The file format is HDF5 1.10+ ('latest').
 SWMR needs POSIX write ordering: local disks, Lustre and GPFS give it; NFS does not (keep
 run directories off NFS home directories). Writers open with ``locking=False`` too: on
 Lustre and NFS, HDF5's file locks fail with "unable to lock file"; setting
@@ -38,7 +40,8 @@ API::
     run.now() -> float                     # seconds since run start (the value for every `time` column)
     run.table(name) -> Table               # name in schema.TABLES; run.table("updates").append({...})
     run.append(name, rows) -> int          # same as run.table(name).append(rows)
-    run.flush()                            # tables -> file, then h5py flush
+    run.flush()                            # tables -> file, then h5py flush; RecordWriteError if that fails
+    run.row_counts() -> dict[str, int]     # committed rows per table (call flush first to include the buffer)
     run.maybe_flush(now=None) -> bool      # flush if flush_seconds passed (now: any clock, default monotonic)
     run.close()                            # flush and close; also a context manager
 """
@@ -53,10 +56,10 @@ import h5py
 import numpy as np
 
 import hpcrl
-from hpcrl.io.errors import RunFileError
+from hpcrl.io.errors import RunFileError, record_write_error
 from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.schema import SCHEMA_VERSION, TABLES, TRAJ_FIELDS, TrajLayout, fill_value, traj_filename
-from hpcrl.io.tables import FlushTimer, TimedFlushFile, Table, filter_kwargs
+from hpcrl.io.tables import FlushTimer, TimedFlushFile, Table, abandon_file, filter_kwargs
 
 TRAJ_GROUP = "trajectories"
 
@@ -79,25 +82,34 @@ class RunFile(TimedFlushFile):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         f = h5py.File(path, "w", libver="latest", locking=False)
-        now = time.time()
-        f.attrs["schema_version"] = SCHEMA_VERSION
-        f.attrs["hpcrl_version"] = hpcrl.__version__
-        f.attrs["created"] = _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds")
-        f.attrs["start_unix"] = now
-        f.attrs["config_yaml"] = config_yaml
-        f.attrs["resumed_unix"] = np.zeros(0, "f8")
-        f.attrs["compression"] = compression
-        for key, value in (attrs or {}).items():
-            f.attrs[key] = value
-        run = cls(f, compression, flush_seconds)
-        for spec in TABLES.values():
-            run._tables[spec.name] = Table.create(f, spec, compression)
-        run.table("rank_map").append(dict(rank_map))
-        if traj_layout is not None:
-            roles = np.asarray(rank_map["role"])
-            run._add_trajectory_view(traj_layout, int((roles == 2).sum()) if num_actors is None else num_actors)
+        try:
+            now = time.time()
+            f.attrs["schema_version"] = SCHEMA_VERSION
+            f.attrs["hpcrl_version"] = hpcrl.__version__
+            f.attrs["created"] = _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds")
+            f.attrs["start_unix"] = now
+            f.attrs["config_yaml"] = config_yaml
+            f.attrs["resumed_unix"] = np.zeros(0, "f8")
+            f.attrs["compression"] = compression
+            for key, value in (attrs or {}).items():
+                f.attrs[key] = value
+            run = cls(f, compression, flush_seconds)
+            for spec in TABLES.values():
+                run._tables[spec.name] = Table.create(f, spec, compression)
+            run.table("rank_map").append(dict(rank_map))
+            if traj_layout is not None:
+                roles = np.asarray(rank_map["role"])
+                run._add_trajectory_view(traj_layout, int((roles == 2).sum()) if num_actors is None else num_actors)
+            f.flush()
+        except (OSError, RuntimeError) as exc:  # disk full at creation: one line, no destructor noise
+            abandon_file(f)
+            raise record_write_error(path, exc) from None
+        except BaseException:
+            abandon_file(f)
+            raise
         run.flush()
-        f.swmr_mode = True
+        with run._writing():
+            f.swmr_mode = True
         return run
 
     @classmethod
@@ -115,19 +127,20 @@ class RunFile(TimedFlushFile):
         if version is None or int(version) != SCHEMA_VERSION:
             f.close()
             raise RunFileError(f"{path}: schema_version {version} cannot be resumed by schema {SCHEMA_VERSION}")
-        f.attrs["resumed_unix"] = np.append(np.asarray(f.attrs.get("resumed_unix", []), "f8"), time.time())
         run = cls(f, str(f.attrs.get("compression", "gzip")), flush_seconds)
-        for spec in TABLES.values():
-            try:
-                run._tables[spec.name] = Table.open(f, spec)
-            except KeyError as exc:
-                f.close()
-                raise RunFileError(f"{path}: {exc.args[0]}") from None
-        if traj_layout is not None and TRAJ_GROUP not in f:
-            roles = run.table("rank_map").read()["role"]
-            run._add_trajectory_view(traj_layout, int((roles == 2).sum()) if num_actors is None else num_actors)
-        f.flush()
-        f.swmr_mode = True
+        with run._writing():  # a full disk here is a RecordWriteError like any later write
+            f.attrs["resumed_unix"] = np.append(np.asarray(f.attrs.get("resumed_unix", []), "f8"), time.time())
+            for spec in TABLES.values():
+                try:
+                    run._tables[spec.name] = Table.open(f, spec)
+                except KeyError as exc:
+                    f.close()
+                    raise RunFileError(f"{path}: {exc.args[0]}") from None
+            if traj_layout is not None and TRAJ_GROUP not in f:
+                roles = run.table("rank_map").read()["role"]
+                run._add_trajectory_view(traj_layout, int((roles == 2).sum()) if num_actors is None else num_actors)
+            f.flush()
+            f.swmr_mode = True
         return run
 
     def now(self) -> float:
@@ -141,7 +154,12 @@ class RunFile(TimedFlushFile):
             raise KeyError(f"no table {name!r}; tables: {', '.join(TABLES)}") from None
 
     def append(self, name: str, rows) -> int:
+        self.check_writable()
         return self.table(name).append(rows)
+
+    def row_counts(self) -> dict[str, int]:
+        """Committed rows of every table (what a reader sees after the last flush)."""
+        return {name: t.committed for name, t in self._tables.items()}
 
     def _add_trajectory_view(self, layout: TrajLayout, num_actors: int) -> None:
         """Create trajectories/<field> [num_actors, steps, ...] over traj/actor-NNNNN.h5 (sources may not exist yet)."""
@@ -162,7 +180,8 @@ class RunFile(TimedFlushFile):
             d.attrs["description"] = f"{fld.meaning} [actor, step]; padding NaN / -1"
 
     def flush(self) -> None:
-        """Write every table's buffered rows, then flush the HDF5 file to disk."""
-        for t in self._tables.values():
-            t.flush()
-        self.file.flush()
+        """Write every table's buffered rows, then flush the HDF5 file to disk; RecordWriteError if that fails."""
+        with self._writing():
+            for t in self._tables.values():
+                t.flush()
+            self.file.flush()

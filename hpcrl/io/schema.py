@@ -248,8 +248,10 @@ def render_markdown() -> str:
         f"Rendered from `hpcrl/io/schema.py` (schema version {SCHEMA_VERSION}) by "
         "`python -m hpcrl.io.schema > docs/hdf5-schema.md`; `tests/test_io.py` fails when they differ.",
         "",
-        "A run directory holds `config.yaml`, `run.h5` (written by the parameter rank) and "
-        "`traj/actor-NNNNN.h5` (one per actor, NNNNN = actor index). Times are seconds since the run "
+        "A run directory holds `config.yaml`, `run.h5` (written by the parameter rank), "
+        "`traj/actor-NNNNN.h5` (one per actor, NNNNN = actor index), `checkpoints/latest.pt` and "
+        "`checkpoints/previous.pt`, and `run.lock` (host and pid of the job using the directory) while a job "
+        "runs. Times are seconds since the run "
         "started (`start_unix` attribute of run.h5). Optional columns that a writer did not fill hold "
         "NaN (floats) or -1 (integers).",
         "",
@@ -266,7 +268,8 @@ def render_markdown() -> str:
         "",
         "Every table is a group of equal-length, resizable, chunked, compressed 1-D datasets, one per "
         "column; each dataset has `units` and `description` attributes, code columns also `codes`. "
-        "The group's `columns` attribute lists the column order.",
+        "The group's `columns` attribute lists the column order and its `committed_rows` attribute how many "
+        "rows are fully written: use no more (see the last section).",
         "",
     ]
     for t in TABLE_LIST:
@@ -282,7 +285,8 @@ def render_markdown() -> str:
         "One file per actor. Each dataset is `[steps, *per_step_shape]`, resizable along axis 0. A fragment "
         "`[T, N, ...]` (T time steps of N environments) is flattened time-major: step `t * N + n` holds "
         "time `t` of environment `n`. Root attributes: `schema_version`, `actor`, `obs_shape`, `action_shape`, "
-        "`obs_dtype`, `action_dtype`, `num_envs`.",
+        "`obs_dtype`, `action_dtype`, `num_envs`, `committed_steps` (steps fully written: use no more). "
+        "`policy_version` is written last, so `policy_version >= 0` marks a step whose datasets all hold data.",
         "",
         "| dataset | dtype | per-step shape | unit | meaning |",
         "| --- | --- | --- | --- | --- |",
@@ -299,20 +303,38 @@ def render_markdown() -> str:
         "actor `a`'s file onto row `a`, with an unlimited step axis that grows as the actors' files grow "
         "(no rewrite of run.h5 needed). Actors with fewer steps, or whose file does not exist yet, are "
         "padded with NaN (floats) or -1 (integers): `trajectories/policy_version >= 0` marks real steps. "
-        "Source paths are relative to run.h5, so the run directory can be moved or copied whole.",
+        "Source paths are relative to run.h5, so the run directory can be moved or copied whole. HDF5 opens "
+        "the actors' files in the mode run.h5 was opened in: open run.h5 with `swmr=True` (or use "
+        "`hpcrl.io.read_trajectories`), or reading the view fails (\"file is already open for write\") once "
+        "any actor was killed.",
         "",
         "## Writing and reading while a run is going",
         "",
         "The writers (one per file: the parameter rank for run.h5, each actor for its traj file) create every "
-        "dataset first and then switch to HDF5 SWMR mode; rows are buffered in memory and written, all columns "
-        "at once, every `io.flush_seconds` and at close. A reader sees a consistent file at any moment; a killed "
-        "job leaves each file as of its last flush. A file whose writer is running, or was killed, must be opened "
-        "with `h5py.File(path, 'r', swmr=True, locking=False)` (a plain open answers \"file is already open for "
-        "write\"); `hpcrl.io.readers` and `analysis/` do this themselves. SWMR needs POSIX write ordering: local "
-        "disk, Lustre and GPFS are fine, NFS is not. On Lustre and NFS, HDF5 file locking fails (\"unable to lock "
-        "file\"): hpcrl opens every file with `locking=False`; set `HDF5_USE_FILE_LOCKING=FALSE` for other tools. "
-        "Resuming reopens the same files (`RunFile.open_append`, `TrajectoryWriter.open_append`), clearing the "
-        "write flags a killed writer left in the superblock.",
+        "dataset first and then switch to HDF5 SWMR mode; rows are buffered in memory and written every "
+        "`io.flush_seconds` and at close: every column is resized and written, flushed to the file, and only "
+        "then is `committed_rows` (`committed_steps`) raised. A killed job leaves each file as of its last flush. "
+        "A write that fails (disk full, quota, I/O error) stops the job with one line (`RecordWriteError`: "
+        "\"disk full at PATH ...\"); the files keep everything flushed before.",
+        "",
+        "To read a file whose writer is running or was killed, either call `hpcrl.io.read_table(run_dir, name)`, "
+        "`read_trajectory(path)` or `read_trajectories(run_dir)` (they do all of the following), or, with h5py:",
+        "",
+        "1. open with `h5py.File(path, 'r', swmr=True, locking=False)`: a plain open answers \"file is already open "
+        "for write\" while a writer has the file open or after it was killed, and run.h5's `trajectories/` "
+        "view fails through a plain open once an actor was killed;",
+        "2. read `n = min(group.attrs['committed_rows'], shortest column)` rows of a table (`committed_steps` "
+        "and the shortest dataset for a trajectory file): a reader can catch the writer between resizing one "
+        "column and the next, and a flush cut short leaves columns longer than `committed_rows`, holding fill "
+        "values. Files written before these attributes existed: the shortest column, without trailing rows "
+        "whose required columns hold fill values.",
+        "",
+        "SWMR needs POSIX write ordering: local disk, Lustre and GPFS are fine, NFS is not. On Lustre and NFS, "
+        "HDF5 file locking fails (\"unable to lock file\"): hpcrl opens every file with `locking=False`; set "
+        "`HDF5_USE_FILE_LOCKING=FALSE` for other tools. Resuming reopens the same files (`RunFile.open_append`, "
+        "`TrajectoryWriter.open_append`), clearing the write flags a killed writer left in the superblock and "
+        "cutting rows past the committed counts; `hpcrl.io.truncate_record` cuts the record back to the row "
+        "counts a checkpoint stored.",
         "",
     ]
     return "\n".join(out)

@@ -1,9 +1,16 @@
 """A table in an HDF5 file: a group of equal-length, resizable 1-D datasets, one per column.
 
 Rows are buffered in memory by :meth:`Table.append` and reach the file only in
-:meth:`Table.flush`, which resizes every column first and then writes them, so the columns
-on disk always have equal lengths after a flush and HDF5 metadata is touched only there
-(a job killed between flushes leaves the file as it was at the last flush).
+:meth:`Table.flush`: every column is resized and written, each column is flushed to the
+file, and only then does the group's ``committed_rows`` attribute grow to vouch for the new
+rows. A job killed (or a disk filled) mid-flush can leave columns longer than
+``committed_rows``, holding fill values; readers and :meth:`Table.open` use
+``min(committed_rows, shortest column)`` rows.
+
+A write that fails (disk full, quota, I/O error) is fatal: the writer built on
+:class:`TimedFlushFile` raises :class:`~hpcrl.io.errors.RecordWriteError` (one line) from
+that flush, detaches its file (:func:`abandon_file`) and raises the same error at every
+later call, so the job dies instead of running on with a record that silently stopped.
 
 API::
 
@@ -14,20 +21,77 @@ API::
     table.pending          # rows buffered
     table.flush()          # write the buffer (h5py-level; RunFile.flush also flushes the file)
     table.read() -> dict[str, np.ndarray]   # disk + buffer
+    committed_length(node, lengths) -> int  # rows a reader may use (committed_rows attribute, shortest column)
 """
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 import h5py
 import numpy as np
 
 from hpcrl.errors import ConfigError
-from hpcrl.io.schema import Column, TableSpec
+from hpcrl.io.errors import RecordWriteError, record_write_error
+from hpcrl.io.schema import Column, TableSpec, fill_value
 
 CHUNK_ROWS = 4096
 COMPRESSIONS = ("gzip", "lzf", "none")
+COMMITTED_ROWS = "committed_rows"
+"""Attribute of a table group: rows known to be fully written (readers use no more)."""
+COMMITTED_STEPS = "committed_steps"
+"""Root attribute of a trajectory file: steps known to be fully written."""
+
+
+def committed_length(node: h5py.Group, lengths: Iterable[int], attr: str = COMMITTED_ROWS) -> int:
+    """Rows of ``node`` a reader may use: the shortest length, capped by the committed attribute if present
+    (files written before the attribute existed have none)."""
+    n = min(lengths, default=0)
+    if attr in node.attrs:
+        n = min(n, int(node.attrs[attr]))
+    return n
+
+
+def written_prefix(required: Mapping[str, np.ndarray]) -> int:
+    """Rows up to the last one whose required columns all hold real values, not their fill value
+    (for tables written before committed_rows existed: a cut-short flush left fill rows at the end)."""
+    n = min((len(a) for a in required.values()), default=0)
+    if not required or n == 0:
+        return n
+    unwritten = np.zeros(n, bool)
+    for a in required.values():
+        unwritten |= np.isnan(a[:n]) if a.dtype.kind == "f" else (a[:n] == fill_value(a.dtype))
+    real = np.flatnonzero(~unwritten)
+    return int(real[-1]) + 1 if len(real) else 0
+
+
+def abandon_file(f: h5py.File) -> None:
+    """Close a file whose write failed without writing anything more to it.
+
+    HDF5 still holds the failed chunks and metadata and would retry writing them at every
+    close: h5py's destructors then print each failure ("Exception ignored", thousands of lines)
+    and HDF5's exit handler can crash the process. Pointing the file's descriptor at /dev/null
+    first makes those writes vanish, so the close succeeds and the file keeps what reached the
+    disk before the failure (sec2 driver, h5py's default; other drivers are just closed).
+    """
+    try:
+        if f.id.valid and f.driver == "sec2":
+            fd = f.id.get_vfd_handle()
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, fd)
+            finally:
+                os.close(null)
+    except (OSError, RuntimeError, ValueError):
+        pass
+    try:
+        if f.id.valid:
+            f.close()
+    except (OSError, RuntimeError, ValueError):
+        pass
 
 
 def filter_kwargs(compression: str) -> dict:
@@ -59,16 +123,37 @@ class FlushTimer:
 
 
 class TimedFlushFile:
-    """Shared ending of the record's writers: timed flushes, ``close`` (flushes first), ``with``.
+    """Shared ending of the record's writers: timed flushes, fatal write failures, ``close`` (flushes first), ``with``.
 
-    Subclasses set ``self.file`` (an open h5py.File) and ``self._timer`` and define ``flush``.
+    Subclasses set ``self.file`` (an open h5py.File), ``self.path`` and ``self._timer``, define
+    ``flush`` and do every write inside ``with self._writing():``.
     """
 
     file: h5py.File
+    path: Path
     _timer: FlushTimer
+    failed: RecordWriteError | None = None
+    """The error that ended this writer (then its file is closed), or None."""
 
     def flush(self) -> None:
         raise NotImplementedError
+
+    def check_writable(self) -> None:
+        """Raise the RecordWriteError that ended this writer, if one did."""
+        if self.failed is not None:
+            raise self.failed
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Run HDF5 writes; the first failure becomes a one-line RecordWriteError and ends the writer."""
+        self.check_writable()
+        try:
+            yield
+        except (OSError, RuntimeError) as exc:
+            err = exc if isinstance(exc, RecordWriteError) else record_write_error(self.path, exc)
+            self.failed = err
+            abandon_file(self.file)
+            raise err from None
 
     def maybe_flush(self, now: float | None = None) -> bool:
         """Flush if the flush interval passed since the last timed flush (now: any clock, default monotonic)."""
@@ -78,9 +163,11 @@ class TimedFlushFile:
         return False
 
     def close(self) -> None:
-        if self.file.id.valid:
+        """Flush and close; after a write failure (the file is closed already) do nothing."""
+        if self.failed is None and self.file.id.valid:
             self.flush()
-            self.file.close()
+            with self._writing():
+                self.file.close()
 
     def __enter__(self):
         return self
@@ -97,9 +184,11 @@ class Table:
     def __init__(self, group: h5py.Group, spec: TableSpec):
         self.group = group
         self.spec = spec
+        # kept open: a temporary h5py object closed in its destructor would swallow a failed write
+        self._columns = {c.name: group[c.name] for c in spec.columns}
         self._buffer: dict[str, list[np.ndarray]] = {c.name: [] for c in spec.columns}
         self.pending = 0
-        self._on_disk = min((group[c.name].shape[0] for c in spec.columns), default=0)
+        self._on_disk = committed_length(group, (d.shape[0] for d in self._columns.values()))
 
     @classmethod
     def create(cls, parent: h5py.Group, spec: TableSpec, compression: str = "gzip") -> "Table":
@@ -114,6 +203,7 @@ class Table:
             d.attrs["description"] = c.meaning
             if c.codes:
                 d.attrs["codes"] = _text_list(c.codes)
+        group.attrs[COMMITTED_ROWS] = np.int64(0)
         return cls(group, spec)
 
     @classmethod
@@ -122,14 +212,34 @@ class Table:
         if spec.name not in parent or missing:
             raise KeyError(f"table {spec.name!r} is missing columns: {', '.join(missing) or 'all'}")
         table = cls(parent[spec.name], spec)
-        # a kill between resizes of an older writer could leave unequal lengths: cut to the shortest
-        for c in spec.columns:
-            if table.group[c.name].shape[0] != table._on_disk:
-                table.group[c.name].resize(table._on_disk, axis=0)
+        # a kill or a failed write mid-flush leaves columns longer than the committed rows: cut them
+        # (the file is not in SWMR mode yet, so the attribute can be created for older files)
+        rows = table._on_disk
+        if COMMITTED_ROWS not in table.group.attrs:
+            rows = written_prefix({c.name: table._columns[c.name][:rows] for c in spec.columns if c.required})
+        table.cut(rows)
         return table
+
+    def cut(self, rows: int) -> int:
+        """Shorten the table on disk to ``rows`` (never lengthens; drops the buffer); returns rows removed.
+        Only for a file not in SWMR mode (resume, truncation to a checkpoint)."""
+        rows = min(rows, self._on_disk)
+        removed = self._on_disk - rows
+        for d in self._columns.values():
+            if d.shape[0] != rows:
+                d.resize(rows, axis=0)
+        self.group.attrs[COMMITTED_ROWS] = np.int64(rows)
+        self._on_disk, self.pending = rows, 0
+        self._buffer = {c.name: [] for c in self.spec.columns}
+        return removed
 
     def __len__(self) -> int:
         return self._on_disk + self.pending
+
+    @property
+    def committed(self) -> int:
+        """Rows written and vouched for by committed_rows (the buffer not included)."""
+        return self._on_disk
 
     def append(self, rows: Mapping[str, object] | Sequence[Mapping[str, object]]) -> int:
         """Buffer rows; returns how many. Unknown columns and missing required columns raise ValueError."""
@@ -169,15 +279,21 @@ class Table:
                          else np.empty(0, np.dtype(c.dtype))) for c in self.spec.columns}
 
     def flush(self) -> None:
-        """Write buffered rows: resize every column, then write them."""
+        """Write buffered rows: resize and write every column, flush them, then raise committed_rows.
+
+        HDF5 errors propagate (the writer owning the file turns them into RecordWriteError).
+        """
         if not self.pending:
             return
         data = self._buffered()
         start, stop = self._on_disk, self._on_disk + self.pending
-        for c in self.spec.columns:
-            self.group[c.name].resize(stop, axis=0)
-        for c in self.spec.columns:
-            self.group[c.name][start:stop] = data[c.name]
+        for d in self._columns.values():
+            d.resize(stop, axis=0)
+        for name, d in self._columns.items():
+            d[start:stop] = data[name]
+        for d in self._columns.values():
+            d.flush()  # the rows reach the file before the count that vouches for them
+        self.group.attrs.modify(COMMITTED_ROWS, np.int64(stop))
         self._on_disk = stop
         self.pending = 0
         self._buffer = {c.name: [] for c in self.spec.columns}
@@ -185,4 +301,4 @@ class Table:
     def read(self) -> dict[str, np.ndarray]:
         """All rows, written and buffered."""
         buf = self._buffered()
-        return {c.name: np.concatenate([self.group[c.name][: self._on_disk], buf[c.name]]) for c in self.spec.columns}
+        return {name: np.concatenate([d[: self._on_disk], buf[name]]) for name, d in self._columns.items()}

@@ -4,8 +4,12 @@ Datasets (schema.TRAJ_FIELDS) are ``[steps, *per_step_shape]``, resizable along 
 chunked, compressed. A fragment ``[T, N, ...]`` (T time steps of N environments) is
 flattened **time-major**: step ``t * N + n`` is time ``t`` of environment ``n``; the
 ``env_index`` dataset repeats ``0..N-1`` accordingly. Fragments are buffered in memory and
-written on :meth:`flush` (all datasets resized, then written), so a killed actor leaves the
-file as it was at its last flush.
+written on :meth:`flush`: all datasets resized and written (``policy_version`` last, so
+``policy_version >= 0`` marks a step whose fields all reached the file), flushed, and then
+the root attribute ``committed_steps`` raised; a killed actor leaves the file as it was at
+its last flush, and readers use ``min(committed_steps, shortest dataset)`` steps. A failed
+write raises :class:`~hpcrl.io.errors.RecordWriteError` once and ends the writer (see
+:mod:`hpcrl.io.tables`).
 
 API::
 
@@ -16,6 +20,8 @@ API::
         # obs [T, N, *obs_shape], actions [T, N, *action_shape], the others [T, N];
         # policy_version: an int, or [T] / [T, N]
     w.num_steps       # steps written + buffered
+    w.committed       # steps written and vouched for by committed_steps
+    cut_trajectory(f: h5py.File, steps) -> int   # shorten an open (non-SWMR) file; returns steps removed
     w.flush(); w.maybe_flush(now=None) -> bool; w.close()   # also a context manager
 """
 from __future__ import annotations
@@ -25,16 +31,35 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from hpcrl.io.errors import record_write_error
 from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.schema import SCHEMA_VERSION, TRAJ_FIELDS, TrajLayout
-from hpcrl.io.tables import FlushTimer, TimedFlushFile, filter_kwargs
+from hpcrl.io.tables import (COMMITTED_STEPS, FlushTimer, TimedFlushFile, abandon_file, committed_length, filter_kwargs,
+                             written_prefix)
 
 CHUNK_BYTES = 1 << 18
+# policy_version is written last: a step whose policy_version is on disk has all its fields there
+WRITE_ORDER = tuple(f.name for f in TRAJ_FIELDS if f.name != "policy_version") + ("policy_version",)
 
 
 def _chunk_rows(dtype: np.dtype, shape: tuple[int, ...]) -> int:
     row = max(1, dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
     return int(min(65536, max(64, CHUNK_BYTES // row)))
+
+
+def cut_trajectory(f: h5py.File, steps: int) -> int:
+    """Shorten a trajectory file opened for writing (not in SWMR mode) to ``steps`` (never lengthens),
+    dropping uncommitted steps too; returns the committed steps removed."""
+    lengths = [f[name].shape[0] for name in WRITE_ORDER]
+    have = committed_length(f, lengths, COMMITTED_STEPS)
+    if COMMITTED_STEPS not in f.attrs:  # older file: trailing steps that never got their policy_version
+        have = written_prefix({"policy_version": f["policy_version"][:have]})
+    steps = min(steps, have)
+    for name in WRITE_ORDER:
+        if f[name].shape[0] != steps:
+            f[name].resize(steps, axis=0)
+    f.attrs[COMMITTED_STEPS] = np.int64(steps)
+    return have - steps
 
 
 class TrajectoryWriter(TimedFlushFile):
@@ -46,47 +71,62 @@ class TrajectoryWriter(TimedFlushFile):
             kw = filter_kwargs(compression)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             f = h5py.File(self.path, "w", libver="latest", locking=False)
-            f.attrs["schema_version"] = SCHEMA_VERSION
-            f.attrs["actor"] = actor
-            for k, v in layout.to_attrs().items():
-                f.attrs[k] = v
-            for fld in TRAJ_FIELDS:
-                dtype, shape = layout.field_dtype(fld), layout.field_shape(fld)
-                fill = np.nan if dtype.kind == "f" else -1
-                d = f.create_dataset(fld.name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
-                                     chunks=(_chunk_rows(dtype, shape), *shape), fillvalue=fill, **kw)
-                d.attrs["units"] = fld.unit
-                d.attrs["description"] = fld.meaning
-            f.flush()
-            f.swmr_mode = True  # see hpcrl.io.run_file for why SWMR
+            try:
+                f.attrs["schema_version"] = SCHEMA_VERSION
+                f.attrs["actor"] = actor
+                for k, v in layout.to_attrs().items():
+                    f.attrs[k] = v
+                f.attrs[COMMITTED_STEPS] = np.int64(0)
+                for fld in TRAJ_FIELDS:
+                    dtype, shape = layout.field_dtype(fld), layout.field_shape(fld)
+                    fill = np.nan if dtype.kind == "f" else -1
+                    d = f.create_dataset(fld.name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
+                                         chunks=(_chunk_rows(dtype, shape), *shape), fillvalue=fill, **kw)
+                    d.attrs["units"] = fld.unit
+                    d.attrs["description"] = fld.meaning
+                f.flush()
+                f.swmr_mode = True  # see hpcrl.io.run_file for why SWMR
+            except (OSError, RuntimeError) as exc:  # disk full at creation: one line, no destructor noise
+                abandon_file(f)
+                raise record_write_error(self.path, exc) from None
             _file = f
         self.file = _file
         self.layout = layout
         self.actor = int(self.file.attrs["actor"])
-        self._on_disk = min(self.file[f.name].shape[0] for f in TRAJ_FIELDS)
+        # kept open: a temporary h5py object closed in its destructor would swallow a failed write
+        self._datasets = {name: self.file[name] for name in WRITE_ORDER}
+        self._on_disk = committed_length(self.file, (d.shape[0] for d in self._datasets.values()), COMMITTED_STEPS)
         self._buffer: dict[str, list[np.ndarray]] = {f.name: [] for f in TRAJ_FIELDS}
         self._pending = 0
         self._timer = FlushTimer(flush_seconds)
 
     @classmethod
     def open_append(cls, path: str | Path, flush_seconds: float = 5.0) -> "TrajectoryWriter":
+        path = Path(path)
         clear_write_flags(path)  # left set by a killed writer
         f = h5py.File(path, "a", libver="latest", locking=False)
-        layout = TrajLayout.from_attrs(f.attrs)
-        n = min(f[fld.name].shape[0] for fld in TRAJ_FIELDS)
-        for fld in TRAJ_FIELDS:  # equal lengths (a writer killed mid-flush)
-            if f[fld.name].shape[0] != n:
-                f[fld.name].resize(n, axis=0)
-        f.swmr_mode = True
+        try:
+            layout = TrajLayout.from_attrs(f.attrs)
+            cut_trajectory(f, f[WRITE_ORDER[0]].shape[0])  # drop what a killed writer left uncommitted
+            f.swmr_mode = True
+        except (OSError, RuntimeError) as exc:
+            abandon_file(f)
+            raise record_write_error(path, exc) from None
         return cls(path, layout, flush_seconds=flush_seconds, _file=f)
 
     @property
     def num_steps(self) -> int:
         return self._on_disk + self._pending
 
+    @property
+    def committed(self) -> int:
+        """Steps written and vouched for by committed_steps (the buffer not included)."""
+        return self._on_disk
+
     def append_fragment(self, obs, actions, rewards, terminated, truncated, behaviour_logp, values,
                         policy_version) -> int:
         """Buffer one [T, N, ...] fragment, flattened time-major; returns T * N."""
+        self.check_writable()
         rewards = np.asarray(rewards)
         if rewards.ndim != 2:
             raise ValueError(f"rewards must be [T, N], got shape {rewards.shape}")
@@ -106,13 +146,20 @@ class TrajectoryWriter(TimedFlushFile):
         return T * N
 
     def flush(self) -> None:
-        """Write buffered steps (resize all datasets, then write) and flush the file."""
-        if self._pending:
-            start, stop = self._on_disk, self._on_disk + self._pending
-            for fld in TRAJ_FIELDS:
-                self.file[fld.name].resize(stop, axis=0)
-            for fld in TRAJ_FIELDS:
-                self.file[fld.name][start:stop] = np.concatenate(self._buffer[fld.name])
-            self._buffer = {f.name: [] for f in TRAJ_FIELDS}
-            self._on_disk, self._pending = stop, 0
-        self.file.flush()
+        """Write buffered steps (resize, write, flush every dataset, then raise committed_steps) and flush the file.
+
+        Raises RecordWriteError (one line) if the file cannot be written.
+        """
+        with self._writing():
+            if self._pending:
+                start, stop = self._on_disk, self._on_disk + self._pending
+                for d in self._datasets.values():
+                    d.resize(stop, axis=0)
+                for name, d in self._datasets.items():
+                    d[start:stop] = np.concatenate(self._buffer[name])
+                for d in self._datasets.values():
+                    d.flush()  # the steps reach the file before the count that vouches for them
+                self.file.attrs.modify(COMMITTED_STEPS, np.int64(stop))
+                self._buffer = {f.name: [] for f in TRAJ_FIELDS}
+                self._on_disk, self._pending = stop, 0
+            self.file.flush()

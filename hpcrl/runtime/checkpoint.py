@@ -1,28 +1,58 @@
-"""Atomic checkpoints of the parameter rank, and reading them back for ``--resume``.
+"""Crash-safe checkpoints of the parameter rank, and reading them back for ``--resume``.
 
-A checkpoint is one ``torch.save`` file, written to a temporary name in the same
-directory, fsynced, then moved over ``checkpoints/latest.pt`` with ``os.replace`` (atomic on
-POSIX filesystems, Lustre included), so a job killed mid-write leaves the previous
-checkpoint intact. The previous one is kept as ``previous.pt``.
+A checkpoint is one ``torch.save`` file in ``RUN_DIR/checkpoints/``. :func:`save_checkpoint`
+goes through these steps, each leaving a usable directory if the job dies right after it:
+
+1. remove temporary files left by a killed save (one writer per run directory: the run lock);
+2. write the new state to ``.latest.pt.PID.tmp`` and fsync it;
+3. hard-link the current ``latest.pt`` as ``.previous.pt.PID.tmp`` (a copy where the
+   filesystem has no hard links), then ``os.replace`` it onto ``previous.pt``: latest and
+   previous are now the same file and ``latest.pt`` never went away;
+4. ``os.replace`` the new file onto ``latest.pt`` (atomic on POSIX filesystems, Lustre and
+   GPFS included) and fsync the directory.
+
+:func:`load_checkpoint` takes ``latest.pt``, or ``previous.pt`` when ``latest.pt`` is missing,
+empty or truncated, saying so in one line on stderr. Temporary files are never read: a
+save that did not reach step 4 did not happen.
 """
 from __future__ import annotations
 
 import os
 import random
+import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from hpcrl.errors import ConfigError
+
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest.pt"
 PREVIOUS = "previous.pt"
 FORMAT = 1
+SAVE_STEPS = ("cleaned", "tmp_written", "previous_linked", "previous_replaced", "latest_replaced")
+"""The points of :func:`save_checkpoint` after which a kill leaves a distinct directory state."""
+
+_after_step: Callable[[str], None] | None = None
+"""Test hook: called with each SAVE_STEPS name (tests/test_checkpoint.py kills the process there)."""
+
+
+class CheckpointError(ConfigError):
+    """No readable checkpoint where one should be: one line naming the files and why."""
 
 
 def checkpoint_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR / LATEST
+
+
+def has_checkpoint(run_dir: str | Path) -> bool:
+    """True if ``latest.pt`` or ``previous.pt`` exists (whether it is intact is decided by loading)."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    return (folder / LATEST).is_file() or (folder / PREVIOUS).is_file()
 
 
 def rng_state() -> dict[str, Any]:
@@ -41,33 +71,100 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _step(name: str) -> None:
+    if _after_step is not None:
+        _after_step(name)
+
+
+def clean_temp_files(run_dir: str | Path) -> list[Path]:
+    """Remove temporary files that a killed :func:`save_checkpoint` left; returns what was removed.
+
+    Only call it while holding the run directory (no other save can be in progress).
+    """
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    removed = []
+    for p in sorted(folder.glob(".*.tmp")) if folder.is_dir() else ():
+        try:
+            p.unlink()
+            removed.append(p)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` atomically as the latest checkpoint; returns its path."""
+    """Write ``state`` as the latest checkpoint, keeping the one before as previous; returns its path."""
     folder = Path(run_dir) / CHECKPOINT_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / LATEST
+    clean_temp_files(run_dir)
+    _step("cleaned")
+    final, previous = folder / LATEST, folder / PREVIOUS
     tmp = folder / f".{LATEST}.{os.getpid()}.tmp"
     with open(tmp, "wb") as fh:
         torch.save({"format": FORMAT, **state}, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    if final.exists():
-        os.replace(final, folder / PREVIOUS)
+    _step("tmp_written")
+    # a save killed after step 3 left previous.pt as a hard link of latest.pt; rename() between two
+    # links of one file does nothing (POSIX), so there is nothing to do then
+    if final.exists() and not (previous.exists() and os.path.samefile(final, previous)):
+        keep = folder / f".{PREVIOUS}.{os.getpid()}.tmp"
+        try:
+            os.link(final, keep)
+        except OSError:  # no hard links on this filesystem: a copy, synced
+            shutil.copyfile(final, keep)
+            _fsync_file(keep)
+        _step("previous_linked")
+        os.replace(keep, previous)
+        _step("previous_replaced")
     os.replace(tmp, final)
+    _step("latest_replaced")
     _fsync_dir(folder)
     return final
 
 
 def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
-    """The latest checkpoint's state, or None when the run has none."""
-    path = checkpoint_path(run_dir)
-    if not path.is_file():
+    """The newest intact checkpoint's state (latest, else previous), or None when the run has none.
+
+    Falling back to previous.pt prints one line on stderr naming the bad file and the one used;
+    when checkpoints exist but none can be read, raises :class:`CheckpointError`.
+    """
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    candidates = (folder / LATEST, folder / PREVIOUS)
+    if not any(p.is_file() for p in candidates):
         return None
-    # our own file: it holds numpy RNG state and optimizer dicts, not only tensors
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get("format") != FORMAT:
-        raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, this hpcrl reads {FORMAT}")
-    return state
+    bad: list[str] = []
+    for path in candidates:
+        state, why = _try_load(path)
+        if why is not None:
+            bad.append(f"{path} ({why})")
+            continue
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            found = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise CheckpointError(f"{path}: checkpoint format {found!r}, this hpcrl reads {FORMAT}")
+        if bad:
+            print(f"hpcrl: checkpoint {'; '.join(bad)} is unusable; resuming from {path}", file=sys.stderr, flush=True)
+        return state
+    raise CheckpointError(f"no intact checkpoint in {folder}: {'; '.join(bad)}")
+
+
+def _try_load(path: Path) -> tuple[Any, str | None]:
+    """(state, None), or (None, why ``path`` cannot serve as a checkpoint: missing, empty, truncated ...)."""
+    if not path.is_file():
+        return None, "missing"
+    if path.stat().st_size == 0:
+        return None, "empty file"
+    try:
+        # our own file: it holds numpy RNG state and optimizer dicts, not only tensors
+        return torch.load(path, map_location="cpu", weights_only=False), None
+    except Exception as exc:  # noqa: BLE001 - any failure to load means: use the next one
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, f"truncated or corrupt: {text}"
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -28,6 +28,7 @@ from hpcrl import launch
 from hpcrl.batched import fuses
 from hpcrl.config import RunConfig, load_config
 from hpcrl.errors import ConfigError
+from hpcrl.io.run_lock import RunLock
 
 CONFIG_FILE = "config.yaml"
 GRACE_SECONDS = 60.0
@@ -69,9 +70,9 @@ def resolve_config(args: argparse.Namespace, ranks_from: str = "--ranks") -> tup
         validate(cfg)
         return cfg, None
     if run_dir is not None:
-        from hpcrl.runtime.checkpoint import checkpoint_path
+        from hpcrl.runtime.checkpoint import checkpoint_path, has_checkpoint
 
-        if not checkpoint_path(run_dir).is_file():
+        if not has_checkpoint(run_dir):
             raise ConfigError(f"--resume: {args.resume!r} has no checkpoint ({checkpoint_path(run_dir)})")
     if args.ranks is not None:
         learner_ranks = cfg.learners.groups * cfg.learners.ranks_per_group
@@ -189,14 +190,15 @@ def main(args: argparse.Namespace) -> int:
     mpiexec = launch.find_mpiexec(cfg.launch) if cfg.uses_mpi else None
     if run_dir is None:
         run_dir = create_run_dir(cfg)
-    elif args.overrides or args.ranks is not None or args.runner:  # the resumed run continues with the new values
-        (run_dir / CONFIG_FILE).write_text(cfg.to_yaml())
-    if not cfg.uses_mpi:
-        return run_serial_here(cfg, run_dir, resume=args.resume is not None)
-    cmd = launch.local_command(cfg.launch, cfg.num_ranks, run_dir, mpiexec=mpiexec,
-                               flavour=launch.mpi_flavour(mpiexec), resume=args.resume is not None,
-                               progress="pipe")
-    return supervise(cmd, cfg, run_dir)
+    with RunLock(run_dir):  # one run or resume of a directory at a time
+        if args.resume and (args.overrides or args.ranks is not None or args.runner):
+            (run_dir / CONFIG_FILE).write_text(cfg.to_yaml())  # the resumed run continues with the new values
+        if not cfg.uses_mpi:
+            return run_serial_here(cfg, run_dir, resume=args.resume is not None)
+        cmd = launch.local_command(cfg.launch, cfg.num_ranks, run_dir, mpiexec=mpiexec,
+                                   flavour=launch.mpi_flavour(mpiexec), resume=args.resume is not None,
+                                   progress="pipe")
+        return supervise(cmd, cfg, run_dir)
 
 
 def check_local_machine(cfg: RunConfig, oversubscribe: bool = False) -> None:

@@ -114,7 +114,9 @@ class RunFile(TimedFlushFile):
 
     @classmethod
     def open_append(cls, path: str | Path, flush_seconds: float = 5.0, *, traj_layout: TrajLayout | None = None,
-                    num_actors: int | None = None) -> "RunFile":
+                    num_actors: int | None = None, note: str = "") -> "RunFile":
+        """Reopen run.h5 to resume; ``note`` (e.g. what was cut back to the checkpoint, as JSON) is appended
+        to the ``resumed`` attribute, one entry per resume beside ``resumed_unix``."""
         path = Path(path)
         if not path.is_file():
             raise RunFileError(f"{path}: no such run file to resume")
@@ -130,6 +132,8 @@ class RunFile(TimedFlushFile):
         run = cls(f, str(f.attrs.get("compression", "gzip")), flush_seconds)
         with run._writing():  # a full disk here is a RecordWriteError like any later write
             f.attrs["resumed_unix"] = np.append(np.asarray(f.attrs.get("resumed_unix", []), "f8"), time.time())
+            notes = [str(n) for n in np.atleast_1d(f.attrs.get("resumed", np.array([], dtype=object)))]
+            f.attrs["resumed"] = np.array([*notes, note], dtype=h5py.string_dtype())
             for spec in TABLES.values():
                 try:
                     run._tables[spec.name] = Table.open(f, spec)

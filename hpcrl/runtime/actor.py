@@ -41,6 +41,7 @@ class Actor:
             self.writer = TrajectoryWriter(path, job.traj_layout, self.cfg.io.compression, actor=self.index,
                                            flush_seconds=flush)
     def run(self) -> None:
+        self.fragments = self.job.startup["fragment_next"][self.index]  # numbering goes on after a resume
         G = self.cfg.learners.groups
         counters = self.job.counters
         T = self.cfg.actors.fragment_length

@@ -51,6 +51,8 @@ class Job:
     """AAPS probe (hpcrl.runtime.aaps.Probe) when actors.weight_sync is aaps."""
     progress: Any = None
     """ProgressEmitter on the parameter role, None elsewhere."""
+    rolled_back: dict | None = None
+    """--resume: what was cut from the record back to the checkpoint (rows per table, steps per actor)."""
     startup: dict = field(default_factory=dict)
 
     @property
@@ -72,6 +74,18 @@ class Job:
         """Fragments a group may hold before actors wait: one batch's worth (one batch queued while one trains)."""
         per_batch = -(-self.cfg.group_batch_size // (self.cfg.actors.fragment_length * self.env.num_envs))
         return max(per_batch, 1)
+
+
+def roll_back_record(run_dir: Path) -> dict | None:
+    """--resume: cut run.h5 and every trajectory file back to the row counts the checkpoint recorded,
+    so no row of the redone work appears twice (one rule for every table and file); what was cut."""
+    from hpcrl.io.rollback import truncate_record
+    from hpcrl.runtime.checkpoint import load_checkpoint
+
+    state = load_checkpoint(run_dir)
+    if not state or "record" not in state:
+        return None
+    return truncate_record(run_dir, state["record"]["tables"], state["record"]["traj_steps"])
 
 
 def role_device(learners_cfg, topo: Topology) -> torch.device:

@@ -44,13 +44,22 @@ def start_inside_job(config_for: Callable[[int], Any], run_dir: Path | None, res
 
     comm = MPI.COMM_WORLD
     cfg = config_for(comm.Get_size())
-    if comm.Get_rank() == 0 and run_dir is None:
+    lock = None
+    if comm.Get_rank() == 0:
         try:
-            run_dir = make_run_dir(cfg)
+            if run_dir is None:
+                run_dir = make_run_dir(cfg)
+            from hpcrl.io.run_lock import RunLock
+
+            lock = RunLock(run_dir).acquire()  # here no launcher holds it for this job
         except Exception:
-            _abort(comm, "creating the run directory")
+            _abort(comm, "creating or locking the run directory")
     run_dir = comm.bcast(str(run_dir) if run_dir is not None else None, root=0)
-    return run_job(cfg, Path(run_dir), resume=resume, progress=progress)
+    try:
+        return run_job(cfg, Path(run_dir), resume=resume, progress=progress)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> int:
@@ -86,7 +95,7 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> int:
 def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     """This rank's Job over MPI: rank map, env spaces (from rank 0), model, windows (collective)."""
     from hpcrl.runtime import control
-    from hpcrl.runtime.job import fragment_layout_for, role_parts
+    from hpcrl.runtime.job import fragment_layout_for, role_parts, roll_back_record
     from hpcrl.runtime.progress import ProgressEmitter
     from hpcrl.runtime.sampler import describe_env
     from hpcrl.runtime.topology import Topology
@@ -94,6 +103,8 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     from hpcrl.runtime.windows import CounterWindow, GradientMailbox, WeightBoard
 
     topo = Topology.from_config(comm, cfg.learners, cfg.actors.count)
+    # rank 0 cuts the record back to the checkpoint before any rank opens a file (actors wait in the bcast)
+    rolled_back = roll_back_record(run_dir) if resume and topo.rank == 0 else None
     env = _polling_bcast(comm, describe_env(cfg.env) if topo.rank == 0 else None)
     algo, model, traj_layout = role_parts(cfg, env, topo)
     probe = None
@@ -106,7 +117,7 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     layout = fragment_layout_for(cfg, env, model)
     return Job(
         cfg=cfg, topo=topo, run_dir=run_dir, resume=resume, runner="mpi", algo=algo, model=model, env=env,
-        traj_layout=traj_layout, probe=probe,
+        traj_layout=traj_layout, probe=probe, rolled_back=rolled_back,
         counters=CounterWindow(comm, 0, control.num_counters(G), initial=0),
         mailbox=GradientMailbox(comm, 0, G, cfg.aggregation.mailbox_slots, P, stats_capacity=len(control.GRAD_STATS)),
         board=WeightBoard(comm, 0, P, history=max(2, cfg.aggregation.weight_history),

@@ -19,6 +19,7 @@ another ``cfg.round_steps`` environment steps; ``policy.end_round`` and ``algo.e
 """
 from __future__ import annotations
 
+import json
 import math
 import signal
 import time
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from hpcrl.io import RunFile
+from hpcrl.io.rollback import record_counts
 from hpcrl.io.schema import GRADIENT_REASONS, RUN_FILE, TRAJ_DIR
 from hpcrl.runtime import control
 from hpcrl.runtime.backoff import Backoff
@@ -72,6 +74,7 @@ class ParameterRank:
         self.admitted = 0
         self.stop_rule = StopRule(self.cfg.stop)
         self.seq_next = [0] * G
+        self.fragment_next = [0] * self.cfg.actors.count  # each actor's next fragment number (kept on resume)
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
         self.active = self.cfg.learners.active_range[0]
@@ -97,7 +100,8 @@ class ParameterRank:
             if state is None:
                 raise RuntimeError(f"--resume: no checkpoint in {self.job.run_dir}")
             self._restore(state)
-            return RunFile.open_append(path, flush_seconds=self.cfg.io.flush_seconds)
+            note = json.dumps({"discarded": self.job.rolled_back, "version": self.version})
+            return RunFile.open_append(path, flush_seconds=self.cfg.io.flush_seconds, note=note)
         roles = self.job.topo.roles
         codes = {"parameter": 0, "learner": 1, "actor": 2}
         actor_ranks = self.job.topo.actor_ranks
@@ -115,7 +119,8 @@ class ParameterRank:
 
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.main)."""
-        return {"start_unix": self.run_file.start_unix, "version": self.version, "seq_next": list(self.seq_next)}
+        return {"start_unix": self.run_file.start_unix, "version": self.version, "seq_next": list(self.seq_next),
+                "fragment_next": list(self.fragment_next)}
 
     def publish_initial(self) -> None:
         self.counters.set(control.ACTIVE, self.active)
@@ -134,7 +139,9 @@ class ParameterRank:
             "gradients": self.gradients, "admitted": self.admitted, "returns": list(self.stop_rule.returns),
             "seq_next": list(self.seq_next), "active": self.active,
             "wall_seconds": self.wall_before + time.monotonic() - self.t0,
-            "rng": rng_state(),
+            "rng": rng_state(), "fragment_next": list(self.fragment_next),
+            # rows of every table and steps of every trajectory file now: --resume cuts back to these
+            "record": record_counts(self.job.run_dir, run_file=self.run_file),
         }
 
     def _restore(self, s: dict[str, Any]) -> None:
@@ -142,7 +149,9 @@ class ParameterRank:
         self.optimizer.load_state_dict(s["optimizer"])
         self.policy = s["admission_policy"]
         self.version, self.round, self.consumed = s["version"], s["round"], s["consumed"]
-        self.env_steps_start = s["env_steps"]
+        # env steps restart from what the trajectory files hold at the checkpoint (sampled, unwritten ones are redone)
+        self.env_steps_start = sum(s["record"]["traj_steps"].values()) if "record" in s else s["env_steps"]
+        self.fragment_next = list(s.get("fragment_next", self.fragment_next))
         self.episodes, self.updates = s["episodes"], s["updates"]
         self.gradients, self.admitted = s["gradients"], s["admitted"]
         self.stop_rule.add_returns(s["returns"])
@@ -305,6 +314,8 @@ class ParameterRank:
     def _fragment_report(self, msg: dict) -> None:
         r = self._round_stats
         r["actor_seconds"] += msg["fragment"]["sample_seconds"]
+        a = msg["fragment"]["actor"]
+        self.fragment_next[a] = max(self.fragment_next[a], msg["fragment"]["fragment"] + 1)
         r["actors"].add(msg["fragment"]["actor"])
         self.run_file.append("actors", self._times(msg["fragment"], ("time",)))
         episodes = msg["episodes"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hpcrl.config import RunConfig
 from hpcrl.runtime import control
-from hpcrl.runtime.job import Job, fragment_layout_for, role_parts
+from hpcrl.runtime.job import Job, fragment_layout_for, role_parts, roll_back_record
 from hpcrl.runtime.local import (LocalBoard, LocalCounters, LocalFragments, LocalMailbox, LocalReports,
                                  RunAborted)
 from hpcrl.runtime.sampler import describe_env
@@ -54,6 +54,7 @@ def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort
     """A Job per role, sharing one set of in-memory counters, mailbox, board, reports and fragment queues."""
     from hpcrl.runtime.progress import ProgressEmitter
 
+    rolled_back = roll_back_record(run_dir) if resume else None  # before any role opens a file
     env = describe_env(cfg.env)
     G, A = cfg.learners.groups, cfg.actors.count
     topos = topologies(cfg)
@@ -82,7 +83,7 @@ def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort
             probe = Probe(probe_states, model, cfg.actors.aaps_delta)
         jobs.append(Job(cfg=cfg, topo=topo, run_dir=run_dir, resume=resume, runner="serial", algo=algo,
                         model=model, env=env, traj_layout=traj_layout, counters=counters, mailbox=mailbox,
-                        board=board, reports=reports, fragments=fragments, probe=probe,
+                        board=board, reports=reports, fragments=fragments, probe=probe, rolled_back=rolled_back,
                         progress=ProgressEmitter(progress, cfg.io.log_seconds) if topo.role == "parameter"
                         else None))
     return jobs

@@ -238,6 +238,10 @@ class LaunchConfig(Section):
     """Run each rank inside this container (None: on the host)."""
     timeout_seconds: float | None = Field(None, gt=0)
     """Kill the job if it runs longer than this (local runs)."""
+    watchdog_warn_seconds: float = Field(300.0, gt=0)
+    """A rank whose loop has shown no sign of life for this long is named in a warning."""
+    watchdog_seconds: float = Field(1800.0, gt=0)
+    """... and after this long the job ends, naming the rank (raise it for solvers slower per step)."""
     ranks_per_core: float = Field(4.0, gt=0)
     """A local run (hpcrl run without a scheduler) with more ranks or roles than this many per core is
     refused; `hpcrl run --oversubscribe` lifts the limit."""

@@ -174,7 +174,7 @@ def test_ha2c_and_hddpg_train_on_the_roles_too(tmp_path, env_id, algo):
     cfg = build_config({"name": "t", "env": {"id": env_id, "num_envs": 4}, "algo": algo,
                         "actors": {"count": 2, "fragment_length": 16}, "launch": {"runner": "serial"},
                         "stop": {"total_env_steps": 2000}, "io": {"run_dir": str(tmp_path / "run")}})
-    assert run_serial(cfg, tmp_path / "run") == 0
+    assert run_serial(cfg, tmp_path / "run").startswith("stop.total_env_steps")
     h5 = tmp_path / "run" / "run.h5"
     grads, updates = read_table(h5, "gradients"), read_table(h5, "updates")
     assert len(updates["version"]) >= 2000 // (16 * 4) - 4  # one gradient per fragment, a few in flight at the end

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,8 @@ from hpcrl.batched import fuses
 from hpcrl.config import RunConfig, load_config
 from hpcrl.errors import ConfigError
 from hpcrl.io.run_lock import RunLock
+from hpcrl.runtime.signals import (EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED, EXIT_TIMEOUT, early_signal,
+                                   remember_stop_signals)
 
 CONFIG_FILE = "config.yaml"
 GRACE_SECONDS = 60.0
@@ -162,6 +165,7 @@ def create_run_dir(cfg: RunConfig) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
+    remember_stop_signals()  # a cancel during start-up ends the run cleanly as a cancel
     inside = launch.job_rank(os.environ)
     if args.inside_mpi or inside is not None:
         from hpcrl.runtime.main import start_inside_job
@@ -252,11 +256,16 @@ def run_serial_here(cfg: RunConfig, run_dir: Path, resume: bool) -> int:
         print(f"hpcrl run: {cfg.num_ranks} roles in this process (launch.runner=serial), run directory {run_dir}",
               flush=True)
     try:
-        return run_serial(cfg, run_dir, resume=resume, progress=progress)
+        stop_reason = run_serial(cfg, run_dir, resume=resume, progress=progress)
     except RoleFailed as exc:
         print(exc.details, file=sys.stderr, end="")
         print(f"hpcrl run: {exc}; run directory {run_dir}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
+    if stop_reason.startswith("signal"):
+        print(f"hpcrl run: stopped by {stop_reason.split()[-1]} with a checkpoint; go on with "
+              f"`hpcrl run --resume {run_dir}`", file=sys.stderr)
+        return EXIT_STOPPED
+    return EXIT_FINISHED
 
 
 def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path) -> int:
@@ -269,6 +278,9 @@ def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path) -> int:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env=launch.rank_environment(os.environ), start_new_session=True)
     state = {"stop_requested_at": None, "killed": False, "timed_out": False}
+    if early_signal() is not None:  # a cancel or walltime warning before mpiexec started: pass it on now
+        state["stop_requested_at"] = time.monotonic()
+        _signal(proc, early_signal())
 
     def graceful(signum, _frame):
         if state["stop_requested_at"] is not None and signum == signal.SIGINT:
@@ -303,13 +315,23 @@ def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path) -> int:
             signal.signal(s, h)
     view.finish(summary.get("summary"))
     rc = proc.returncode
+    stop_reason = str((summary.get("summary") or {}).get("stop_reason") or "")
     if state["timed_out"]:
         print(f"hpcrl run: stopped after launch.timeout_seconds={cfg.launch.timeout_seconds}", file=sys.stderr)
-        return 124
+        return EXIT_TIMEOUT
+    if stop_reason.startswith("signal"):
+        print(f"hpcrl run: stopped by {stop_reason.split()[-1]} with a checkpoint; go on with "
+              f"`hpcrl run --resume {run_dir}`", file=sys.stderr)
+        return EXIT_STOPPED
     if rc != 0:
-        print(f"hpcrl run: the MPI job failed (exit code {rc}); run directory {run_dir}", file=sys.stderr)
-        return 1 if rc > 0 else 128 - rc
-    return 0
+        first = f"{summary['failed']}; " if "failed" in summary else ""
+        print(f"hpcrl run: the MPI job failed (exit code {rc}): {first}run directory {run_dir}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_FINISHED
+
+
+FAILED_LINE = re.compile(r"^\[rank \d+\] hpcrl: (rank \d+.*? failed: .*); aborting the job$")
+"""runtime.main._abort's first line: which rank, role and host failed, and the error."""
 
 
 def _pump(proc: subprocess.Popen, view, summary: dict, parse_line) -> None:
@@ -317,6 +339,9 @@ def _pump(proc: subprocess.Popen, view, summary: dict, parse_line) -> None:
         line = line.rstrip("\n")
         rec = parse_line(line)
         if rec is None:
+            failed = FAILED_LINE.match(line)
+            if failed and "failed" not in summary:  # the rank that failed first, not the ones aborted after it
+                summary["failed"] = failed[1]
             view.echo(line)
         elif rec.get("kind") == "progress":
             view.update(rec)

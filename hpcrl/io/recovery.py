@@ -85,21 +85,30 @@ def is_truncated(path: str | Path) -> bool:
 
 
 def clear_write_flags(path: str | Path) -> bool:
-    """Clear a v2/v3 superblock's consistency flags; True if they were set (False: nothing to do)."""
+    """Make a v2/v3 file a killed writer left reopenable: clear the superblock's consistency flags and,
+    as ``h5clear --increment`` does, raise its end-of-file address to the file's size (a writer killed
+    between flushes may have placed objects past the address the superblock last recorded, and HDF5
+    then refuses to grow them: "addr overflow"). True if anything was changed."""
     path = Path(path)
+    size = path.stat().st_size
     with open(path, "r+b") as fh:
         at, head = _superblock(fh)
         version = head[at + 8]
         if version not in (2, 3):
             return False
-        size_of_offsets = head[at + 9]
-        end = at + 12 + 4 * size_of_offsets  # signature..root object header address; checksum follows
+        o = head[at + 9]  # size of offsets
+        end = at + 12 + 4 * o  # signature..root object header address; checksum follows
         block = bytearray(head[at:end + 4])
         if int.from_bytes(block[-4:], "little") != lookup3(bytes(block[:-4])):
             raise ValueError(f"{path}: superblock checksum does not match; not clearing")
-        if block[11] == 0:
+        base = int.from_bytes(block[12:12 + o], "little")
+        eof_at = slice(12 + 2 * o, 12 + 3 * o)
+        eof = int.from_bytes(block[eof_at], "little")
+        changed = block[11] != 0 or base + eof < size
+        if not changed:
             return False
         block[11] = 0
+        block[eof_at] = max(eof, size - base).to_bytes(o, "little")
         block[-4:] = lookup3(bytes(block[:-4])).to_bytes(4, "little")
         fh.seek(at)
         fh.write(block)

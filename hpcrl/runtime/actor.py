@@ -31,6 +31,7 @@ class Actor:
         self.version = -1
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
+        self.heartbeat = control.Heartbeat(job.counters, self.cfg.learners.groups, job.rank)
         self.fragments = 0
         self.syncs = 0
         path = job.run_dir / traj_filename(self.index)
@@ -47,6 +48,7 @@ class Actor:
         T = self.cfg.actors.fragment_length
         while True:
             self.fault.check()
+            self.heartbeat.beat()
             words = counters.read_all()
             if words[control.STOP]:
                 break
@@ -97,6 +99,7 @@ class Actor:
         backoff = Backoff(5e-5, 5e-3)
         cap = self.job.max_backlog
         while True:
+            self.heartbeat.beat()
             words = self.job.counters.read_all()
             if words[control.STOP]:
                 return None

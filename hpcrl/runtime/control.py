@@ -14,6 +14,8 @@ LEARNERS_DONE          add     learner groups that left their loop
 ENV_STEPS              add     environment steps sampled by all actors
 BACKLOG + g            add     fragments sent to group g and not yet trained on
 base_word(G, g)        set     policy version group g is computing its gradients with
+heartbeat_word(G, r)   set     rank r's heartbeat: whole seconds since the epoch, refreshed by
+                               :class:`Heartbeat` at most once a second from every loop
 =====================  ======  ==========================================================
 
 Every wait is a test-and-sleep loop (:class:`~hpcrl.runtime.backoff.Backoff`): MPICH's blocking
@@ -44,8 +46,59 @@ def base_word(groups: int, g: int) -> int:
     return BACKLOG + groups + g
 
 
-def num_counters(groups: int) -> int:
-    return BACKLOG + 2 * groups
+def heartbeat_word(groups: int, rank: int) -> int:
+    """Counter of rank ``rank``'s heartbeat (for the watchdog on the parameter rank)."""
+    return BACKLOG + 2 * groups + rank
+
+
+def num_counters(groups: int, ranks: int) -> int:
+    return BACKLOG + 2 * groups + ranks
+
+
+class Heartbeat:
+    """A role's sign of life: ``beat()`` from every loop (also while waiting); one counter write a second."""
+
+    def __init__(self, counters, groups: int, rank: int):
+        self.counters, self.word = counters, heartbeat_word(groups, rank)
+        self.last = 0
+
+    def beat(self) -> None:
+        now = int(time.time())
+        if now != self.last:
+            self.last = now
+            self.counters.set(self.word, now)
+
+
+class Watchdog:
+    """Parameter rank: a rank whose heartbeat has not changed for ``warn`` seconds is named in a
+    warning; after ``limit`` seconds :meth:`check` raises, which ends the job (both runners)."""
+
+    def __init__(self, roles: list[str], nodes: list[str], groups: int, warn: float, limit: float):
+        self.roles, self.nodes, self.groups = roles, nodes, groups
+        self.warn, self.limit = warn, limit
+        start = time.monotonic()
+        self.seen = {r: (None, start) for r in range(1, len(roles))}
+        self.warned: set[int] = set()
+
+    def check(self, words) -> list[str]:
+        """Warnings to print now (each stuck rank once); raises RuntimeError past the limit."""
+        now, out = time.monotonic(), []
+        for r, (value, since) in self.seen.items():
+            beat = int(words[heartbeat_word(self.groups, r)])
+            if beat != value:
+                self.seen[r] = (beat, now)
+                self.warned.discard(r)
+                continue
+            quiet = now - since
+            who = f"rank {r} ({self.roles[r]} on {self.nodes[r]})"
+            if quiet >= self.limit:
+                raise RuntimeError(f"{who} made no progress for {quiet:.0f} s (launch.watchdog_seconds="
+                                   f"{self.limit:g}); ending the job")
+            if quiet >= self.warn and r not in self.warned:
+                self.warned.add(r)
+                out.append(f"hpcrl: warning: {who} has made no progress for {quiet:.0f} s "
+                           f"(the job ends after launch.watchdog_seconds={self.limit:g})")
+        return out
 
 
 def wait_request(req, backoff: Backoff | None = None, abandon=None):

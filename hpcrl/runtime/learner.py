@@ -44,6 +44,7 @@ class LearnerGroup:
         self.snapshot = (self.algo.make_model(job.env.observation_space, job.env.action_space, self.model.device)
                          if self.window else None)
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
+        self.heartbeat = control.Heartbeat(job.counters, self.cfg.learners.groups, job.rank)
         self.seq = 0  # continues the parameter rank's count on resume (set in run)
         self.generator = torch.Generator().manual_seed(self.cfg.env.seed + 7919 * (self.g + 1))
         self.receiver = job.fragments.learner_link(self.g) if self.is_root else None
@@ -62,6 +63,7 @@ class LearnerGroup:
         need = self.cfg.group_batch_size
         while True:
             self.fault.check()
+            self.heartbeat.beat()
             self.frags += self.receiver.poll()
             words = counters.read_all()
             if words[control.STOP]:
@@ -97,6 +99,7 @@ class LearnerGroup:
         new_steps = steps
         for mb in self.algo.minibatches(batch, self.generator):
             self.fault.check()
+            self.heartbeat.beat()
             words = self.job.counters.read_all()
             if words[control.STOP]:
                 break
@@ -126,6 +129,7 @@ class LearnerGroup:
         if self.lockstep and self.last_base is not None:
             backoff = Backoff(5e-5, 1e-3)
             while self.job.board.latest_version() <= self.last_base:
+                self.heartbeat.beat()
                 if self._stopping():
                     return None
                 self.frags += self.receiver.poll()
@@ -183,6 +187,7 @@ class LearnerGroup:
             return [extra[k] if k in extra else stats.get(k, np.nan) for k in control.GRAD_STATS]
 
         def abandon() -> bool:
+            self.heartbeat.beat()
             self.frags += self.receiver.poll()
             return self._stopping()
 
@@ -206,6 +211,7 @@ class LearnerGroup:
             self.topo.group_comm.send(None, dest=r, tag=control.TAG_WORK)
         backoff = Backoff(5e-5, 5e-3)
         while True:  # every actor's last send must be matched before it can finish
+            self.heartbeat.beat()
             self.receiver.poll()
             if self.receiver.finished():
                 break
@@ -221,7 +227,8 @@ class LearnerGroup:
         comm = self.topo.group_comm
         while True:
             self.fault.check()
-            work = control.recv_polling(comm, 0, control.TAG_WORK, Backoff(5e-5, 2e-3))
+            work = control.recv_polling(comm, 0, control.TAG_WORK, Backoff(5e-5, 2e-3),
+                                        abandon=lambda: self.heartbeat.beat() and False)
             if work is None:
                 self.reducer.close()
                 return

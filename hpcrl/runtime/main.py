@@ -14,14 +14,18 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from hpcrl.runtime.job import Job
+if TYPE_CHECKING:  # runtime.job imports torch: not before the signal handlers are in place
+    from hpcrl.runtime.job import Job
 
 CONFIG_FILE = "config.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hpcrl.runtime.signals import remember_stop_signals
+
+    remember_stop_signals()  # a cancel or walltime warning during start-up is acted on, not fatal
     parser = argparse.ArgumentParser(prog="python -m hpcrl.runtime.main", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
     parser.add_argument("--resume", action="store_true")
@@ -53,7 +57,7 @@ def start_inside_job(config_for: Callable[[int], Any], run_dir: Path | None, res
 
             lock = RunLock(run_dir).acquire()  # here no launcher holds it for this job
         except Exception:
-            _abort(comm, "creating or locking the run directory")
+            _abort(comm, "rank 0 (creating or locking the run directory)")
     run_dir = comm.bcast(str(run_dir) if run_dir is not None else None, root=0)
     try:
         return run_job(cfg, Path(run_dir), resume=resume, progress=progress)
@@ -63,16 +67,20 @@ def start_inside_job(config_for: Callable[[int], Any], run_dir: Path | None, res
 
 
 def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> int:
-    """This rank's whole life in the job (collective over COMM_WORLD)."""
+    """This rank's whole life in the job (collective over COMM_WORLD). Returns the process exit code:
+    EXIT_STOPPED on the parameter rank when a signal stopped the run, else 0."""
     from mpi4py import MPI
 
+    from hpcrl.runtime.signals import EXIT_FINISHED, EXIT_STOPPED
+
     comm = MPI.COMM_WORLD
-    role = None
+    role, who = None, f"rank {comm.Get_rank()}"
     try:
         import torch
 
         torch.set_num_threads(1)
         job = _setup(cfg, comm, run_dir, resume, progress)
+        who = f"rank {job.rank} ({job.topo.role} on {job.topo.node_name})"
         if job.topo.role != "parameter":
             # the launcher forwards SIGTERM/SIGUSR1 to every rank; only the parameter rank acts
             # on them (checkpoint, then STOP for everyone)
@@ -88,14 +96,15 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> int:
     except BaseException:  # noqa: BLE001 - any failure must end the whole job
         if role is not None:
             role.close_on_error()
-        _abort(comm, "")
-    return 0
+        _abort(comm, who)
+    stopped = str(getattr(role, "stop_reason", "") or "").startswith("signal")
+    return EXIT_STOPPED if stopped else EXIT_FINISHED
 
 
 def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     """This rank's Job over MPI: rank map, env spaces (from rank 0), model, windows (collective)."""
     from hpcrl.runtime import control
-    from hpcrl.runtime.job import fragment_layout_for, role_parts, roll_back_record
+    from hpcrl.runtime.job import Job, fragment_layout_for, role_parts, roll_back_record
     from hpcrl.runtime.progress import ProgressEmitter
     from hpcrl.runtime.sampler import describe_env
     from hpcrl.runtime.topology import Topology
@@ -118,7 +127,7 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     return Job(
         cfg=cfg, topo=topo, run_dir=run_dir, resume=resume, runner="mpi", algo=algo, model=model, env=env,
         traj_layout=traj_layout, probe=probe, rolled_back=rolled_back,
-        counters=CounterWindow(comm, 0, control.num_counters(G), initial=0),
+        counters=CounterWindow(comm, 0, control.num_counters(G, topo.size), initial=0),
         mailbox=GradientMailbox(comm, 0, G, cfg.aggregation.mailbox_slots, P, stats_capacity=len(control.GRAD_STATS)),
         board=WeightBoard(comm, 0, P, history=max(2, cfg.aggregation.weight_history),
                           probe_size=0 if probe is None else probe.size),
@@ -161,11 +170,12 @@ def _teardown(job: Job) -> None:
     job.topo.free()
 
 
-def _abort(comm, what: str) -> None:
+def _abort(comm, who: str) -> None:
+    """Print this rank's failure (one line naming rank, role and host, then the traceback) and end the job."""
     rank = comm.Get_rank()
     lines = traceback.format_exc().rstrip().splitlines()
     text = "\n".join(f"[rank {rank}] {line}" for line in lines)
-    sys.stderr.write(f"[rank {rank}] hpcrl: failed{' ' + what if what else ''}; aborting the job\n{text}\n")
+    sys.stderr.write(f"[rank {rank}] hpcrl: {who} failed: {lines[-1] if lines else '?'}; aborting the job\n{text}\n")
     sys.stderr.flush()
     sys.stdout.flush()
     time.sleep(0.2)  # let the launcher forward the message before the job is torn down

@@ -42,11 +42,14 @@ REASON = {name: i for i, name in enumerate(GRADIENT_REASONS)}
 
 
 class StopSignal:
-    """SIGTERM / SIGUSR1 set a flag that the loop reads (checkpoint, then a clean stop)."""
+    """SIGTERM / SIGUSR1 set a flag that the loop reads (checkpoint, then a clean stop). A signal that
+    arrived while the rank was still starting (:func:`hpcrl.runtime.signals.early_signal`) counts too."""
 
     def __init__(self) -> None:
-        self.received: int | None = None
-        for s in (signal.SIGTERM, signal.SIGUSR1):
+        from hpcrl.runtime.signals import STOP_SIGNALS, early_signal
+
+        self.received: int | None = early_signal()
+        for s in STOP_SIGNALS:
             signal.signal(s, self._handle)
 
     def _handle(self, signum, _frame) -> None:
@@ -81,6 +84,9 @@ class ParameterRank:
         self.stop_reason: str | None = None
         self.signals = StopSignal()
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
+        launch_cfg = self.cfg.launch
+        self.watchdog = control.Watchdog([r.role for r in job.topo.roles], job.topo.nodes, self.cfg.learners.groups,
+                                         launch_cfg.watchdog_warn_seconds, launch_cfg.watchdog_seconds)
         # RMA against this rank's windows progresses only while it is inside MPI (MPICH/UCX
         # active messages), so its idle naps stay short: a learner's push waits for them.
         self.backoff = Backoff(2e-5, 2e-4)
@@ -179,6 +185,7 @@ class ParameterRank:
             now = time.monotonic()
             if now >= self._next_elastic:
                 self._next_elastic = now + 0.5
+                self._watch()
                 self._elastic()
                 self._check_stop()
                 progress.update(self.stats())
@@ -331,6 +338,10 @@ class ParameterRank:
         self.episodes += len(episodes)
         r["episodes"] += len(episodes)
 
+    def _watch(self) -> None:
+        for line in self.watchdog.check(self.counters.read_all()):
+            print(line, flush=True)
+
     def _elastic(self) -> None:
         """Active groups follow the backlog: one more above backlog_per_group each, one fewer below half."""
         lo, hi = self.cfg.learners.active_range
@@ -385,6 +396,9 @@ class ParameterRank:
             if self.counters.read(control.ACTORS_DONE) >= A and self.counters.read(control.LEARNERS_DONE) >= G:
                 if not self._drain_messages():
                     break
+            if time.monotonic() >= self._next_elastic:  # a stuck rank must not hang the shutdown either
+                self._next_elastic = time.monotonic() + 0.5
+                self._watch()
             backoff.reset() if busy else backoff.sleep()
         for rec in self.queue:
             self._gradient_row(rec, admitted=False, reason="shutdown")

@@ -69,7 +69,7 @@ def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort
     else:
         probe_size = 0
     P = model0.flat.num_params
-    counters = LocalCounters(control.num_counters(G), abort)
+    counters = LocalCounters(control.num_counters(G, cfg.num_ranks), abort)
     mailbox = LocalMailbox(G, cfg.aggregation.mailbox_slots, P, stats_capacity=len(control.GRAD_STATS))
     board = LocalBoard(P, history=max(2, cfg.aggregation.weight_history), probe_size=probe_size)
     reports = LocalReports()
@@ -89,8 +89,8 @@ def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort
     return jobs
 
 
-def run_serial(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: str = "plain") -> int:
-    """Run the whole job in this process; 0 when it ended (stop rule or signal), RoleFailed otherwise."""
+def run_serial(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: str = "plain") -> str:
+    """Run the whole job in this process; returns why it stopped (stop rule or signal), RoleFailed otherwise."""
     import torch
 
     from hpcrl.runtime.main import make_role
@@ -124,7 +124,7 @@ def run_serial(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: st
         signal.signal(signal.SIGINT, old_handler)
 
 
-def _run_roles(jobs, roles, failures, guarded, abort) -> int:
+def _run_roles(jobs, roles, failures, guarded, abort) -> str:
     parameter = roles[0]
     guarded(jobs[0], parameter.publish_initial)
     startup = parameter.startup_info() if not failures else {}
@@ -150,4 +150,4 @@ def _run_roles(jobs, roles, failures, guarded, abort) -> int:
                              f"{', '.join(t.name for t in threads if t.is_alive())}", "")
         job, exc, details = failures[0]
         raise RoleFailed(f"rank {job.rank} ({job.topo.role}) failed: {type(exc).__name__}: {exc}", details)
-    return 0
+    return parameter.stop_reason

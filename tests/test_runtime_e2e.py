@@ -146,3 +146,56 @@ def test_sigterm_checkpoints_and_resume_keeps_the_version_counter(tmp_path):
     assert len(read_trajectory(run_dir / "traj" / "actor-00000.h5")["rewards"]) > steps_before
     assert len(read_attrs(run_dir / "run.h5")["resumed_unix"]) == 1
     assert load_checkpoint(run_dir)["version"] == versions[-1]
+
+
+def _rank_pid(run_dir: Path, rank: int) -> int | None:
+    """PID of MPI rank ``rank`` of the job writing ``run_dir`` (its command line names the run
+    directory; Hydra sets PMI_RANK and gives each rank a session of its own)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            cmd = (entry / "cmdline").read_bytes()
+        except (OSError, ProcessLookupError):
+            continue
+        if b"hpcrl.runtime.main" in cmd and str(run_dir).encode() in cmd and f"PMI_RANK={rank}".encode() in env:
+            return int(entry.name)
+    return None
+
+
+def test_watchdog_names_a_stopped_actor_and_ends_the_job(tmp_path):
+    path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000},
+                                 launch={"watchdog_warn_seconds": 3, "watchdog_seconds": 8, "timeout_seconds": 120})
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and stopped is None:
+            time.sleep(1.0)
+            try:
+                ready = len(read_table(run_dir / "run.h5", "updates")["version"]) >= 5
+            except Exception:
+                ready = False
+            if ready:
+                stopped = _rank_pid(run_dir, 3)
+        assert stopped is not None, "rank 3 not found"
+        os.kill(stopped, signal.SIGSTOP)
+        start = time.monotonic()
+        out, _ = proc.communicate(timeout=90)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == 1, out[-3000:]
+    assert "warning: rank 3 (actor on " in out and "has made no progress" in out
+    last = out.strip().splitlines()[-1]
+    assert "rank 3 (actor on " in last and "made no progress" in last, last
+    assert elapsed < 60
+    read_table(run_dir / "run.h5", "updates")  # the record stays readable

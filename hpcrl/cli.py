@@ -15,8 +15,8 @@ from hpcrl.errors import ConfigError
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
-    "run": ("hpcrl.commands.run", "train: start the MPI job (or run this rank's role with --inside-mpi), "
-                                  "or train ha2c/hddpg in this process"),
+    "run": ("hpcrl.commands.run", "train: the roles as MPI ranks (launch.runner mpi) or all in this process "
+                                  "(serial); --inside-mpi runs this rank's role"),
     "submit": ("hpcrl.commands.submit", "render a batch script for a site and submit it (sbatch/qsub)"),
     "analyze": ("hpcrl.commands.analyze", "post-hoc analysis of run directories: figures, CSV, HTML report"),
     "bench": ("hpcrl.commands.bench", "run a benchmark and print its table"),
@@ -37,6 +37,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if next((a for a in argv if not a.startswith("-")), None) == "run":
+        from hpcrl.runtime.signals import remember_stop_signals
+
+        remember_stop_signals()  # before the imports: a cancel during start-up ends the run as a cancel
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:

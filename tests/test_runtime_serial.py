@@ -195,3 +195,46 @@ def test_kill_9_then_resume_leaves_no_duplicate_or_missing_keys(tmp_path):
     notes = read_attrs(h5)["resumed"]
     assert len(notes) == 1 and '"discarded"' in str(notes[0]) and '"updates"' in str(notes[0])
     assert load_checkpoint(run_dir)["version"] == versions[-1]
+
+
+@pytest.mark.parametrize("runner", ["serial", pytest.param("mpi", marks=pytest.mark.mpi)])
+def test_a_cancel_during_start_up_ends_as_a_cancel_with_a_checkpoint(tmp_path, runner):
+    data = tiny(tmp_path / "run", stop={"total_env_steps": 10_000_000}, launch={"runner": runner})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        time.sleep(1.0)  # the launcher is still importing or starting the roles
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 3, out[-3000:]
+    assert "stopped by SIGTERM with a checkpoint" in out
+    assert load_checkpoint(tmp_path / "run")["version"] >= 0
+    read_table(tmp_path / "run" / "run.h5", "updates")
+
+
+def test_a_second_run_of_a_running_directory_is_refused_in_one_line(tmp_path):
+    data = tiny(tmp_path / "run", stop={"total_env_steps": 10_000_000})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(path)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (run_dir / "checkpoints" / "latest.pt").is_file():
+            time.sleep(0.5)
+        res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--resume", str(run_dir)], capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert "run.lock" in res.stderr or "in use" in res.stderr or "locked" in res.stderr, res.stderr
+        assert proc.poll() is None  # the running job is untouched
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert proc.returncode == 3
+    read_table(run_dir / "run.h5", "updates")

@@ -277,10 +277,11 @@ def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path) -> int:
         print(f"hpcrl run: {cfg.num_ranks} ranks, run directory {run_dir}", flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env=launch.rank_environment(os.environ), start_new_session=True)
-    state = {"stop_requested_at": None, "killed": False, "timed_out": False}
-    if early_signal() is not None:  # a cancel or walltime warning before mpiexec started: pass it on now
+    # a stop signal is passed on once the ranks run (their first progress line): before that it would
+    # kill ranks still starting; one that came before mpiexec was started waits the same way
+    state = {"stop_requested_at": None, "killed": False, "timed_out": False, "pending": early_signal()}
+    if state["pending"] is not None:
         state["stop_requested_at"] = time.monotonic()
-        _signal(proc, early_signal())
 
     def graceful(signum, _frame):
         if state["stop_requested_at"] is not None and signum == signal.SIGINT:
@@ -289,7 +290,7 @@ def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path) -> int:
             return
         state["stop_requested_at"] = time.monotonic()
         # mpiexec (Hydra) forwards SIGTERM/SIGUSR1 to every rank; the parameter rank checkpoints
-        _signal(proc, signal.SIGUSR1 if signum == signal.SIGUSR1 else signal.SIGTERM)
+        state["pending"] = signal.SIGUSR1 if signum == signal.SIGUSR1 else signal.SIGTERM
 
     old = {s: signal.signal(s, graceful) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     summary: dict = {}
@@ -299,6 +300,9 @@ def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path) -> int:
     try:
         while proc.poll() is None:
             time.sleep(0.2)
+            if state["pending"] is not None and "progress" in summary:
+                _signal(proc, state.pop("pending"))
+                state["pending"] = None
             now = time.monotonic()
             limit = cfg.launch.timeout_seconds
             if limit is not None and now - start > limit and state["stop_requested_at"] is None:
@@ -344,6 +348,7 @@ def _pump(proc: subprocess.Popen, view, summary: dict, parse_line) -> None:
                 summary["failed"] = failed[1]
             view.echo(line)
         elif rec.get("kind") == "progress":
+            summary["progress"] = rec  # the ranks are running
             view.update(rec)
         elif rec.get("kind") == "summary":
             summary["summary"] = rec

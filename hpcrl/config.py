@@ -88,8 +88,8 @@ class LearnersConfig(Section):
 
 
 class AggregationConfig(Section):
-    policy: Literal["stellaris", "stellaris_code", "pure_async", "sync"] = "stellaris"
-    """Admission policy on the parameter rank (hpcrl.staleness)."""
+    policy: Literal["stellaris", "stellaris_code", "pure_async", "sync", "ssp", "softsync"] = "stellaris"
+    """Admission policy on the parameter rank (hpcrl.staleness); ssp and softsync are Stellaris' Fig. 11 baselines."""
     d: float = Field(0.96, ge=0.0, le=1.0)
     """Threshold decay (Stellaris Eq. 3): beta_k = delta_max * d**k; 0 = synchronous; 1 = every gradient on
     arrival, scaled by Eq. 4 (policy pure_async is the same without the scaling)."""
@@ -103,6 +103,10 @@ class AggregationConfig(Section):
     """Gradient mailbox slots per learner group (>= 2 so a group can push while one slot is read)."""
     weight_history: int = Field(4, ge=1)
     """Past policy versions the weight board keeps (for the IS truncation over learner policies)."""
+    ssp_s: int = Field(3, ge=0)
+    """ssp: a group's gradient waits while the group has had more than s gradients applied beyond the slowest active group."""
+    softsync_c: int | None = Field(None, ge=1)
+    """softsync: gradients averaged into one step (None: the number of active learner groups)."""
 
 
 class PPOConfig(Section):

@@ -1,4 +1,5 @@
-"""Admission policies on hand-worked queues (Stellaris Section V-C, Eqs. 3-4, and the code variant)."""
+"""Admission policies on hand-worked queues (Stellaris Section V-C, Eqs. 3-4, the code variant, and the
+Fig. 11 baselines SSP and softsync)."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -7,8 +8,10 @@ import pytest
 from hpcrl.config import AggregationConfig
 from hpcrl.errors import ConfigError
 from hpcrl.staleness import (
+    SSP,
     GradientRecord,
     PureAsync,
+    SoftSync,
     Stellaris,
     StellarisCode,
     Sync,
@@ -196,24 +199,77 @@ def test_stellaris_code_queue_rules():
     assert keys(pol.admit(q, version, active_groups=4)) == [[(0, 2)]]
 
 
+def test_ssp_bounds_the_clock_gap_and_releases_in_order():
+    pol = SSP(s=1)
+    # group 0 pushes three gradients before group 1 pushes any (group 1's clock stays 0):
+    # group 0's clock 0 and 1 are within s = 1 of it, clock 2 is not, so (0, 2) waits
+    q = [rec(0, 0, 10), rec(0, 1, 10), rec(0, 2, 11)]
+    adm = pol.admit(q, version=10, active_groups=2)
+    assert keys(adm) == [[(0, 0)], [(0, 1)]]
+    assert adm.staleness == {(0, 0): 0, (0, 1): 1}  # the second step is applied at version 11
+    adm.remove_from(q)
+    assert pol.admit(q, version=12, active_groups=2) is None
+    assert pol.clock == {0: 2, 1: 0} and pol.min_clock == 0
+    # group 1 arrives: it is applied first, which releases (0, 2) in the same admission
+    q.append(rec(1, 0, 9))
+    adm = pol.admit(q, version=12, active_groups=2)
+    assert keys(adm) == [[(1, 0)], [(0, 2)]]
+    assert adm.staleness == {(1, 0): 3, (0, 2): 2}  # 12 - 9; 13 - 11
+    assert all(s == 1.0 for step in adm.steps for _, s in step)
+    assert pol.clock == {0: 3, 1: 1} and pol.min_clock == 1
+    assert pol.admit([rec(0, 3, 14)], version=14, active_groups=2) is None  # 3 - 1 > 1
+
+
+def test_ssp_s0_is_round_robin_and_a_new_group_joins_at_the_slowest_clock():
+    pol = SSP(s=0)
+    q = [rec(0, 0, 0), rec(0, 1, 0), rec(1, 0, 0)]
+    adm = pol.admit(q, version=0, active_groups=2)
+    assert keys(adm) == [[(0, 0)], [(1, 0)], [(0, 1)]]  # (0, 1) waits for group 1, then goes
+    adm.remove_from(q)
+    assert pol.clock == {0: 2, 1: 1}
+    # a third group becomes active: it joins at clock 1 (the slowest), not 0
+    q = [rec(1, 1, 3)]
+    adm = pol.admit(q, version=3, active_groups=3)
+    assert pol.clock[2] == 1
+    assert keys(adm) == [[(1, 1)]]
+    assert pol.admit([rec(0, 2, 4)], version=4, active_groups=3) is None  # group 0 at 2, group 2 at 1
+
+
+def test_softsync_averages_every_c_gradients():
+    pol = SoftSync(c=3)
+    q = [rec(0, 0, 5, 1.0), rec(0, 1, 5, 2.0)]
+    assert pol.admit(q, version=6, active_groups=2) is None
+    q += [rec(1, 0, 4, 6.0), rec(1, 1, 6, 9.0)]
+    adm = pol.admit(q, version=6, active_groups=2)
+    assert keys(adm) == [[(0, 0), (0, 1), (1, 0)]]  # the oldest three, any groups
+    assert adm.staleness == {(0, 0): 1, (0, 1): 1, (1, 0): 2}
+    np.testing.assert_allclose(aggregate(adm.steps[0]), np.full(3, 3.0))
+    adm.remove_from(q)
+    assert [r.key for r in q] == [(1, 1)]
+    assert SoftSync(c=None).admit([rec(0, 0, 1), rec(0, 1, 1)], 1, active_groups=2) is not None  # c = groups
+    assert SoftSync(c=None).admit([rec(0, 0, 1)], 1, active_groups=2) is None
+
+
 def test_make_policy_names_and_error():
     for name, cls in [("stellaris", Stellaris), ("stellaris_code", StellarisCode),
-                      ("pure_async", PureAsync), ("sync", Sync)]:
-        pol = make_policy(AggregationConfig(policy=name, d=0.9, v=2))
+                      ("pure_async", PureAsync), ("sync", Sync), ("ssp", SSP), ("softsync", SoftSync)]:
+        pol = make_policy(AggregationConfig(policy=name, d=0.9, v=2, ssp_s=2, softsync_c=4))
         assert isinstance(pol, cls) and pol.name == name
     assert make_policy(AggregationConfig()).d == 0.96
-    with pytest.raises(ConfigError, match="aggregation.policy.*stellaris, stellaris_code, pure_async, sync"):
-        make_policy(SimpleNamespace(policy="ssp", d=0.9, v=3))
+    assert make_policy(AggregationConfig(policy="ssp", ssp_s=5)).s == 5
+    assert make_policy(AggregationConfig(policy="softsync", softsync_c=4)).c == 4
+    with pytest.raises(ConfigError, match="aggregation.policy.*stellaris, stellaris_code, pure_async, sync, ssp, softsync"):
+        make_policy(SimpleNamespace(policy="hogwild", d=0.9, v=3))
 
 
-@pytest.mark.parametrize("name", ["stellaris", "stellaris_code", "pure_async", "sync"])
+@pytest.mark.parametrize("name", ["stellaris", "stellaris_code", "pure_async", "sync", "ssp", "softsync"])
 @pytest.mark.parametrize("d", [0.0, 0.9, 1.0])
 def test_simulated_run_applies_every_gradient_once(name, d):
     """Groups with random compute times push against the version they pulled; the caller loop
     from the module docstring drains the queue. Invariants: nothing lost or applied twice, no
     deadlock, the version counts steps, and a thresholded stellaris step respects beta or covers all groups."""
     rng = np.random.default_rng(7)
-    pol = make_policy(AggregationConfig(policy=name, d=d, v=3))
+    pol = make_policy(AggregationConfig(policy=name, d=d, v=3, ssp_s=1, softsync_c=3))
     groups, version, queue, applied = 4, 0, [], []
     pulled = {g: 0 for g in range(groups)}
     ready = {g: rng.uniform(1, 3) for g in range(groups)}
@@ -234,12 +290,14 @@ def test_simulated_run_applies_every_gradient_once(name, d):
         ready[g] += rng.uniform(1, 3)
         if arrival % 40 == 39:
             pol.end_round(arrival // 40)
-    # sync lets fast groups pile up (lockstep needs learners that wait: the runtime's job)
-    assert len(queue) < groups * (4 if name == "sync" else 2)
+    # sync and ssp let fast groups pile up (lockstep needs learners that wait: the runtime's job)
+    assert len(queue) < groups * (4 if name in ("sync", "ssp") else 2)
     assert len(applied) == len(set(applied)) == 400 - len(queue)
-    if name in ("pure_async", "stellaris_code"):
+    if name in ("pure_async", "stellaris_code", "ssp"):
         assert version == len(applied)
     elif name == "sync":
         assert version * groups == len(applied)
+    elif name == "softsync":
+        assert version * 3 == len(applied)
     else:
         assert 0 < version <= len(applied)

@@ -41,6 +41,8 @@ class ModelConfig(Section):
     """Widths of the MLP hidden layers (policy and value networks are separate MLPs)."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Hidden-layer nonlinearity."""
+    torso: Literal["mlp", "cnn"] = "mlp"
+    """mlp: the MLP alone; cnn: Stellaris Table II's Atari CNN on [frames, 84, 84] observations, then the MLP head."""
 
 
 class ActorsConfig(Section):

@@ -146,7 +146,7 @@ class AtariCNN(nn.Module):
                                       f"the {k}x{k} layer (Stellaris Table II expects 84x84)")
                 h, w = (h - k) // stride + 1, (w - k) // stride + 1
             conv = nn.Conv2d(channels, out, k, stride)
-            nn.init.orthogonal_(conv.weight, math.sqrt(2))
+            nn.init.xavier_uniform_(conv.weight)  # as RLlib's SlimConv2d (cheap: no QR of the 256 x 3872 kernel)
             nn.init.zeros_(conv.bias)
             layers += [conv, nn.ReLU()]
             channels = out

@@ -56,11 +56,12 @@ The paper's ablation baselines (Stellaris Section VIII-C, Fig. 11):
   gradients applied so far (SSP's per-worker iteration count, not the policy version: with G
   groups the version rises about G times per clock tick, so a bound in versions would tighten
   as groups are added). A queued gradient of group g is "more than s ahead" and waits while
-  clock_g - min_h clock_h > s over the active groups h (groups 0 .. active_groups - 1, the
-  groups the runtime keeps active); otherwise it is applied, its own step, scale 1. A group's
-  gradients are applied in arrival order. A group that becomes active joins at the slowest
-  active clock (it does not hold the others back for the steps it never had to take). s = 0
-  is bulk-synchronous (round-robin over the groups, one gradient each).
+  clock_g - min_h clock_h > s over the running active groups h (groups 0 .. active_groups - 1,
+  the groups the runtime keeps active, that have pushed at least once); otherwise it is applied,
+  its own step, scale 1. A group's gradients are applied in arrival order. A group joins at the
+  slowest running clock when its first gradient arrives, and again when it becomes active after
+  a pause: nobody waits for a group that has not started (it may have had no data yet), nor for
+  steps it never had to take. s = 0 is bulk-synchronous (round-robin over the running groups).
 - ``softsync``: n-softsync (Zhang et al. 2016, "Staleness-aware async-SGD for distributed deep
   learning", IJCAI): once the queue holds c gradients (any groups) the oldest c are applied as
   one averaged step, scale 1 (the staleness-dependent learning rate of that paper is not part of
@@ -308,20 +309,25 @@ class SSP(AdmissionPolicy):
         if s < 0:
             raise ValueError(f"ssp: s must be >= 0, got {s}")
         self.s = s
-        self.clock: dict[int, int] = {}  # group -> gradients applied
+        self.clock: dict[int, int] = {}  # group -> its position: gradients applied (+ where it joined)
         self._active = 0
 
-    def _join(self, active_groups: int) -> None:
-        """Groups that became active start at the slowest clock of those active before."""
+    def _slowest(self, clock: dict[int, int], active_groups: int) -> int | None:
+        running = [clock[g] for g in range(active_groups) if g in clock]
+        return min(running) if running else None
+
+    def _rejoin(self, active_groups: int) -> None:
+        """Groups that become active again start at the slowest clock of those active before."""
         if active_groups > self._active:
-            floor = min((self.clock.get(g, 0) for g in range(self._active)), default=0)
+            floor = self._slowest(self.clock, self._active)
             for g in range(self._active, active_groups):
-                self.clock[g] = max(self.clock.get(g, 0), floor)
+                if g in self.clock and floor is not None:
+                    self.clock[g] = max(self.clock[g], floor)
         self._active = active_groups
 
     def admit(self, queue, version, active_groups):
         self._check(version, active_groups)
-        self._join(active_groups)
+        self._rejoin(active_groups)
         clock = dict(self.clock)
         taken: list[GradientRecord] = []
         waiting = list(queue)
@@ -332,23 +338,25 @@ class SSP(AdmissionPolicy):
             for rec in list(waiting):
                 if rec.group in blocked:
                     continue
-                slowest = min(clock.get(g, 0) for g in range(active_groups))
-                if clock.get(rec.group, 0) - slowest > self.s:
+                if rec.group not in clock:  # first gradient of this group: it joins at the slowest clock
+                    clock[rec.group] = self._slowest(clock, active_groups) or 0
+                slowest = self._slowest(clock, active_groups)
+                if slowest is not None and clock[rec.group] - slowest > self.s:
                     blocked.add(rec.group)
                     continue
-                clock[rec.group] = clock.get(rec.group, 0) + 1
+                clock[rec.group] += 1
                 taken.append(rec)
                 waiting.remove(rec)
                 progress = True
+        self.clock = clock
         if not taken:
             return None
-        self.clock = clock
         return _each_on_its_own(taken, version, lambda s: 1.0, None)
 
     @property
     def min_clock(self) -> int:
-        """The slowest active group's clock (what a waiting learner would compare its own pushes with)."""
-        return min((self.clock.get(g, 0) for g in range(max(self._active, 1))), default=0)
+        """The slowest running active group's clock (what a waiting learner would compare its own pushes with)."""
+        return self._slowest(self.clock, max(self._active, 1)) or 0
 
 
 class SoftSync(AdmissionPolicy):

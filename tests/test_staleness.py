@@ -201,38 +201,42 @@ def test_stellaris_code_queue_rules():
 
 def test_ssp_bounds_the_clock_gap_and_releases_in_order():
     pol = SSP(s=1)
-    # group 0 pushes three gradients before group 1 pushes any (group 1's clock stays 0):
-    # group 0's clock 0 and 1 are within s = 1 of it, clock 2 is not, so (0, 2) waits
-    q = [rec(0, 0, 10), rec(0, 1, 10), rec(0, 2, 11)]
+    # group 1 pushes once, then group 0 three times: group 0 joins at group 1's clock (1); its clock
+    # 1 and 2 are within s = 1 of group 1's, 3 is not, so (0, 2) waits
+    q = [rec(1, 0, 10), rec(0, 0, 10), rec(0, 1, 10), rec(0, 2, 11)]
     adm = pol.admit(q, version=10, active_groups=2)
-    assert keys(adm) == [[(0, 0)], [(0, 1)]]
-    assert adm.staleness == {(0, 0): 0, (0, 1): 1}  # the second step is applied at version 11
-    adm.remove_from(q)
-    assert pol.admit(q, version=12, active_groups=2) is None
-    assert pol.clock == {0: 2, 1: 0} and pol.min_clock == 0
-    # group 1 arrives: it is applied first, which releases (0, 2) in the same admission
-    q.append(rec(1, 0, 9))
-    adm = pol.admit(q, version=12, active_groups=2)
-    assert keys(adm) == [[(1, 0)], [(0, 2)]]
-    assert adm.staleness == {(1, 0): 3, (0, 2): 2}  # 12 - 9; 13 - 11
+    assert keys(adm) == [[(1, 0)], [(0, 0)], [(0, 1)]]
+    assert adm.staleness == {(1, 0): 0, (0, 0): 1, (0, 1): 2}  # step i is applied at version 10 + i
     assert all(s == 1.0 for step in adm.steps for _, s in step)
-    assert pol.clock == {0: 3, 1: 1} and pol.min_clock == 1
-    assert pol.admit([rec(0, 3, 14)], version=14, active_groups=2) is None  # 3 - 1 > 1
-
-
-def test_ssp_s0_is_round_robin_and_a_new_group_joins_at_the_slowest_clock():
-    pol = SSP(s=0)
-    q = [rec(0, 0, 0), rec(0, 1, 0), rec(1, 0, 0)]
-    adm = pol.admit(q, version=0, active_groups=2)
-    assert keys(adm) == [[(0, 0)], [(1, 0)], [(0, 1)]]  # (0, 1) waits for group 1, then goes
     adm.remove_from(q)
-    assert pol.clock == {0: 2, 1: 1}
-    # a third group becomes active: it joins at clock 1 (the slowest), not 0
-    q = [rec(1, 1, 3)]
-    adm = pol.admit(q, version=3, active_groups=3)
-    assert pol.clock[2] == 1
-    assert keys(adm) == [[(1, 1)]]
-    assert pol.admit([rec(0, 2, 4)], version=4, active_groups=3) is None  # group 0 at 2, group 2 at 1
+    assert pol.admit(q, version=13, active_groups=2) is None
+    assert pol.clock == {0: 3, 1: 1} and pol.min_clock == 1
+    # group 1's next gradient is applied first, which releases (0, 2) in the same admission
+    q.append(rec(1, 1, 12))
+    adm = pol.admit(q, version=13, active_groups=2)
+    assert keys(adm) == [[(1, 1)], [(0, 2)]]
+    assert adm.staleness == {(1, 1): 1, (0, 2): 3}  # 13 - 12; 14 - 11
+    assert pol.clock == {0: 4, 1: 2} and pol.min_clock == 2
+    assert pol.admit([rec(0, 3, 15)], version=15, active_groups=2) is None  # 4 - 2 > 1
+
+
+def test_ssp_waits_only_for_groups_that_run():
+    pol = SSP(s=0)
+    # group 1 has not pushed yet (it may have had no data): group 0 is not held back
+    adm = pol.admit([rec(0, 0, 0), rec(0, 1, 0)], version=0, active_groups=2)
+    assert keys(adm) == [[(0, 0)], [(0, 1)]]
+    # group 1 joins at group 0's clock (2); from then on s = 0 keeps them level: (0, 4) waits for (1, 1)
+    q = [rec(1, 0, 2), rec(0, 2, 2), rec(0, 3, 2), rec(0, 4, 2), rec(1, 1, 2)]
+    adm = pol.admit(q, version=2, active_groups=2)
+    assert keys(adm) == [[(1, 0)], [(0, 2)], [(0, 3)], [(1, 1)], [(0, 4)]]
+    assert pol.clock == {0: 5, 1: 4}
+    # a third group becomes active and joins at the slowest clock (4), not at 0
+    q = [rec(2, 0, 7), rec(0, 5, 7)]
+    adm = pol.admit(q, version=7, active_groups=3)
+    assert keys(adm) == [[(2, 0)]] and pol.clock == {0: 5, 1: 4, 2: 5}
+    adm.remove_from(q)
+    q.append(rec(1, 2, 7))
+    assert keys(pol.admit(q, version=8, active_groups=3)) == [[(1, 2)], [(0, 5)]]
 
 
 def test_softsync_averages_every_c_gradients():

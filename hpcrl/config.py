@@ -42,6 +42,8 @@ class ModelConfig(Section):
     """Widths of the MLP hidden layers (policy and value networks are separate MLPs)."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Hidden-layer nonlinearity."""
+    torso: Literal["mlp", "cnn"] = "mlp"
+    """mlp: the MLP alone; cnn: Stellaris Table II's Atari CNN on [frames, 84, 84] observations, then the MLP head."""
 
 
 class ActorsConfig(Section):
@@ -89,8 +91,8 @@ class LearnersConfig(Section):
 
 
 class AggregationConfig(Section):
-    policy: Literal["stellaris", "stellaris_code", "pure_async", "sync"] = "stellaris"
-    """Admission policy on the parameter rank (hpcrl.staleness)."""
+    policy: Literal["stellaris", "stellaris_code", "pure_async", "sync", "ssp", "softsync"] = "stellaris"
+    """Admission policy on the parameter rank (hpcrl.staleness); ssp and softsync are Stellaris' Fig. 11 baselines."""
     d: float = Field(0.96, ge=0.0, le=1.0)
     """Threshold decay (Stellaris Eq. 3): beta_k = delta_max * d**k; 0 = synchronous; 1 = every gradient on
     arrival, scaled by Eq. 4 (policy pure_async is the same without the scaling)."""
@@ -104,6 +106,10 @@ class AggregationConfig(Section):
     """Gradient mailbox slots per learner group (>= 2 so a group can push while one slot is read)."""
     weight_history: int = Field(4, ge=1)
     """Past policy versions the weight board keeps (for the IS truncation over learner policies)."""
+    ssp_s: int = Field(3, ge=0)
+    """ssp: a group's gradient waits while the group has had more than s gradients applied beyond the slowest active group."""
+    softsync_c: int | None = Field(None, ge=1)
+    """softsync: gradients averaged into one step (None: the number of active learner groups)."""
 
 
 class PPOConfig(Section):
@@ -190,7 +196,45 @@ class HDDPGConfig(Section):
     """Fused loop: iterations between fetches of episode statistics and losses from the device (none in between)."""
 
 
-AlgoConfig = Annotated[Union[PPOConfig, HA2CConfig, HDDPGConfig], Field(discriminator="name")]
+class IMPACTConfig(Section):
+    """IMPACT (Luo et al. 2020) as Stellaris trains it; defaults from Stellaris Table III. One learner batch is
+    one actor fragment (reused num_sgd_iter times); a round is one fragment of every actor."""
+
+    name: Literal["impact"] = "impact"
+    """IMPACT: V-trace targets, a target network, a clipped surrogate against it (runs on the roles, either runner)."""
+    lr: float = Field(5e-4, gt=0)
+    """Base learning rate alpha_0 (Stellaris Eq. 4 scales it per gradient)."""
+    gamma: float = Field(0.99, gt=0, le=1)
+    """Discount factor."""
+    clip: float = Field(0.4, gt=0)
+    """Clip range of the ratio pi / pi_target in the surrogate (1 +- clip)."""
+    kl_coeff: float = Field(1.0, ge=0)
+    """Initial weight of KL(pi_target || pi); > 0 turns on RLlib's adaptive rule (x1.5 / x0.5 per round)."""
+    kl_target: float = Field(0.01, gt=0)
+    """Target KL for the adaptive coefficient."""
+    entropy_coeff: float = Field(0.01, ge=0)
+    """Weight of the entropy bonus."""
+    vf_coeff: float = Field(1.0, ge=0)
+    """Weight of the value loss (V-trace targets)."""
+    target_update_frequency: int = Field(1, ge=1)
+    """Rounds between copies of the policy into the target network."""
+    vtrace_rho_bar: float = Field(1.0, gt=0)
+    """V-trace truncation of pi_target / mu in the value targets and the policy-gradient advantages."""
+    vtrace_c_bar: float = Field(1.0, gt=0)
+    """V-trace truncation of the trace coefficients c."""
+    max_grad_norm: float = Field(40.0, gt=0)
+    """Each minibatch gradient is clipped to this global norm before it is pushed (RLlib IMPALA's grad_clip)."""
+    normalize_advantages: bool = False
+    """Standardise the V-trace advantages within each minibatch."""
+    minibatch_size: int = Field(512, ge=1)
+    """Rows per minibatch of a learner batch (a whole fragment when larger); one gradient push each."""
+    num_sgd_iter: int = Field(2, ge=1)
+    """Passes over each learner batch (IMPACT's circular-buffer reuse)."""
+    optimizer: Literal["adam", "sgd"] = "adam"
+    """Optimizer on the parameter rank."""
+
+
+AlgoConfig = Annotated[Union[PPOConfig, HA2CConfig, HDDPGConfig, IMPACTConfig], Field(discriminator="name")]
 
 
 class IOConfig(Section):

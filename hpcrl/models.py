@@ -2,7 +2,10 @@
 
 :class:`FlatParameters` puts every parameter (and every gradient) of a module into one
 contiguous float32 buffer, so pushing a gradient or publishing weights is one buffer, no
-copies. :class:`ActorCritic` is the PPO network: separate policy and value MLPs.
+copies. :class:`ActorCritic` is the PPO/IMPACT network: separate policy and value networks,
+each an MLP (``model.torso: mlp``) or Stellaris' Atari CNN followed by the MLP head
+(``model.torso: cnn``, :class:`AtariCNN`). uint8 observations (Atari frames) travel as uint8
+and are scaled to [0, 1] by the networks' first layer (:class:`ScaleUint8`).
 
 Box actions: the policy is a diagonal Gaussian and ``act`` returns the raw, unclipped sample
 and its log-prob; the actor (env side) clips or rescales it into the action space before
@@ -10,6 +13,7 @@ stepping, and stores the unclipped sample for training.
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -100,23 +104,92 @@ def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class ScaleUint8(nn.Module):
+    """uint8 pixels -> float32 in [0, 1] (the first layer of a network on uint8 observations)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.to(torch.float32).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.to(torch.float32)
+
+
+def _same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
+    """(before, after) zero padding that gives ceil(size / stride) outputs ('same', as TensorFlow/RLlib)."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+class AtariCNN(nn.Module):
+    """Stellaris Table II's Atari torso: conv 16 8x8 /4, conv 32 4x4 /2 ('same' padding), conv 256 11x11
+    (valid), ReLU after each; on 84x84 frames the last layer sees 11x11 and gives 256 features
+    (RLlib's default filters for 84x84 inputs, which the Stellaris artifact trains with).
+
+    Input [B, C, H, W] (C = stacked frames); ``features`` is the flattened output width.
+    """
+
+    LAYERS = ((16, 8, 4, True), (32, 4, 2, True), (256, 11, 1, False))  # (channels, kernel, stride, same)
+
+    def __init__(self, obs_shape: tuple[int, ...]):
+        super().__init__()
+        if len(obs_shape) != 3:
+            raise ConfigError(f"model.torso: cnn needs image observations [channels, height, width]; the env gives "
+                              f"shape {obs_shape}; use torso: mlp")
+        channels, h, w = obs_shape
+        layers: list[nn.Module] = []
+        for out, k, stride, same in self.LAYERS:
+            if same:
+                (top, bottom), (left, right) = _same_padding(h, k, stride), _same_padding(w, k, stride)
+                layers.append(nn.ZeroPad2d((left, right, top, bottom)))
+                h, w = -(-h // stride), -(-w // stride)
+            else:
+                if h < k or w < k:
+                    raise ConfigError(f"model.torso: cnn: frames of {obs_shape[1]}x{obs_shape[2]} are too small for "
+                                      f"the {k}x{k} layer (Stellaris Table II expects 84x84)")
+                h, w = (h - k) // stride + 1, (w - k) // stride + 1
+            conv = nn.Conv2d(channels, out, k, stride)
+            nn.init.xavier_uniform_(conv.weight)  # as RLlib's SlimConv2d (cheap: no QR of the 256 x 3872 kernel)
+            nn.init.zeros_(conv.bias)
+            layers += [conv, nn.ReLU()]
+            channels = out
+        self.net = nn.Sequential(*layers, nn.Flatten())
+        self.features = channels * h * w
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+def network(obs_space: spaces.Box, model_cfg: Any, out: int, out_gain: float) -> nn.Sequential:
+    """One network of an actor-critic: [uint8 scaling], [CNN torso], MLP (model.hidden_sizes) to ``out``."""
+    layers: list[nn.Module] = []
+    if obs_space.dtype == np.uint8:
+        layers.append(ScaleUint8())
+    width = int(np.prod(obs_space.shape))
+    if getattr(model_cfg, "torso", "mlp") == "cnn":
+        torso = AtariCNN(tuple(obs_space.shape))
+        layers.append(torso)
+        width = torso.features
+    layers.append(_mlp([width, *model_cfg.hidden_sizes, out], model_cfg.activation, out_gain))
+    return nn.Sequential(*layers)
+
+
 class ActorCritic(nn.Module):
     """Separate MLP policy and value networks; Categorical for Discrete, diagonal Gaussian for Box.
 
     ``flat`` is the :class:`FlatParameters` view of all parameters (policy, value, log-std).
     ``constants`` are named scalars that are not trained (``requires_grad=False``) but travel
     with the weights in ``flat``, e.g. PPO's adaptive KL coefficient set by the parameter rank.
+    With ``target_policy`` the model also holds an untrained copy of the policy (``target_pi``,
+    and ``target_log_std`` for Box), e.g. IMPACT's target network: :meth:`target_dist` evaluates
+    it and :meth:`sync_target_` copies the policy into it; it travels in ``flat`` too.
     """
 
     def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, model_cfg: Any,
-                 device: str | torch.device = "cpu", constants: dict[str, float] | None = None) -> None:
+                 device: str | torch.device = "cpu", constants: dict[str, float] | None = None,
+                 target_policy: bool = False) -> None:
         super().__init__()
         if not isinstance(obs_space, spaces.Box):
             raise ConfigError(f"env: observation space {obs_space} is not supported; allowed: Box")
         self.obs_shape = tuple(obs_space.shape)
-        obs_dim = int(np.prod(self.obs_shape))
-        hidden = list(model_cfg.hidden_sizes)
-        act = model_cfg.activation
+        self.image = getattr(model_cfg, "torso", "mlp") == "cnn"
         if isinstance(action_space, spaces.Discrete):
             self.discrete = True
             self.action_shape: tuple[int, ...] = ()
@@ -127,10 +200,16 @@ class ActorCritic(nn.Module):
             out = int(np.prod(self.action_shape))
         else:
             raise ConfigError(f"env: action space {action_space} is not supported; allowed: Discrete, Box")
-        self.pi = _mlp([obs_dim, *hidden, out], act, out_gain=0.01)
-        self.vf = _mlp([obs_dim, *hidden, 1], act, out_gain=1.0)
+        self.pi = network(obs_space, model_cfg, out, out_gain=0.01)
+        self.vf = network(obs_space, model_cfg, 1, out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(out))
+        self.has_target = target_policy
+        if target_policy:
+            self.target_pi = copy.deepcopy(self.pi).requires_grad_(False)
+            if not self.discrete:
+                self.target_log_std = nn.Parameter(self.log_std.detach().clone(), requires_grad=False)
+        if not self.discrete:
             # the action box, for whoever steps the env (buffers: they move with the module, never trained)
             self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
@@ -141,15 +220,41 @@ class ActorCritic(nn.Module):
         self.flat = FlatParameters(self)
 
     def _obs(self, obs: Tensor | np.ndarray) -> Tensor:
-        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        """Observations on the model's device: uint8 kept (the network scales it), anything else float32;
+        flattened per sample for an MLP, [B, C, H, W] for the CNN."""
+        x = torch.as_tensor(obs, device=self.device)
+        if x.dtype != torch.uint8:
+            x = x.to(torch.float32)
+        if self.image:
+            return x.reshape((-1, *self.obs_shape))
         return x.reshape(x.shape[:x.dim() - len(self.obs_shape)] + (-1,))
+
+    def _dist(self, net: nn.Module, log_std: Tensor | None, obs: Tensor | np.ndarray) -> Distribution:
+        out = net(self._obs(obs))
+        if self.discrete:
+            return Categorical(logits=out)
+        return Normal(out, log_std.exp().expand_as(out))
 
     def dist(self, obs: Tensor | np.ndarray) -> Distribution:
         """The action distribution at a batch of observations [B, *obs_shape]."""
-        out = self.pi(self._obs(obs))
-        if self.discrete:
-            return Categorical(logits=out)
-        return Normal(out, self.log_std.exp().expand_as(out))
+        return self._dist(self.pi, None if self.discrete else self.log_std, obs)
+
+    def target_dist(self, obs: Tensor | np.ndarray) -> Distribution:
+        """The target policy's action distribution (``target_policy=True`` only), no gradients."""
+        with torch.no_grad():
+            return self._dist(self.target_pi, None if self.discrete else self.target_log_std, obs)
+
+    def log_prob(self, dist: Distribution, actions: Tensor | np.ndarray) -> Tensor:
+        """log dist(a) [B] for a batch of actions (summed over Box dimensions)."""
+        return self._logp(dist, torch.as_tensor(actions, device=self.device))
+
+    @torch.no_grad()
+    def sync_target_(self) -> None:
+        """target <- policy (copies inside the flat buffer)."""
+        for t, p in zip(self.target_pi.parameters(), self.pi.parameters()):
+            t.copy_(p)
+        if not self.discrete:
+            self.target_log_std.copy_(self.log_std)
 
     def value(self, obs: Tensor | np.ndarray) -> Tensor:
         """V(obs), shape [B]."""

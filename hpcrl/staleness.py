@@ -49,8 +49,24 @@ divides by the running RMS of its input, so it mostly absorbs a scale shared by 
 gradients over many steps, and the scaling acts chiefly as a relative weight between
 gradients of different staleness (fresh ones count more).
 
-``ssp`` and ``softsync`` (the paper's Fig. 11 baselines) would be further subclasses of
-:class:`AdmissionPolicy` registered in ``POLICIES``; they are not implemented yet.
+The paper's ablation baselines (Stellaris Section VIII-C, Fig. 11):
+
+- ``ssp``: stale-synchronous parallel (Ho et al. 2013, "More effective distributed ML via a
+  stale synchronous parameter server"). Each learner group has a clock: the number of its
+  gradients applied so far (SSP's per-worker iteration count, not the policy version: with G
+  groups the version rises about G times per clock tick, so a bound in versions would tighten
+  as groups are added). A queued gradient of group g is "more than s ahead" and waits while
+  clock_g - min_h clock_h > s over the running active groups h (groups 0 .. active_groups - 1,
+  the groups the runtime keeps active, that have pushed at least once); otherwise it is applied,
+  its own step, scale 1. A group's gradients are applied in arrival order. A group joins at the
+  slowest running clock when its first gradient arrives, and again when it becomes active after
+  a pause: nobody waits for a group that has not started (it may have had no data yet), nor for
+  steps it never had to take. s = 0 is bulk-synchronous (round-robin over the running groups).
+- ``softsync``: n-softsync (Zhang et al. 2016, "Staleness-aware async-SGD for distributed deep
+  learning", IJCAI): once the queue holds c gradients (any groups) the oldest c are applied as
+  one averaged step, scale 1 (the staleness-dependent learning rate of that paper is not part of
+  the protocol; use stellaris for Eq. 4). c = ``aggregation.softsync_c``, or the number of
+  active groups when that is None (1-softsync in Zhang et al.'s terms: lambda learners, c = lambda).
 """
 from __future__ import annotations
 
@@ -283,11 +299,94 @@ class StellarisCode(AdmissionPolicy):
         return None
 
 
+class SSP(AdmissionPolicy):
+    """Stale-synchronous parallel over learner-group clocks (see the module docstring)."""
+
+    name = "ssp"
+
+    def __init__(self, s: int) -> None:
+        super().__init__()
+        if s < 0:
+            raise ValueError(f"ssp: s must be >= 0, got {s}")
+        self.s = s
+        self.clock: dict[int, int] = {}  # group -> its position: gradients applied (+ where it joined)
+        self._active = 0
+
+    def _slowest(self, clock: dict[int, int], active_groups: int) -> int | None:
+        running = [clock[g] for g in range(active_groups) if g in clock]
+        return min(running) if running else None
+
+    def _rejoin(self, active_groups: int) -> None:
+        """Groups that become active again start at the slowest clock of those active before."""
+        if active_groups > self._active:
+            floor = self._slowest(self.clock, self._active)
+            for g in range(self._active, active_groups):
+                if g in self.clock and floor is not None:
+                    self.clock[g] = max(self.clock[g], floor)
+        self._active = active_groups
+
+    def admit(self, queue, version, active_groups):
+        self._check(version, active_groups)
+        self._rejoin(active_groups)
+        clock = dict(self.clock)
+        taken: list[GradientRecord] = []
+        waiting = list(queue)
+        progress = True
+        while progress:  # applying a slow group's gradient can release a fast group's
+            progress = False
+            blocked: set[int] = set()  # a group's later gradients wait behind its earlier one
+            for rec in list(waiting):
+                if rec.group in blocked:
+                    continue
+                if rec.group not in clock:  # first gradient of this group: it joins at the slowest clock
+                    clock[rec.group] = self._slowest(clock, active_groups) or 0
+                slowest = self._slowest(clock, active_groups)
+                if slowest is not None and clock[rec.group] - slowest > self.s:
+                    blocked.add(rec.group)
+                    continue
+                clock[rec.group] += 1
+                taken.append(rec)
+                waiting.remove(rec)
+                progress = True
+        self.clock = clock
+        if not taken:
+            return None
+        return _each_on_its_own(taken, version, lambda s: 1.0, None)
+
+    @property
+    def min_clock(self) -> int:
+        """The slowest running active group's clock (what a waiting learner would compare its own pushes with)."""
+        return self._slowest(self.clock, max(self._active, 1)) or 0
+
+
+class SoftSync(AdmissionPolicy):
+    """n-softsync: one averaged step of the oldest c queued gradients (see the module docstring)."""
+
+    name = "softsync"
+
+    def __init__(self, c: int | None) -> None:
+        super().__init__()
+        if c is not None and c < 1:
+            raise ValueError(f"softsync: c must be >= 1, got {c}")
+        self.c = c
+
+    def admit(self, queue, version, active_groups):
+        self._check(version, active_groups)
+        c = self.c if self.c is not None else active_groups
+        if len(queue) < c:
+            return None
+        chosen = list(queue[:c])
+        staleness = {rec.key: version - rec.base_version for rec in chosen}
+        return Admission([[(rec, 1.0) for rec in chosen]], staleness, None)
+
+
 POLICIES: dict[str, Callable[[Any], AdmissionPolicy]] = {
     "stellaris": lambda cfg: Stellaris(d=cfg.d, v=cfg.v),
     "stellaris_code": lambda cfg: StellarisCode(d=cfg.d),
     "pure_async": lambda cfg: PureAsync(),
     "sync": lambda cfg: Sync(),
+    "ssp": lambda cfg: SSP(s=cfg.ssp_s),
+    "softsync": lambda cfg: SoftSync(c=cfg.softsync_c),
 }
 
 

@@ -26,7 +26,7 @@ def test_default_config_is_the_four_rank_cartpole_job():
         ({"aggregation": {"d": -0.1}}, "aggregation.d"),
         ({"algo": {"lr": 0}}, "algo.lr"),
         ({"algo": {"lr": -1e-3}}, "algo.lr"),
-        ({"aggregation": {"policy": "fastest"}}, "'stellaris', 'stellaris_code', 'pure_async' or 'sync'"),
+        ({"aggregation": {"policy": "fastest"}}, "'pure_async', 'sync', 'ssp' or 'softsync'"),
         ({"learners": {"groups": 2, "min_active": 3}}, "min_active"),
         ({"aggregation": {"mailbox_slots": 1}}, "aggregation.mailbox_slots"),
         ({"name": "a b;rm -rf"}, "name"),

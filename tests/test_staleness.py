@@ -1,4 +1,5 @@
-"""Admission policies on hand-worked queues (Stellaris Section V-C, Eqs. 3-4, and the code variant)."""
+"""Admission policies on hand-worked queues (Stellaris Section V-C, Eqs. 3-4, the code variant, and the
+Fig. 11 baselines SSP and softsync)."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -7,8 +8,10 @@ import pytest
 from hpcrl.config import AggregationConfig
 from hpcrl.errors import ConfigError
 from hpcrl.staleness import (
+    SSP,
     GradientRecord,
     PureAsync,
+    SoftSync,
     Stellaris,
     StellarisCode,
     Sync,
@@ -196,24 +199,81 @@ def test_stellaris_code_queue_rules():
     assert keys(pol.admit(q, version, active_groups=4)) == [[(0, 2)]]
 
 
+def test_ssp_bounds_the_clock_gap_and_releases_in_order():
+    pol = SSP(s=1)
+    # group 1 pushes once, then group 0 three times: group 0 joins at group 1's clock (1); its clock
+    # 1 and 2 are within s = 1 of group 1's, 3 is not, so (0, 2) waits
+    q = [rec(1, 0, 10), rec(0, 0, 10), rec(0, 1, 10), rec(0, 2, 11)]
+    adm = pol.admit(q, version=10, active_groups=2)
+    assert keys(adm) == [[(1, 0)], [(0, 0)], [(0, 1)]]
+    assert adm.staleness == {(1, 0): 0, (0, 0): 1, (0, 1): 2}  # step i is applied at version 10 + i
+    assert all(s == 1.0 for step in adm.steps for _, s in step)
+    adm.remove_from(q)
+    assert pol.admit(q, version=13, active_groups=2) is None
+    assert pol.clock == {0: 3, 1: 1} and pol.min_clock == 1
+    # group 1's next gradient is applied first, which releases (0, 2) in the same admission
+    q.append(rec(1, 1, 12))
+    adm = pol.admit(q, version=13, active_groups=2)
+    assert keys(adm) == [[(1, 1)], [(0, 2)]]
+    assert adm.staleness == {(1, 1): 1, (0, 2): 3}  # 13 - 12; 14 - 11
+    assert pol.clock == {0: 4, 1: 2} and pol.min_clock == 2
+    assert pol.admit([rec(0, 3, 15)], version=15, active_groups=2) is None  # 4 - 2 > 1
+
+
+def test_ssp_waits_only_for_groups_that_run():
+    pol = SSP(s=0)
+    # group 1 has not pushed yet (it may have had no data): group 0 is not held back
+    adm = pol.admit([rec(0, 0, 0), rec(0, 1, 0)], version=0, active_groups=2)
+    assert keys(adm) == [[(0, 0)], [(0, 1)]]
+    # group 1 joins at group 0's clock (2); from then on s = 0 keeps them level: (0, 4) waits for (1, 1)
+    q = [rec(1, 0, 2), rec(0, 2, 2), rec(0, 3, 2), rec(0, 4, 2), rec(1, 1, 2)]
+    adm = pol.admit(q, version=2, active_groups=2)
+    assert keys(adm) == [[(1, 0)], [(0, 2)], [(0, 3)], [(1, 1)], [(0, 4)]]
+    assert pol.clock == {0: 5, 1: 4}
+    # a third group becomes active and joins at the slowest clock (4), not at 0
+    q = [rec(2, 0, 7), rec(0, 5, 7)]
+    adm = pol.admit(q, version=7, active_groups=3)
+    assert keys(adm) == [[(2, 0)]] and pol.clock == {0: 5, 1: 4, 2: 5}
+    adm.remove_from(q)
+    q.append(rec(1, 2, 7))
+    assert keys(pol.admit(q, version=8, active_groups=3)) == [[(1, 2)], [(0, 5)]]
+
+
+def test_softsync_averages_every_c_gradients():
+    pol = SoftSync(c=3)
+    q = [rec(0, 0, 5, 1.0), rec(0, 1, 5, 2.0)]
+    assert pol.admit(q, version=6, active_groups=2) is None
+    q += [rec(1, 0, 4, 6.0), rec(1, 1, 6, 9.0)]
+    adm = pol.admit(q, version=6, active_groups=2)
+    assert keys(adm) == [[(0, 0), (0, 1), (1, 0)]]  # the oldest three, any groups
+    assert adm.staleness == {(0, 0): 1, (0, 1): 1, (1, 0): 2}
+    np.testing.assert_allclose(aggregate(adm.steps[0]), np.full(3, 3.0))
+    adm.remove_from(q)
+    assert [r.key for r in q] == [(1, 1)]
+    assert SoftSync(c=None).admit([rec(0, 0, 1), rec(0, 1, 1)], 1, active_groups=2) is not None  # c = groups
+    assert SoftSync(c=None).admit([rec(0, 0, 1)], 1, active_groups=2) is None
+
+
 def test_make_policy_names_and_error():
     for name, cls in [("stellaris", Stellaris), ("stellaris_code", StellarisCode),
-                      ("pure_async", PureAsync), ("sync", Sync)]:
-        pol = make_policy(AggregationConfig(policy=name, d=0.9, v=2))
+                      ("pure_async", PureAsync), ("sync", Sync), ("ssp", SSP), ("softsync", SoftSync)]:
+        pol = make_policy(AggregationConfig(policy=name, d=0.9, v=2, ssp_s=2, softsync_c=4))
         assert isinstance(pol, cls) and pol.name == name
     assert make_policy(AggregationConfig()).d == 0.96
-    with pytest.raises(ConfigError, match="aggregation.policy.*stellaris, stellaris_code, pure_async, sync"):
-        make_policy(SimpleNamespace(policy="ssp", d=0.9, v=3))
+    assert make_policy(AggregationConfig(policy="ssp", ssp_s=5)).s == 5
+    assert make_policy(AggregationConfig(policy="softsync", softsync_c=4)).c == 4
+    with pytest.raises(ConfigError, match="aggregation.policy.*stellaris, stellaris_code, pure_async, sync, ssp, softsync"):
+        make_policy(SimpleNamespace(policy="hogwild", d=0.9, v=3))
 
 
-@pytest.mark.parametrize("name", ["stellaris", "stellaris_code", "pure_async", "sync"])
+@pytest.mark.parametrize("name", ["stellaris", "stellaris_code", "pure_async", "sync", "ssp", "softsync"])
 @pytest.mark.parametrize("d", [0.0, 0.9, 1.0])
 def test_simulated_run_applies_every_gradient_once(name, d):
     """Groups with random compute times push against the version they pulled; the caller loop
     from the module docstring drains the queue. Invariants: nothing lost or applied twice, no
     deadlock, the version counts steps, and a thresholded stellaris step respects beta or covers all groups."""
     rng = np.random.default_rng(7)
-    pol = make_policy(AggregationConfig(policy=name, d=d, v=3))
+    pol = make_policy(AggregationConfig(policy=name, d=d, v=3, ssp_s=1, softsync_c=3))
     groups, version, queue, applied = 4, 0, [], []
     pulled = {g: 0 for g in range(groups)}
     ready = {g: rng.uniform(1, 3) for g in range(groups)}
@@ -234,12 +294,14 @@ def test_simulated_run_applies_every_gradient_once(name, d):
         ready[g] += rng.uniform(1, 3)
         if arrival % 40 == 39:
             pol.end_round(arrival // 40)
-    # sync lets fast groups pile up (lockstep needs learners that wait: the runtime's job)
-    assert len(queue) < groups * (4 if name == "sync" else 2)
+    # sync and ssp let fast groups pile up (lockstep needs learners that wait: the runtime's job)
+    assert len(queue) < groups * (4 if name in ("sync", "ssp") else 2)
     assert len(applied) == len(set(applied)) == 400 - len(queue)
-    if name in ("pure_async", "stellaris_code"):
+    if name in ("pure_async", "stellaris_code", "ssp"):
         assert version == len(applied)
     elif name == "sync":
         assert version * groups == len(applied)
+    elif name == "softsync":
+        assert version * 3 == len(applied)
     else:
         assert 0 < version <= len(applied)

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import figures as F
 from . import metrics as M
 from . import report as R
+from . import stellaris_csv as S
 from .h5read import AnalysisError, Run, load_run
 
 
@@ -20,13 +21,17 @@ class Outputs:
     markdown: Path
     html: Path | None
     runs: list[Run]
+    stellaris: list[Path] = field(default_factory=list)
+    """The Stellaris artifact's info/timeline CSV files (--stellaris-csv)."""
 
 
 def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, prices: str | Path | None = None,
-            labels: list[str] | None = None, html: bool = True, figures: bool = True) -> Outputs:
+            labels: list[str] | None = None, html: bool = True, figures: bool = True,
+            stellaris_csv: bool = False, stellaris_scheduler: str = "stellaris") -> Outputs:
     """Analyse runs (same label = repeats of one setting: mean and spread); write everything into out_dir.
 
-    figures=False writes only the CSV and the Markdown summary (no PNG, no HTML).
+    figures=False writes only the CSV and the Markdown summary (no PNG, no HTML); stellaris_csv also
+    writes the Stellaris artifact's SCHEDULER~ENV~ALGO~{info,timeline}.csv per run (stellaris_csv.py).
     """
     if labels and len(labels) != len(run_dirs):
         raise AnalysisError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
@@ -40,13 +45,14 @@ def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, price
         name = R.slug(r.label if r.label not in seen else f"{r.label}-{r.path.name}")
         seen.add(r.label)
         csvs.append(R.write_rounds_csv(r, out / f"rounds-{name}.csv", price_table))
+    stellaris = S.write_stellaris_csv(runs, out, price_table, stellaris_scheduler) if stellaris_csv else []
     md = out / "summary.md"
     md.write_text(R.markdown(runs, price_table))
     page = None
     if html and figures:
         page = out / "report.html"
         page.write_text(R.html_report(runs, figs, price_table, csvs))
-    return Outputs(out, figs, csvs, md, page, runs)
+    return Outputs(out, figs, csvs, md, page, runs, stellaris)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,12 +62,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", action="append", help="label per run directory, in order (default: config name and policy)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML report")
     p.add_argument("--no-figures", action="store_true", help="only the CSV and the Markdown summary (fast)")
+    p.add_argument("--stellaris-csv", action="store_true",
+                   help="also write the Stellaris artifact's SCHEDULER~ENV~ALGO~info.csv and ~timeline.csv per run "
+                        "(its evaluation/experiment/plot.py reads them)")
+    p.add_argument("--stellaris-scheduler", default="stellaris", metavar="NAME",
+                   help="SCHEDULER in those file names (default stellaris; 'policy': each run's aggregation.policy)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     try:
         res = analyze(args.run_dirs, args.out, args.prices, args.label, html=not args.no_html,
-                      figures=not args.no_figures)
+                      figures=not args.no_figures, stellaris_csv=args.stellaris_csv,
+                      stellaris_scheduler=args.stellaris_scheduler)
     except AnalysisError as exc:
         print(f"analyze: error: {exc}", file=sys.stderr)
         return 2
@@ -71,7 +83,7 @@ def run_cli(args: argparse.Namespace) -> int:
     for r in res.runs:
         for note in r.notes:
             print(f"{r.path}: {note}", file=sys.stderr)
-    print(f"wrote {len(res.figures)} figures, {len(res.csv)} CSV, {res.markdown.name}"
+    print(f"wrote {len(res.figures)} figures, {len(res.csv) + len(res.stellaris)} CSV, {res.markdown.name}"
           + (f", {res.html.name}" if res.html else "") + f" to {res.out_dir}")
     print(res.markdown.read_text())
     return 0

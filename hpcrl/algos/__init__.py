@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-ALGOS = ("ppo", "ha2c", "hddpg")
+ALGOS = ("ppo", "ha2c", "hddpg", "impact")
 
 
 def make_algorithm(algo_cfg: Any, model_cfg: Any, aggregation_cfg: Any):
@@ -16,6 +16,10 @@ def make_algorithm(algo_cfg: Any, model_cfg: Any, aggregation_cfg: Any):
         from hpcrl.algos.ppo import PPO
 
         return PPO(algo_cfg, model_cfg, aggregation_cfg)
+    if algo_cfg.name == "impact":
+        from hpcrl.algos.impact import IMPACT
+
+        return IMPACT(algo_cfg, model_cfg, aggregation_cfg)
     if algo_cfg.name == "ha2c":
         from hpcrl.algos.ha2c import HA2C
 

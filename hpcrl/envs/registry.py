@@ -84,3 +84,7 @@ register("hpcrl/Acrobot-v1", "hpcrl.envs.classic.acrobot:Acrobot", "batched", "A
 register("hpcrl/Pendulum-v1", "hpcrl.envs.classic.pendulum:Pendulum", "batched", "Pendulum-v1 as N tensor instances on CPU/CUDA (seed 003), continuous torque, SAME_STEP autoreset")
 register("hpcrl/MountainCar-v0", "hpcrl.envs.classic.mountain_car:MountainCar", "batched", "MountainCar-v0 as N tensor instances on CPU/CUDA, SAME_STEP autoreset")
 register("hpcrl/MountainCarContinuous-v0", "hpcrl.envs.classic.mountain_car:MountainCarContinuous", "batched", "MountainCarContinuous-v0 as N tensor instances on CPU/CUDA, SAME_STEP autoreset")
+register("hpcrl/Atari-v5", "hpcrl.envs.atari:make_atari", "gym", "any ALE game (env.kwargs.game) with the standard preprocessing: no-op starts, frame skip 4 with max-pool, grey 84x84, 4 stacked uint8 frames (needs ale-py)")
+register("hpcrl/SpaceInvaders-v5", "hpcrl.envs.atari:space_invaders", "gym", "Stellaris workload: SpaceInvaders with the standard Atari preprocessing (hpcrl/Atari-v5)")
+register("hpcrl/Qbert-v5", "hpcrl.envs.atari:qbert", "gym", "Stellaris workload: Qbert with the standard Atari preprocessing (hpcrl/Atari-v5)")
+register("hpcrl/Gravitar-v5", "hpcrl.envs.atari:gravitar", "gym", "Stellaris workload: Gravitar with the standard Atari preprocessing (hpcrl/Atari-v5)")

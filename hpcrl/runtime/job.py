@@ -107,7 +107,8 @@ def role_parts(cfg: RunConfig, env: EnvInfo, topo: Topology) -> tuple[Algorithm,
     torch.manual_seed(cfg.env.seed)
     model = algo.make_model(env.observation_space, env.action_space, device=role_device(cfg.learners, topo))
     traj = TrajLayout(obs_shape=tuple(env.observation_space.shape), action_shape=tuple(model.action_shape),
-                      obs_dtype="f4", action_dtype="i8" if model.discrete else "f4", num_envs=env.num_envs)
+                      obs_dtype=env.obs_dtype.str.lstrip("<>=|"), action_dtype="i8" if model.discrete else "f4",
+                      num_envs=env.num_envs)
     return algo, model, traj
 
 
@@ -115,4 +116,4 @@ def fragment_layout_for(cfg: RunConfig, env: EnvInfo, model: nn.Module):
     from hpcrl.runtime.layout import fragment_layout
 
     return fragment_layout(env.num_envs, cfg.actors.fragment_length, tuple(env.observation_space.shape),
-                           tuple(model.action_shape), model.discrete)
+                           tuple(model.action_shape), model.discrete, obs_dtype=env.obs_dtype)

@@ -87,10 +87,11 @@ class FragmentLayout:
 
 
 def fragment_layout(num_envs: int, fragment_length: int, obs_shape: tuple, action_shape: tuple,
-                    discrete: bool) -> FragmentLayout:
+                    discrete: bool, obs_dtype=np.float32) -> FragmentLayout:
     """The layout actors and learners agree on: the standard fields plus ``last_obs`` (the
-    learner recomputes the bootstrap value with the newest weights from it)."""
+    learner recomputes the bootstrap value with the newest weights from it); observations in
+    ``obs_dtype`` (uint8 for Atari frames, else float32)."""
     N = num_envs
-    return FragmentLayout(fragment_length, N, obs_shape=obs_shape, obs_dtype=np.float32,
+    return FragmentLayout(fragment_length, N, obs_shape=obs_shape, obs_dtype=obs_dtype,
                           action_shape=action_shape, action_dtype=np.int64 if discrete else np.float32,
-                          extra={"last_obs": ((N, *obs_shape), np.float32)})
+                          extra={"last_obs": ((N, *obs_shape), obs_dtype)})

@@ -26,6 +26,14 @@ from gymnasium import spaces
 from hpcrl.envs import make
 
 
+def observation_dtype(space: spaces.Space, normalize: bool) -> np.dtype:
+    """dtype of observations in fragments and trajectory files: uint8 stays uint8 (Atari frames: 4x
+    smaller than float32) unless normalised; everything else is float32."""
+    if not normalize and np.dtype(space.dtype) == np.uint8:
+        return np.dtype(np.uint8)
+    return np.dtype(np.float32)
+
+
 @dataclass(frozen=True)
 class EnvInfo:
     """What every role must know of the actors' environments before it builds its model."""
@@ -34,13 +42,16 @@ class EnvInfo:
     action_space: spaces.Space
     num_envs: int
     """Instances one actor rank steps together (the N of its fragments)."""
+    obs_dtype: np.dtype = np.dtype(np.float32)
+    """dtype of observations in fragments and trajectories (:func:`observation_dtype`)."""
 
 
 def describe_env(env_cfg) -> EnvInfo:
     """Build one environment of ``env_cfg`` to read its spaces (done once, on one role)."""
     env = make(env_cfg.id, **env_cfg.kwargs)
     try:
-        return EnvInfo(env.observation_space, env.action_space, env_cfg.num_envs)
+        return EnvInfo(env.observation_space, env.action_space, env_cfg.num_envs,
+                       observation_dtype(env.observation_space, env_cfg.normalize_obs))
     finally:
         env.close()
 
@@ -76,7 +87,8 @@ class VectorSampler:
         first = [env.reset(seed=base + i)[0] for i, env in enumerate(self.envs)]
         for i, env in enumerate(self.envs):
             env.action_space.seed(base + i)
-        self.obs = np.stack(first).astype(np.float32)
+        self.obs_dtype = observation_dtype(self.envs[0].observation_space, env_cfg.normalize_obs)
+        self.obs = np.stack(first).astype(self.obs_dtype)
         self.obs_shape = tuple(self.obs.shape[1:])
         self.ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
@@ -112,7 +124,7 @@ class VectorSampler:
     def sample(self, algo, model, T: int, version: int, actor: int) -> tuple[dict[str, np.ndarray], list[dict]]:
         """T steps of every env acting with ``algo.act(model, obs)``; returns (fragment, finished episodes)."""
         N = self.num_envs
-        obs = np.empty((T, N, *self.obs_shape), dtype=np.float32)
+        obs = np.empty((T, N, *self.obs_shape), dtype=self.obs_dtype)
         actions = np.empty((T, N, *self.action_shape), dtype=np.int64 if self.discrete else np.float32)
         rewards = np.zeros((T, N), dtype=np.float32)
         terminated = np.zeros((T, N), dtype=np.int8)
@@ -136,7 +148,7 @@ class VectorSampler:
                 self.ep_length[i] += 1
                 if term or trunc:
                     if trunc and not term:
-                        finals.append(np.asarray(o, dtype=np.float32))
+                        finals.append(np.asarray(o, dtype=self.obs_dtype))
                         final_idx.append(i)
                     episodes.append({"time": time.time(), "actor": actor, "env_index": i,
                                      "return": float(self.ep_return[i]), "length": int(self.ep_length[i]),

@@ -1,0 +1,121 @@
+"""The Stellaris artifact's two log files per run, so its plot script reads hpcrl runs unchanged.
+
+The published artifact (IntelliSys-Lab/Stellaris-SC24, evaluation/experiment) writes, per
+scheduler, environment and algorithm, ``SCHEDULER~ENV~ALGO~info.csv`` (one row per round) and
+``SCHEDULER~ENV~ALGO~timeline.csv`` (wall-clock time and episodic reward); its ``plot.py`` reads
+``df["cost"].iloc[-1]`` from the first and plots "Episodic reward" over "Wall clock time (s)"
+from the second. Here SCHEDULER is "stellaris" (or the run's aggregation.policy), ENV the
+config's env.id after its last "/" (Hopper-v5, Qbert-v5), ALGO its algo.name.
+
+Values follow the artifact's writer where it fixes them: round_id counts from 1; cost is the
+running total of the per-round Stellaris cost (metrics.compute_per_round); a round without
+episodes has eval_reward_* 0 and one timeline row with reward 0; staleness_* and learner_loss
+are 0 when nothing was admitted; the timeline starts with a (0, 0) row and gives every episode
+of a round the cumulative duration at the round's end. serverless_bound is the threshold in
+force at the round's end (beta_k of Eq. 3), empty where there is none (round 0; the artifact
+writes 114514). eval_reward_* are the returns of the training episodes that ended in the round:
+hpcrl has no separate evaluation rollouts yet.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+
+from . import metrics as M
+from .h5read import AnalysisError, Run
+
+INFO_COLUMNS = ("round_id", "duration", "num_rollout_workers", "num_envs_per_worker", "episodes_this_iter",
+                "learner_time", "actor_time", "eval_reward_max", "eval_reward_mean", "eval_reward_min",
+                "eval_reward_std", "staleness_max", "staleness_mean", "staleness_min", "staleness_std",
+                "learner_loss", "cost", "serverless_bound")
+TIMELINE_COLUMNS = ("Wall clock time (s)", "Episodic reward")
+
+
+def config_value(run: Run, section: str, key: str, default: str = "") -> str:
+    """``section.key`` of the run's resolved config (run.h5 attribute config_yaml), as text.
+
+    The file is PyYAML's block style (``section:`` then ``  key: value``); read line by line so
+    this folder needs no YAML package."""
+    inside = False
+    for line in str(run.attrs.get("config_yaml", "")).splitlines():
+        if not line.startswith(" "):
+            inside = line.rstrip() == f"{section}:"
+            continue
+        if inside and line.startswith(f"  {key}:") and not line.startswith("   "):
+            value = line.split(":", 1)[1].strip()
+            return value.strip("'\"") if value else default
+    return default
+
+
+def names(run: Run, scheduler: str = "stellaris") -> tuple[str, str, str]:
+    """(SCHEDULER, ENV, ALGO) of a run's file names; scheduler "policy" means the run's aggregation.policy."""
+    env = config_value(run, "env", "id", "env").rsplit("/", 1)[-1]
+    algo = config_value(run, "algo", "name", "ppo")
+    if scheduler == "policy":
+        scheduler = config_value(run, "aggregation", "policy", "stellaris")
+    return scheduler, env, algo
+
+
+def _zero_if_nan(v) -> float:
+    v = float(v)
+    return 0.0 if not math.isfinite(v) else v
+
+
+def info_rows(run: Run, prices: dict) -> list[list]:
+    """One row per round, columns INFO_COLUMNS."""
+    pr = M.per_round(run, prices)
+    workers = M.ranks(run)["actor"]
+    envs = int(config_value(run, "env", "num_envs", "1") or 1)
+    rows, total = [], 0.0
+    for i in range(len(pr["round_id"])):
+        total += _zero_if_nan(pr["cost"][i])
+        bound = float(pr["threshold"][i])
+        rows.append([int(pr["round_id"][i]) + 1, float(pr["duration"][i]), workers, envs, int(pr["episodes"][i]),
+                     float(pr["learner_time"][i]), float(pr["actor_time"][i]),
+                     *(_zero_if_nan(pr[f"reward_{s}"][i]) for s in ("max", "mean", "min", "std")),
+                     *(_zero_if_nan(pr[f"staleness_{s}"][i]) for s in ("max", "mean", "min", "std")),
+                     _zero_if_nan(pr["loss"][i]), total, bound if math.isfinite(bound) else ""])
+    return rows
+
+
+def timeline_rows(run: Run) -> list[list[float]]:
+    """(wall-clock s, episodic reward): a (0, 0) row, then each round's episodes at the round's cumulative end."""
+    ids, starts, ends = M.round_windows(run)
+    ep = run.table("episodes")
+    times = ep["time"].astype(np.float64) if ep else np.zeros(0)
+    which = M.assign_rounds(times, starts, ends)
+    rows: list[list[float]] = [[0.0, 0.0]]
+    clock = 0.0
+    for i in range(len(ids)):
+        clock += float(ends[i] - starts[i])
+        returns = ep["return"][which == i] if ep else np.zeros(0)
+        rows += [[clock, float(r)] for r in returns] if len(returns) else [[clock, 0.0]]
+    return rows
+
+
+def _write(path: Path, header, rows) -> Path:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def write_stellaris_csv(runs: list[Run], out_dir: Path, prices: dict, scheduler: str = "stellaris") -> list[Path]:
+    """Both files for every run into ``out_dir``; two runs that would share a file name are refused."""
+    seen: dict[str, Path] = {}
+    for run in runs:
+        stem = "~".join(names(run, scheduler))
+        if stem in seen:
+            raise AnalysisError(f"--stellaris-csv: {run.path} and {seen[stem]} would both write {stem}~info.csv; "
+                                "use --stellaris-scheduler policy or analyse them with separate --out folders")
+        seen[stem] = run.path
+    written = []
+    for run in runs:
+        stem = "~".join(names(run, scheduler))
+        written.append(_write(out_dir / f"{stem}~info.csv", INFO_COLUMNS, info_rows(run, prices)))
+        written.append(_write(out_dir / f"{stem}~timeline.csv", TIMELINE_COLUMNS, timeline_rows(run)))
+    return written

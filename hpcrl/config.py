@@ -386,7 +386,7 @@ def _one_line(exc: ValidationError, source: str) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     # discriminated unions put the tag in the location: algo.ppo.lr -> algo.lr
-    for tag in ("ppo", "ha2c", "hddpg"):
+    for tag in ("ppo", "ha2c", "hddpg", "impact"):
         loc = loc.replace(f"algo.{tag}.", "algo.").replace(f"algo.{tag}", "algo")
     if err["type"] == "extra_forbidden":
         parent = loc.rsplit(".", 1)[0] if "." in loc else ""

@@ -58,7 +58,7 @@ def test_impact_with_stellaris_admission_runs_on_each_workload(workload, tmp_pat
     extra = [] if workload in ATARI else TWO_GROUPS
     cfg = load_config(CONFIGS / f"{workload}_impact.yaml", [*TINY, *extra, f"io.run_dir={run}", "launch.runner=serial"])
     assert cfg.algo.name == "impact" and cfg.aggregation.policy == "stellaris"
-    assert run_serial(cfg, run, progress="plain") == 0
+    assert run_serial(cfg, run, progress="plain").startswith("stop.")
     with h5py.File(run / "run.h5", "r", locking=False) as f:
         admitted = f["gradients/admitted"][:]
         assert admitted.sum() > 0 and np.isfinite(f["gradients/loss"][:][admitted == 1]).all()

@@ -29,7 +29,7 @@ def run(tmp_path_factory):
                         "algo": {"name": "ppo", "train_batch_size": 128, "minibatch_size": 64, "num_sgd_iter": 2},
                         "stop": {"total_env_steps": 2500}, "launch": {"runner": "serial"},
                         "io": {"run_dir": str(run_dir)}})
-    assert run_serial(cfg, run_dir, progress="plain") == 0
+    assert run_serial(cfg, run_dir, progress="plain").startswith("stop.")
     return run_dir
 
 

@@ -105,7 +105,9 @@ class Actor:
                 return None
             active = int(min(max(words[control.ACTIVE], 1), G))
             backlog = words[control.BACKLOG:control.BACKLOG + active]
-            g = int(np.argmin(backlog))
+            # ties rotate (by actor and fragment), so equal backlogs do not all send to group 0
+            order = (np.arange(active) + self.fragments + self.index) % active
+            g = int(order[np.argmin(backlog[order])])
             if backlog[g] < cap and self.sender.can_send():
                 return g
             backoff.sleep()

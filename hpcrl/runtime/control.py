@@ -14,6 +14,8 @@ LEARNERS_DONE          add     learner groups that left their loop
 ENV_STEPS              add     environment steps sampled by all actors
 BACKLOG + g            add     fragments sent to group g and not yet trained on
 base_word(G, g)        set     policy version group g is computing its gradients with
+held_word(G, g)        set     1 while group g has a gradient held back by the admission policy
+                               (ssp: a group too far ahead waits before computing more)
 heartbeat_word(G, r)   set     rank r's heartbeat: whole seconds since the epoch, refreshed by
                                :class:`Heartbeat` at most once a second from every loop
 =====================  ======  ==========================================================
@@ -46,13 +48,18 @@ def base_word(groups: int, g: int) -> int:
     return BACKLOG + groups + g
 
 
+def held_word(groups: int, g: int) -> int:
+    """Counter set to 1 while group g has a gradient held in the parameter rank's queue (ssp)."""
+    return BACKLOG + 2 * groups + g
+
+
 def heartbeat_word(groups: int, rank: int) -> int:
     """Counter of rank ``rank``'s heartbeat (for the watchdog on the parameter rank)."""
-    return BACKLOG + 2 * groups + rank
+    return BACKLOG + 3 * groups + rank
 
 
 def num_counters(groups: int, ranks: int) -> int:
-    return BACKLOG + 2 * groups + ranks
+    return BACKLOG + 3 * groups + ranks
 
 
 class Heartbeat:

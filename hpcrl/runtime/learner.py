@@ -134,6 +134,15 @@ class LearnerGroup:
                     return None
                 self.frags += self.receiver.poll()
                 backoff.sleep()
+        if self.cfg.aggregation.policy == "ssp":  # too far ahead of the slowest group: wait (Ho et al. 2013)
+            backoff = Backoff(5e-5, 1e-3)
+            held = control.held_word(self.cfg.learners.groups, self.g)
+            while self.job.counters.read(held):
+                self.heartbeat.beat()
+                if self._stopping():
+                    return None
+                self.frags += self.receiver.poll()
+                backoff.sleep()
         version = self.job.board.read_latest(self.weights)
         self.model.flat.load_(self.weights)
         G = self.cfg.learners.groups

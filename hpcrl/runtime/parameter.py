@@ -78,6 +78,7 @@ class ParameterRank:
         self.stop_rule = StopRule(self.cfg.stop)
         self.seq_next = [0] * G
         self.fragment_next = [0] * self.cfg.actors.count  # each actor's next fragment number (kept on resume)
+        self._held: dict[int, bool] = {}  # ssp: groups told to wait
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
         self.active = self.cfg.learners.active_range[0]
@@ -231,6 +232,12 @@ class ParameterRank:
                 t_pub = time.perf_counter() - t
                 self._update_row(step, adm, t_agg, t_pub)
             adm.remove_from(self.queue)
+        if self.cfg.aggregation.policy == "ssp":  # a group with a held gradient waits before computing more
+            held = {rec.group for rec in self.queue}
+            for g in range(self.cfg.learners.groups):
+                if g in held or self._held.get(g):
+                    self._held[g] = g in held
+                    self.counters.set(control.held_word(self.cfg.learners.groups, g), int(g in held))
 
     def _publish(self) -> None:
         probe = self.job.probe_outputs(self.model) if self.job.probe_size else None

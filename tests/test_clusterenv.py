@@ -1,0 +1,201 @@
+"""hpcrl.ClusterEnv: Gymnasium-equal stepping on MPI workers, both launch modes, and failures.
+
+Each MPI test runs a small head program in a subprocess with a hard timeout (the head starts
+its workers with mpiexec itself, or is rank 0 of an mpiexec job).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcrl.clusterenv.infos import InfoDecoder, InfoEncoder, merge
+from hpcrl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+
+
+def run_head(tmp_path: Path, code: str, timeout: float = 90, mpiexec_n: int | None = None) -> subprocess.Popen:
+    script = tmp_path / "head.py"
+    script.write_text(textwrap.dedent(code))
+    cmd = [sys.executable, str(script)]
+    if mpiexec_n:
+        cmd = [MPIEXEC, "-n", str(mpiexec_n)] + cmd
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 90) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"head program hung (> {timeout} s):\n{out[-3000:]}") from None
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its parent) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+# ---- no MPI -----------------------------------------------------------------------------------
+def test_infos_round_trip_like_gymnasium_including_empty_dicts_and_pickled_leftovers():
+    k = 3
+    final = np.full(k, None, dtype=object)
+    final[1] = np.arange(4, dtype=np.float32)
+    info = {"final_obs": final, "_final_obs": np.array([False, True, False]),
+            "final_info": {}, "_final_info": np.array([False, True, False]),
+            "x": np.array([1.5, 2.5, 3.5]), "_x": np.ones(k, bool)}
+    enc, dec = InfoEncoder(k), InfoDecoder(k)
+    sid, schema, data = enc.encode(info)
+    dec.add_schema(schema)
+    sid2, again, _ = enc.encode(info)
+    assert sid2 == sid and again is None  # a schema travels once
+    out = merge([(2, 5, dec.decode(sid, data))], 6)  # this worker holds envs 2..4 of 6
+    assert out["final_info"] == {} and out["final_obs"][3].tolist() == [0, 1, 2, 3]
+    assert out["final_obs"][0] is None and out["final_obs"][2] is None
+    assert out["_final_obs"].tolist() == [False, False, False, True, False, False]
+    assert out["x"].tolist() == [0, 0, 1.5, 2.5, 3.5, 0]
+    odd = {"name": np.array(["a", "b", "c"], dtype=object)}
+    sid, schema, data = enc.encode(odd)
+    assert sid == InfoEncoder.PICKLED and schema is None
+    assert merge([(0, 3, dec.decode(sid, data))], 3)["name"].tolist() == ["a", "b", "c"]
+
+
+def test_bad_options_are_one_line_config_errors_before_any_process_starts():
+    import hpcrl
+
+    with pytest.raises(ConfigError, match="env.id: unknown environment"):
+        hpcrl.ClusterEnv("NoSuchEnv-v9", 4, workers=2)
+    with pytest.raises(ConfigError, match="workers: 5 must be between 1 and num_envs"):
+        hpcrl.ClusterEnv("CartPole-v1", 4, workers=5)
+    with pytest.raises(ConfigError, match="unknown option 'kl'"):
+        hpcrl.ClusterEnv("CartPole-v1", 4, workers=2, kl=0.1)
+    with pytest.raises(ConfigError, match="autoreset_mode"):
+        hpcrl.ClusterEnv("CartPole-v1", 4, workers=2, autoreset_mode="sometimes")
+
+
+def test_import_hpcrl_stays_cheap():
+    code = "import sys, hpcrl; assert 'mpi4py' not in sys.modules and 'gymnasium' not in sys.modules; hpcrl.ClusterEnv"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+
+
+# ---- MPI --------------------------------------------------------------------------------------
+SAME_AS_SYNC = """
+import numpy as np, gymnasium as gym
+from gymnasium.vector import AutoresetMode
+import hpcrl
+env = hpcrl.ClusterEnv("CartPole-v1", 5, workers=2, launch="{launch}")
+ref = gym.make_vec("CartPole-v1", 5, vectorization_mode="sync",
+                   vector_kwargs={{"autoreset_mode": AutoresetMode.SAME_STEP}})
+assert env.single_observation_space == ref.single_observation_space
+assert env.action_space == ref.action_space and env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+o1, _ = env.reset(seed=7); o2, _ = ref.reset(seed=7)
+assert np.array_equal(o1, o2)
+rng, ends = np.random.default_rng(0), 0
+for t in range(150):
+    a = rng.integers(0, 2, 5)
+    r1, r2 = env.step(a), ref.step(a)
+    for x, y in zip(r1[:4], r2[:4]):
+        assert x.dtype == y.dtype and np.array_equal(x, y), (t, x, y)
+    assert sorted(r1[4]) == sorted(r2[4]), (t, r1[4].keys(), r2[4].keys())
+    if "final_obs" in r2[4]:
+        ends += int(r2[4]["_final_obs"].sum())
+        for i in range(5):
+            f1, f2 = r1[4]["final_obs"][i], r2[4]["final_obs"][i]
+            assert (f1 is None and f2 is None) or np.array_equal(f1, f2)
+assert ends > 5, ends
+env.close(); env.close()
+print("SAME", ends)
+"""
+
+
+@pytest.mark.mpi
+def test_local_workers_step_exactly_like_sync_vector_env(tmp_path):
+    out = finish(run_head(tmp_path, SAME_AS_SYNC.format(launch="local")))
+    assert "SAME" in out
+
+
+@pytest.mark.mpi
+def test_head_inside_an_mpi_job_uses_the_other_ranks_as_workers(tmp_path):
+    out = finish(run_head(tmp_path, SAME_AS_SYNC.format(launch="auto"), mpiexec_n=3))
+    assert out.count("SAME") == 1  # only rank 0 ran the loop; ranks 1 and 2 served and left
+
+
+@pytest.mark.mpi
+def test_a_killed_worker_ends_step_with_its_name_and_close_still_works(tmp_path):
+    code = """
+    import os, signal, time, numpy as np
+    import hpcrl
+    from hpcrl.clusterenv import WorkerLost
+    env = hpcrl.ClusterEnv("CartPole-v1", 4, workers=2)
+    env.reset(seed=0)
+    pids = [r["pid"] for r in env.pool.reports]
+    os.kill(pids[1], signal.SIGKILL)
+    t = time.time()
+    try:
+        for _ in range(10000):
+            env.step(np.zeros(4, dtype=np.int64))
+        raise SystemExit("no error")
+    except WorkerLost as exc:
+        print("ERROR", str(exc).splitlines()[0], round(time.time() - t, 2))
+    t = time.time()
+    env.close()
+    print("CLOSED", round(time.time() - t, 2), "PIDS", pids[0])
+    """
+    out = finish(run_head(tmp_path, code))
+    err = next(line for line in out.splitlines() if line.startswith("ERROR"))
+    assert "worker 1 (" in err and "host" in err and "died" in err and "worker 0" not in err
+    assert float(err.split()[-1]) < 5
+    closed = next(line for line in out.splitlines() if line.startswith("CLOSED")).split()
+    assert float(closed[1]) < 15
+    survivor = int(closed[-1])
+    deadline = time.time() + 10
+    while alive(survivor) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not alive(survivor)
+
+
+@pytest.mark.mpi
+def test_workers_leave_within_seconds_when_the_head_is_killed(tmp_path):
+    code = """
+    import time, hpcrl
+    env = hpcrl.ClusterEnv("CartPole-v1", 4, workers=2)
+    env.reset(seed=0)
+    print("PIDS", *[r["pid"] for r in env.pool.reports], flush=True)
+    time.sleep(120)
+    """
+    proc = run_head(tmp_path, code)
+    line = ""
+    deadline = time.time() + 60
+    while not line.startswith("PIDS") and time.time() < deadline:
+        line = proc.stdout.readline()
+    assert line.startswith("PIDS"), line
+    pids = [int(p) for p in line.split()[1:]]
+    assert all(alive(p) for p in pids)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    t = time.time()
+    while any(alive(p) for p in pids) and time.time() - t < 10:
+        time.sleep(0.1)
+    gone_after = time.time() - t
+    os.killpg(proc.pid, signal.SIGKILL)  # nothing of the group may linger, whatever happened
+    assert gone_after < 5, f"workers still running {gone_after:.1f} s after the head died"

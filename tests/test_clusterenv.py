@@ -199,3 +199,88 @@ def test_workers_leave_within_seconds_when_the_head_is_killed(tmp_path):
     gone_after = time.time() - t
     os.killpg(proc.pid, signal.SIGKILL)  # nothing of the group may linger, whatever happened
     assert gone_after < 5, f"workers still running {gone_after:.1f} s after the head died"
+
+
+# ---- AAPS ---------------------------------------------------------------------------------------
+def test_visited_state_aaps_kl_matches_closed_forms_and_direction():
+    from hpcrl.runtime.aaps import VisitedStateAAPS
+
+    p, q = np.log([[0.5, 0.5]]), np.log([[0.9, 0.1]])
+    a = VisitedStateAAPS(delta=0.3, window=4, width=2, obs_shape=(1,), discrete=True)
+    a.observe(np.zeros((3, 1)), np.repeat(p, 3, 0), version=0)
+    kl = a.estimate(lambda s: np.repeat(q, len(s), 0))
+    assert kl == pytest.approx(0.5 * np.log(0.5 / 0.9) + 0.5 * np.log(0.5 / 0.1))  # KL(cached || head)
+    assert a.drifted() and not VisitedStateAAPS(0.6, 4, 2, (1,), True).drifted(kl)
+    a.observe(np.zeros((1, 1)), q, version=1)  # a sync: older entries no longer describe the cached policy
+    assert a.count == 1 and a.estimate(lambda s: np.repeat(q, len(s), 0)) == pytest.approx(0.0, abs=1e-6)
+    g = VisitedStateAAPS(delta=0.1, window=8, width=2, obs_shape=(2,), discrete=False)
+    g.observe(np.zeros((10, 2)), np.zeros((10, 2)), version=0)  # N(0, 1): mean 0, log-std 0
+    assert g.count == 8  # the ring keeps the most recent window states
+    assert g.estimate(lambda s: np.tile([1.0, 0.0], (len(s), 1))) == pytest.approx(0.5)  # KL(N(0,1)||N(1,1))
+
+
+AAPS_PROGRAM = """
+import numpy as np, torch, h5py
+from torch.distributions import Categorical
+import hpcrl
+
+class Fixed(torch.nn.Module):  # a state-independent policy: KL between two of them is known in closed form
+    def __init__(self, obs_space, act_space):
+        super().__init__()
+        self.logits = torch.nn.Parameter(torch.zeros(act_space.n))
+    def dist(self, obs):
+        return Categorical(logits=self.logits.expand(obs.shape[0], -1))
+
+def policy(a):
+    m = Fixed(None, type("S", (), {"n": 2})())
+    m.logits.data[:] = torch.tensor([a, -a])
+    return m
+
+def kl_from_uniform(a):
+    q = torch.softmax(torch.tensor([a, -a]), 0)
+    return float((0.5 * (torch.log(0.5 / q))).sum())
+
+env = hpcrl.ClusterEnv("CartPole-v1", 4, workers=2, policy=Fixed, kl_threshold=0.05, record="{record}")
+env.reset(seed=0)
+env.publish(policy(0.0))  # v0: uniform; every worker pulls it before its first step
+for _ in range(40):
+    obs, r, term, trunc, info = env.step()
+assert (info["policy_version"] == 0).all() and env.syncs.tolist() == [1, 1], env.syncs
+small = 0.2
+assert 0.01 < kl_from_uniform(small) < 0.05
+env.publish(policy(small))  # v1: KL(v0 || v1) below delta: nobody pulls
+assert np.allclose(env.kl, kl_from_uniform(small), rtol=1e-4), env.kl
+acts = []
+for _ in range(40):
+    obs, r, term, trunc, info = env.step()
+    acts.append(info["actions"])
+assert (info["policy_version"] == 0).all() and env.syncs.tolist() == [1, 1]
+assert 0.3 < np.mean(acts) < 0.7  # still acting with the uniform copy
+env.publish(policy(4.0))  # v2: KL(v0 || v2) = {big:.3f} > delta: every worker pulls at its next step
+acts = []
+for _ in range(40):
+    obs, r, term, trunc, info = env.step()
+    acts.append(info["actions"])
+assert (info["policy_version"] == 2).all() and env.syncs.tolist() == [2, 2], env.syncs
+assert np.mean(acts) < 0.05  # logits [4, -4]: action 0 almost always
+lp = torch.log_softmax(torch.tensor([4.0, -4.0]), 0).numpy()
+assert np.allclose(info["logprob"], lp[info["actions"]], atol=1e-5)
+env.close()
+with h5py.File("{record}", "r") as f:
+    assert f.attrs["kind"] == "hpcrl.clusterenv"
+    syncs = f["aaps/syncs"][:]
+    assert f["aaps/worker"].shape[0] == 8 and syncs[-2:].tolist() == [2, 2], syncs
+    assert f["episodes/return"].shape[0] > 0
+print("AAPS OK")
+"""
+
+
+@pytest.mark.mpi
+def test_aaps_workers_pull_only_when_the_kl_to_the_head_exceeds_delta(tmp_path):
+    import torch
+
+    q = torch.softmax(torch.tensor([4.0, -4.0]), 0)
+    big = float((0.5 * torch.log(0.5 / q)).sum())
+    code = AAPS_PROGRAM.replace("{record}", str(tmp_path / "aaps.h5")).replace("{big:.3f}", f"{big:.3f}")
+    out = finish(run_head(tmp_path, code))
+    assert "AAPS OK" in out

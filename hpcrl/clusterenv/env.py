@@ -224,7 +224,7 @@ class ClusterEnv(VectorEnv):
         self._obs = arrays["obs"]
         infos["actions"], infos["logprob"], infos["policy_version"] = arrays["actions"], arrays["logprob"], versions
         if self.recorder is not None:
-            self.recorder.step(arrays["rewards"], arrays["terminated"] | arrays["truncated"], self.pool.offsets)
+            self.recorder.step(arrays["rewards"], arrays["terminated"] | arrays["truncated"], versions)
         return arrays["obs"], arrays["rewards"], arrays["terminated"], arrays["truncated"], infos
 
     def publish(self, module) -> int:
@@ -263,6 +263,8 @@ class ClusterEnv(VectorEnv):
         if link is None:
             return
         try:
+            if collective and getattr(self, "recorder", None) is not None:
+                self.recorder.publish(self.version, self.kl, self.syncs, self.worker_versions)  # final counts
             if collective:
                 self.pool.close()
                 if self.board is not None:

@@ -18,6 +18,7 @@ import pytest
 
 from hpcrl.clusterenv.infos import InfoDecoder, InfoEncoder, merge
 from hpcrl.errors import ConfigError
+from slurm_fixture import slurm  # noqa: F401 - the session fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
@@ -284,3 +285,52 @@ def test_aaps_workers_pull_only_when_the_kl_to_the_head_exceeds_delta(tmp_path):
     code = AAPS_PROGRAM.replace("{record}", str(tmp_path / "aaps.h5")).replace("{big:.3f}", f"{big:.3f}")
     out = finish(run_head(tmp_path, code))
     assert "AAPS OK" in out
+
+
+# ---- batch systems ------------------------------------------------------------------------------
+def test_attach_without_a_worker_job_times_out_with_one_line(tmp_path):
+    import hpcrl
+    from hpcrl.clusterenv.connect import ConnectError
+
+    t = time.time()
+    with pytest.raises(ConnectError) as info:
+        hpcrl.ClusterEnv("CartPole-v1", 2, workers=2, launch="batch", rendezvous=str(tmp_path / "head.json"),
+                         timeout=1.5)
+    msg = str(info.value)
+    assert "\n" not in msg and "0 of 2 workers connected within 2 s" in msg and "head.json" in msg
+    assert time.time() - t < 10 and not (tmp_path / "head.json.tmp").exists()
+
+
+@pytest.mark.parametrize("site", ["local-slurm", "polaris", "perlmutter-cpu"])
+def test_worker_job_script_renders_for_slurm_and_pbs_sites(tmp_path, site):
+    from hpcrl.clusterenv.batch import plan_workers, render_workers
+    from hpcrl.clusterenv.options import ClusterOptions
+
+    opts = ClusterOptions("CartPole-v1", 8, workers=4, launch="batch", site=site,
+                          batch={"job_dir": str(tmp_path / "job"), "account": "PROJ", "time": "00:20:00"})
+    text = render_workers(plan_workers(opts, site))
+    assert "-m hpcrl.clusterenv.worker --rendezvous " + str(tmp_path / "job" / "head.json") in text
+    assert ("srun --ntasks=4" in text) == (site != "polaris") and ("#PBS -A PROJ" in text) == (site == "polaris")
+    with pytest.raises(ConfigError, match="batch.time"):
+        plan_workers(ClusterOptions("CartPole-v1", 8, workers=4, launch="batch", site=site,
+                                    batch={"time": "20 minutes", "account": "PROJ"}), site)
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_head_submits_a_slurm_worker_job_and_its_workers_connect(tmp_path, slurm):
+    code = f"""
+    import numpy as np, hpcrl
+    env = hpcrl.ClusterEnv("CartPole-v1", 4, workers=2, launch="batch", site="local-slurm", timeout=120,
+                           batch={{"job_dir": "{tmp_path / 'job'}", "env": {{"PYTHONPATH": "{ROOT}"}}}})
+    o, _ = env.reset(seed=1)
+    total = 0.0
+    for _ in range(50):
+        o, r, te, tr, info = env.step(np.zeros(4, dtype=np.int64))
+        total += r.sum()
+    assert o.shape == (4, 4) and total == 200  # CartPole pays 1 per step, 4 envs x 50 steps
+    env.close()
+    print("BATCH OK")
+    """
+    out = finish(run_head(tmp_path, code), timeout=180)
+    assert "BATCH OK" in out

@@ -334,3 +334,29 @@ def test_head_submits_a_slurm_worker_job_and_its_workers_connect(tmp_path, slurm
     """
     out = finish(run_head(tmp_path, code), timeout=180)
     assert "BATCH OK" in out
+
+
+def test_aaps_record_is_read_by_the_analysis_into_figures_and_a_summary(tmp_path):
+    from hpcrl.clusterenv.options import ClusterOptions
+    from hpcrl.clusterenv.record import AAPSRecorder
+
+    for delta, pulls in ((0.01, 3), (0.5, 1)):  # a hand-made record per threshold: known syncs and returns
+        opts = ClusterOptions("CartPole-v1", 4, workers=2, policy="actor_critic", kl_threshold=delta)
+        rec = AAPSRecorder(tmp_path / f"kl-{delta}.h5", opts, [2, 2])
+        for version in range(4):
+            rec.publish(version, np.array([0.1, 0.2]), np.array([min(version, pulls), min(version, pulls)]),
+                        np.array([version, version]))
+            for _ in range(10):
+                rec.step(np.ones(4), np.array([True, False, False, True]), np.full(4, version))
+        rec.close()
+    out = tmp_path / "figs"
+    done = subprocess.run([sys.executable, str(ROOT / "analysis" / "analyze.py"), str(tmp_path / "kl-0.01.h5"),
+                           str(tmp_path / "kl-0.5.h5"), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (out / "aaps_returns.png").stat().st_size > 1000 and (out / "aaps_syncs.png").stat().st_size > 1000
+    import csv
+
+    rows = list(csv.DictReader(open(out / "summary.csv")))
+    assert [float(r["kl_threshold"]) for r in rows] == [0.01, 0.5]
+    assert [float(r["syncs_per_worker"]) for r in rows] == [3.0, 1.0]
+    assert all(float(r["final_return"]) == 1.0 and int(r["episodes"]) == 80 for r in rows)

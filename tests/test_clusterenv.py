@@ -142,13 +142,20 @@ def test_head_inside_an_mpi_job_uses_the_other_ranks_as_workers(tmp_path):
 
 
 @pytest.mark.mpi
-def test_a_killed_worker_ends_step_with_its_name_and_close_still_works(tmp_path):
+def test_worker_errors_and_a_killed_worker_end_step_with_its_name_and_close_still_works(tmp_path):
     code = """
     import os, signal, time, numpy as np
     import hpcrl
     from hpcrl.clusterenv import WorkerLost
     env = hpcrl.ClusterEnv("CartPole-v1", 4, workers=2)
+    from hpcrl.clusterenv import WorkerError
     env.reset(seed=0)
+    try:  # an exception inside a worker's env: named, and the env stays usable
+        env.step(np.array([0, 0, 1, 7]))
+        raise SystemExit("no error")
+    except WorkerError as exc:
+        assert str(exc).startswith("ClusterEnv: worker 1 (rank 2") and "Traceback" in str(exc), exc
+    assert env.step(np.zeros(4, dtype=np.int64))[0].shape == (4, 4)
     pids = [r["pid"] for r in env.pool.reports]
     os.kill(pids[1], signal.SIGKILL)
     t = time.time()

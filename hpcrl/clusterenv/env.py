@@ -21,7 +21,6 @@ actions taken, their log-probabilities and the acting policy's version come back
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -119,8 +118,6 @@ class ClusterEnv(VectorEnv):
         policy_bytes = None
         if o.policy is not None:
             policy_bytes = _pickle_factory(o.policy)
-            from hpcrl.clusterenv.policy import make_policy
-
             self._policy_factory = pickle.loads(policy_bytes)
         setup = {"env_id": o.env_id, "env_kwargs": dict(o.env_kwargs), "counts": counts,
                  "autoreset_mode": o.autoreset_mode, "policy": policy_bytes,

@@ -35,7 +35,6 @@ SPIN_SECONDS = 0.0
 
 def make_envs(env_id: str, k: int, env_kwargs: dict, autoreset_mode: str):
     """This worker's ``k`` envs as one vector env: hpcrl's batched env, or a SyncVectorEnv of ``k`` copies."""
-    import gymnasium as gym
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
     from hpcrl.envs.registry import make, spec

@@ -367,3 +367,12 @@ def test_aaps_record_is_read_by_the_analysis_into_figures_and_a_summary(tmp_path
     assert [float(r["kl_threshold"]) for r in rows] == [0.01, 0.5]
     assert [float(r["syncs_per_worker"]) for r in rows] == [3.0, 1.0]
     assert all(float(r["final_return"]) == 1.0 and int(r["episodes"]) == 80 for r in rows)
+
+
+@pytest.mark.mpi
+def test_the_cleanrl_example_runs_with_cluster_workers(tmp_path):
+    for backend in ("cluster",):  # --env-backend gym differs only in make_envs (the full runs: hpcrl bench clusterenv)
+        done = subprocess.run([sys.executable, str(ROOT / "examples" / "cleanrl_ppo_clusterenv.py"), "--env-backend",
+                               backend, "--total-timesteps", "512", "--num-steps", "64", "--num-envs", "4"], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert f"RESULT backend={backend} env=CartPole-v1 reached=False steps=512" in done.stdout, done.stderr[-2000:]

@@ -104,7 +104,7 @@ SAME_AS_SYNC = """
 import numpy as np, gymnasium as gym
 from gymnasium.vector import AutoresetMode
 import hpcrl
-env = hpcrl.ClusterEnv("CartPole-v1", 5, workers=2, launch="{launch}")
+env = hpcrl.ClusterEnv("CartPole-v1", 5, workers=2, launch="{launch}", wait="{wait}")
 ref = gym.make_vec("CartPole-v1", 5, vectorization_mode="sync",
                    vector_kwargs={{"autoreset_mode": AutoresetMode.SAME_STEP}})
 assert env.single_observation_space == ref.single_observation_space
@@ -131,13 +131,13 @@ print("SAME", ends)
 
 @pytest.mark.mpi
 def test_local_workers_step_exactly_like_sync_vector_env(tmp_path):
-    out = finish(run_head(tmp_path, SAME_AS_SYNC.format(launch="local")))
+    out = finish(run_head(tmp_path, SAME_AS_SYNC.format(launch="local", wait="socket")))
     assert "SAME" in out
 
 
 @pytest.mark.mpi
 def test_head_inside_an_mpi_job_uses_the_other_ranks_as_workers(tmp_path):
-    out = finish(run_head(tmp_path, SAME_AS_SYNC.format(launch="auto"), mpiexec_n=3))
+    out = finish(run_head(tmp_path, SAME_AS_SYNC.format(launch="auto", wait="poll"), mpiexec_n=3))
     assert out.count("SAME") == 1  # only rank 0 ran the loop; ranks 1 and 2 served and left
 
 

@@ -121,7 +121,7 @@ class ClusterEnv(VectorEnv):
             self._policy_factory = pickle.loads(policy_bytes)
         setup = {"env_id": o.env_id, "env_kwargs": dict(o.env_kwargs), "counts": counts,
                  "autoreset_mode": o.autoreset_mode, "policy": policy_bytes,
-                 "kl_threshold": o.kl_threshold, "torch_threads": o.torch_threads}
+                 "kl_threshold": o.kl_threshold, "torch_threads": o.torch_threads, "wait": o.wait}
         from hpcrl.clusterenv.policy import describe, make_policy
 
         width, num_params, discrete = 0, 0, True
@@ -145,7 +145,7 @@ class ClusterEnv(VectorEnv):
         self.single_observation_space, self.single_action_space = obs_space, act_space
         self.observation_space = batch_space(obs_space, o.num_envs)
         self.action_space = batch_space(act_space, o.num_envs)
-        self.pool = WorkerPool(self.link, counts, reports, obs_space, act_space, width)
+        self.pool = WorkerPool(self.link, counts, reports, obs_space, act_space, width, doorbell=o.wait == "socket")
         self._obs = None
         self.version = -1
         self.aaps = None

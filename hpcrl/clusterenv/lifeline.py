@@ -9,6 +9,11 @@ so they cost nothing while the job runs; ``select`` with a zero timeout checks t
 
 Hello (once, one JSON line each way): the worker sends its world rank, host and pid; the head
 answers with the MPI port name to connect to (empty where the communicator already exists).
+
+Doorbell (``wait="socket"``, the default): after each MPI command the head writes one byte to the
+worker's socket, and the worker writes one before sending its result; each side sleeps in
+``select`` until its byte comes, so a waiting process wakes as soon as the kernel delivers it
+instead of polling MPI with sleeps (on an oversubscribed node a sleeping poller wakes late).
 """
 from __future__ import annotations
 
@@ -94,6 +99,26 @@ class HeadLifeline:
                     gone.append(index)
         return sorted(gone)
 
+    def ring(self, index: int) -> None:
+        """Wake worker ``index`` (one byte); a closed socket is found by :meth:`wait_rings`."""
+        try:
+            self.peers[index].send(b"\x01")
+        except OSError:
+            pass
+
+    def wait_rings(self, pending: set, timeout: float) -> tuple[set, list[int]]:
+        """Workers in ``pending`` that rang within ``timeout`` s, and those whose socket closed."""
+        socks = {self.peers[i]: i for i in pending}
+        readable, _, _ = select.select(list(socks), [], [], timeout)
+        rung, gone = set(), []
+        for sock in readable:
+            try:
+                data = sock.recv(64)
+            except OSError:
+                data = b""
+            (rung.add if data else gone.append)(socks[sock])
+        return rung, sorted(gone)
+
     def close(self) -> None:
         """Close every socket: workers that are still alive see end-of-file and exit."""
         for sock in self.peers.values():
@@ -133,6 +158,19 @@ class WorkerLifeline:
             return self.sock.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
+
+    def ring(self) -> None:
+        self.sock.send(b"\x01")
+
+    def wait_ring(self, timeout: float) -> bool | None:
+        """True when the head rang within ``timeout`` s, False if not, None when the head is gone."""
+        readable, _, _ = select.select([self.sock], [], [], timeout)
+        if not readable:
+            return False
+        try:
+            return True if self.sock.recv(1) else None
+        except OSError:
+            return None
 
     def close(self) -> None:
         self.sock.close()

@@ -47,6 +47,10 @@ class ClusterOptions:
     record: str | None = None
     """Path of an HDF5 file recording per-worker syncs, KL estimates and episodes (worker-side inference)."""
     torch_threads: int = 1
+    """Worker-side inference: torch threads per worker."""
+    wait: str = "socket"
+    """How head and workers wait for each other: "socket" (sleep in select() on the lifeline until a one-byte
+    doorbell: best where ranks share cores) or "poll" (poll MPI with short sleeps)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str) or not self.env_id:
@@ -71,6 +75,8 @@ class ClusterOptions:
             raise ConfigError(f"kl_threshold: {self.kl_threshold} must be >= 0")
         if int(self.kl_window) < 1:
             raise ConfigError(f"kl_window: {self.kl_window} must be >= 1")
+        if self.wait not in ("socket", "poll"):
+            raise ConfigError(f"wait: {self.wait!r}; allowed: socket, poll")
         if self.record is not None and self.policy is None:
             raise ConfigError("record: the AAPS record needs worker-side inference (policy=...)")
 

@@ -17,6 +17,9 @@ from hpcrl.clusterenv import protocol as P
 from hpcrl.clusterenv.infos import InfoDecoder, merge
 
 SPIN_SECONDS = 50e-6
+"""Polling: test the receives this long before the first sleep."""
+DOORBELL_SPIN_SECONDS = 2e-3
+"""Doorbell: every worker rang just before sending, so test without sleeping this long."""
 LIFELINE_CHECK_SECONDS = 0.005
 
 
@@ -29,9 +32,12 @@ class WorkerError(RuntimeError):
 
 
 class WorkerPool:
-    def __init__(self, link, counts: list[int], reports: list[dict], obs_space, act_space, policy_width: int = 0):
+    def __init__(self, link, counts: list[int], reports: list[dict], obs_space, act_space, policy_width: int = 0,
+                 doorbell: bool = True):
         from mpi4py import MPI
 
+        self.doorbell = doorbell
+        """Ring each worker's lifeline after a command and sleep in select() for theirs (else poll MPI)."""
         self.MPI, self.link, self.comm = MPI, link, link.comm
         self.counts = counts
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(int)
@@ -63,7 +69,7 @@ class WorkerPool:
         MPI = self.MPI
         sends = [self.comm.Isend([actions[lo:hi], MPI.BYTE], dest=i + 1, tag=P.TAG_STEP)
                  for i, (lo, hi) in enumerate(self._slices())]
-        return self._gather(sends)
+        return self._gather(self._rang(sends))
 
     def act(self, kl: np.ndarray, version: int):
         """Worker-side inference: each worker gets ``[kl[i], version]``."""
@@ -71,21 +77,39 @@ class WorkerPool:
         MPI = self.MPI
         self._act_msgs = [np.array([kl[i], version], dtype=np.float64) for i in range(self.workers)]
         sends = [self.comm.Isend([m, MPI.DOUBLE], dest=i + 1, tag=P.TAG_ACT) for i, m in enumerate(self._act_msgs)]
-        return self._gather(sends)
+        return self._gather(self._rang(sends))
 
     def reset(self, seeds: list, options: list):
         self._check_usable()
         sends = [self.comm.isend(pickle.dumps((seeds[i], options[i])), dest=i + 1, tag=P.TAG_RESET)
                  for i in range(self.workers)]
-        return self._gather(sends)
+        return self._gather(self._rang(sends))
 
     def close(self) -> None:
         """Tell every worker to leave; collective cleanup only when all are alive."""
         if self.broken is None:
             reqs = [self.comm.isend(None, dest=i + 1, tag=P.TAG_CLOSE) for i in range(self.workers)]
-            self._wait(reqs, "close()")
+            self._wait(self._rang(reqs), "close()")
 
     # ---- waiting --------------------------------------------------------------------------
+    def _rang(self, sends: list) -> list:
+        if self.doorbell:
+            for i in range(self.workers):
+                self.link.lifeline.ring(i)
+        return sends
+
+    def _wait_rings(self, sends: list, recvs: list) -> None:
+        """Sleep in select() until every worker rang (its result is on the way); progress MPI between naps."""
+        MPI, pending = self.MPI, set(range(self.workers))
+        while pending:
+            rung, gone = self.link.lifeline.wait_rings(pending, 1e-3)
+            if gone:
+                self._lost(gone, sends + recvs)
+            pending -= rung
+            MPI.Request.Testall(sends)
+            if pending and self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=P.TAG_ERROR):
+                self._check_errors(recvs, [False] * len(recvs))
+
     def _slices(self):
         return zip(self.offsets[:-1], self.offsets[1:])
 
@@ -99,8 +123,11 @@ class WorkerPool:
         statuses = [MPI.Status() for _ in recvs]
         done = [False] * len(recvs)
         t0 = time.perf_counter()
+        if self.doorbell:
+            self._wait_rings(sends, recvs)
         self._wait(sends, "step()")
-        spin_until, delay, next_check = time.perf_counter() + SPIN_SECONDS, 1e-5, 0.0
+        spin = DOORBELL_SPIN_SECONDS if self.doorbell else SPIN_SECONDS  # rung: the results are on their way
+        spin_until, delay, next_check = time.perf_counter() + spin, 1e-5, 0.0
         while not all(done):
             for i, req in enumerate(recvs):
                 if not done[i] and req.Test(statuses[i]):
@@ -135,6 +162,10 @@ class WorkerPool:
             self._drain(reqs, done, {i})
             raise WorkerError(f"ClusterEnv: {self.describe(i)} raised in its envs:\n{text.rstrip()}")
         gone = self.link.lifeline.dead()
+        if gone:
+            self._lost(gone, reqs)
+
+    def _lost(self, gone: list[int], reqs: list) -> None:
         if gone:
             names = "; ".join(self.describe(i) for i in gone)
             self.broken = f"{names} died"

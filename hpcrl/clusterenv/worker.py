@@ -28,8 +28,6 @@ from hpcrl.clusterenv.lifeline import WorkerLifeline
 
 HEAD_CHECK_SECONDS = 0.2
 """How often an idle worker checks that its head is still alive."""
-SPIN_SECONDS = 0.0
-"""Idle workers sleep from the start (measured on a loaded 2-core VM: spinning only slowed the head)."""
 """How often an idle worker checks that its head is still alive."""
 
 
@@ -64,10 +62,12 @@ def _gym_infos(info: dict, k: int) -> dict:
 class Worker:
     """One worker's envs, its result buffer and (worker-side inference) its cached policy."""
 
-    def __init__(self, comm, setup: dict):
+    def __init__(self, comm, setup: dict, ring=None):
         from mpi4py import MPI
 
         self.MPI, self.comm = MPI, comm
+        self.ring = ring
+        """Called just before each result goes out (the doorbell), or None (the head polls)."""
         self.index = comm.Get_rank() - 1
         self.k = setup["counts"][self.index]
         self.envs = make_envs(setup["env_id"], self.k, setup["env_kwargs"], setup["autoreset_mode"])
@@ -137,6 +137,8 @@ class Worker:
         h[:] = (sid, data.size, int(inline), self.policy.version if self.policy else -1,
                 self.policy.syncs if self.policy else 0, self.steps)
         end = self.layout.nbytes
+        if self.ring is not None:
+            self.ring()
         if inline:
             self.buf[end:end + data.size] = data
             self.comm.Send([self.buf[:end + data.size], MPI.BYTE], dest=0, tag=P.TAG_RESULT)
@@ -148,24 +150,34 @@ class Worker:
         self.envs.close()
 
 
-def _wait_for_command(comm, lifeline, status) -> None:
-    """Sleep-poll (10 us doubling to 1 ms) for the head's next command; exit if the head is gone."""
+def _head_gone(comm) -> None:
+    print(f"hpcrl.clusterenv worker {comm.Get_rank() - 1} on {socket.gethostname()}: the head is gone; exiting",
+          file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+def _wait_for_command(comm, lifeline, status, doorbell: bool) -> None:
+    """Wait for the head's next command: asleep in select() until the head rings (doorbell), or polling
+    MPI with sleeps of 10 us doubling to 1 ms; exit within HEAD_CHECK_SECONDS once the head is gone."""
     from mpi4py import MPI
 
+    if doorbell:
+        while True:
+            rang = lifeline.wait_ring(HEAD_CHECK_SECONDS)
+            if rang is None:
+                _head_gone(comm)
+            if rang:
+                comm.Probe(source=0, tag=MPI.ANY_TAG, status=status)  # sent before the ring
+                return
     delay, next_check = 1e-5, time.monotonic() + HEAD_CHECK_SECONDS
-    spin_until = time.monotonic() + SPIN_SECONDS
     while not comm.Iprobe(source=0, tag=MPI.ANY_TAG, status=status):
-        now = time.monotonic()
-        if now > spin_until:
-            time.sleep(delay)
-            delay = min(delay * 2, 1e-3)
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)
         now = time.monotonic()
         if now >= next_check:
             next_check = now + HEAD_CHECK_SECONDS
             if lifeline is not None and lifeline.head_gone():
-                print(f"hpcrl.clusterenv worker {comm.Get_rank() - 1} on {socket.gethostname()}: the head is gone; "
-                      "exiting", file=sys.stderr, flush=True)
-                os._exit(3)
+                _head_gone(comm)
 
 
 def serve(comm, lifeline) -> None:
@@ -179,8 +191,9 @@ def serve(comm, lifeline) -> None:
 
         torch.set_num_threads(torch_threads)
     worker, error = None, None
+    doorbell = setup["wait"] == "socket"
     try:
-        worker = Worker(comm, setup)
+        worker = Worker(comm, setup, lifeline.ring if doorbell else None)
     except BaseException as exc:  # reported to the head, which raises it with this worker's name
         error = f"{type(exc).__name__}: {exc}"
     report = {"host": socket.gethostname(), "pid": os.getpid(), "error": error,
@@ -198,12 +211,12 @@ def serve(comm, lifeline) -> None:
             worker = None  # another worker failed: the head raises and closes the lifelines
     if worker is None:
         while True:
-            _wait_for_command(comm, lifeline, MPI.Status())  # exits when the head is gone
+            _wait_for_command(comm, lifeline, MPI.Status(), doorbell)  # exits when the head is gone
             comm.recv(source=0, tag=MPI.ANY_TAG)
     status = MPI.Status()
     header = np.zeros(2, dtype=np.float64)
     while True:
-        _wait_for_command(comm, lifeline, status)
+        _wait_for_command(comm, lifeline, status, doorbell)
         tag = status.Get_tag()
         try:
             if tag == P.TAG_STEP:
@@ -221,6 +234,8 @@ def serve(comm, lifeline) -> None:
             else:
                 raise RuntimeError(f"unknown command tag {tag}")
         except Exception:
+            if doorbell:
+                lifeline.ring()
             comm.send(traceback.format_exc(limit=6), dest=0, tag=P.TAG_ERROR)
 
 

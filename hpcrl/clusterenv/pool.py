@@ -1,10 +1,12 @@
 """The head's side of the transport: send each worker its commands, gather the packed results.
 
-One step: ``Isend`` each worker's slice of the actions (a contiguous view: no copy), prepost one
-``Irecv`` per worker into its result buffer, then wait without spinning hot (a short spin, then
-sleeps of 20 us doubling to 1 ms) while checking for worker errors (``TAG_ERROR``) and, every few
-milliseconds, the lifelines: a worker whose process is gone ends the wait with :class:`WorkerLost`
-naming it. After a loss the pool only closes (the survivors are told to exit).
+One step: ``Isend`` each worker's slice of the actions (a contiguous view: no copy), ring its
+doorbell (one byte on its lifeline, :mod:`hpcrl.clusterenv.lifeline`), prepost one ``Irecv`` per
+worker into its result buffer, sleep in ``select`` until every worker rang back (it rings just
+before sending), then test the receives. With ``wait="poll"`` there are no doorbells: the head
+polls MPI (a short spin, then sleeps of 10 us doubling to 1 ms). Either way it watches for worker
+errors (``TAG_ERROR``) and for closed lifelines: a worker whose process is gone ends the wait with
+:class:`WorkerLost` naming it. After a loss the pool only closes (the survivors are told to exit).
 """
 from __future__ import annotations
 

@@ -99,6 +99,11 @@ class Worker:
     # ---- commands ---------------------------------------------------------------------
     def reset(self, payload: bytes) -> None:
         seed, options = pickle.loads(payload)
+        if self.policy is not None:  # this worker's action sampling: its own stream, reproducible from the seed
+            import torch
+
+            first = seed if isinstance(seed, (int, type(None))) else seed[0]
+            torch.manual_seed(int.from_bytes(os.urandom(4), "little") if first is None else 104729 + int(first))
         obs, info = self.envs.reset(seed=seed, options=options)
         self._send(obs, None, None, None, info)
 

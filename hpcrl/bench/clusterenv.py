@@ -43,21 +43,24 @@ def steps_per_second(make, num_envs: int, steps: int, seed: int = 0) -> tuple[fl
     return steps * num_envs / dt, dt / steps * 1e6
 
 
-def throughput(env_id: str, num_envs: int, workers: int, steps: int) -> dict[str, tuple[float, float]]:
+def throughput(env_id: str, num_envs: int, workers: int, steps: int,
+               waits: tuple[str, ...] = ("socket",)) -> dict[str, tuple[float, float]]:
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
     import hpcrl
 
     same = {"autoreset_mode": AutoresetMode.SAME_STEP}
-    return {
+    rows = {
         "sync (in process)": steps_per_second(
             lambda: gym.make_vec(env_id, num_envs, vectorization_mode="sync", vector_kwargs=same), num_envs, steps),
         "AsyncVectorEnv": steps_per_second(
             lambda: gym.make_vec(env_id, num_envs, vectorization_mode="async", vector_kwargs=same), num_envs, steps),
-        f"ClusterEnv ({workers} workers)": steps_per_second(
-            lambda: hpcrl.ClusterEnv(env_id, num_envs, workers=workers), num_envs, steps),
     }
+    for wait in waits:
+        rows[f"ClusterEnv ({workers} w, {wait})"] = steps_per_second(
+            lambda: hpcrl.ClusterEnv(env_id, num_envs, workers=workers, wait=wait), num_envs, steps)
+    return rows
 
 
 def time_to_target(backend: str, workers: int, seed: int, timeout: float) -> tuple[bool, int, float, float]:
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-envs", type=int, default=8)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--steps", type=int, default=2000, help="vector steps per measurement")
+    p.add_argument("--wait", default="socket,poll", help="ClusterEnv wait modes to measure (socket: doorbell; poll)")
     p.add_argument("--learning", action="store_true", help="also time the PPO example to 475 (minutes)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per example run")
@@ -88,13 +92,14 @@ def main(argv: list[str] | None = None) -> int:
           f"(load average {os.getloadavg()[0]:.1f})")
     print(f"{'env':<14} {'backend':<26} {'env steps/s':>12} {'us/vector step':>15} {'vs Async':>9}")
     for env_id in [e for e in args.envs.split(",") if e]:
-        rows = throughput(env_id, args.num_envs, args.workers, args.steps)
+        rows = throughput(env_id, args.num_envs, args.workers, args.steps, tuple(args.wait.split(",")))
         base = rows["AsyncVectorEnv"][0]
         for name, (sps, us) in rows.items():
             print(f"{env_id:<14} {name:<26} {sps:>12.0f} {us:>15.0f} {sps / base:>8.2f}x")
-        cluster = next(v for k, v in rows.items() if k.startswith("ClusterEnv"))
-        overhead = cluster[1] - rows["sync (in process)"][1]
-        print(f"{env_id:<14} ClusterEnv overhead per vector step over in-process stepping: {overhead:.0f} us")
+        for name, (_, us) in rows.items():
+            if name.startswith("ClusterEnv"):
+                print(f"{env_id:<14} {name}: overhead per vector step over in-process stepping "
+                      f"{us - rows['sync (in process)'][1]:.0f} us")
     if args.learning:
         print(f"\n# {EXAMPLE.name}: CartPole-v1 to a mean return of 475 (last 20 episodes), seed {args.seed}")
         print(f"{'backend':<10} {'reached':>8} {'env steps':>10} {'s to 475':>9} {'script s':>9} {'ratio':>6}")

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import clusterenv as CE
 from . import figures as F
 from . import metrics as M
 from . import report as R
@@ -69,7 +70,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="SCHEDULER in those file names (default stellaris; 'policy': each run's aggregation.policy)")
 
 
+def run_clusterenv(args: argparse.Namespace) -> int:
+    """ClusterEnv AAPS records (hpcrl.ClusterEnv(record=...)): the seed's Figs. 2 and 3 and summary.csv."""
+    first = Path(args.run_dirs[0])
+    out = args.out or (first.parent if first.is_file() else first) / "analysis"
+    res = CE.analyze(args.run_dirs, out)
+    print(f"wrote {len(res['figures'])} figures and {res['csv'].name} to {out}")
+    print(f"{'kl_threshold':>12} {'syncs/worker':>13} {'publishes':>10} {'episodes':>9} {'final return':>13}")
+    for r in res["rows"]:
+        print(f"{r['kl_threshold']:>12g} {r['syncs_per_worker']:>13.1f} {r['publishes']:>10d} {r['episodes']:>9d} "
+              f"{r['final_return']:>13.1f}")
+    return 0
+
+
 def run_cli(args: argparse.Namespace) -> int:
+    if all(CE.record_path(d) for d in args.run_dirs):
+        try:
+            return run_clusterenv(args)
+        except (AnalysisError, OSError, KeyError) as exc:
+            print(f"analyze: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+            return 2
     try:
         res = analyze(args.run_dirs, args.out, args.prices, args.label, html=not args.no_html,
                       figures=not args.no_figures, stellaris_csv=args.stellaris_csv,

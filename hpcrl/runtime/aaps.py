@@ -66,3 +66,63 @@ class Probe:
         if board.read_probe(self._published) < 0:
             return False
         return self.kl(self._published, self.outputs(model)) > self.delta
+
+
+class VisitedStateAAPS:
+    """The seed's AAPS (ClusterEnv Section III-C, Algorithm 2): sync when, over the states this actor
+    recently visited, the running mean of KL(pi_cached(.|s) || pi_head(.|s)) exceeds ``delta``.
+
+    Direction and states as in the seed's equation E_{s~D}[D_KL(pi_theta'(.|s) || pi_theta(.|s))] > delta
+    => theta' <- theta: theta' is the actor's cached (acting) policy, theta the learner's newest, and D
+    the actor's recently visited states. Algorithm 2 writes the same test as KL(pi_actor, pi_cached)
+    with pi_cached the fetched head copy. Here the actor's own outputs (log-probabilities, or Gaussian
+    mean and log-std) on the states it acted in are kept in a ring of ``window`` states; whoever holds
+    the newest weights evaluates them on those states (:meth:`estimate`), so no weights move to decide.
+    Entries made by an older cached version are dropped when the actor's version changes (a sync).
+    """
+
+    def __init__(self, delta: float, window: int, width: int, obs_shape: tuple, discrete: bool):
+        if delta < 0 or window < 1 or width < 1:
+            raise ValueError("VisitedStateAAPS: delta >= 0, window >= 1, width >= 1")
+        self.delta, self.window, self.width, self.discrete = delta, window, width, discrete
+        self.states = np.zeros((window, *obs_shape), dtype=np.float32)
+        self.outputs = np.zeros((window, width), dtype=np.float32)
+        self.count = 0
+        self._next = 0
+        self.version = -1
+        self.last_kl = 0.0
+
+    def observe(self, states: np.ndarray, outputs: np.ndarray, version: int) -> None:
+        """Add the states the actor acted in and its cached policy's outputs there (made by ``version``)."""
+        if version != self.version:
+            self.count, self._next, self.version = 0, 0, version
+        states = states[-self.window:]
+        outputs = outputs[-self.window:]
+        n = len(states)
+        idx = (self._next + np.arange(n)) % self.window
+        self.states[idx] = states
+        self.outputs[idx] = outputs
+        self._next = int((self._next + n) % self.window)
+        self.count = min(self.window, self.count + n)
+
+    def estimate(self, newest_outputs) -> float:
+        """Mean KL(cached || newest) over the ring; ``newest_outputs(states) -> (B, width)`` runs the
+        newest policy. 0.0 while the ring is empty (nothing visited since the last sync)."""
+        if self.count == 0:
+            self.last_kl = 0.0
+        else:
+            self.last_kl = self.kl(self.outputs[:self.count], np.asarray(newest_outputs(self.states[:self.count])))
+        return self.last_kl
+
+    def drifted(self, kl: float | None = None) -> bool:
+        return (self.last_kl if kl is None else kl) > self.delta
+
+    def kl(self, p: np.ndarray, q: np.ndarray) -> float:
+        """Mean over rows of KL(p || q): rows of log-probabilities, or of Gaussian means then log-stds."""
+        p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+        if self.discrete:
+            return float((np.exp(p) * (p - q)).sum(-1).mean())
+        d = self.width // 2
+        mp, sp, mq, sq = p[:, :d], p[:, d:], q[:, :d], q[:, d:]
+        kl = sq - sp + (np.exp(2 * sp) + (mp - mq) ** 2) / (2 * np.exp(2 * sq)) - 0.5
+        return float(kl.sum(-1).mean())

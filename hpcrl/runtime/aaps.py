@@ -19,9 +19,9 @@ def probe_states(env_cfg, batch: int) -> np.ndarray:
     Any env kind, through the actors' backend (:mod:`hpcrl.runtime.env_backends`) with one env
     (for a batched env one instance, for a parallel env one copy: all its agents' observations).
     """
-    from hpcrl.runtime.env_backends import BACKENDS, env_kind
+    from hpcrl.runtime.env_backends import make_backend
 
-    backend = BACKENDS[env_kind(env_cfg.id)](env_cfg.id, 1, env_cfg.kwargs)
+    backend = make_backend(env_cfg, count=1)
     seed = env_cfg.seed + 4242
     try:
         backend.action_space.seed(seed)

@@ -51,17 +51,26 @@ def env_kind(env_id: str) -> str:
     return "gym" if s is None else s.kind
 
 
-def make_backend(env_cfg) -> "GymBackend | BatchedBackend | ParallelBackend":
-    """The backend of ``env_cfg.id``'s kind with ``env_cfg.num_envs`` envs (or copies)."""
-    return BACKENDS[env_kind(env_cfg.id)](env_cfg.id, env_cfg.num_envs, env_cfg.kwargs)
+def make_backend(env_cfg, count: int | None = None) -> "GymBackend | BatchedBackend | ParallelBackend":
+    """The backend of ``env_cfg.id``'s kind with ``count`` (default ``env_cfg.num_envs``) envs, instances or copies."""
+    env_id, kwargs, n = env_cfg.id, env_cfg.kwargs, env_cfg.num_envs if count is None else count
+    kind = env_kind(env_id)
+    if kind == "batched":
+        for key in ("num_envs", "device"):
+            if key in kwargs:
+                raise ConfigError(f"env.kwargs.{key}: not allowed for the batched env {env_id!r} on actors "
+                                  f"(instances per actor rank: env.num_envs; device: cpu)")
+        return BatchedBackend(make(env_id, num_envs=n, device="cpu", **kwargs))
+    envs = [make(env_id, **kwargs) for _ in range(n)]
+    return ParallelBackend(envs, env_id) if kind == "parallel" else GymBackend(envs)
 
 
 class GymBackend:
-    """``count`` Gymnasium envs in lock-step."""
+    """Gymnasium envs in lock-step."""
 
-    def __init__(self, env_id: str, count: int, kwargs: dict) -> None:
-        self.envs = [make(env_id, **kwargs) for _ in range(count)]
-        self.num_envs = count
+    def __init__(self, envs: list) -> None:
+        self.envs = envs
+        self.num_envs = len(envs)
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self._discrete = isinstance(self.action_space, spaces.Discrete)
@@ -93,27 +102,23 @@ class GymBackend:
 
 
 class BatchedBackend:
-    """One hpcrl tensor VectorEnv of ``count`` instances on the CPU; tensors become numpy once per step."""
+    """One hpcrl tensor VectorEnv on the CPU; its tensors become numpy once per step."""
 
-    def __init__(self, env_id: str, count: int, kwargs: dict) -> None:
-        for key in ("num_envs", "device"):
-            if key in kwargs:
-                raise ConfigError(f"env.kwargs.{key}: not allowed for the batched env {env_id!r} on actors "
-                                  f"(instances per actor rank: env.num_envs; device: cpu)")
-        self.env = make(env_id, num_envs=count, device="cpu", **kwargs)
-        self.num_envs = count
+    def __init__(self, env) -> None:
+        self.env = env
+        self.num_envs = env.num_envs
         self.observation_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space
 
     def reset(self, seed: int) -> np.ndarray:
         obs, _ = self.env.reset(seed=seed)
-        return np.array(obs, dtype=np.float32)
+        return np.array(obs.numpy(), dtype=np.float32)
 
     def step(self, actions: np.ndarray) -> Step:
         import torch
 
         obs, rewards, term, trunc, info = self.env.step(torch.as_tensor(actions))
-        obs = np.array(obs, dtype=np.float32)
+        obs = np.array(obs.numpy(), dtype=np.float32)
         final = obs.copy()
         ended = info["_final_obs"].numpy()
         if ended.any():
@@ -125,14 +130,14 @@ class BatchedBackend:
 
 
 class ParallelBackend:
-    """``count`` copies of a PettingZoo ParallelEnv; every agent of every copy is one instance."""
+    """Copies of a PettingZoo ParallelEnv; every agent of every copy is one instance."""
 
-    def __init__(self, env_id: str, count: int, kwargs: dict) -> None:
-        self.envs = [make(env_id, **kwargs) for _ in range(count)]
-        self.agents = list(self.envs[0].possible_agents)
+    def __init__(self, envs: list, env_id: str = "") -> None:
+        self.envs = envs
+        self.agents = list(envs[0].possible_agents)
         self.num_agents = len(self.agents)
-        self.num_envs = count * self.num_agents
-        self.observation_space, self.action_space = shared_spaces(self.envs[0], env_id)
+        self.num_envs = len(envs) * self.num_agents
+        self.observation_space, self.action_space = shared_spaces(envs[0], env_id)
 
     def _check_agents(self, k: int) -> None:
         if sorted(self.envs[k].agents) != sorted(self.agents):
@@ -191,12 +196,9 @@ def shared_spaces(env, env_id: str) -> tuple[spaces.Space, spaces.Space]:
     return obs, act
 
 
-BACKENDS = {"gym": GymBackend, "batched": BatchedBackend, "parallel": ParallelBackend}
-
-
 def describe(env_cfg) -> tuple[spaces.Space, spaces.Space, int]:
     """(one instance's observation space, action space, instances per actor rank), from one env (copy)."""
-    backend = BACKENDS[env_kind(env_cfg.id)](env_cfg.id, 1, env_cfg.kwargs)
+    backend = make_backend(env_cfg, count=1)
     try:
         return backend.observation_space, backend.action_space, backend.num_envs * env_cfg.num_envs
     finally:

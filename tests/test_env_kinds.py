@@ -35,6 +35,12 @@ SHORT_CHANNEL = {"preset": "tiny", "spinup_steps": 200, "snapshots": 2, "snapsho
 TINY_LES = {"les_n": 16, "dns_n": 64, "kp": 3.0, "re": 500.0, "t_end": 0.4, "interval": 0.1}
 
 
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory) -> Path:
+    """Spun-up channel fields and LES references, made once for the whole file."""
+    return tmp_path_factory.mktemp("env-caches")
+
+
 # ---------------------------------------------------------------- backends, in process
 
 def test_batched_backend_autoresets_and_keeps_the_final_observation():
@@ -76,8 +82,8 @@ def test_sampler_bootstraps_truncated_batched_instances_from_their_final_observa
     sampler.close()
 
 
-def test_parallel_backend_agents_are_instances_and_truncated_copies_reset(tmp_path):
-    kwargs = {**SHORT_CHANNEL, "cache_dir": str(tmp_path)}
+def test_parallel_backend_agents_are_instances_and_truncated_copies_reset(caches):
+    kwargs = {**SHORT_CHANNEL, "cache_dir": str(caches / "channel")}
     cfg = EnvConfig(id="hpcrl/TurbulentChannelWM-v0", num_envs=2, kwargs=kwargs)
     info = describe_env(cfg)
     assert info.num_envs == 2 * 32 and info.observation_space.shape == (2,)
@@ -145,9 +151,9 @@ def test_rescaled_actions_span_the_action_space():
 
 # ---------------------------------------------------------------- shipped configs, both runners
 
-def _cases(tmp: Path) -> dict[str, tuple[list[str], int]]:
+def _cases(tmp: Path, caches: Path) -> dict[str, tuple[list[str], int]]:
     """Per shipped config: the -o overrides of a tiny run, and instances per actor rank."""
-    les = [f"env.kwargs.{k}={v}" for k, v in TINY_LES.items()] + [f"env.kwargs.cache_dir={tmp / 'les'}"]
+    les = [f"env.kwargs.{k}={v}" for k, v in TINY_LES.items()] + [f"env.kwargs.cache_dir={caches / 'les'}"]
     return {
         "cartpole_batched_actors": (["env.num_envs=4", "actors.fragment_length=16", "stop.total_env_steps=600",
                                      "algo.train_batch_size=64", "algo.minibatch_size=32"], 4),
@@ -159,7 +165,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], int]]:
         "les_probes": (les + ["env.num_envs=1", "actors.fragment_length=4", "stop.total_env_steps=256",
                               "algo.train_batch_size=64", "algo.minibatch_size=32"], 16),
         "wallmodel_tiny": ([f"env.kwargs.{k}={v}" for k, v in SHORT_CHANNEL.items() if k != "preset"]
-                           + [f"env.kwargs.cache_dir={tmp / 'channel'}", "env.num_envs=1", "actors.fragment_length=3",
+                           + [f"env.kwargs.cache_dir={caches / 'channel'}", "env.num_envs=1", "actors.fragment_length=3",
                               "stop.total_env_steps=192", "algo.train_batch_size=96", "algo.minibatch_size=48"], 32),
         "foam_relaxation": (["env.kwargs.iterations_per_step=5", "env.kwargs.max_iterations=10",
                              f"env.kwargs.work_dir={tmp / 'foam'}", "actors.count=1", "actors.fragment_length=2",
@@ -167,10 +173,13 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], int]]:
     }
 
 
-def _run(name: str, runner: str, tmp: Path) -> tuple[Path, int]:
-    overrides, instances = _cases(tmp)[name]
+def _run(name: str, runner: str, tmp: Path, caches: Path) -> tuple[Path, int]:
+    """A tiny run of a shipped config; under mpi with one actor rank (3 ranks) except CartPole's two."""
+    overrides, instances = _cases(tmp, caches)[name]
     run_dir = tmp / f"{name}-{runner}"
     overrides = [*overrides, f"io.run_dir={run_dir}", "io.flush_seconds=0.5", "launch.timeout_seconds=120"]
+    if runner == "mpi" and name != "cartpole_batched_actors":
+        overrides.append("actors.count=1")
     path = CONFIGS / f"{name}.yaml"
     if runner == "serial":
         from hpcrl.runtime.serial import run_serial
@@ -220,38 +229,38 @@ RUNNERS = ["serial", pytest.param("mpi", marks=pytest.mark.mpi)]
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
-def test_cartpole_batched_actors(tmp_path, runner):
-    ep = _check_episodes(*_run("cartpole_batched_actors", runner, tmp_path))
+def test_cartpole_batched_actors(tmp_path, caches, runner):
+    ep = _check_episodes(*_run("cartpole_batched_actors", runner, tmp_path, caches))
     assert np.array_equal(ep["return"], ep["length"]) and np.all(ep["length"] >= 8)  # +1 per step
     assert len(ep["return"]) >= 10
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
-def test_lorenz(tmp_path, runner):
-    ep = _check_episodes(*_run("lorenz", runner, tmp_path))
+def test_lorenz(tmp_path, caches, runner):
+    ep = _check_episodes(*_run("lorenz", runner, tmp_path, caches))
     assert np.all(ep["length"] == 20) and len(ep["return"]) >= 4
     # +-10 per step; a failed episode (mean of the last 10 <= -2) ends with -100 instead
     assert np.all((ep["return"] % 10 == 0) & (np.abs(ep["return"]) <= 19 * 10 + 100))
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
-def test_les_closure(tmp_path, runner):
-    ep = _check_episodes(*_run("les_closure", runner, tmp_path))
+def test_les_closure(tmp_path, caches, runner):
+    ep = _check_episodes(*_run("les_closure", runner, tmp_path, caches))
     assert np.all(ep["length"] == 4) and np.all(ep["return"] < 0)  # minus a spectrum error per action
     assert len(ep["return"]) >= 4
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
-def test_les_probes(tmp_path, runner):
-    ep = _check_episodes(*_run("les_probes", runner, tmp_path))
+def test_les_probes(tmp_path, caches, runner):
+    ep = _check_episodes(*_run("les_probes", runner, tmp_path, caches))
     assert np.all(ep["length"] == 4) and np.all(ep["return"] < 0)
     for a in np.unique(ep["actor"]):  # the 16 agents of a copy end their episodes together
         assert len(set(np.bincount(ep["env_index"][ep["actor"] == a], minlength=16))) == 1
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
-def test_wallmodel_tiny(tmp_path, runner):
-    ep = _check_episodes(*_run("wallmodel_tiny", runner, tmp_path))
+def test_wallmodel_tiny(tmp_path, caches, runner):
+    ep = _check_episodes(*_run("wallmodel_tiny", runner, tmp_path, caches))
     assert np.all(ep["length"] == 3) and len(ep["return"]) >= 32
     assert len(set(np.bincount(ep["env_index"], minlength=32))) == 1
     # rewards telescope: return = initial error - final error (+ bonuses), errors within [0, 20]
@@ -260,8 +269,8 @@ def test_wallmodel_tiny(tmp_path, runner):
 
 @pytest.mark.skipif(FOAM_MISSING, reason="OpenFOAM v1912 not installed: apt-get install openfoam openfoam-examples")
 @pytest.mark.parametrize("runner", RUNNERS)
-def test_foam_relaxation(tmp_path, runner):
-    run_dir, instances = _run("foam_relaxation", runner, tmp_path)
+def test_foam_relaxation(tmp_path, caches, runner):
+    run_dir, instances = _run("foam_relaxation", runner, tmp_path, caches)
     ep = _check_episodes(run_dir, instances)
     # minus the simpleFoam iterations (5 per step, at most 10): no -2000 failure penalty
     assert np.all((ep["return"] < 0) & (ep["return"] >= -10)) and np.all(ep["length"] <= 2)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
@@ -80,6 +81,24 @@ def test_sampler_bootstraps_truncated_batched_instances_from_their_final_observa
     assert sorted(e["env_index"] for e in episodes) == list(range(8))
     assert all(e["return"] == e["length"] and e["actor"] == 2 for e in episodes)  # CartPole: +1 per step
     sampler.close()
+
+
+def test_actor_ranks_draw_different_action_noise():
+    # every MPI rank seeds torch with env.seed before building its model; the sampler reseeds per actor
+    cfg = EnvConfig(id="hpcrl/Pendulum-v1", num_envs=4, seed=3)
+    algo = make_algorithm(PPOConfig(), ModelConfig(hidden_sizes=[8]), AggregationConfig(is_truncation=False))
+    info = describe_env(cfg)
+    noise = []
+    for actor in (0, 1):
+        torch.manual_seed(cfg.seed)
+        model = algo.make_model(info.observation_space, info.action_space)
+        sampler = VectorSampler(cfg, actor_index=actor)
+        frag, _ = sampler.sample(algo, model, 6, 0, actor)
+        with torch.no_grad():
+            mean = model.pi(torch.as_tensor(frag["obs"])).numpy()
+        noise.append((frag["actions"] - mean) / np.exp(model.log_std.detach().numpy()))
+        sampler.close()
+    assert noise[0].shape == (6, 4, 1) and not np.allclose(noise[0], noise[1], atol=1e-3)
 
 
 def test_parallel_backend_agents_are_instances_and_truncated_copies_reset(caches):

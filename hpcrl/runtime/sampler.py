@@ -89,6 +89,9 @@ class VectorSampler:
         self.high = None if self.discrete else np.asarray(space.high, dtype=np.float32)
         self.action_shape = () if self.discrete else tuple(space.shape)
         self.obs = self.backend.reset(env_cfg.seed + 1000 * actor_index)
+        # actions are drawn from torch's global generator, which every role seeds with env.seed (for
+        # identical initial weights): reseed it per actor, or all MPI actor ranks draw the same noise
+        torch.manual_seed(env_cfg.seed + 1000 * actor_index + 1)
         self.obs_shape = tuple(self.obs.shape[1:])
         self.ep_return = np.zeros(N, dtype=np.float64)
         self.ep_length = np.zeros(N, dtype=np.int64)

@@ -24,7 +24,7 @@ class EnvConfig(Section):
     id: str = "CartPole-v1"
     """Environment id: a Gymnasium id or one registered by hpcrl.envs."""
     num_envs: int = Field(8, ge=1)
-    """Environment instances stepped together inside one actor rank (or one process for batched algos)."""
+    """Envs per actor rank (parallel env: copies, every agent an instance), or a batched algo's instances."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the environment constructor."""
     seed: int = 0
@@ -35,6 +35,8 @@ class EnvConfig(Section):
     """Actors scale training rewards by the running std of the discounted return (episode returns stay raw)."""
     clip: float = Field(10.0, gt=0)
     """Normalised observations and rewards are clipped to [-clip, clip]."""
+    rescale_actions: bool = False
+    """Box actions: the policy's sample clipped to [-1, 1] and mapped onto [low, high] (else clipped to it)."""
 
 
 class ModelConfig(Section):

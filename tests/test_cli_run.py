@@ -35,7 +35,8 @@ def run_cli(args, capsys):
     (["debug.raise_on_rank=9"], "debug.raise_on_rank"),
     (["launch.mpiexec=/nonexistent/mpiexec"], "pip install mpich"),
     (["actors.count=0"], "actors.count"),
-    (["env.id=hpcrl/CartPole-v1"], "batched"),
+    (["env.id=hpcrl/CartPole-v1", "env.kwargs={device: cpu}"], "env.kwargs.device"),  # batched: env.num_envs on the CPU
+    (["env.rescale_actions=true"], "env.rescale_actions"),  # CartPole's actions are Discrete
     (["actors.count=true"], "actors.count"),
     (["algo.lr=.inf"], "algo.lr: Input should be a finite number"),
     (["stop.max_wall_seconds=.nan"], "stop.max_wall_seconds"),

@@ -126,12 +126,14 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"learners.ranks_per_group={cfg.learners.ranks_per_group}: launch.runner=serial runs one "
                           "rank per learner group; set learners.ranks_per_group=1 or launch.runner=mpi")
     check_env_id(cfg.env.id)
-    from hpcrl.envs import spec
+    from hpcrl.runtime.env_backends import env_kind
 
-    s = spec(cfg.env.id)
-    if s is not None and s.kind != "gym":
-        raise ConfigError(f"env.id: {cfg.env.id!r} is a {s.kind} environment; MPI actors step single "
-                          "Gymnasium environments (kind 'gym'), e.g. CartPole-v1, Hopper-v5")
+    # actors step every kind (gym; batched on the CPU; parallel, agents = instances). Building one env
+    # (copy) checks the rest: batched kwargs, one space shared by all agents, rescalable actions.
+    if env_kind(cfg.env.id) != "gym" or cfg.env.rescale_actions:
+        from hpcrl.runtime.sampler import describe_env
+
+        describe_env(cfg.env)
     plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
     if cfg.launch.container is not None:
         from hpcrl.launch_container import container_prefix

@@ -14,21 +14,26 @@ import torch
 
 
 def probe_states(env_cfg, batch: int) -> np.ndarray:
-    """``batch`` states visited by a uniformly random policy from a fixed seed (made on one rank)."""
-    from hpcrl.envs import make
+    """``batch`` states visited by a uniformly random policy from a fixed seed (made on one rank).
 
-    env = make(env_cfg.id, **env_cfg.kwargs)
+    Any env kind, through the actors' backend (:mod:`hpcrl.runtime.env_backends`) with one env
+    (for a batched env one instance, for a parallel env one copy: all its agents' observations).
+    """
+    from hpcrl.runtime.env_backends import make_backend
+
+    backend = make_backend(env_cfg, count=1)
     seed = env_cfg.seed + 4242
-    env.action_space.seed(seed)
-    obs, _ = env.reset(seed=seed)
-    states = []
-    while len(states) < batch:
-        states.append(np.asarray(obs, dtype=np.float32))
-        obs, _, term, trunc, _ = env.step(env.action_space.sample())
-        if term or trunc:
-            obs, _ = env.reset()
-    env.close()
-    return np.stack(states)
+    try:
+        backend.action_space.seed(seed)
+        obs = backend.reset(seed)
+        states = []
+        while len(states) < batch:
+            states.extend(obs)
+            actions = np.stack([np.asarray(backend.action_space.sample()) for _ in range(backend.num_envs)])
+            obs = backend.step(actions).obs
+    finally:
+        backend.close()
+    return np.stack(states[:batch]).astype(np.float32)
 
 
 class Probe:

@@ -1,29 +1,32 @@
-"""Stepping N Gymnasium environments of one actor rank in lock-step, one fragment at a time.
+"""Stepping the N environment instances of one actor rank in lock-step, one fragment at a time.
 
-A plain list of environments with our own auto-reset (no dependence on one Gymnasium
-version's vector-env reset semantics): when an episode ends at step t, the row t keeps the
-transition that ended it, the value of the final observation is recorded when the episode
-was truncated (``final_values``, so GAE bootstraps through time limits), and the
-environment is reset so row t + 1 starts the new episode. Box actions are sampled
-unclipped (that is what the log-prob is of) and clipped to the action space for ``step``.
+The instances come from an env backend (:mod:`hpcrl.runtime.env_backends`): N Gymnasium envs,
+one batched tensor env of N instances, or copies of a PettingZoo ParallelEnv whose agents are the
+instances (parameter sharing). Every backend resets an instance in the step it ended in: the row
+t keeps the transition that ended the episode, the value of the final observation is recorded
+when the episode was truncated (``final_values``, so GAE bootstraps through time limits), and
+row t + 1 starts the new episode. Box actions are sampled unclipped (that is what the log-prob
+is of) and, for ``step``, clipped to the action space, or with ``env.rescale_actions`` clipped
+to [-1, 1] and mapped linearly onto [low, high].
 
 Optional normalisation (``env.normalize_obs`` / ``env.normalize_reward``, for MuJoCo):
 observations are standardised with this actor's running mean and variance, training rewards
 are divided by the running std of the discounted return (as Gymnasium's NormalizeReward);
 both are clipped to ``env.clip``. The statistics are per actor rank (not synchronised), and
-episode returns are always recorded from the raw rewards.
+episode returns are always recorded from the raw rewards (one record per instance and episode:
+``env_index`` is the instance, for a parallel env copy * agents + agent).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
 
-from hpcrl.envs import make
+from hpcrl.errors import ConfigError
+from hpcrl.runtime.env_backends import describe, make_backend
 
 
 def observation_dtype(space: spaces.Space, normalize: bool) -> np.dtype:
@@ -40,6 +43,7 @@ class EnvInfo:
 
     observation_space: spaces.Space
     action_space: spaces.Space
+    """One instance's spaces (for a parallel env: the space every agent shares)."""
     num_envs: int
     """Instances one actor rank steps together (the N of its fragments)."""
     obs_dtype: np.dtype = np.dtype(np.float32)
@@ -47,14 +51,22 @@ class EnvInfo:
 
 
 def describe_env(env_cfg) -> EnvInfo:
-    """Build one environment of ``env_cfg`` to read its spaces (done once, on one role)."""
-    env = make(env_cfg.id, **env_cfg.kwargs)
-    try:
-        return EnvInfo(env.observation_space, env.action_space, env_cfg.num_envs,
-                       observation_dtype(env.observation_space, env_cfg.normalize_obs))
-    finally:
-        env.close()
+    """Build one environment (copy) of ``env_cfg`` to read its spaces and instance count (done once)."""
+    obs_space, action_space, num_envs = describe(env_cfg)
+    if env_cfg.rescale_actions:
+        check_rescalable(env_cfg.id, action_space)
+    return EnvInfo(obs_space, action_space, num_envs, observation_dtype(obs_space, env_cfg.normalize_obs))
 
+
+def check_rescalable(env_id: str, space: spaces.Space) -> None:
+    if not (isinstance(space, spaces.Box) and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+        raise ConfigError(f"env.rescale_actions: needs a Box action space with finite bounds; {env_id!r} has "
+                          f"{space}; set env.rescale_actions=false")
+
+
+def rescale(raw: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Policy output clipped to [-1, 1], mapped linearly onto [low, high]."""
+    return low + (high - low) * (np.clip(raw, -1.0, 1.0) + 1.0) / 2.0
 
 class RunningMeanStd:
     """Running mean and variance over batches (parallel Welford / Chan et al.)."""
@@ -73,29 +85,31 @@ class RunningMeanStd:
 
 
 class VectorSampler:
-    """``num_envs`` environments of ``env_cfg.id``; :meth:`sample` returns one [T, N] fragment."""
+    """The N instances of ``env_cfg`` on one actor rank; :meth:`sample` returns one [T, N] fragment."""
 
     def __init__(self, env_cfg, actor_index: int, gamma: float = 0.99) -> None:
-        self.num_envs = env_cfg.num_envs
-        self.envs = [make(env_cfg.id, **env_cfg.kwargs) for _ in range(self.num_envs)]
-        space = self.envs[0].action_space
+        self.backend = make_backend(env_cfg)
+        self.num_envs = N = self.backend.num_envs
+        space = self.backend.action_space
         self.discrete = isinstance(space, spaces.Discrete)
+        self.rescale = bool(env_cfg.rescale_actions) and not self.discrete
+        if self.rescale:
+            check_rescalable(env_cfg.id, space)
         self.low = None if self.discrete else np.asarray(space.low, dtype=np.float32)
         self.high = None if self.discrete else np.asarray(space.high, dtype=np.float32)
         self.action_shape = () if self.discrete else tuple(space.shape)
-        base = env_cfg.seed + 1000 * actor_index
-        first = [env.reset(seed=base + i)[0] for i, env in enumerate(self.envs)]
-        for i, env in enumerate(self.envs):
-            env.action_space.seed(base + i)
-        self.obs_dtype = observation_dtype(self.envs[0].observation_space, env_cfg.normalize_obs)
-        self.obs = np.stack(first).astype(self.obs_dtype)
+        self.obs_dtype = observation_dtype(self.backend.observation_space, env_cfg.normalize_obs)
+        self.obs = self.backend.reset(env_cfg.seed + 1000 * actor_index).astype(self.obs_dtype)
+        # actions are drawn from torch's global generator, which every role seeds with env.seed (for
+        # identical initial weights): reseed it per actor, or all MPI actor ranks draw the same noise
+        torch.manual_seed(env_cfg.seed + 1000 * actor_index + 1)
         self.obs_shape = tuple(self.obs.shape[1:])
-        self.ep_return = np.zeros(self.num_envs, dtype=np.float64)
-        self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
+        self.ep_return = np.zeros(N, dtype=np.float64)
+        self.ep_length = np.zeros(N, dtype=np.int64)
         self.clip = env_cfg.clip
         self.obs_rms = RunningMeanStd(self.obs_shape) if env_cfg.normalize_obs else None
         self.ret_rms = RunningMeanStd() if env_cfg.normalize_reward else None
-        self.disc_return = np.zeros(self.num_envs, dtype=np.float64)
+        self.disc_return = np.zeros(N, dtype=np.float64)
         self.gamma = gamma
         self.raw_obs = self.obs
         self.obs = self._norm_obs(self.raw_obs, update=True)
@@ -116,13 +130,16 @@ class VectorSampler:
         self.disc_return[done] = 0.0
         return np.clip(r / np.sqrt(self.ret_rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
 
-    def env_action(self, a: np.ndarray) -> Any:
+    def env_action(self, a: np.ndarray) -> np.ndarray:
+        """The N actions as the env takes them: integers, or Box samples clipped (or rescaled) into the space."""
         if self.discrete:
-            return int(a)
+            return a.astype(np.int64)
+        if self.rescale:
+            return rescale(a, self.low, self.high).astype(np.float32)
         return np.clip(a, self.low, self.high)
 
     def sample(self, algo, model, T: int, version: int, actor: int) -> tuple[dict[str, np.ndarray], list[dict]]:
-        """T steps of every env acting with ``algo.act(model, obs)``; returns (fragment, finished episodes)."""
+        """T steps of every instance acting with ``algo.act(model, obs)``; returns (fragment, finished episodes)."""
         N = self.num_envs
         obs = np.empty((T, N, *self.obs_shape), dtype=self.obs_dtype)
         actions = np.empty((T, N, *self.action_shape), dtype=np.int64 if self.discrete else np.float32)
@@ -138,31 +155,24 @@ class VectorSampler:
             a, lp, v = algo.act(model, self.obs)
             a = a.cpu().numpy()
             actions[t], logp[t], values[t] = a, lp.cpu().numpy(), v.cpu().numpy()
-            nxt = np.empty_like(self.raw_obs)
-            finals, final_idx = [], []
-            for i, env in enumerate(self.envs):
-                o, r, term, trunc, _ = env.step(self.env_action(a[i]))
-                rewards[t, i] = r
-                terminated[t, i], truncated[t, i] = bool(term), bool(trunc)
-                self.ep_return[i] += r
-                self.ep_length[i] += 1
-                if term or trunc:
-                    if trunc and not term:
-                        finals.append(np.asarray(o, dtype=self.obs_dtype))
-                        final_idx.append(i)
-                    episodes.append({"time": time.time(), "actor": actor, "env_index": i,
-                                     "return": float(self.ep_return[i]), "length": int(self.ep_length[i]),
-                                     "policy_version": version})
-                    self.ep_return[i], self.ep_length[i] = 0.0, 0
-                    o, _ = env.reset()
-                nxt[i] = o
-            if finals:
+            step = self.backend.step(self.env_action(a))
+            rewards[t], terminated[t], truncated[t] = step.rewards, step.terminated, step.truncated
+            self.ep_return += step.rewards
+            self.ep_length += 1
+            done = step.terminated | step.truncated
+            now = time.time()
+            for i in np.flatnonzero(done):
+                episodes.append({"time": now, "actor": actor, "env_index": int(i), "return": float(self.ep_return[i]),
+                                 "length": int(self.ep_length[i]), "policy_version": version})
+            self.ep_return[done], self.ep_length[done] = 0.0, 0
+            boot = np.flatnonzero(step.truncated & ~step.terminated)
+            if boot.size:
                 with torch.no_grad():
-                    final = self._norm_obs(np.stack(finals), update=False)
-                    final_values[t, final_idx] = algo.value(model, final).cpu().numpy()
-            rewards[t] = self._scale_rewards(rewards[t], (terminated[t] | truncated[t]).astype(bool))
-            self.raw_obs = nxt
-            self.obs = self._norm_obs(nxt, update=True)
+                    final = self._norm_obs(step.final_obs[boot], update=False)
+                    final_values[t, boot] = algo.value(model, final).cpu().numpy()
+            rewards[t] = self._scale_rewards(rewards[t], done)
+            self.raw_obs = step.obs
+            self.obs = self._norm_obs(step.obs, update=True)
         with torch.no_grad():
             last_value = algo.value(model, self.obs).cpu().numpy().astype(np.float32)
         fragment = {"obs": obs, "actions": actions, "rewards": rewards, "terminated": terminated,
@@ -172,5 +182,4 @@ class VectorSampler:
         return fragment, episodes
 
     def close(self) -> None:
-        for env in self.envs:
-            env.close()
+        self.backend.close()

@@ -37,7 +37,7 @@ from torch import Tensor
 from torch.distributions import kl_divergence
 
 from hpcrl.algos.base import Algorithm
-from hpcrl.algos.ppo import FRAGMENT_KEYS, RatioFn, minibatches, ratio_fn_for, update_kl_coeff
+from hpcrl.algos.ppo import FRAGMENT_KEYS, RatioFn, clipped_surrogate, minibatches, ratio_fn_for, update_kl_coeff
 from hpcrl.algos.returns import next_values_from, vtrace
 
 
@@ -80,20 +80,8 @@ def impact_loss(batch: Mapping[str, Tensor], model, cfg, kl_coeff: float, window
     dist = model.dist(batch["obs"])
     logp = model.log_prob(dist, batch["actions"])
     value = model.value(batch["obs"])
-    target_logp = batch["target_logp"]
-    raw_ratio = torch.exp(logp - target_logp)
-    if ratio_fn is not None:
-        learners = logp.unsqueeze(0)
-        if window_logps is not None:
-            learners = torch.cat([learners, window_logps.detach().to(logp.dtype)], dim=0)
-        ratio = ratio_fn(learners, target_logp)
-    else:
-        ratio = raw_ratio
-    adv = batch["advantages"]
-    if cfg.normalize_advantages and adv.numel() > 1:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1.0 - cfg.clip, 1.0 + cfg.clip) * adv)
-    policy_loss = -surrogate.mean()
+    policy_loss, ratio = clipped_surrogate(logp, batch["target_logp"], batch["advantages"], cfg, window_logps,
+                                           ratio_fn)
     value_loss = 0.5 * (value - batch["vs"]).square().mean()
     kl_each = kl_divergence(model.target_dist(batch["obs"]), dist)
     kl = (kl_each if model.discrete else kl_each.sum(-1)).mean()

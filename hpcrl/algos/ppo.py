@@ -125,6 +125,28 @@ def minibatches(batch: Mapping[str, Tensor], size: int, generator: torch.Generat
         yield {k: v[idx] for k, v in batch.items()}
 
 
+def clipped_surrogate(logp: Tensor, denom_logp: Tensor, advantages: Tensor, cfg, window_logps: Tensor | None = None,
+                      ratio_fn: RatioFn | None = None) -> tuple[Tensor, Tensor]:
+    """-E[min(r A, clip(r, 1 - clip, 1 + clip) A)] and the ratio r used (Schulman et al. 2017, Eq. 7).
+
+    r = pi/denom (denom: the behaviour policy mu for PPO, the target policy for IMPACT), or with
+    ``ratio_fn`` Stellaris' truncated ratio over [logp; window_logps] (Eq. 2). Advantages are
+    standardised within the minibatch when ``cfg.normalize_advantages``.
+    """
+    if ratio_fn is not None:
+        learners = logp.unsqueeze(0)
+        if window_logps is not None:
+            learners = torch.cat([learners, window_logps.detach().to(logp.dtype)], dim=0)
+        ratio = ratio_fn(learners, denom_logp)
+    else:
+        ratio = torch.exp(logp - denom_logp)
+    adv = advantages
+    if cfg.normalize_advantages and adv.numel() > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1.0 - cfg.clip, 1.0 + cfg.clip) * adv)
+    return -surrogate.mean(), ratio
+
+
 def ppo_loss(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | None = None,
              ratio_fn: RatioFn | None = None, kl_coeff: float | None = None,
              vf_clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
@@ -139,18 +161,7 @@ def ppo_loss(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | No
     mu_logp = batch["behaviour_logp"]
     log_r = logp - mu_logp
     raw_ratio = torch.exp(log_r)
-    if ratio_fn is not None:
-        learners = logp.unsqueeze(0)
-        if window_logps is not None:
-            learners = torch.cat([learners, window_logps.detach().to(logp.dtype)], dim=0)
-        ratio = ratio_fn(learners, mu_logp)
-    else:
-        ratio = raw_ratio
-    adv = batch["advantages"]
-    if cfg.normalize_advantages and adv.numel() > 1:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1.0 - cfg.clip, 1.0 + cfg.clip) * adv)
-    policy_loss = -surrogate.mean()
+    policy_loss, ratio = clipped_surrogate(logp, mu_logp, batch["advantages"], cfg, window_logps, ratio_fn)
     ret = batch["returns"]
     value_err = (value - ret) ** 2
     if vf_clip is not None:

@@ -6,6 +6,13 @@ a fixed probe batch of states (Categorical log-probabilities, or Gaussian means 
 log-std); an actor evaluates its own policy on the same states, computes the mean KL
 divergence KL(published || own) over the probe batch, and pulls the full weights only
 when it exceeds ``actors.aaps_delta``.
+
+Two variants live here. :class:`Probe` (``actors.weight_sync: aaps``) is what the runtime's actors
+use: an actor decides alone from the weight board, with no message per decision, which suits many
+actor ranks polling one parameter rank. :class:`VisitedStateAAPS` is the seed's rule (KL over the
+states the actor visited) and is what ``hpcrl.ClusterEnv`` uses, where the head already receives
+those states with every step; the runtime's actors would need their fragments' policy outputs sent
+to the learner and an estimate sent back to use it (a later change, not a different rule).
 """
 from __future__ import annotations
 

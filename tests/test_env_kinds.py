@@ -184,8 +184,9 @@ def _cases(tmp: Path, caches: Path) -> dict[str, tuple[list[str], int]]:
         "les_probes": (les + ["env.num_envs=1", "actors.fragment_length=4", "stop.total_env_steps=256",
                               "algo.train_batch_size=64", "algo.minibatch_size=32"], 16),
         "wallmodel_tiny": ([f"env.kwargs.{k}={v}" for k, v in SHORT_CHANNEL.items() if k != "preset"]
-                           + [f"env.kwargs.cache_dir={caches / 'channel'}", "env.num_envs=1", "actors.fragment_length=3",
-                              "stop.total_env_steps=192", "algo.train_batch_size=96", "algo.minibatch_size=48"], 32),
+                           + [f"env.kwargs.cache_dir={caches / 'channel'}", "env.num_envs=1",
+                              "actors.fragment_length=3", "stop.total_env_steps=192", "algo.train_batch_size=96",
+                              "algo.minibatch_size=48"], 32),
         "foam_relaxation": (["env.kwargs.iterations_per_step=5", "env.kwargs.max_iterations=10",
                              f"env.kwargs.work_dir={tmp / 'foam'}", "actors.count=1", "actors.fragment_length=2",
                              "stop.total_env_steps=2", "algo.train_batch_size=2", "algo.minibatch_size=2"], 1),

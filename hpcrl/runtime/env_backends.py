@@ -10,9 +10,9 @@ A backend steps its N instances together and resets the ones that ended in the s
     backend.close()
 
 :class:`Step` holds ``obs`` (for an instance that ended: the first observation of its next
-episode), ``rewards`` [N] (float64 where the env gives Python floats), ``terminated`` and ``truncated`` [N] bool, and ``final_obs``
-([N, *obs_shape]: the observation each instance that ended ended in; equal to ``obs`` elsewhere),
-from which the sampler bootstraps truncated episodes.
+episode), ``rewards`` [N] (float64 unless the env computes float32), ``terminated`` and
+``truncated`` [N] bool, and ``final_obs`` ([N, *obs_shape]: the observation each instance that
+ended ended in; equal to ``obs`` elsewhere), from which the sampler bootstraps truncated episodes.
 
 Kinds (``hpcrl.envs.spec(id).kind``; Gymnasium ids are ``gym``):
 
@@ -38,6 +38,8 @@ from hpcrl.errors import ConfigError
 
 @dataclass
 class Step:
+    """One step of all N instances (see the module docstring)."""
+
     obs: np.ndarray
     rewards: np.ndarray
     terminated: np.ndarray
@@ -52,7 +54,7 @@ def env_kind(env_id: str) -> str:
 
 
 def make_backend(env_cfg, count: int | None = None) -> "GymBackend | BatchedBackend | ParallelBackend":
-    """The backend of ``env_cfg.id``'s kind with ``count`` (default ``env_cfg.num_envs``) envs, instances or copies."""
+    """The backend of ``env_cfg.id``'s kind: ``count`` (default ``env_cfg.num_envs``) envs, instances or copies."""
     env_id, kwargs, n = env_cfg.id, env_cfg.kwargs, env_cfg.num_envs if count is None else count
     kind = env_kind(env_id)
     if kind == "batched":

@@ -59,6 +59,7 @@ def describe_env(env_cfg) -> EnvInfo:
 
 
 def check_rescalable(env_id: str, space: spaces.Space) -> None:
+    """ConfigError unless ``space`` is a Box with finite bounds (what env.rescale_actions maps onto)."""
     if not (isinstance(space, spaces.Box) and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
         raise ConfigError(f"env.rescale_actions: needs a Box action space with finite bounds; {env_id!r} has "
                           f"{space}; set env.rescale_actions=false")
@@ -92,7 +93,7 @@ class VectorSampler:
         self.num_envs = N = self.backend.num_envs
         space = self.backend.action_space
         self.discrete = isinstance(space, spaces.Discrete)
-        self.rescale = bool(env_cfg.rescale_actions) and not self.discrete
+        self.rescale = bool(env_cfg.rescale_actions)
         if self.rescale:
             check_rescalable(env_cfg.id, space)
         self.low = None if self.discrete else np.asarray(space.low, dtype=np.float32)

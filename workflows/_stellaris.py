@@ -85,3 +85,23 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def run_grid(parsl_cfg, apps: list, summarise, out: Path, what: str):
+    """Run every prepared app (``(meta, AppRun)`` pairs) as a Parsl MPI app, then the dependent ``summarise``
+    app on their metadata; its rows, or None (with one line saying where the logs are) when a run failed."""
+    import parsl
+
+    from _common import parsl_scripts_on_path
+    from hpcrl.parsl_runs import mpi_run
+
+    parsl_scripts_on_path()
+    with parsl.load(parsl_cfg):
+        futures = [mpi_run(run.command, stdout=str(run.job_dir / "app.out"), stderr=str(run.job_dir / "app.err"),
+                           parsl_resource_specification=run.resources) for _, run in apps]
+        summary = summarise([meta for meta, _ in apps], str(out), inputs=futures)
+        try:
+            return summary.result()
+        except Exception as exc:  # a run failed, so the summary never ran
+            print(f"{what} failed: {exc}; see the app.out/app.err files under {out}")
+            return None

@@ -26,13 +26,12 @@ import argparse
 import sys
 from pathlib import Path
 
-import parsl
 from parsl import python_app
 
-from _common import ConfigError, fail, make_config, parsl_scripts_on_path, site_settings, stamp
-from _stellaris import (RUN_COLUMNS, WORKLOADS, artifact_logs, curves, mean_std, pyplot, run_numbers, workload_config,
-                        write_csv)
-from hpcrl.parsl_runs import mpi_run, prepare
+from _common import ConfigError, fail, make_config, site_settings, stamp
+from _stellaris import (RUN_COLUMNS, WORKLOADS, artifact_logs, curves, mean_std, pyplot, run_grid, run_numbers,
+                        workload_config, write_csv)
+from hpcrl.parsl_runs import prepare
 from hpcrl.sites.parsl_configs import SITES
 
 POLICIES = ("stellaris", "sync", "pure_async", "ssp", "softsync")
@@ -129,16 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         return fail(str(exc))
     print(f"stellaris grid {out} on {args.site}: {args.workload}, {args.algos} x {args.policies} x {args.repeats}")
-    parsl_scripts_on_path()
-    with parsl.load(parsl_cfg):
-        futures = [mpi_run(run.command, stdout=str(run.job_dir / "app.out"), stderr=str(run.job_dir / "app.err"),
-                           parsl_resource_specification=run.resources) for _, run in apps]
-        summary = summarise([meta for meta, _ in apps], str(out), inputs=futures)
-        try:
-            rows = summary.result()
-        except Exception as exc:  # a run failed, so the summary never ran
-            print(f"grid failed: {exc}; see the app.out/app.err files under {out}")
-            return 1
+    rows = run_grid(parsl_cfg, apps, summarise, out, "grid")
+    if rows is None:
+        return 1
     print(f"{'algo':<7} {'policy':<16} {'final return':>16} {'wall s':>9} {'cost $':>10} {'staleness':>9}")
     for r in rows:
         print(f"{r['algo']:<7} {r['policy']:<16} {r['final_return_mean']:>9.1f} +- {r['final_return_std']:<4.1f} "

@@ -22,13 +22,12 @@ import argparse
 import sys
 from pathlib import Path
 
-import parsl
 from parsl import python_app
 
-from _common import ConfigError, fail, make_config, parsl_scripts_on_path, site_settings, stamp
-from _stellaris import (RUN_COLUMNS, WORKLOADS, artifact_logs, mean_std, pyplot, run_numbers, workload_config,
-                        write_csv)
-from hpcrl.parsl_runs import mpi_run, prepare
+from _common import ConfigError, fail, make_config, site_settings, stamp
+from _stellaris import (RUN_COLUMNS, WORKLOADS, artifact_logs, mean_std, pyplot, run_grid, run_numbers,
+                        workload_config, write_csv)
+from hpcrl.parsl_runs import prepare
 from hpcrl.sites.parsl_configs import SITES
 
 GRID = {"d": (0.92, 0.94, 0.96, 0.98, 1.0), "v": (1, 2, 3, 4), "rho": (0.6, 0.8, 1.0, 1.2)}
@@ -110,16 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc))
     print(f"stellaris sensitivity {out} on {args.site}: {args.workload} {args.algo}, {len(grid)} values x "
           f"{args.repeats} repeats")
-    parsl_scripts_on_path()
-    with parsl.load(parsl_cfg):
-        futures = [mpi_run(run.command, stdout=str(run.job_dir / "app.out"), stderr=str(run.job_dir / "app.err"),
-                           parsl_resource_specification=run.resources) for _, run in apps]
-        summary = summarise([meta for meta, _ in apps], str(out), inputs=futures)
-        try:
-            rows = summary.result()
-        except Exception as exc:  # a run failed, so the summary never ran
-            print(f"sensitivity failed: {exc}; see the app.out/app.err files under {out}")
-            return 1
+    rows = run_grid(parsl_cfg, apps, summarise, out, "sensitivity")
+    if rows is None:
+        return 1
     print(f"{'parameter':<9} {'value':>6} {'final return':>18} {'cost $':>18}")
     for r in rows:
         print(f"{r['parameter']:<9} {r['value']:>6} {r['final_return_mean']:>9.1f} +- {r['final_return_std']:<5.1f} "

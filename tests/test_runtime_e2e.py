@@ -199,3 +199,41 @@ def test_watchdog_names_a_stopped_actor_and_ends_the_job(tmp_path):
     assert "rank 3 (actor on " in last and "made no progress" in last, last
     assert elapsed < 60
     read_table(run_dir / "run.h5", "updates")  # the record stays readable
+
+
+def test_kill_9_of_the_parameter_rank_then_resume_keeps_every_key_once(tmp_path):
+    path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000},
+                                 io={"checkpoint_every": 200, "flush_seconds": 0.2})
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # a checkpoint, then updates on disk past it
+            time.sleep(0.3)
+            try:
+                ckpt = load_checkpoint(run_dir) if (run_dir / "checkpoints" / "latest.pt").is_file() else None
+                done = ckpt and len(read_table(run_dir / "run.h5", "updates")["version"]) > ckpt["version"] + 5
+            except Exception:
+                done = False
+            if done:
+                break
+        os.kill(_rank_pid(run_dir, 0), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, out[-3000:]
+    ckpt = load_checkpoint(run_dir)
+    res = hpcrl_run("--resume", str(run_dir), "-o", f"stop.total_env_steps={ckpt['env_steps'] + 400}", timeout=150)
+    assert res.returncode == 0, res.stdout[-3000:]
+    h5 = run_dir / "run.h5"
+    versions = read_table(h5, "updates")["version"]
+    assert np.array_equal(versions, np.arange(1, len(versions) + 1))
+    grads = read_table(h5, "gradients")
+    assert np.array_equal(np.sort(grads["seq"]), np.arange(len(grads["seq"])))  # one group: each seq once
+    assert np.array_equal(read_table(h5, "rounds")["round"], np.arange(len(read_table(h5, "rounds")["round"])))
+    actors = read_table(h5, "actors")
+    for a in (0, 1):
+        frags = np.sort(actors["fragment"][actors["actor"] == a])
+        assert np.array_equal(frags, np.arange(len(frags)))
+    assert '"discarded"' in str(read_attrs(h5)["resumed"][0])

@@ -96,7 +96,7 @@ class LearnerGroup:
         t = time.perf_counter()
         batch = self.algo.prepare(fragments, self.model)
         compute += time.perf_counter() - t
-        new_steps = steps
+        new_steps, completed = steps, False
         for mb in self.algo.minibatches(batch, self.generator):
             self.fault.check()
             self.heartbeat.beat()
@@ -115,10 +115,9 @@ class LearnerGroup:
                 break
             new_steps = 0
         else:
-            self._activity(start_unix, compute, steps)
-            return True
+            completed = True
         self._activity(start_unix, compute, steps)
-        return False
+        return completed
 
     def _pull_weights(self) -> int | None:
         """Newest weights into the model; their version (None: the run is stopping).
@@ -127,28 +126,29 @@ class LearnerGroup:
         its last base version (lockstep), so every applied gradient has staleness 0.
         """
         if self.lockstep and self.last_base is not None:
-            backoff = Backoff(5e-5, 1e-3)
-            while self.job.board.latest_version() <= self.last_base:
-                self.heartbeat.beat()
-                if self._stopping():
-                    return None
-                self.frags += self.receiver.poll()
-                backoff.sleep()
+            if not self._wait_while(lambda: self.job.board.latest_version() <= self.last_base):
+                return None
         if self.cfg.aggregation.policy == "ssp":  # too far ahead of the slowest group: wait (Ho et al. 2013)
-            backoff = Backoff(5e-5, 1e-3)
             held = control.held_word(self.cfg.learners.groups, self.g)
-            while self.job.counters.read(held):
-                self.heartbeat.beat()
-                if self._stopping():
-                    return None
-                self.frags += self.receiver.poll()
-                backoff.sleep()
+            if not self._wait_while(lambda: self.job.counters.read(held)):
+                return None
         version = self.job.board.read_latest(self.weights)
         self.model.flat.load_(self.weights)
         G = self.cfg.learners.groups
         if self.window:  # the others' IS window needs our base version
             self.job.counters.set(control.base_word(G, self.g), version)
         return version
+
+    def _wait_while(self, condition) -> bool:
+        """Sleep (still receiving fragments, still beating) while ``condition()``; False if the run stops."""
+        backoff = Backoff(5e-5, 1e-3)
+        while condition():
+            self.heartbeat.beat()
+            if self._stopping():
+                return False
+            self.frags += self.receiver.poll()
+            backoff.sleep()
+        return True
 
     def _window_logps(self, mb: dict, version: int, words: np.ndarray) -> list[np.ndarray] | None:
         """Log-probs of the minibatch actions under the other active groups' base versions."""
@@ -237,13 +237,18 @@ class LearnerGroup:
         while True:
             self.fault.check()
             work = control.recv_polling(comm, 0, control.TAG_WORK, Backoff(5e-5, 2e-3),
-                                        abandon=lambda: self.heartbeat.beat() and False)
+                                        abandon=self._beat_and_go_on)
             if work is None:
                 self.reducer.close()
                 return
             self.model.flat.load_(work["weights"])
             batch = {k: torch.as_tensor(v, device=self.model.device) for k, v in work["batch"].items()}
             self._local_gradient(batch, work["window"])
+
+    def _beat_and_go_on(self) -> bool:
+        """A member's wait for work: a sign of life for the watchdog, never a reason to give up."""
+        self.heartbeat.beat()
+        return False
 
     def close_on_error(self) -> None:
         pass

@@ -202,11 +202,8 @@ class ParameterRank:
     def _receive_gradients(self) -> bool:
         got = self.mailbox.poll()
         for header, grad in got:
-            stats = dict(zip(control.GRAD_STATS, header["stats"]))
-            rec = GradientRecord(group=header["group"], seq=header["seq"], base_version=header["base_version"],
-                                 samples=header["samples"], grad=grad, stats=stats, received_at=self.run_file.now())
-            self.gradients += 1
-            self.seq_next[rec.group] = max(self.seq_next[rec.group], rec.seq + 1)
+            rec = self._arrived(header, grad)
+            stats = rec.stats
             new_steps = int(stats.get("new_env_steps", 0))
             self.consumed += new_steps
             self._round_stats["env_steps"] += new_steps
@@ -219,6 +216,15 @@ class ParameterRank:
             while self.consumed >= (self.round + 1) * self.cfg.round_steps:
                 self._end_round()
         return bool(got)
+
+    def _arrived(self, header: dict, grad: np.ndarray) -> GradientRecord:
+        """A gradient copied out of the mailbox, counted, as the admission policy's record."""
+        rec = GradientRecord(group=header["group"], seq=header["seq"], base_version=header["base_version"],
+                             samples=header["samples"], grad=grad, stats=dict(zip(control.GRAD_STATS, header["stats"])),
+                             received_at=self.run_file.now())
+        self.gradients += 1
+        self.seq_next[rec.group] = max(self.seq_next[rec.group], rec.seq + 1)
+        return rec
 
     def _admit(self) -> None:
         while (adm := self.policy.admit(self.queue, self.version, self.active)) is not None:
@@ -393,12 +399,7 @@ class ParameterRank:
         while True:
             busy = self._drain_messages()
             for header, grad in self.mailbox.poll():  # pushes that were already under way
-                stats = dict(zip(control.GRAD_STATS, header["stats"]))
-                rec = GradientRecord(header["group"], header["seq"], header["base_version"], header["samples"],
-                                     grad, stats, self.run_file.now())
-                self.gradients += 1
-                self.seq_next[rec.group] = max(self.seq_next[rec.group], rec.seq + 1)
-                self.queue.append(rec)
+                self.queue.append(self._arrived(header, grad))
                 busy = True
             if self.counters.read(control.ACTORS_DONE) >= A and self.counters.read(control.LEARNERS_DONE) >= G:
                 if not self._drain_messages():

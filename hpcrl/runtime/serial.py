@@ -60,14 +60,13 @@ def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort
     topos = topologies(cfg)
     parts = [role_parts(cfg, env, topo) for topo in topos]
     model0 = parts[0][1]
-    probe_states = None
-    if cfg.actors.weight_sync == "aaps":
-        from hpcrl.runtime.aaps import Probe, probe_states as make_states
+    probes = [None] * len(parts)
+    if cfg.actors.weight_sync == "aaps":  # one probe per role (each evaluates its own model), one set of states
+        from hpcrl.runtime.aaps import Probe, probe_states
 
-        probe_states = make_states(cfg.env, cfg.actors.probe_batch)
-        probe_size = Probe(probe_states, model0, cfg.actors.aaps_delta).size
-    else:
-        probe_size = 0
+        states = probe_states(cfg.env, cfg.actors.probe_batch)
+        probes = [Probe(states, model, cfg.actors.aaps_delta) for _, model, _ in parts]
+    probe_size = 0 if probes[0] is None else probes[0].size
     P = model0.flat.num_params
     counters = LocalCounters(control.num_counters(G, cfg.num_ranks), abort)
     mailbox = LocalMailbox(G, cfg.aggregation.mailbox_slots, P, stats_capacity=len(control.GRAD_STATS))
@@ -75,12 +74,7 @@ def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort
     reports = LocalReports()
     fragments = LocalFragments(fragment_layout_for(cfg, env, model0), G, A, cfg.actors.max_in_flight, abort)
     jobs = []
-    for topo, (algo, model, traj_layout) in zip(topos, parts):
-        probe = None
-        if probe_states is not None:
-            from hpcrl.runtime.aaps import Probe
-
-            probe = Probe(probe_states, model, cfg.actors.aaps_delta)
+    for topo, (algo, model, traj_layout), probe in zip(topos, parts, probes):
         jobs.append(Job(cfg=cfg, topo=topo, run_dir=run_dir, resume=resume, runner="serial", algo=algo,
                         model=model, env=env, traj_layout=traj_layout, counters=counters, mailbox=mailbox,
                         board=board, reports=reports, fragments=fragments, probe=probe, rolled_back=rolled_back,

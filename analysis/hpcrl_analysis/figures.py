@@ -252,26 +252,37 @@ def cost(runs: list[Run], path: Path, prices: dict) -> Path:
 
 
 def latency(runs: list[Run], path: Path, prices: dict) -> Path:
-    """Per round, mean seconds per event of each phase of the loop, stacked; one panel per run."""
+    """Per round, stacked mean seconds per event: left the whole loop (actor, learner, parameter), right the
+    learner group's cycle per gradient by phase (learner_cycles); one row of panels per run."""
     shown = runs[:6]
-    fig, axes = plt.subplots(len(shown), 1, figsize=(10.5, 2.8 * len(shown) + 0.8), squeeze=False)
-    for ax, r, name in zip(axes[:, 0], shown, names(shown)):
+    fig, axes = plt.subplots(len(shown), 2, figsize=(15, 2.8 * len(shown) + 0.8), squeeze=False)
+    for (ax, ac), r, name in zip(axes, shown, names(shown)):
         pr = M.per_round(r, prices)
-        bottom = np.zeros(len(pr["round_id"]))
-        for key, phase in PHASES:
-            v = np.nan_to_num(pr[key])
-            ax.bar(pr["round_id"], v, bottom=bottom, label=phase, width=0.8)
-            bottom += v
+        for a, phases, scale in ((ax, PHASES, 1.0), (ac, [(f"cycle_{p}", p) for p in M.LEARNER_PHASES], 1e3)):
+            bottom = np.zeros(len(pr["round_id"]))
+            for i, (key, phase) in enumerate(phases):
+                v = np.nan_to_num(pr[key]) * scale
+                a.bar(pr["round_id"], v, bottom=bottom, label=phase, width=0.8, color=_phase_color(i))
+                bottom += v
+            a.grid(alpha=0.3, axis="y")
+            a.xaxis.get_major_locator().set_params(integer=True)
         if not len(pr["round_id"]):
             _empty(ax, "rounds")
+        if not r.rows("learner_cycles"):
+            _empty(ac, "learner cycles")
         ax.set_ylabel("seconds per event")
         ax.set_title(f"{name}: latency breakdown per round (mean per fragment / gradient / update)", fontsize=10)
-        ax.grid(alpha=0.3, axis="y")
-    axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    axes[-1, 0].set_xlabel("round k")
-    for ax in axes[:, 0]:
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        ac.set_ylabel("ms per gradient")
+        ac.set_title(f"{name}: learner cycle per gradient, by phase", fontsize=10)
+    axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[0, 1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    for a in axes[-1]:
+        a.set_xlabel("round k")
     return _save(fig, path)
+
+
+def _phase_color(i: int):
+    return plt.get_cmap("tab20")(i % 20)
 
 
 def all_figures(runs: list[Run], out: Path, prices: dict) -> dict[str, Path]:

@@ -85,7 +85,10 @@ class Run:
         return len(next(iter(t.values()))) if t else 0
 
 
-TABLE_NAMES = ("rank_map", "updates", "gradients", "episodes", "learner_activity", "rounds", "actors")
+TABLE_NAMES = ("rank_map", "updates", "gradients", "episodes", "learner_activity", "rounds", "actors",
+               "learner_cycles", "parameter_load")
+LATER_TABLES = ("learner_cycles", "parameter_load")
+"""Tables added to schema 1 later: a file from before them is still complete without them."""
 REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); a fill value there = never written
     "rank_map": ("rank", "role"),
     "updates": ("time", "version", "round", "num_gradients"),
@@ -94,6 +97,8 @@ REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); 
     "learner_activity": ("time_start", "time_end", "group", "compute_seconds"),
     "rounds": ("round", "start", "duration"),
     "actors": ("time", "actor", "fragment"),
+    "learner_cycles": ("time", "group", "seq", "cycle_seconds"),
+    "parameter_load": ("time", "interval_seconds", "gradients"),
 }
 
 
@@ -164,7 +169,7 @@ def load_run(run_dir: str | Path, label: str | None = None) -> Run:
                     if name in f:
                         run.tables[name], problems = _read_group(f, name)
                         run.notes += problems
-                    else:
+                    elif name not in LATER_TABLES:
                         run.notes.append(f"table '{name}' missing")
                 if "episodes" not in f:
                     raise AnalysisError(f"{h5}: table 'episodes' is missing (not a complete hpcrl run file)")

@@ -16,6 +16,9 @@ import numpy as np
 from .h5read import Run
 
 GRADIENT_REASONS = ("admitted", "too_stale", "nonfinite", "shutdown", "inactive_group")
+LEARNER_PHASES = ("idle", "receive", "prepare", "minibatch", "control", "weights", "window", "gradient",
+                  "flatten", "allreduce", "push", "push_wait")
+"""Phases of the learner_cycles table (hpcrl.runtime.cycle_profile; this folder never imports hpcrl)."""
 
 # Stellaris (SC'24) Section VIII-A footnote: AWS us-east-2 hourly prices; 4 learner functions per V100.
 DEFAULT_PRICES = {
@@ -227,7 +230,10 @@ def compute_per_round(run: Run, prices: dict) -> dict[str, np.ndarray]:
     layout = ranks(run)
     out: dict[str, list] = {c: [] for c in CSV_COLUMNS}
     extra: dict[str, list] = {k: [] for k in ("active_groups", "start", "sample", "transport", "compute", "mailbox",
-                                              "queue", "aggregate", "publish")}
+                                              "queue", "aggregate", "publish",
+                                              *(f"cycle_{p}" for p in LEARNER_PHASES))}
+    cy = run.table("learner_cycles")
+    cy_round = assign_rounds(cy["time"].astype(np.float64), starts, ends) if cy else np.zeros(0, int)
     learner_fn = unit_price_per_second(prices, "learner", serverless=True)
     actor_unit = unit_price_per_second(prices, "actor", serverless=True)
     for i in range(n):
@@ -268,6 +274,9 @@ def compute_per_round(run: Run, prices: dict) -> dict[str, np.ndarray]:
         extra["queue"].append(mean(g, gr, "queue_seconds"))
         extra["aggregate"].append(mean(up, in_up, "aggregate_seconds"))
         extra["publish"].append(mean(up, in_up, "publish_seconds"))
+        in_cy = cy_round == i
+        for p in LEARNER_PHASES:
+            extra[f"cycle_{p}"].append(mean(cy, in_cy, f"{p}_seconds"))
     return {k: np.asarray(v) for k, v in {**out, **extra}.items()}
 
 
@@ -327,6 +336,37 @@ def elasticity(run: Run) -> dict[str, np.ndarray]:
     return out
 
 
+# ---- where the time goes: learner cycle, parameter rank load ------------------------------------
+
+def learner_cycle(run: Run) -> dict[str, float]:
+    """Mean seconds per gradient of the whole learner cycle (``cycle``) and of each phase; {} if not recorded."""
+    cy = run.table("learner_cycles")
+    if not cy or not len(cy["cycle_seconds"]):
+        return {}
+    out = {"gradients": float(len(cy["cycle_seconds"])), "cycle": float(np.nanmean(cy["cycle_seconds"]))}
+    for p in LEARNER_PHASES:
+        col = cy.get(f"{p}_seconds")
+        out[p] = float(np.nanmean(col)) if col is not None and np.isfinite(col).any() else 0.0
+    return out
+
+
+def parameter_absorption(run: Run) -> dict[str, float]:
+    """The parameter rank's capacity vs its load over the run: gradients per second of gradient work
+    (absorption) and per wall second (arrival), the busy fraction, and the parameter count."""
+    ld = run.table("parameter_load")
+    out = {"absorption_rate": math.nan, "arrival_rate": math.nan, "busy_fraction": math.nan,
+           "num_params": float(run.attrs.get("num_params", math.nan))}
+    if not ld or not len(ld["time"]):
+        return out
+    n = float(np.nansum(ld["gradients"]))
+    work = sum(float(np.nansum(ld[f"{p}_seconds"])) for p in ("receive", "admit", "apply", "publish"))
+    wall = float(np.nansum(ld["interval_seconds"]))
+    out["absorption_rate"] = n / work if n and work > 0 else math.nan
+    out["arrival_rate"] = n / wall if wall > 0 else math.nan
+    out["busy_fraction"] = 1.0 - float(np.nansum(ld["idle_seconds"])) / wall if wall > 0 else math.nan
+    return out
+
+
 def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
     """One run's headline numbers (rows of the Markdown / HTML summary table)."""
     ax = episode_axes(run)
@@ -335,6 +375,7 @@ def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
     st = admitted_staleness(run)["staleness"]
     pr = per_round(run, prices)
     rets = ax["return"]
+    cyc, absorb = learner_cycle(run), parameter_absorption(run)
     return {
         "run": run.label,
         "directory": str(run.path),
@@ -353,6 +394,11 @@ def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
         f"cost serverless ({prices['currency']})": c["serverless_learner"] + c["serverless_actor"] + c["serverless_parameter"],
         f"cost serverful ({prices['currency']})": c["serverful_learner"] + c["serverful_actor"] + c["serverful_parameter"],
         f"cost Stellaris per-round sum ({prices['currency']})": float(np.nansum(pr["cost"])) if len(pr["cost"]) else 0.0,
+        "learner cycle (ms per gradient)": 1e3 * cyc.get("cycle", math.nan),
+        "learner cycle, largest phases (ms)": ", ".join(
+            f"{p} {1e3 * cyc[p]:.2g}" for p in sorted(LEARNER_PHASES, key=lambda q: -cyc[q])[:4]) if cyc else "-",
+        "parameter absorption (gradients/s of work)": absorb["absorption_rate"],
+        "gradient arrival (gradients/s)": absorb["arrival_rate"],
         # notes hold every table that was cut, had fill-value rows or was missing (h5read.load_run)
         "status": "; ".join(run.notes) or "complete tables",
     }

@@ -135,6 +135,9 @@ class RunFile(TimedFlushFile):
             notes = [str(n) for n in np.atleast_1d(f.attrs.get("resumed", np.array([], dtype=object)))]
             f.attrs["resumed"] = np.array([*notes, note], dtype=h5py.string_dtype())
             for spec in TABLES.values():
+                if spec.name not in f:  # a table added to the schema after the file was made
+                    run._tables[spec.name] = Table.create(f, spec, run.compression)
+                    continue
                 try:
                     run._tables[spec.name] = Table.open(f, spec)
                 except KeyError as exc:

@@ -27,6 +27,7 @@ import torch
 
 from hpcrl.runtime import control
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.cycle_profile import CycleRecord
 from hpcrl.runtime.push import PushAbandoned
 
 
@@ -52,6 +53,7 @@ class LearnerGroup:
         self.reducer = GroupReducer(job.topo.group_comm, self.model.device) if self.size > 1 else None
         self.lockstep = self.cfg.aggregation.policy == "sync"
         self.last_base: int | None = None
+        self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
 
     # ---- group root ----------------------------------------------------------------------
     def run(self) -> None:
@@ -61,18 +63,25 @@ class LearnerGroup:
         counters = self.job.counters
         backoff = Backoff(5e-5, 2e-3)
         need = self.cfg.group_batch_size
+        lap = self.cycles.lap
+        self.cycles.clock.restart()
         while True:
             self.fault.check()
             self.heartbeat.beat()
+            lap("control")
             self.frags += self.receiver.poll()
+            lap("receive")
             words = counters.read_all()
+            lap("control")
             if words[control.STOP]:
                 break
             if self.g >= words[control.ACTIVE]:  # inactive: nap long, compute nothing, charge nothing
                 time.sleep(0.02)
+                self.cycles.clock.restart()
                 continue
             if sum(f["rewards"].size for f in self.frags) < need:
                 backoff.sleep()
+                lap("idle")
                 continue
             backoff.reset()
             taken, steps = [], 0
@@ -81,6 +90,7 @@ class LearnerGroup:
                 taken.append(f)
                 steps += f["rewards"].size
             counters.add(control.BACKLOG + self.g, -len(taken))
+            lap("control")
             if not self._train(taken, steps):
                 break
         self._finish()
@@ -91,23 +101,28 @@ class LearnerGroup:
     def _train(self, fragments: list[dict], steps: int) -> bool:
         """One gradient push per minibatch of one batch; False when the run is stopping."""
         start_unix, compute = time.time(), 0.0
+        lap = self.cycles.lap
         if self._pull_weights() is None:
             return False
-        t = time.perf_counter()
+        lap("weights")
         batch = self.algo.prepare(fragments, self.model)
-        compute += time.perf_counter() - t
+        compute += lap("prepare")
         new_steps, completed = steps, False
         for mb in self.algo.minibatches(batch, self.generator):
+            lap("minibatch")
             self.fault.check()
             self.heartbeat.beat()
             words = self.job.counters.read_all()
+            lap("control")
             if words[control.STOP]:
                 break
             version = self._pull_weights()
+            lap("weights")
             if version is None:
                 break
             t = time.perf_counter()
             window = self._window_logps(mb, version, words)
+            lap("window")
             grad, stats = self._group_gradient(mb, version, window)
             dt = time.perf_counter() - t
             compute += dt
@@ -142,12 +157,16 @@ class LearnerGroup:
     def _wait_while(self, condition) -> bool:
         """Sleep (still receiving fragments, still beating) while ``condition()``; False if the run stops."""
         backoff = Backoff(5e-5, 1e-3)
+        lap = self.cycles.lap
         while condition():
             self.heartbeat.beat()
             if self._stopping():
                 return False
+            lap("control")
             self.frags += self.receiver.poll()
+            lap("receive")
             backoff.sleep()
+            lap("idle")
         return True
 
     def _window_logps(self, mb: dict, version: int, words: np.ndarray) -> list[np.ndarray] | None:
@@ -176,17 +195,25 @@ class LearnerGroup:
                                            "window": share_window}, dest=r, tag=control.TAG_WORK)
             mine = shares[0]
             window = None if window is None else [w[0::self.size] for w in window]
+            self.cycles.lap("allreduce")
         else:
             mine = mb
-        return self._local_gradient(mine, window)
+        return self._local_gradient(mine, window, self.cycles.lap)
 
-    def _local_gradient(self, mb: dict, window) -> tuple[np.ndarray, dict]:
+    def _local_gradient(self, mb: dict, window, lap=None) -> tuple[np.ndarray, dict]:
+        lap = lap or _no_lap
         wl = None if window is None else torch.as_tensor(np.stack(window), device=self.model.device)
         grad, stats = self.algo.compute_gradient(mb, self.model, wl)
+        lap("gradient")
         stats = {k: float(v) for k, v in stats.items()}
         if self.reducer is None:
-            return grad.detach().cpu().numpy(), stats
-        return self.reducer.average(grad), stats
+            out = grad.detach().cpu().numpy()
+            lap("flatten")
+            return out, stats
+        lap("flatten")
+        out = self.reducer.average(grad)
+        lap("allreduce")
+        return out, stats
 
     def _push(self, grad: np.ndarray, version: int, samples: int, stats: dict, compute: float, new_steps: int) -> bool:
         """Put the gradient in a free mailbox slot of this group; wait (sleeping, still receiving
@@ -201,17 +228,18 @@ class LearnerGroup:
             return self._stopping()
 
         try:
-            self.job.mailbox.push(self.g, self.seq, version, samples, grad, vector, abandon=abandon,
-                                  backoff=Backoff(5e-5, 1e-3))
+            waited = self.job.mailbox.push(self.g, self.seq, version, samples, grad, vector, abandon=abandon,
+                                           backoff=Backoff(5e-5, 1e-3))
         except PushAbandoned:
             return False
+        self.cycles.close(self.seq, version, waited)
         self.seq += 1
         self.last_base = version
         return True
 
     def _activity(self, start_unix: float, compute: float, samples: int) -> None:
         row = {"time_start": start_unix, "time_end": time.time(), "group": self.g, "compute_seconds": compute,
-               "samples": samples}
+               "samples": samples, "cycles": self.cycles.take_rows()}
         self.job.reports.send("activity", row)
 
     def _finish(self) -> None:
@@ -302,6 +330,10 @@ class GroupReducer:
     def close(self) -> None:
         if self.nccl and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _no_lap(_phase: str) -> float:
+    return 0.0
 
 
 def _numpy(batch: dict) -> dict:

@@ -35,6 +35,7 @@ from hpcrl.io.schema import GRADIENT_REASONS, RUN_FILE, TRAJ_DIR
 from hpcrl.runtime import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
+from hpcrl.runtime.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, aggregate, make_policy
 
@@ -98,6 +99,9 @@ class ParameterRank:
         self._round_t0 = self.run_file.now()
         self._last_ckpt_update = self.updates
         self._next_elastic = 0.0
+        self.clock = PhaseClock(PARAMETER_PHASES)  # where this rank's time goes (parameter_load)
+        self.lap = self.clock.lap
+        self._load_counts = (self.gradients, self.admitted, self.updates)
 
     # ---- set-up --------------------------------------------------------------------------
     def _open_run_file(self) -> RunFile:
@@ -122,7 +126,8 @@ class ParameterRank:
         }
         return RunFile.create(path, self.cfg.to_yaml(), rank_map, self.cfg.io.compression,
                               traj_layout=self.job.traj_layout, num_actors=self.cfg.actors.count,
-                              flush_seconds=self.cfg.io.flush_seconds, attrs={"runner": self.job.runner})
+                              flush_seconds=self.cfg.io.flush_seconds,
+                              attrs={"runner": self.job.runner, "num_params": self.flat.num_params})
 
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.main)."""
@@ -179,10 +184,13 @@ class ParameterRank:
 
     def run(self) -> None:
         progress = self.job.progress
+        lap = self.lap
+        self.clock.restart()
         while self.stop_reason is None:
             self.fault.check()
             busy = self._receive_gradients()
             busy |= self._drain_messages()
+            lap("record")
             now = time.monotonic()
             if now >= self._next_elastic:
                 self._next_elastic = now + 0.5
@@ -190,17 +198,37 @@ class ParameterRank:
                 self._elastic()
                 self._check_stop()
                 progress.update(self.stats())
+                lap("other")
+                self._load_row()
             if self.updates - self._last_ckpt_update >= self.cfg.io.checkpoint_every:
                 self.checkpoint()
+                lap("other")
             self.run_file.maybe_flush()
+            lap("record")
             if busy:
                 self.backoff.reset()
             else:
                 self.backoff.sleep()
+                lap("idle")
         self._shutdown()
+
+    def _load_row(self) -> None:
+        """One parameter_load row: the interval since the last one (gradients in, phases, absorption rate)."""
+        elapsed, sec = self.clock.take()
+        g0, a0, u0 = self._load_counts
+        self._load_counts = (self.gradients, self.admitted, self.updates)
+        n = self.gradients - g0
+        work = sec["receive"] + sec["admit"] + sec["apply"] + sec["publish"]
+        self.run_file.append("parameter_load", {
+            "time": self.run_file.now(), "interval_seconds": elapsed, "gradients": n, "applied": self.admitted - a0,
+            "updates": self.updates - u0, **{f"{p}_seconds": sec[p] for p in PARAMETER_PHASES},
+            "absorption_rate": n / work if n and work > 0 else math.nan,
+            "arrival_rate": n / elapsed if elapsed > 0 else math.nan,
+        })
 
     def _receive_gradients(self) -> bool:
         got = self.mailbox.poll()
+        self.lap("receive")
         for header, grad in got:
             rec = self._arrived(header, grad)
             stats = rec.stats
@@ -212,9 +240,11 @@ class ParameterRank:
                 self._gradient_row(rec, admitted=False, reason="nonfinite")
                 continue
             self.queue.append(rec)
+            self.lap("admit")
             self._admit()
             while self.consumed >= (self.round + 1) * self.cfg.round_steps:
                 self._end_round()
+                self.lap("other")
         return bool(got)
 
     def _arrived(self, header: dict, grad: np.ndarray) -> GradientRecord:
@@ -227,17 +257,19 @@ class ParameterRank:
         return rec
 
     def _admit(self) -> None:
+        lap = self.lap
         while (adm := self.policy.admit(self.queue, self.version, self.active)) is not None:
+            lap("admit")
             for step in adm.steps:
-                t = time.perf_counter()
                 self.algo.apply(self.model, self.optimizer, aggregate(step))
                 self.version += 1
-                t_agg = time.perf_counter() - t
-                t = time.perf_counter()
+                t_agg = lap("apply")
                 self._publish()
-                t_pub = time.perf_counter() - t
+                t_pub = lap("publish")
                 self._update_row(step, adm, t_agg, t_pub)
+                lap("record")
             adm.remove_from(self.queue)
+        lap("admit")
         if self.cfg.aggregation.policy == "ssp":  # a group with a held gradient waits before computing more
             held = {rec.group for rec in self.queue}
             for g in range(self.cfg.learners.groups):
@@ -323,13 +355,17 @@ class ParameterRank:
             self._fragment_report(msg)
             busy = True
         for row in reports.drain("activity"):
+            cycles = row.pop("cycles", None)
             self.run_file.append("learner_activity", self._times(row, ("time_start", "time_end")))
+            if cycles and cycles["time"]:
+                self.run_file.append("learner_cycles", self._times(cycles, ("time",)))
             busy = True
         return busy
 
     def _times(self, row: dict, keys) -> dict:
         """Rows from other ranks carry Unix times; the tables count from the run start."""
-        return {k: (v - self.run_file.start_unix if k in keys else v) for k, v in row.items()}
+        t0 = self.run_file.start_unix
+        return {k: (np.asarray(v, dtype=np.float64) - t0 if k in keys else v) for k, v in row.items()}
 
     def _fragment_report(self, msg: dict) -> None:
         r = self._round_stats

@@ -72,8 +72,12 @@ class LearnersConfig(Section):
     """Fewest active learner groups (elasticity lower bound)."""
     max_active: int | None = Field(None, ge=1)
     """Most active learner groups (default: groups)."""
-    backlog_per_group: int = Field(4, ge=1)
-    """Queued fragments per active group above which another group is activated."""
+    elastic_headroom: float = Field(0.2, gt=0, lt=1)
+    """Hysteresis of the elastic rule (runtime/elastic.py): one more group is activated when the actors'
+    sampling rate exceeds the active groups' measured capacity by this fraction (and fragments wait), one is
+    parked when the other active groups would still run below 1 - this fraction of their capacity."""
+    elastic_seconds: float = Field(2.0, gt=0)
+    """Seconds of rate measurements behind each elastic decision, and the least time between two changes."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where learners compute (and, for ha2c/hddpg, where the batched envs and the whole loop run):
     auto = the GPU given by the node-local rank when CUDA is available, else the CPU."""
@@ -255,6 +259,9 @@ class IOConfig(Section):
     """HDF5 files are flushed at least this often, so a killed job leaves readable files."""
     checkpoint_every: int = Field(50, ge=1)
     """Aggregation events between checkpoints (also on SIGTERM/SIGUSR1)."""
+    checkpoint_min_seconds: float = Field(2.0, ge=0)
+    """Least seconds between two periodic checkpoints: each costs the parameter rank a record flush and a
+    file write (tens of ms), which at hundreds of updates per second would take a large share of its core."""
     compression: Literal["gzip", "lzf", "none"] = "gzip"
     """HDF5 dataset compression filter."""
     log_seconds: float = Field(10.0, gt=0)
@@ -311,6 +318,10 @@ class DebugConfig(Section):
     """World rank that raises RuntimeError on purpose, to check that the whole job aborts."""
     raise_after_seconds: float = Field(0.0, ge=0)
     """Seconds into its role loop after which that rank raises."""
+    learner_delay_seconds: float = Field(0.0, ge=0)
+    """Every learner group sleeps this long per gradient (slow learners, e.g. to test elasticity)."""
+    learner_delay_until_seconds: float | None = Field(None, ge=0)
+    """The learner delay ends this many seconds after the group's first gradient (None: never)."""
 
 
 class RunConfig(Section):

@@ -58,8 +58,7 @@ def hpcrl_run(*args: str, timeout: float = 120, cwd: Path | None = None) -> subp
 
 def test_short_run_writes_readable_files_with_every_table(tmp_path):
     # two learner groups of two ranks each: group allreduce, elastic activation, IS window
-    path, run_dir = write_config(tmp_path, learners={"groups": 2, "ranks_per_group": 2, "min_active": 1,
-                                                     "backlog_per_group": 1},
+    path, run_dir = write_config(tmp_path, learners={"groups": 2, "ranks_per_group": 2, "min_active": 1},
                                  aggregation={"is_truncation": True}, stop={"total_env_steps": 1200})
     res = hpcrl_run(str(path), timeout=150)
     assert res.returncode == 0, res.stdout[-3000:]

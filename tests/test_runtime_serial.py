@@ -46,7 +46,7 @@ def tiny(run_dir: Path, **sections):
 
 def test_serial_run_keeps_every_invariant_of_the_record(tmp_path):
     run_dir = tmp_path / "run"
-    cfg = build_config(tiny(run_dir, learners={"groups": 2, "min_active": 1, "backlog_per_group": 1},
+    cfg = build_config(tiny(run_dir, learners={"groups": 2, "min_active": 1},
                             aggregation={"is_truncation": True}, stop={"total_env_steps": 1200}))
     assert run_serial(cfg, run_dir, progress="plain").startswith("stop.total_env_steps")
     h5 = run_dir / "run.h5"

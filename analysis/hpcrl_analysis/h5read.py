@@ -86,8 +86,8 @@ class Run:
 
 
 TABLE_NAMES = ("rank_map", "updates", "gradients", "episodes", "learner_activity", "rounds", "actors",
-               "learner_cycles", "parameter_load")
-LATER_TABLES = ("learner_cycles", "parameter_load")
+               "learner_cycles", "parameter_load", "elastic_events")
+LATER_TABLES = ("learner_cycles", "parameter_load", "elastic_events")
 """Tables added to schema 1 later: a file from before them is still complete without them."""
 REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); a fill value there = never written
     "rank_map": ("rank", "role"),
@@ -99,6 +99,7 @@ REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); 
     "actors": ("time", "actor", "fragment"),
     "learner_cycles": ("time", "group", "seq", "cycle_seconds"),
     "parameter_load": ("time", "interval_seconds", "gradients"),
+    "elastic_events": ("time", "group", "action", "reason"),
 }
 
 

@@ -19,6 +19,9 @@ GRADIENT_REASONS = ("admitted", "too_stale", "nonfinite", "shutdown", "inactive_
 LEARNER_PHASES = ("idle", "receive", "prepare", "minibatch", "control", "weights", "window", "gradient",
                   "flatten", "allreduce", "push", "push_wait")
 """Phases of the learner_cycles table (hpcrl.runtime.cycle_profile; this folder never imports hpcrl)."""
+ELASTIC_ACTIONS = ("activate", "park", "parked")
+ELASTIC_REASONS = ("supply_above_capacity", "supply_below_capacity", "woken", "stopped")
+"""Codes of the elastic_events table (hpcrl.io.schema)."""
 
 # Stellaris (SC'24) Section VIII-A footnote: AWS us-east-2 hourly prices; 4 learner functions per V100.
 DEFAULT_PRICES = {
@@ -367,6 +370,25 @@ def parameter_absorption(run: Run) -> dict[str, float]:
     return out
 
 
+def elastic_events(run: Run) -> dict[str, np.ndarray]:
+    """The parameter rank's activations and parks (time, group, action name, reason name, load), time order,
+    and the groups' parks (parked seconds, CPU seconds used while parked)."""
+    ev = run.table("elastic_events")
+    empty = {"time": np.zeros(0), "group": np.zeros(0, int), "action": np.zeros(0, "U8"), "reason": np.zeros(0, "U24"),
+             "active_groups": np.zeros(0, int), "load": np.zeros(0)}
+    if not ev or not len(ev["time"]):
+        return {**empty, "parked_seconds": np.zeros(0), "cpu_seconds": np.zeros(0)}
+    order = np.argsort(ev["time"], kind="stable")
+    name = lambda codes, c: np.array([codes[i] if 0 <= i < len(codes) else str(i) for i in c])  # noqa: E731
+    decided = ev["action"][order] != ELASTIC_ACTIONS.index("parked")
+    parked = ~decided
+    sel = order[decided]
+    return {"time": ev["time"][sel], "group": ev["group"][sel], "action": name(ELASTIC_ACTIONS, ev["action"][sel]),
+            "reason": name(ELASTIC_REASONS, ev["reason"][sel]), "active_groups": ev["active_groups"][sel],
+            "load": ev["load"][sel], "parked_seconds": ev["parked_seconds"][order[parked]],
+            "cpu_seconds": ev["cpu_seconds"][order[parked]]}
+
+
 def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
     """One run's headline numbers (rows of the Markdown / HTML summary table)."""
     ax = episode_axes(run)
@@ -375,7 +397,7 @@ def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
     st = admitted_staleness(run)["staleness"]
     pr = per_round(run, prices)
     rets = ax["return"]
-    cyc, absorb = learner_cycle(run), parameter_absorption(run)
+    cyc, absorb, el = learner_cycle(run), parameter_absorption(run), elastic_events(run)
     return {
         "run": run.label,
         "directory": str(run.path),
@@ -397,6 +419,9 @@ def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
         "learner cycle (ms per gradient)": 1e3 * cyc.get("cycle", math.nan),
         "learner cycle, largest phases (ms)": ", ".join(
             f"{p} {1e3 * cyc[p]:.2g}" for p in sorted(LEARNER_PHASES, key=lambda q: -cyc[q])[:4]) if cyc else "-",
+        "elastic activations / parks": f"{int((el['action'] == 'activate').sum())} / {int((el['action'] == 'park').sum())}",
+        "parked learner CPU (% of parked time)": (100 * float(el["cpu_seconds"].sum() / el["parked_seconds"].sum())
+                                                  if el["parked_seconds"].sum() > 0 else math.nan),
         "parameter absorption (gradients/s of work)": absorb["absorption_rate"],
         "gradient arrival (gradients/s)": absorb["arrival_rate"],
         # notes hold every table that was cut, had fill-value rows or was missing (h5read.load_run)

@@ -81,6 +81,18 @@ GRADIENT_REASONS = (
     "inactive_group",  # 4: discarded: the group was deactivated before it was admitted
 )
 
+ELASTIC_ACTIONS = (
+    "activate",  # 0: the parameter rank activated a group
+    "park",      # 1: the parameter rank parked a group
+    "parked",    # 2: a group's report of a park it left (parked_seconds, cpu_seconds)
+)
+ELASTIC_REASONS = (
+    "supply_above_capacity",  # 0: actors' sampling rate above the active groups' capacity (+ headroom)
+    "supply_below_capacity",  # 1: one group fewer would still have headroom
+    "woken",                  # 2: the park ended with an activation
+    "stopped",                # 3: the park ended with the run
+)
+
 TABLE_LIST = (
     TableSpec("rank_map", "One row per MPI rank: its role and place in the job (written once at creation).", (
         _c("rank", "i4", "", "MPI rank in COMM_WORLD", True),
@@ -175,6 +187,21 @@ TABLE_LIST = (
         _c("absorption_rate", "f4", "1/s", "gradients per second of gradient work: gradients / (receive + admit "
            "+ apply + publish seconds), the rate the rank could take; NaN without gradients"),
         _c("arrival_rate", "f4", "1/s", "gradients / interval_seconds"),
+    )),
+    TableSpec("elastic_events", "One row per activation or park of a learner group (the parameter rank's decisions, "
+              "runtime/elastic.py: supply S of env steps/s from the actors vs capacity C of env steps per busy second "
+              "of a group), and one per park a group left, with what the park cost it.", (
+        _c("time", "f8", "s", "time of the decision, or the end of the park, since run start", True),
+        _c("group", "i4", "", "the learner group activated, parked, or reporting its park", True),
+        _c("action", "i1", "code", "what happened", True, ELASTIC_ACTIONS),
+        _c("reason", "i1", "code", "why", True, ELASTIC_REASONS),
+        _c("active_groups", "i4", "", "active groups after the decision"),
+        _c("supply_rate", "f4", "steps/s", "S: env steps per second the actors sample while sampling, summed"),
+        _c("group_rate", "f4", "steps/s", "C: env steps a learner group consumes per busy second (no waits)"),
+        _c("load", "f4", "", "S / (active groups before the decision x C)"),
+        _c("fragments_waiting", "i4", "", "fragments queued at the active groups when deciding"),
+        _c("parked_seconds", "f4", "s", "parked rows: how long the group was parked"),
+        _c("cpu_seconds", "f4", "s", "parked rows: CPU seconds the group root used while parked"),
     )),
     TableSpec("rounds", "One row per training round (train_batch_size new environment steps consumed).", (
         _c("round", "i8", "", "round id k (0 = the threshold-free observation round)", True),

@@ -21,7 +21,9 @@ heartbeat_word(G, r)   set     rank r's heartbeat: whole seconds since the epoch
 =====================  ======  ==========================================================
 
 Every wait is a test-and-sleep loop (:class:`~hpcrl.runtime.backoff.Backoff`): MPICH's blocking
-calls would poll the network at full speed and take the core from the rank that has work.
+calls would poll the network at full speed and take the core from the rank that has work. A parked
+learner group waits in ``counters.wait_until`` (a 50 ms nap between reads under MPI, a condition
+variable woken by every counter change in the serial runner).
 """
 from __future__ import annotations
 
@@ -39,8 +41,10 @@ TAG_ACTIVITY = 13
 """Learner group root -> parameter rank: one learner_activity row (a stretch of computation)."""
 
 GRAD_STATS = ("loss", "compute_seconds", "mailbox_wait_seconds", "new_env_steps", "policy_loss",
-              "value_loss", "entropy", "kl")
-"""The float64 stats a learner pushes with each gradient, in this order (mailbox capacity 8)."""
+              "value_loss", "entropy", "kl", "busy_seconds")
+"""The float64 stats a learner pushes with each gradient, in this order (the mailbox's stats capacity).
+busy_seconds: the gradient's learner cycle so far without its waits (for data, for a mailbox slot),
+the elastic rule's measure of a group's capacity."""
 
 
 def base_word(groups: int, g: int) -> int:
@@ -108,6 +112,10 @@ class Watchdog:
         return out
 
 
+PARK_NAP_SECONDS = 0.05
+"""Under MPI, a parked learner group reads the counters this often (about 20 small reads a second)."""
+
+
 def wait_request(req, backoff: Backoff | None = None, abandon=None):
     """Wait for an mpi4py request by Test + sleep; returns its result (lowercase API) or None.
 
@@ -141,12 +149,26 @@ def recv_polling(comm, source: int, tag: int, backoff: Backoff | None = None, ab
 
 
 class FaultInjector:
-    """``debug.raise_on_rank``: that rank raises once ``raise_after_seconds`` of its loop have passed."""
+    """``debug.raise_on_rank``: that rank raises once ``raise_after_seconds`` of its loop have passed;
+    ``debug.learner_delay_seconds``: :meth:`slow_down` sleeps that long (until ``learner_delay_until_seconds``)."""
 
     def __init__(self, debug_cfg, rank: int):
         self.rank = rank
-        self.at = (time.monotonic() + debug_cfg.raise_after_seconds
+        now = time.monotonic()
+        self.at = (now + debug_cfg.raise_after_seconds
                    if debug_cfg.raise_on_rank is not None and debug_cfg.raise_on_rank == rank else None)
+        self.delay, self.delay_for = debug_cfg.learner_delay_seconds, debug_cfg.learner_delay_until_seconds
+        self.delay_until: float | None = None
+
+    def slow_down(self) -> None:
+        """Sleep ``learner_delay_seconds``, for ``learner_delay_until_seconds`` after the first call (a gradient)."""
+        if not self.delay:
+            return
+        now = time.monotonic()
+        if self.delay_until is None:
+            self.delay_until = float("inf") if self.delay_for is None else now + self.delay_for
+        if now < self.delay_until:
+            time.sleep(self.delay)
 
     def check(self) -> None:
         if self.at is not None and time.monotonic() >= self.at:

@@ -83,6 +83,11 @@ class CycleRecord:
         for p in LEARNER_PHASES:
             rows[f"{p}_seconds"].append(seconds[p])
 
+    def busy_so_far(self) -> float:
+        """Seconds of the current cycle up to its last lap, without its waits (for data, for a mailbox slot)."""
+        c = self.clock
+        return c.mark - c.start - c.seconds["idle"] - c.seconds["push_wait"]
+
     def take_rows(self) -> dict[str, list]:
         """Rows of the cycles closed since the last call, as column lists (times in Unix seconds)."""
         out, self.rows = self.rows, self._empty()

@@ -14,8 +14,12 @@ publish the base version they are computing with; this group reads those version
 weight board's history and evaluates the minibatch under them (``algo.logps``), so
 R' = min(|min_i pi_i/mu|, rho) covers the learner policies of the current aggregation window.
 
-An inactive group keeps receiving (so no actor blocks on it) but computes nothing and is not
-charged: only the seconds spent computing are reported (learner_activity).
+Elasticity (the parameter rank decides, runtime/elastic.py): a group told to park first trains
+the full batches it already holds, then blocks in ``counters.wait_until`` until it is activated
+or the run stops (no spinning: a condition variable in the serial runner, 50 ms naps between
+counter reads under MPI), keeping what it holds for later. When the park ends it reports its
+length and the CPU it used (elastic_events). Only the seconds spent computing are charged
+(learner_activity); every gradient's cycle is profiled (learner_cycles, runtime/cycle_profile.py).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import torch
 from hpcrl.runtime import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.cycle_profile import CycleRecord
+from hpcrl.runtime.elastic import ACTION, REASON
 from hpcrl.runtime.push import PushAbandoned
 
 
@@ -53,6 +58,7 @@ class LearnerGroup:
         self.reducer = GroupReducer(job.topo.group_comm, self.model.device) if self.size > 1 else None
         self.lockstep = self.cfg.aggregation.policy == "sync"
         self.last_base: int | None = None
+        self.loaded = -1  # version of the weights in self.model (-1: none yet)
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
 
     # ---- group root ----------------------------------------------------------------------
@@ -75,11 +81,11 @@ class LearnerGroup:
             lap("control")
             if words[control.STOP]:
                 break
-            if self.g >= words[control.ACTIVE]:  # inactive: nap long, compute nothing, charge nothing
-                time.sleep(0.02)
-                self.cycles.clock.restart()
-                continue
             if sum(f["rewards"].size for f in self.frags) < need:
+                if self.g >= words[control.ACTIVE]:  # parked, nothing left to train: block until activated
+                    if not self._park():
+                        break
+                    continue
                 backoff.sleep()
                 lap("idle")
                 continue
@@ -97,6 +103,29 @@ class LearnerGroup:
 
     def _stopping(self) -> bool:
         return bool(self.job.counters.read(control.STOP))
+
+    def _park(self) -> bool:
+        """Block until this group is activated (True) or the run stops (False), then report the park.
+
+        Wakes at least once a second to beat and to take fragments an actor sent before it saw the park.
+        """
+        start, cpu = time.time(), time.thread_time()
+        counters, g = self.job.counters, self.g
+        awake = lambda w: bool(w[control.STOP]) or g < w[control.ACTIVE]  # noqa: E731
+        while True:
+            self.heartbeat.beat()
+            self.frags += self.receiver.poll()
+            words = counters.read_all()
+            if awake(words):
+                break
+            counters.wait_until(awake, timeout=1.0, nap=control.PARK_NAP_SECONDS)
+        woken = not words[control.STOP]
+        self.job.reports.send("activity", {"parked": {
+            "time": time.time(), "group": g, "action": ACTION["parked"], "reason": REASON["woken" if woken else "stopped"],
+            "active_groups": int(words[control.ACTIVE]), "parked_seconds": time.time() - start,
+            "cpu_seconds": time.thread_time() - cpu}})
+        self.cycles.clock.restart()  # parked time belongs to no gradient's cycle
+        return woken
 
     def _train(self, fragments: list[dict], steps: int) -> bool:
         """One gradient push per minibatch of one batch; False when the run is stopping."""
@@ -124,6 +153,8 @@ class LearnerGroup:
             window = self._window_logps(mb, version, words)
             lap("window")
             grad, stats = self._group_gradient(mb, version, window)
+            self.fault.slow_down()  # debug.learner_delay_seconds
+            lap("gradient")
             dt = time.perf_counter() - t
             compute += dt
             if not self._push(grad, version, len(next(iter(mb.values()))), stats, dt, new_steps):
@@ -135,7 +166,8 @@ class LearnerGroup:
         return completed
 
     def _pull_weights(self) -> int | None:
-        """Newest weights into the model; their version (None: the run is stopping).
+        """Newest weights into the model (copied only when a newer version was published); their
+        version (None: the run is stopping).
 
         Under ``sync`` admission a group computes its next gradient only on a version newer than
         its last base version (lockstep), so every applied gradient has staleness 0.
@@ -147,12 +179,14 @@ class LearnerGroup:
             held = control.held_word(self.cfg.learners.groups, self.g)
             if not self._wait_while(lambda: self.job.counters.read(held)):
                 return None
-        version = self.job.board.read_latest(self.weights)
-        self.model.flat.load_(self.weights)
-        G = self.cfg.learners.groups
-        if self.window:  # the others' IS window needs our base version
-            self.job.counters.set(control.base_word(G, self.g), version)
-        return version
+        board = self.job.board
+        if self.loaded < 0 or board.latest_version() != self.loaded:  # copy only a newer version
+            version = board.read_latest(self.weights)
+            self.model.flat.load_(self.weights)
+            if self.window and version != self.loaded:  # the others' IS window needs our base version
+                self.job.counters.set(control.base_word(self.cfg.learners.groups, self.g), version)
+            self.loaded = version
+        return self.loaded
 
     def _wait_while(self, condition) -> bool:
         """Sleep (still receiving fragments, still beating) while ``condition()``; False if the run stops."""
@@ -219,7 +253,8 @@ class LearnerGroup:
         """Put the gradient in a free mailbox slot of this group; wait (sleeping, still receiving
         fragments) while none is free. False when the run stops meanwhile."""
         def vector(waited: float) -> list[float]:
-            extra = {"compute_seconds": compute, "mailbox_wait_seconds": waited, "new_env_steps": new_steps}
+            extra = {"compute_seconds": compute, "mailbox_wait_seconds": waited, "new_env_steps": new_steps,
+                     "busy_seconds": self.cycles.busy_so_far()}
             return [extra[k] if k in extra else stats.get(k, np.nan) for k in control.GRAD_STATS]
 
         def abandon() -> bool:

@@ -31,12 +31,14 @@ class RunAborted(RuntimeError):
 
 
 class LocalCounters:
-    """``n`` int64 counters; reads raise :class:`RunAborted` once ``abort`` is set."""
+    """``n`` int64 counters; reads raise :class:`RunAborted` once ``abort`` is set. Every change wakes the
+    threads blocked in :meth:`wait_until` (a parked learner group sleeps there, using no CPU)."""
 
     def __init__(self, n: int, abort: threading.Event, initial: int = 0):
         self.n = n
         self._words = np.full(n, initial, dtype=np.int64)
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self.abort = abort
 
     def _check(self) -> None:
@@ -47,13 +49,23 @@ class LocalCounters:
         with self._lock:
             old = int(self._words[i])
             self._words[i] += value
+            self._changed.notify_all()
         return old
 
     def set(self, i: int, value: int) -> int:
         with self._lock:
             old = int(self._words[i])
             self._words[i] = value
+            self._changed.notify_all()
         return old
+
+    def wait_until(self, predicate, timeout: float, nap: float | None = None) -> bool:
+        """Block until ``predicate(words)`` holds (True) or ``timeout`` seconds pass (False); raises
+        :class:`RunAborted` if the run was aborted. ``nap`` is the MPI twin's and is not used here."""
+        with self._changed:
+            held = self._changed.wait_for(lambda: self.abort.is_set() or bool(predicate(self._words)), timeout)
+        self._check()
+        return held
 
     def read(self, i: int) -> int:
         self._check()

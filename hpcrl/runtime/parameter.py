@@ -4,8 +4,9 @@ Each pass: copy finished gradients out of the mailbox (never waiting on a learne
 each arrival ask the admission policy (hpcrl.staleness) what to apply; apply each admitted
 step (``algo.apply``: one optimizer step on ``(1/H) sum_c (alpha_c/alpha_0) g_c``) and publish
 the new version; drain the actors' fragment reports (episodes) and the learners' activity rows;
-every half second set the number of active learner groups from the backlog; stop on
-``cfg.stop`` or a signal, checkpoint, and take part in the shutdown.
+every half second let the elastic rule (runtime/elastic.py: actors' supply of env steps vs the
+groups' measured capacity) activate or park a learner group; stop on ``cfg.stop`` or a signal,
+checkpoint, and take part in the shutdown.
 
 Adam and Stellaris' per-gradient learning rate (Eq. 4): the optimizer keeps its base rate
 alpha_0 and receives each gradient scaled by alpha_c/alpha_0 before averaging, so with SGD
@@ -36,6 +37,7 @@ from hpcrl.runtime import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.cycle_profile import PARAMETER_PHASES, PhaseClock
+from hpcrl.runtime import elastic
 from hpcrl.runtime.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, aggregate, make_policy
 
@@ -83,6 +85,8 @@ class ParameterRank:
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
         self.active = self.cfg.learners.active_range[0]
+        lcfg = self.cfg.learners
+        self.elastic = elastic.ElasticRule(*lcfg.active_range, lcfg.elastic_headroom, lcfg.elastic_seconds)
         self.stop_reason: str | None = None
         self.signals = StopSignal()
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
@@ -98,6 +102,7 @@ class ParameterRank:
         self.t0 = time.monotonic()
         self._round_t0 = self.run_file.now()
         self._last_ckpt_update = self.updates
+        self._last_ckpt_time = time.monotonic()
         self._next_elastic = 0.0
         self.clock = PhaseClock(PARAMETER_PHASES)  # where this rank's time goes (parameter_load)
         self.lap = self.clock.lap
@@ -176,6 +181,7 @@ class ParameterRank:
         self.run_file.flush()
         path = save_checkpoint(self.job.run_dir, self.state())
         self._last_ckpt_update = self.updates
+        self._last_ckpt_time = time.monotonic()
         return path
 
     # ---- the loop ------------------------------------------------------------------------
@@ -200,7 +206,8 @@ class ParameterRank:
                 progress.update(self.stats())
                 lap("other")
                 self._load_row()
-            if self.updates - self._last_ckpt_update >= self.cfg.io.checkpoint_every:
+            if (self.updates - self._last_ckpt_update >= self.cfg.io.checkpoint_every
+                    and now - self._last_ckpt_time >= self.cfg.io.checkpoint_min_seconds):
                 self.checkpoint()
                 lap("other")
             self.run_file.maybe_flush()
@@ -234,6 +241,7 @@ class ParameterRank:
             stats = rec.stats
             new_steps = int(stats.get("new_env_steps", 0))
             self.consumed += new_steps
+            self.elastic.gradient(time.monotonic(), new_steps, float(stats.get("busy_seconds", math.nan)))
             self._round_stats["env_steps"] += new_steps
             self._round_stats["learner_seconds"] += float(stats.get("compute_seconds", 0.0))
             if not np.isfinite(grad).all():
@@ -355,8 +363,11 @@ class ParameterRank:
             self._fragment_report(msg)
             busy = True
         for row in reports.drain("activity"):
-            cycles = row.pop("cycles", None)
-            self.run_file.append("learner_activity", self._times(row, ("time_start", "time_end")))
+            cycles, parked = row.pop("cycles", None), row.pop("parked", None)
+            if parked:
+                self.run_file.append("elastic_events", self._times(parked, ("time",)))
+            if "time_start" in row:
+                self.run_file.append("learner_activity", self._times(row, ("time_start", "time_end")))
             if cycles and cycles["time"]:
                 self.run_file.append("learner_cycles", self._times(cycles, ("time",)))
             busy = True
@@ -371,6 +382,7 @@ class ParameterRank:
         r = self._round_stats
         r["actor_seconds"] += msg["fragment"]["sample_seconds"]
         a = msg["fragment"]["actor"]
+        self.elastic.fragment(a, msg["fragment"]["steps"], msg["fragment"]["sample_seconds"])
         self.fragment_next[a] = max(self.fragment_next[a], msg["fragment"]["fragment"] + 1)
         r["actors"].add(msg["fragment"]["actor"])
         self.run_file.append("actors", self._times(msg["fragment"], ("time",)))
@@ -392,21 +404,24 @@ class ParameterRank:
             print(line, flush=True)
 
     def _elastic(self) -> None:
-        """Active groups follow the backlog: one more above backlog_per_group each, one fewer below half."""
+        """Activate or park one learner group when the elastic rule says so; record the decision."""
         lo, hi = self.cfg.learners.active_range
-        G = self.cfg.learners.groups
         if lo == hi:
             return
-        backlog = sum(self.counters.read(control.BACKLOG + g) for g in range(G))
-        per = self.cfg.learners.backlog_per_group
-        if backlog > per * self.active and self.active < hi:
-            self.active += 1
-        elif backlog < per * (self.active - 1) / 2 and self.active > lo:
-            self.active -= 1
-        else:
+        words = self.counters.read_all()
+        waiting = int(sum(words[control.BACKLOG + g] for g in range(self.active)))
+        d = self.elastic.decide(time.monotonic(), self.active, waiting)
+        if d is None:
             return
+        group = self.active if d.action == "activate" else self.active - 1
+        self.active = d.active
         self.counters.set(control.ACTIVE, self.active)
         self._round_stats["active_max"] = max(self._round_stats["active_max"], self.active)
+        self.run_file.append("elastic_events", {
+            "time": self.run_file.now(), "group": group, "action": elastic.ACTION[d.action],
+            "reason": elastic.REASON[d.reason],
+            "active_groups": self.active, "supply_rate": d.supply, "group_rate": d.capacity, "load": d.load,
+            "fragments_waiting": waiting})
 
     def _check_stop(self) -> None:
         if self.signals.received is not None:

@@ -1,0 +1,106 @@
+"""Elastic learner groups: the rule, and runs where a backlog appears (slow learners) and goes away.
+
+``debug.learner_delay_seconds`` makes every gradient slow for the first seconds of the run, so
+fragments pile up behind the one active group: a second group must be activated. When the
+delay ends the groups are fast and the backlog is gone: one must be parked. A parked group must
+block: the CPU it used while parked, as it reports it, stays a small fraction of the park.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from hpcrl.config import build_config
+from hpcrl.io import read_table
+from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
+from hpcrl.runtime.elastic import ElasticRule
+from hpcrl.runtime.serial import run_serial
+from test_runtime_profile import check_profile
+
+ACT, PARK, PARKED = (ELASTIC_ACTIONS.index(a) for a in ("activate", "park", "parked"))
+DELAY_UNTIL = 3.0
+
+ELASTIC = {
+    "name": "elastic",
+    "env": {"id": "CartPole-v1", "num_envs": 2},
+    "actors": {"count": 2, "fragment_length": 16},
+    "learners": {"groups": 2, "ranks_per_group": 1, "min_active": 1, "elastic_seconds": 1.0},
+    "algo": {"name": "ppo", "train_batch_size": 64, "minibatch_size": 32, "num_sgd_iter": 1},
+    "stop": {"total_env_steps": 10_000_000, "max_wall_seconds": DELAY_UNTIL + 4.5},
+    "io": {"flush_seconds": 0.5, "checkpoint_every": 1000},
+    "debug": {"learner_delay_seconds": 0.2, "learner_delay_until_seconds": DELAY_UNTIL},
+    "launch": {"runner": "serial", "timeout_seconds": 120},
+}
+
+
+def config(run_dir, runner: str) -> dict:
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in ELASTIC.items()}
+    data["io"]["run_dir"] = str(run_dir)
+    data["launch"]["runner"] = runner
+    return data
+
+
+def feed(rule: ElasticRule, t0: float, t1: float, supply: float, capacity: float) -> None:
+    """One actor sampling at ``supply`` steps/s, gradients of 32 steps at ``capacity`` steps/s, every 0.1 s."""
+    for t in np.arange(t0, t1, 0.1):
+        rule.fragment(0, 320, 320 / supply)
+        rule.gradient(t, 32, 32 / capacity)
+
+
+def test_rule_activates_on_excess_supply_parks_on_spare_capacity_and_holds_in_between():
+    rule = ElasticRule(lo=1, hi=3, headroom=0.2, window=1.0)
+    feed(rule, 0.0, 1.5, supply=1000, capacity=400)
+    assert rule.decide(1.5, active=1, waiting=0) is None  # nothing waits: no activation
+    d = rule.decide(1.5, active=1, waiting=2)
+    assert (d.action, d.active, d.reason) == ("activate", 2, "supply_above_capacity") and d.load == pytest.approx(2.5)
+    feed(rule, 1.5, 2.0, supply=1000, capacity=400)
+    assert rule.decide(2.0, active=2, waiting=4) is None  # a whole window of new measurements first
+    feed(rule, 2.0, 3.0, supply=1000, capacity=400)
+    assert rule.decide(3.0, active=2, waiting=4).active == 3  # load 1.25 > 1.2
+    feed(rule, 3.0, 5.0, supply=1000, capacity=400)
+    assert rule.decide(5.0, active=3, waiting=6) is None  # at hi; two groups would be at 1.25: no park
+    feed(rule, 5.0, 8.0, supply=150, capacity=400)  # supply drops (the actor's average follows)
+    d = rule.decide(8.0, active=3, waiting=0)
+    assert (d.action, d.active, d.reason) == ("park", 2, "supply_below_capacity")
+    feed(rule, 8.0, 9.5, supply=350, capacity=400)  # one group would run at 0.875 >= 0.8: stay
+    assert rule.decide(9.5, active=2, waiting=0) is None
+
+
+def check_elastic(h5) -> None:
+    ev = read_table(h5, "elastic_events")
+    act = (ev["action"] == ACT) & (ev["group"] == 1)
+    park = (ev["action"] == PARK) & (ev["group"] == 1)
+    assert act.any(), f"no second group activated under the backlog: {ev}"
+    first_act = ev["time"][act].min()
+    assert ev["reason"][act][0] == ELASTIC_REASONS.index("supply_above_capacity")
+    assert (ev["load"][act] > 1.2).all() and (ev["fragments_waiting"][act] >= 1).all()
+    assert (park & (ev["time"] > first_act)).any(), f"group 1 was never parked after the backlog was gone: {ev}"
+    parks = ev["action"] == PARKED
+    assert parks.any() and (ev["parked_seconds"][parks] > 0).all()
+    assert (ev["cpu_seconds"][parks] <= 0.05 * ev["parked_seconds"][parks] + 0.02).all(), "a parked group spins"
+    grads = read_table(h5, "gradients")
+    assert (grads["group"] == 1).any()  # the activated group trained
+    up = read_table(h5, "updates")
+    assert up["active_groups"].max() == 2 and up["active_groups"][-1] == 1
+
+
+def test_serial_run_activates_a_group_under_a_backlog_parks_it_after_and_profiles(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_serial(build_config(config(run_dir, "serial")), run_dir, progress="plain").startswith("stop.")
+    check_elastic(run_dir / "run.h5")
+    check_profile(run_dir / "run.h5")
+
+
+@pytest.mark.mpi
+def test_mpi_run_activates_and_parks_and_profiles_every_gradient(tmp_path):
+    run_dir = tmp_path / "run"
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(config(run_dir, "mpi")))
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(path)], capture_output=True, text=True, timeout=150)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    check_elastic(run_dir / "run.h5")
+    check_profile(run_dir / "run.h5")

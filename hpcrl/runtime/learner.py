@@ -36,6 +36,10 @@ from hpcrl.runtime.elastic import ACTION, REASON
 from hpcrl.runtime.push import PushAbandoned
 
 
+PARK = "park"
+"""Group root -> its other ranks (TAG_WORK): the group is parked, wait with long naps."""
+
+
 class LearnerGroup:
     def __init__(self, job) -> None:
         self.job, self.cfg = job, job.cfg
@@ -111,6 +115,8 @@ class LearnerGroup:
         """
         start, cpu = time.time(), time.thread_time()
         counters, g = self.job.counters, self.g
+        for r in range(1, self.size):  # the group's other ranks wait with long naps too
+            self.topo.group_comm.send(PARK, dest=r, tag=control.TAG_WORK)
         awake = lambda w: bool(w[control.STOP]) or g < w[control.ACTIVE]  # noqa: E731
         while True:
             self.heartbeat.beat()
@@ -297,13 +303,17 @@ class LearnerGroup:
     # ---- other ranks of the group --------------------------------------------------------
     def _run_member(self) -> None:
         comm = self.topo.group_comm
+        cap = 2e-3
         while True:
             self.fault.check()
-            work = control.recv_polling(comm, 0, control.TAG_WORK, Backoff(5e-5, 2e-3),
+            work = control.recv_polling(comm, 0, control.TAG_WORK, Backoff(5e-5, cap),
                                         abandon=self._beat_and_go_on)
             if work is None:
                 self.reducer.close()
                 return
+            cap = control.PARK_NAP_SECONDS if work == PARK else 2e-3  # the root parked: nap long until work
+            if work == PARK:
+                continue
             self.model.flat.load_(work["weights"])
             batch = {k: torch.as_tensor(v, device=self.model.device) for k, v in work["batch"].items()}
             self._local_gradient(batch, work["window"])

@@ -38,6 +38,7 @@ from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime import elastic
+from hpcrl.runtime.rows import RowBuffer
 from hpcrl.runtime.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, aggregate, make_policy
 
@@ -99,6 +100,7 @@ class ParameterRank:
         self._round_stats = self._new_round_stats()
         self._staleness_recent: deque[int] = deque(maxlen=64)
         self.run_file = self._open_run_file()
+        self.rows = RowBuffer(self.run_file)  # the frequent rows, appended a table at a time
         self.t0 = time.monotonic()
         self._round_t0 = self.run_file.now()
         self._last_ckpt_update = self.updates
@@ -178,6 +180,7 @@ class ParameterRank:
         restore_rng(s["rng"])
 
     def checkpoint(self) -> Path:
+        self.rows.flush()
         self.run_file.flush()
         path = save_checkpoint(self.job.run_dir, self.state())
         self._last_ckpt_update = self.updates
@@ -226,6 +229,7 @@ class ParameterRank:
         self._load_counts = (self.gradients, self.admitted, self.updates)
         n = self.gradients - g0
         work = sec["receive"] + sec["admit"] + sec["apply"] + sec["publish"]
+        self.rows.flush()
         self.run_file.append("parameter_load", {
             "time": self.run_file.now(), "interval_seconds": elapsed, "gradients": n, "applied": self.admitted - a0,
             "updates": self.updates - u0, **{f"{p}_seconds": sec[p] for p in PARAMETER_PHASES},
@@ -301,7 +305,7 @@ class ParameterRank:
         self._round_stats["loss"].extend(losses)
         self._round_stats["kl"].extend(rec.stats.get("kl", math.nan) for rec, _ in step)
         self._round_stats["updates"] += 1
-        self.run_file.append("updates", {
+        self.rows.add("updates", {
             "time": now, "version": self.version, "round": self.round, "num_gradients": len(step),
             "staleness_mean": float(np.mean(stale)), "staleness_max": int(max(stale)),
             "threshold": math.nan if adm.threshold is None else adm.threshold, "lr": self.optimizer.param_groups[0]["lr"],
@@ -313,7 +317,7 @@ class ParameterRank:
                       scale: float = math.nan, now: float | None = None) -> None:
         now = self.run_file.now() if now is None else now
         self.admitted += int(admitted)
-        self.run_file.append("gradients", {
+        self.rows.add("gradients", {
             "time": rec.received_at, "group": rec.group, "seq": rec.seq, "base_version": rec.base_version,
             "staleness": self.version - rec.base_version if staleness is None else staleness,
             "round": self.round, "lr_scale": scale, "samples": rec.samples, "loss": rec.stats.get("loss", math.nan),
@@ -385,7 +389,7 @@ class ParameterRank:
         self.elastic.fragment(a, msg["fragment"]["steps"], msg["fragment"]["sample_seconds"])
         self.fragment_next[a] = max(self.fragment_next[a], msg["fragment"]["fragment"] + 1)
         r["actors"].add(msg["fragment"]["actor"])
-        self.run_file.append("actors", self._times(msg["fragment"], ("time",)))
+        self.rows.add("actors", self._times(msg["fragment"], ("time",)))
         episodes = msg["episodes"]
         if not episodes:
             return
@@ -393,7 +397,7 @@ class ParameterRank:
         for ep in episodes:
             ep = self._times(ep, ("time",))
             ep["env_steps"] = steps
-            self.run_file.append("episodes", ep)
+            self.rows.add("episodes", ep)
             self.stop_rule.add_returns([ep["return"]])
             r["returns"].append(ep["return"])
         self.episodes += len(episodes)
@@ -474,7 +478,8 @@ class ParameterRank:
 
     def close_on_error(self) -> None:
         """Flush what is buffered (called before MPI_Abort)."""
-        try:
-            self.run_file.close()
-        except Exception:
-            pass
+        for step in (self.rows.flush, self.run_file.close):
+            try:
+                step()
+            except Exception:
+                pass

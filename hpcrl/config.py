@@ -6,6 +6,8 @@ Every bad value becomes one :class:`hpcrl.errors.ConfigError` line naming the fi
 """
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -415,7 +417,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. aggregation.d=0.9")
     key, _, value = text.partition("=")
-    return key.strip().split("."), yaml.safe_load(value)
+    return key.strip().split("."), yaml.load(value, Loader=_UniqueKeyLoader)
 
 
 def build_config(data: dict[str, Any] | None = None, overrides: list[str] = (), source: str = "config") -> RunConfig:
@@ -446,6 +448,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.1 (PyYAML) reads 1e-3 as a string; YAML 1.2 and every user read it as a number.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

@@ -306,6 +306,17 @@ class StopConfig(Section):
     """Stop after this many seconds of training (summed over resumed jobs)."""
 
 
+class EvalConfig(Section):
+    """Evaluation episodes: the policy acting greedily on env copies of its own, recorded apart from training."""
+
+    episodes: int = Field(0, ge=0)
+    """Episodes per evaluation (0: no evaluation). The last actor rank runs them, between two fragments."""
+    every_rounds: int = Field(10, ge=1)
+    """Evaluate the newest policy after every this many training rounds."""
+    seed: int = 1_000_000
+    """Seed of the evaluation env copies: evaluation k resets copy i with seed + k * episodes + i."""
+
+
 class DebugConfig(Section):
     """Fault injection for tests of the failure path (not needed in normal runs)."""
 
@@ -327,6 +338,7 @@ class RunConfig(Section):
     io: IOConfig = Field(default_factory=IOConfig)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     debug: DebugConfig = Field(default_factory=DebugConfig)
 
     @model_validator(mode="before")

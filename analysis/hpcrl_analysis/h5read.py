@@ -86,6 +86,8 @@ class Run:
 
 
 TABLE_NAMES = ("rank_map", "updates", "gradients", "episodes", "learner_activity", "rounds", "actors")
+OPTIONAL_TABLES = ("eval_episodes",)
+"""Tables a run has only when it used the feature (eval.episodes > 0): no note when absent."""
 REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); a fill value there = never written
     "rank_map": ("rank", "role"),
     "updates": ("time", "version", "round", "num_gradients"),
@@ -94,6 +96,7 @@ REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); 
     "learner_activity": ("time_start", "time_end", "group", "compute_seconds"),
     "rounds": ("round", "start", "duration"),
     "actors": ("time", "actor", "fragment"),
+    "eval_episodes": ("time", "round", "policy_version", "env_index", "return", "length"),
 }
 
 
@@ -166,6 +169,10 @@ def load_run(run_dir: str | Path, label: str | None = None) -> Run:
                         run.notes += problems
                     else:
                         run.notes.append(f"table '{name}' missing")
+                for name in OPTIONAL_TABLES:
+                    if name in f:
+                        run.tables[name], problems = _read_group(f, name)
+                        run.notes += problems
                 if "episodes" not in f:
                     raise AnalysisError(f"{h5}: table 'episodes' is missing (not a complete hpcrl run file)")
                 return run

@@ -6,6 +6,7 @@ either runner) moves fragments, gradients and weights between the roles and neve
 inside them::
 
     actor      act(model, obs) -> (actions, behaviour_logp, values)   one env step of N instances
+               greedy(model, obs) -> actions                          evaluation episodes (no exploration)
                value(model, obs) -> values                            bootstrap of truncated steps
     learner    prepare(fragments, model) -> batch                     post-processing (e.g. GAE)
                minibatches(batch, generator) -> iterator              one gradient push each
@@ -66,6 +67,11 @@ class Algorithm:
     @torch.no_grad()
     def value(self, model: nn.Module, obs: np.ndarray) -> Tensor:
         return model.value(obs)
+
+    @torch.no_grad()
+    def greedy(self, model: nn.Module, obs: np.ndarray) -> Tensor:
+        """The actions an evaluation takes: the policy without its exploration."""
+        return model.greedy(obs)
 
     # ---- learner --------------------------------------------------------------------------
     def prepare(self, fragments: Sequence[Mapping], model: nn.Module) -> Batch:

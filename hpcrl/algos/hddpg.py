@@ -139,6 +139,11 @@ class HDDPG(Algorithm):
         return action, zeros, zeros  # no log-probs; values are not needed by the learner
 
     @torch.no_grad()
+    def greedy(self, model: DDPGModel, obs) -> Tensor:
+        """mu(s), no exploration noise."""
+        return model.actor(model.obs(obs))
+
+    @torch.no_grad()
     def value(self, model: DDPGModel, obs) -> Tensor:
         return model.target_q(model.obs(obs))
 

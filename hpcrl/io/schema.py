@@ -130,6 +130,14 @@ TABLE_LIST = (
         _c("policy_version", "i8", "", "policy version the actor held when the episode ended"),
         _c("env_steps", "i8", "steps", "environment steps of the whole run when the episode ended (as known to the writer)"),
     )),
+    TableSpec("eval_episodes", "One row per evaluation episode (greedy policy, own env copies and seeds; eval.*).", (
+        _c("time", "f8", "s", "time the evaluation ended, since run start", True),
+        _c("round", "i8", "", "training rounds ended when the evaluation was requested", True),
+        _c("policy_version", "i8", "", "policy version evaluated", True),
+        _c("env_index", "i4", "", "evaluation env copy", True),
+        _c("return", "f4", "", "undiscounted episodic return", True),
+        _c("length", "i4", "steps", "episode length", True),
+    )),
     TableSpec("learner_activity", "One row per stretch of gradient computation by a learner group (the cost model's input).", (
         _c("time_start", "f8", "s", "start of the stretch, since run start", True),
         _c("time_end", "f8", "s", "end of the stretch, since run start", True),

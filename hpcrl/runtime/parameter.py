@@ -313,6 +313,8 @@ class ParameterRank:
         # with the next published version
         self.algo.end_round(self.model, {"kl": agg(kl[np.isfinite(kl)], np.mean)})
         self.round += 1
+        if self.cfg.eval.episodes and self.round % self.cfg.eval.every_rounds == 0:
+            self.counters.set(control.EVAL, self.round)  # the last actor evaluates (runtime/evaluation.py)
         self._round_t0 = now
         self._round_stats = self._new_round_stats()
 
@@ -324,6 +326,12 @@ class ParameterRank:
             busy = True
         for row in reports.drain("activity"):
             self.run_file.append("learner_activity", self._times(row, ("time_start", "time_end")))
+            busy = True
+        for msg in reports.drain("eval"):
+            head = {"time": msg["time"] - self.run_file.start_unix, "round": msg["round"],
+                    "policy_version": msg["policy_version"]}
+            for ep in msg["episodes"]:
+                self.run_file.append("eval_episodes", {**head, **ep})
             busy = True
         return busy
 

@@ -82,7 +82,7 @@ GRADIENT_REASONS = (
 )
 
 TABLE_LIST = (
-    TableSpec("rank_map", "One row per MPI rank: its role and place in the job (written once at creation).", (
+    TableSpec("rank_map", "One row per MPI rank the run has had: its role and place (written at creation; a resume with more actors appends their ranks).", (
         _c("rank", "i4", "", "MPI rank in COMM_WORLD", True),
         _c("role", "i1", "code", "0 parameter, 1 learner, 2 actor", True, ROLES),
         _c("group", "i4", "", "learner group index (-1 for other roles)"),

@@ -108,11 +108,18 @@ class ParameterRank:
                 raise RuntimeError(f"--resume: no checkpoint in {self.job.run_dir}")
             self._restore(state)
             note = json.dumps({"discarded": self.job.rolled_back, "version": self.version})
-            return RunFile.open_append(path, flush_seconds=self.cfg.io.flush_seconds, note=note)
+            return RunFile.open_append(path, flush_seconds=self.cfg.io.flush_seconds, note=note,
+                                       rank_map=self._rank_map(), traj_layout=self.job.traj_layout,
+                                       num_actors=self.cfg.actors.count)
+        return RunFile.create(path, self.cfg.to_yaml(), self._rank_map(), self.cfg.io.compression,
+                              traj_layout=self.job.traj_layout, num_actors=self.cfg.actors.count,
+                              flush_seconds=self.cfg.io.flush_seconds, attrs={"runner": self.job.runner})
+
+    def _rank_map(self) -> dict[str, list]:
         roles = self.job.topo.roles
         codes = {"parameter": 0, "learner": 1, "actor": 2}
         actor_ranks = self.job.topo.actor_ranks
-        rank_map = {
+        return {
             "rank": np.arange(len(roles)),
             "role": [codes[r.role] for r in roles],
             "group": [r.group for r in roles],
@@ -120,9 +127,6 @@ class ParameterRank:
                       for i, r in enumerate(roles)],
             "node": [n.encode()[:64] for n in self.job.topo.nodes],
         }
-        return RunFile.create(path, self.cfg.to_yaml(), rank_map, self.cfg.io.compression,
-                              traj_layout=self.job.traj_layout, num_actors=self.cfg.actors.count,
-                              flush_seconds=self.cfg.io.flush_seconds, attrs={"runner": self.job.runner})
 
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.main)."""
@@ -158,7 +162,8 @@ class ParameterRank:
         self.version, self.round, self.consumed = s["version"], s["round"], s["consumed"]
         # env steps restart from what the trajectory files hold at the checkpoint (sampled, unwritten ones are redone)
         self.env_steps_start = sum(s["record"]["traj_steps"].values()) if "record" in s else s["env_steps"]
-        self.fragment_next = list(s.get("fragment_next", self.fragment_next))
+        kept = list(s.get("fragment_next", []))  # a resume may bring more actors: they start at 0
+        self.fragment_next = kept + [0] * max(self.cfg.actors.count - len(kept), 0)
         self.episodes, self.updates = s["episodes"], s["updates"]
         self.gradients, self.admitted = s["gradients"], s["admitted"]
         self.stop_rule.add_returns(s["returns"])

@@ -221,3 +221,15 @@ class MultiPolicyQ(AgentMapped):
 
     def policy_parameters(self, slot: int) -> list[Tensor]:
         return list(self.qs[slot].parameters())
+
+
+@torch.no_grad()
+def copy_slot(model: nn.Module, src: int, dst: int) -> None:
+    """Copy every sub-network (and log-std row) of policy slot ``src`` into slot ``dst``."""
+    for name in ("pis", "vfs", "qs", "targets"):
+        nets = getattr(model, name, None)
+        if nets is not None:
+            for d, s in zip(nets[dst].parameters(), nets[src].parameters()):
+                d.copy_(s)
+    if getattr(model, "log_std", None) is not None and model.log_std.dim() == 2:
+        model.log_std[dst].copy_(model.log_std[src])

@@ -5,7 +5,9 @@ default; ``--runner mpi`` starts MPI ranks) for ``--seeds`` seeds (env.seed = 0,
 budget of ``--steps`` agent steps. From each run's run.h5 ``rounds`` table: the first round's
 mean episodic return per agent, the final one (mean of the last ``--last`` rounds) and the
 wall-clock. The random policy's mean return per agent comes from ``--random-episodes``
-episodes of the same env with uniformly drawn actions. The table prints each algorithm's mean
+episodes per seed with uniformly drawn actions, stepped by the actors' sampler on the same env
+copies and seeds as the training runs (simple-spread's returns depend strongly on the start
+positions, so the baseline must see the same ones). The table prints each algorithm's mean
 and spread over the seeds and the ratios final - random and final - first.
 
     hpcrl bench marless [--algos ippo,mappo,iql,vdn] [--seeds 3] [--steps 144000] [-o KEY=VALUE ...]
@@ -24,23 +26,29 @@ import numpy as np
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def random_return(env_kwargs: dict, episodes: int, seed: int = 12345) -> float:
-    """Mean per-agent episodic return of uniformly random actions on simple-spread."""
-    from hpcrl.envs import make
+def random_return(seeds: int, episodes: int) -> float:
+    """Mean per-agent episodic return of uniformly random actions, stepped by the actors' own sampler
+    on the same env copies and seeds as the training runs (env.seed = 0 .. seeds - 1)."""
+    import torch
 
-    env = make("hpcrl/MPESimpleSpread-v3", **env_kwargs)
-    rng = np.random.default_rng(seed)
-    totals = []
-    for ep in range(episodes):
-        env.reset(seed=seed + ep)
-        ret = dict.fromkeys(env.possible_agents, 0.0)
-        while env.agents:
-            _, rew, *_ = env.step({a: int(rng.integers(env.action_space(a).n)) for a in env.agents})
-            for a, r in rew.items():
-                ret[a] += r
-        totals.append(np.mean(list(ret.values())))
-    env.close()
-    return float(np.mean(totals))
+    from hpcrl.algos import make_algorithm
+    from hpcrl.config import load_config
+    from hpcrl.runtime.sampler import VectorSampler, describe_env
+
+    returns = []
+    for seed in range(seeds):
+        cfg = load_config(CONFIGS / "mpe_spread_iql.yaml", [f"env.seed={seed}", "algo.epsilon_start=1.0"])
+        info = describe_env(cfg.env)
+        algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
+        model = algo.make_model(info.observation_space, info.action_space)  # epsilon 1: uniform actions
+        sampler = VectorSampler(cfg.env, 0)
+        eps: list[dict] = []
+        with torch.no_grad():
+            while len(eps) < episodes * cfg.algo.agents:
+                eps += sampler.sample(algo, model, cfg.actors.fragment_length, 0, 0)[1]
+        sampler.close()
+        returns += [e["return"] for e in eps]
+    return float(np.mean(returns))
 
 
 def train(algo: str, seed: int, steps: int, runner: str, overrides: list[str], run_dir: Path) -> dict:
@@ -69,11 +77,12 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=144_000, help="agent steps per run (6 per env step)")
     p.add_argument("--last", type=int, default=5, help="final return = mean of the last this many rounds")
     p.add_argument("--runner", choices=("serial", "mpi"), default="serial")
-    p.add_argument("--random-episodes", type=int, default=100)
+    p.add_argument("--random-episodes", type=int, default=200, help="random-policy episodes per seed")
     p.add_argument("-o", "--override", action="append", default=[], help="KEY=VALUE for every run (e.g. algo.policies=shared)")
     args = p.parse_args(argv)
-    baseline = random_return({"N": 6}, args.random_episodes)
-    print(f"random policy: {baseline:.2f} mean episodic return per agent ({args.random_episodes} episodes)")
+    baseline = random_return(args.seeds, args.random_episodes)
+    print(f"random policy: {baseline:.2f} mean episodic return per agent "
+          f"({args.random_episodes} episodes per seed, the training runs' sampler and seeds)")
     print(f"{'algo':6s} {'seed':>4s} {'rounds':>6s} {'first':>8s} {'final':>8s} {'final-random':>12s} "
           f"{'final-first':>11s} {'wall s':>7s}", flush=True)
     summary = {}

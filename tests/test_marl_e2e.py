@@ -70,3 +70,13 @@ def test_a_wrong_agent_count_is_one_line():
     cfg = load_config(CONFIGS / "mpe_spread_ippo.yaml", ["algo.agents=3"])
     with pytest.raises(ConfigError, match="algo.agents: 3, but hpcrl/MPESimpleSpread-v3 has 6 agents"):
         check_agent_count(cfg, describe_env(cfg.env))
+
+
+def test_hpcrl_run_refuses_a_wrong_agent_count_before_writing(tmp_path, capsys):
+    from hpcrl.cli import main as hpcrl_main
+
+    rc = hpcrl_main(["run", str(CONFIGS / "mpe_spread_ippo.yaml"), "-o", "algo.agents=3",
+                     "-o", f"io.run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "algo.agents: 3" in err and "\n" not in err
+    assert not (tmp_path / "run").exists()

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     runners = ("mpi", "serial") if args.runner == "both" else (args.runner,)
     root = Path(args.keep or tempfile.mkdtemp(prefix="hpcrl-soak-"))
     root.mkdir(parents=True, exist_ok=True)
-    print(f"# soak: {args.minutes} min per runner, {args.actors} actors + 2 learner groups + 1 parameter rank "
+    print(f"# soak: {args.minutes} min in all ({args.minutes / len(runners):g} per runner), {args.actors} actors + 2 learner groups + 1 parameter rank "
           f"on {os.cpu_count()} cores; run directories under {root}")
     results = [soak(r, args.minutes / len(runners), args.actors, root, rng) for r in runners]
     print(f"\n{'runner':8s} {'cycles':>6s} {'resumes':>7s} {'updates cut':>11s} {'final exit':>10s}  problems")

@@ -6,6 +6,8 @@ Every bad value becomes one :class:`hpcrl.errors.ConfigError` line naming the fi
 """
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -240,7 +242,95 @@ class IMPACTConfig(Section):
     """Optimizer on the parameter rank."""
 
 
-AlgoConfig = Annotated[Union[PPOConfig, HA2CConfig, HDDPGConfig, IMPACTConfig], Field(discriminator="name")]
+class MARLPPOFields(Section):
+    """MARLess' actor-critic learners (seed 001, section 6.2.1): PPO per policy with GAE and the clipped
+    surrogate; the policies of the agents are the sub-networks of one model (hpcrl.marl.model)."""
+
+    agents: int = Field(ge=1)
+    """Agents per env copy (must equal the env's number of agents; instance k * agents + j is agent j)."""
+    policies: Literal["per_agent", "shared"] = "per_agent"
+    """per_agent: one policy (and critic) per agent; shared: one for all (parameter sharing)."""
+    lr: float = Field(5e-4, gt=0)
+    """Adam learning rate (fixed, as MARLess)."""
+    gamma: float = Field(0.99, gt=0, le=1)
+    """Discount factor."""
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    """GAE lambda."""
+    clip: float = Field(0.2, gt=0)
+    """Clip range of the surrogate ratio (1 +- clip)."""
+    entropy_coeff: float = Field(0.01, ge=0)
+    """Weight of the entropy bonus."""
+    vf_coeff: float = Field(0.5, ge=0)
+    """Weight of the value loss."""
+    max_grad_norm: float = Field(0.5, gt=0)
+    """Each minibatch gradient is clipped to this global norm before it is pushed."""
+    normalize_advantages: bool = True
+    """Standardise advantages within each minibatch."""
+    train_batch_size: int = Field(4800, ge=1)
+    """Agent steps (all agents' instances) that make one round."""
+    minibatch_size: int = Field(1200, ge=1)
+    """Rows (agent steps) per minibatch; one gradient push each."""
+    num_sgd_iter: int = Field(4, ge=1)
+    """Passes over each learner batch."""
+
+
+class IPPOConfig(MARLPPOFields):
+    name: Literal["ippo"] = "ippo"
+    """IPPO: independent PPO learners, each critic sees its agent's observation."""
+
+
+class MAPPOConfig(MARLPPOFields):
+    name: Literal["mappo"] = "mappo"
+    """MAPPO: PPO policies with centralised critics over the joint observation of the env copy (+ agent id)."""
+
+
+class MARLQFields(Section):
+    """MARLess' value-based learners (seed 001, section 6.2.1): DQN per policy with a replay buffer on the
+    learner side, target networks in the published weights and an epsilon-greedy schedule."""
+
+    agents: int = Field(ge=1)
+    """Agents per env copy (must equal the env's number of agents; instance k * agents + j is agent j)."""
+    policies: Literal["per_agent", "shared"] = "per_agent"
+    """per_agent: one Q-network per agent; shared: one for all (parameter sharing)."""
+    lr: float = Field(5e-4, gt=0)
+    """Adam learning rate (fixed, as MARLess)."""
+    gamma: float = Field(0.99, gt=0, le=1)
+    """Discount factor."""
+    buffer_size: int = Field(50_000, ge=1)
+    """Replay capacity of each learner group, in joint transitions (one env copy, one step)."""
+    batch_size: int = Field(128, ge=1)
+    """Joint transitions per minibatch."""
+    updates_per_fragment: int = Field(4, ge=1)
+    """Minibatches (gradient pushes) drawn from the replay buffer for each fragment received."""
+    target_tau: float = Field(0.01, gt=0, le=1)
+    """Soft update of the target networks after each applied gradient (theta' <- tau theta + (1 - tau) theta')."""
+    epsilon_start: float = Field(1.0, ge=0, le=1)
+    """Exploration rate at round 0."""
+    epsilon_end: float = Field(0.05, ge=0, le=1)
+    """Exploration rate after epsilon_decay_rounds rounds."""
+    epsilon_decay_rounds: int = Field(50, ge=1)
+    """Rounds of the linear decay from epsilon_start to epsilon_end."""
+    max_grad_norm: float = Field(10.0, gt=0)
+    """Each minibatch gradient is clipped to this global norm before it is pushed."""
+
+
+class IQLConfig(MARLQFields):
+    name: Literal["iql"] = "iql"
+    """IQL: independent DQN learners (each agent's own reward and TD loss)."""
+
+
+class VDNConfig(MARLQFields):
+    name: Literal["vdn"] = "vdn"
+    """VDN: Q_tot = sum of the agents' Q-values, one TD loss on the team reward (cooperative envs only)."""
+
+
+MARL_ALGOS = ("ippo", "mappo", "iql", "vdn")
+BATCH_ALGOS = ("ppo", "ippo", "mappo")
+"""Algorithms whose round is algo.train_batch_size environment steps (the others: one fragment per actor)."""
+
+
+AlgoConfig = Annotated[Union[PPOConfig, HA2CConfig, HDDPGConfig, IMPACTConfig, IPPOConfig, MAPPOConfig, IQLConfig,
+                             VDNConfig], Field(discriminator="name")]
 
 
 class IOConfig(Section):
@@ -311,6 +401,17 @@ class StopConfig(Section):
     """Stop after this many seconds of training (summed over resumed jobs)."""
 
 
+class EvalConfig(Section):
+    """Evaluation episodes: the policy acting greedily on env copies of its own, recorded apart from training."""
+
+    episodes: int = Field(0, ge=0)
+    """Episodes per evaluation (0: no evaluation). The last actor rank runs them, between two fragments."""
+    every_rounds: int = Field(10, ge=1)
+    """Evaluate the newest policy after every this many training rounds."""
+    seed: int = 1_000_000
+    """Seed of the evaluation env copies: evaluation k resets copy i with seed + k * episodes + i."""
+
+
 class DebugConfig(Section):
     """Fault injection for tests of the failure path (not needed in normal runs)."""
 
@@ -336,6 +437,7 @@ class RunConfig(Section):
     io: IOConfig = Field(default_factory=IOConfig)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     debug: DebugConfig = Field(default_factory=DebugConfig)
 
     @model_validator(mode="before")
@@ -347,7 +449,13 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _ppo_batch_sizes(self) -> "RunConfig":
-        if self.algo.name != "ppo":
+        if self.algo.name == "vdn":
+            from hpcrl.envs.mpe import COMPETITIVE
+
+            if self.env.id in COMPETITIVE:
+                raise ValueError(f"algo.name: vdn needs a cooperative env; {self.env.id} is competitive "
+                                 "(adversary vs agents); use iql, ippo or mappo")
+        if self.algo.name not in BATCH_ALGOS:
             return self
         per_group = self.group_batch_size
         if self.algo.minibatch_size > per_group:
@@ -363,23 +471,24 @@ class RunConfig(Section):
     @property
     def group_batch_size(self) -> int:
         """Environment steps one learner group gathers before it trains: train_batch_size / G for PPO,
-        one fragment for ha2c and hddpg (one update per fragment, seed 003)."""
-        if self.algo.name != "ppo":
+        IPPO and MAPPO, else one fragment (ha2c, hddpg: one update each, seed 003; iql, vdn: replay updates)."""
+        if self.algo.name not in BATCH_ALGOS:
             return self.fragment_steps
         return max(1, self.algo.train_batch_size // self.learners.groups)
 
     @property
     def round_steps(self) -> int:
         """Environment steps the learners consume per round (Stellaris k, an RLlib training iteration):
-        train_batch_size for PPO, one fragment of every actor for ha2c and hddpg."""
-        if self.algo.name != "ppo":
+        train_batch_size for PPO, IPPO and MAPPO, else one fragment of every actor."""
+        if self.algo.name not in BATCH_ALGOS:
             return self.fragment_steps * self.actors.count
         return self.algo.train_batch_size
 
     @property
     def fragment_steps(self) -> int:
-        """Environment steps in one actor fragment (fragment_length x num_envs)."""
-        return self.actors.fragment_length * self.env.num_envs
+        """Environment steps in one actor fragment (fragment_length x num_envs; x algo.agents for the MARL
+        algorithms, whose instances are the agents of num_envs env copies)."""
+        return self.actors.fragment_length * self.env.num_envs * (self.algo.agents if self.algo.name in MARL_ALGOS else 1)
 
     @property
     def uses_mpi(self) -> bool:
@@ -399,7 +508,7 @@ def _one_line(exc: ValidationError, source: str) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     # discriminated unions put the tag in the location: algo.ppo.lr -> algo.lr
-    for tag in ("ppo", "ha2c", "hddpg", "impact"):
+    for tag in ("ppo", "ha2c", "hddpg", "impact", *MARL_ALGOS):
         loc = loc.replace(f"algo.{tag}.", "algo.").replace(f"algo.{tag}", "algo")
     if err["type"] == "extra_forbidden":
         parent = loc.rsplit(".", 1)[0] if "." in loc else ""
@@ -426,7 +535,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. aggregation.d=0.9")
     key, _, value = text.partition("=")
-    return key.strip().split("."), yaml.safe_load(value)
+    return key.strip().split("."), yaml.load(value, Loader=_UniqueKeyLoader)
 
 
 def build_config(data: dict[str, Any] | None = None, overrides: list[str] = (), source: str = "config") -> RunConfig:
@@ -457,6 +566,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.1 (PyYAML) reads 1e-3 as a string; YAML 1.2 and every user read it as a number.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

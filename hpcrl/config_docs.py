@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from hpcrl import config as c
 
-ALGOS = (c.PPOConfig, c.IMPACTConfig, c.HA2CConfig, c.HDDPGConfig)
+ALGOS = (c.PPOConfig, c.IMPACTConfig, c.HA2CConfig, c.HDDPGConfig, c.IPPOConfig, c.MAPPOConfig, c.IQLConfig, c.VDNConfig)
 
 
 def _type(annotation) -> str:

@@ -184,8 +184,8 @@ def test_resume_refuses_a_change_the_checkpoint_depends_on_and_writes_nothing(tm
     rc, err = run_cli(["--resume", str(run_dir), "-o", "aggregation.d=0.5"], capsys)
     assert rc == 2 and "\n" not in err
     assert "aggregation.d would change from 0.96 to 0.5" in err and "stop.*" in err
-    rc, err = run_cli(["--resume", str(run_dir), "--ranks", "5"], capsys)  # more actors: refused for now
-    assert rc == 2 and "actors.count would change from 1 to 3" in err
+    rc, err = run_cli(["--resume", str(run_dir), "-o", "learners.groups=2"], capsys)
+    assert rc == 2 and "learners.groups would change from 1 to 2" in err
     assert (run_dir / "config.yaml").read_text() == text
 
 

@@ -55,6 +55,15 @@ def test_overrides_are_parsed_as_yaml_and_validated():
     assert "KEY=VALUE" in one_line_error({}, ["aggregation.d"])
 
 
+def test_exponent_numbers_are_numbers_in_files_and_overrides(tmp_path):
+    """PyYAML (YAML 1.1) would read 1e-3 as the string '1e-3' and the typed field would refuse it."""
+    assert build_config({}, ["algo.lr=1e-3"]).algo.lr == 1e-3
+    f = tmp_path / "exp.yaml"
+    f.write_text("algo: {lr: 3E-4, clip: 2e-1}\nenv: {id: CartPole-v1, kwargs: {tag: 1e3x}}\n")
+    cfg = load_config(f)
+    assert cfg.algo.lr == 3e-4 and cfg.algo.clip == 0.2 and cfg.env.kwargs == {"tag": "1e3x"}
+
+
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")

@@ -86,6 +86,48 @@ def test_hddpg_fifo_buffer_holds_the_newest_rollouts():
     torch.testing.assert_close(loop.buffer.next_obs[:-1], loop.buffer.obs[1:])
 
 
+def test_hddpg_fused_step_is_algorithm_2_order():
+    """Critic step, then the actor's gradient through the *updated* critic, each with its own Adam
+    moments (the other network's untouched), then the soft target update: checked against copies
+    trained by hand with two Adams; the same-weights order (both gradients before either step)
+    gives other actor weights."""
+    import copy
+
+    env, loop, episodes, obs = setup("hpcrl/Pendulum-v1", {"name": "hddpg", "tau": 0.1}, 16, "cpu", fragment_length=4)
+    obs, _ = loop.iteration(obs, episodes)
+    batch = loop.algo.prepare_rollout(loop.buffer.last(loop.filled), loop.model)
+    cfg = loop.algo.cfg
+
+    def by_hand(critic_first: bool):
+        m = copy.deepcopy(loop.model)
+        adams = {}
+        for name, lr in (("critic", cfg.critic_lr), ("actor", cfg.actor_lr)):
+            net = getattr(m, name)
+            adam = torch.optim.Adam(net.parameters(), lr=lr)
+            state = {i: copy.deepcopy(loop.optimizer.state[p]) for i, p in enumerate(getattr(loop.model, name).parameters())}
+            adam.load_state_dict({"state": state, "param_groups": adam.state_dict()["param_groups"]})
+            adam.zero_grad()
+            adams[name] = adam
+        (batch["targets"] - m.critic(batch["obs"], batch["actions"])).square().mean().backward()
+        if critic_first:
+            adams["critic"].step()
+        (-m.critic(batch["obs"], m.actor(batch["obs"])).mean()).backward(inputs=list(m.actor.parameters()))
+        adams["actor"].step()
+        if not critic_first:
+            adams["critic"].step()
+        with torch.no_grad():
+            for target, online in zip([*m.target_actor.parameters(), *m.target_critic.parameters()],
+                                      [*m.actor.parameters(), *m.critic.parameters()]):
+                target.lerp_(online, 0.1)
+        return m
+
+    algorithm_2, same_weights = by_hand(True), by_hand(False)
+    loop.algo.update(batch, loop.model, loop.optimizer)
+    for mine, hand in zip(loop.model.parameters(), algorithm_2.parameters()):
+        torch.testing.assert_close(mine, hand, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(loop.model.actor.net[0].weight, same_weights.actor.net[0].weight, rtol=1e-5, atol=1e-6)
+
+
 def test_hddpg_rejects_discrete_actions():
     with pytest.raises(ConfigError, match="hddpg needs"):
         setup("hpcrl/CartPole-v1", {"name": "hddpg"}, 4, "cpu")

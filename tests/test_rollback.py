@@ -87,3 +87,19 @@ def test_truncate_record_never_lengthens_and_names_bad_input(tmp_path):
         truncate_record(run_dir, {"epsiodes": 1}, {})
     with pytest.raises(RunFileError, match="no such run file"):
         truncate_record(tmp_path / "nowhere", {"episodes": 1}, {})
+
+
+def test_roll_back_cuts_a_trajectory_file_started_after_the_checkpoint(tmp_path):
+    """A resume with more actors, killed before its first checkpoint: the new actor's file is not in the
+    checkpoint's record, so its steps are not counted either; the next resume cuts it to 0 steps."""
+    from hpcrl.runtime.checkpoint import save_checkpoint
+    from hpcrl.runtime.job import roll_back_record
+
+    run_dir = tmp_path / "run"
+    write_synthetic_run(run_dir, rounds=2, actors=ACTORS)
+    counts = record_counts(run_dir)
+    known = {a: s for a, s in counts["traj_steps"].items() if a < ACTORS - 1}  # the last actor came later
+    save_checkpoint(run_dir, {"version": 1, "record": {"tables": counts["tables"], "traj_steps": known}})
+    removed = roll_back_record(run_dir)
+    assert removed["traj_steps"] == {**{a: 0 for a in known}, ACTORS - 1: counts["traj_steps"][ACTORS - 1]}
+    assert record_counts(run_dir)["traj_steps"] == {**known, ACTORS - 1: 0}

@@ -108,12 +108,26 @@ def test_sigterm_stops_a_serial_run_cleanly_and_resume_continues(tmp_path):
     stopped_at = load_checkpoint(run_dir)["version"]
     assert stopped_at >= 10
     env_steps = load_checkpoint(run_dir)["env_steps"]
+    actors = data["actors"]["count"]
+    before = read_table(run_dir / "run.h5", "rank_map")
+    # resume with one actor more: it joins the rank map, the trajectories view and the record
     res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--resume", str(run_dir), "-o",
-                          f"stop.total_env_steps={env_steps + 400}"], capture_output=True, text=True, timeout=120)
+                          f"stop.total_env_steps={env_steps + 1200}", "-o", f"actors.count={actors + 1}"],
+                         capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     versions = read_table(run_dir / "run.h5", "updates")["version"]
     assert np.all(np.diff(versions) == 1) and versions[-1] > stopped_at
     assert len(read_attrs(run_dir / "run.h5")["resumed_unix"]) == 1
+    ranks = read_table(run_dir / "run.h5", "rank_map")
+    assert len(ranks["rank"]) == len(before["rank"]) + 1
+    assert ranks["role"][-1] == 2 and ranks["index"][-1] == actors and ranks["rank"][-1] == before["rank"][-1] + 1
+    fragments = read_table(run_dir / "run.h5", "actors")
+    new = fragments["actor"] == actors
+    assert new.any() and sorted(fragments["fragment"][new]) == list(range(new.sum()))  # numbered from 0
+    with h5py.File(run_dir / "run.h5", "r", swmr=True) as f:
+        assert f["trajectories"].attrs["num_actors"] == actors + 1
+        rewards = f["trajectories/rewards"]
+        assert rewards.shape[0] == actors + 1 and rewards.shape[1] >= 1
 
 
 def _structure(h5: Path) -> dict:

@@ -57,6 +57,12 @@ def learning_curve(runs: list[Run], x: str, path: Path, window: int = 20) -> Pat
         line, = ax.plot(c["x"], c["mean"], lw=1.8, label=f"{label} (mean of {n} runs)" if n > 1 else label)
         if n > 1:
             ax.fill_between(c["x"], c["min"], c["max"], color=line.get_color(), alpha=0.2, lw=0)
+        if x == "time":  # evaluation episodes (greedy policy), where the runs have them
+            for i, run in enumerate(group):
+                ev = M.evaluations(run)
+                if len(ev["mean"]):
+                    ax.errorbar(ev["time"], ev["mean"], yerr=ev["std"], fmt="s", ms=3, capsize=2, lw=0.8,
+                                color=line.get_color(), label=f"{label} evaluation (greedy)" if i == 0 else None)
         drawn = True
     if not drawn:
         _empty(ax, "episodes")

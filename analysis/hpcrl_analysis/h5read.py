@@ -85,10 +85,10 @@ class Run:
         return len(next(iter(t.values()))) if t else 0
 
 
-TABLE_NAMES = ("rank_map", "updates", "gradients", "episodes", "learner_activity", "rounds", "actors",
-               "learner_cycles", "parameter_load", "elastic_events")
-LATER_TABLES = ("learner_cycles", "parameter_load", "elastic_events")
-"""Tables added to schema 1 later: a file from before them is still complete without them."""
+TABLE_NAMES = ("rank_map", "updates", "gradients", "episodes", "learner_activity", "rounds", "actors")
+OPTIONAL_TABLES = ("eval_episodes", "learner_cycles", "parameter_load", "elastic_events")
+"""Tables a run has only when it used the feature (eval.episodes > 0) or when its hpcrl wrote them
+(the learner cycle profile, parameter load and elastic events came later): no note when absent."""
 REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); a fill value there = never written
     "rank_map": ("rank", "role"),
     "updates": ("time", "version", "round", "num_gradients"),
@@ -97,6 +97,7 @@ REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); 
     "learner_activity": ("time_start", "time_end", "group", "compute_seconds"),
     "rounds": ("round", "start", "duration"),
     "actors": ("time", "actor", "fragment"),
+    "eval_episodes": ("time", "round", "policy_version", "env_index", "return", "length"),
     "learner_cycles": ("time", "group", "seq", "cycle_seconds"),
     "parameter_load": ("time", "interval_seconds", "gradients"),
     "elastic_events": ("time", "group", "action", "reason"),
@@ -170,8 +171,12 @@ def load_run(run_dir: str | Path, label: str | None = None) -> Run:
                     if name in f:
                         run.tables[name], problems = _read_group(f, name)
                         run.notes += problems
-                    elif name not in LATER_TABLES:
+                    else:
                         run.notes.append(f"table '{name}' missing")
+                for name in OPTIONAL_TABLES:
+                    if name in f:
+                        run.tables[name], problems = _read_group(f, name)
+                        run.notes += problems
                 if "episodes" not in f:
                     raise AnalysisError(f"{h5}: table 'episodes' is missing (not a complete hpcrl run file)")
                 return run

@@ -208,6 +208,10 @@ def assign_rounds(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     return idx
 
 
+def _last(values: np.ndarray) -> float:
+    return float(values[-1]) if len(values) else math.nan
+
+
 def per_round(run: Run, prices: dict) -> dict[str, np.ndarray]:
     """Cached :func:`compute_per_round` (figures and tables ask for it many times)."""
     key = ("per_round", json.dumps(prices, sort_keys=True))
@@ -389,6 +393,24 @@ def elastic_events(run: Run) -> dict[str, np.ndarray]:
             "cpu_seconds": ev["cpu_seconds"][order[parked]]}
 
 
+def evaluations(run: Run) -> dict[str, np.ndarray]:
+    """One entry per evaluation (``eval_episodes`` grouped by the round it followed): round, time,
+    policy_version and the return's mean, std, min, max over its episodes; empty without evaluations."""
+    e = run.table("eval_episodes")
+    keys = ("round", "time", "policy_version", "mean", "std", "min", "max")
+    if not e or not len(e["round"]):
+        return {k: np.zeros(0) for k in keys}
+    rounds = np.unique(e["round"])
+    out = {k: [] for k in keys}
+    for k in rounds:
+        sel = e["round"] == k
+        r = e["return"][sel].astype(np.float64)
+        for name, v in zip(keys, (k, e["time"][sel].max(), e["policy_version"][sel].max(), r.mean(), r.std(),
+                                  r.min(), r.max())):
+            out[name].append(v)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
 def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
     """One run's headline numbers (rows of the Markdown / HTML summary table)."""
     ax = episode_axes(run)
@@ -408,6 +430,7 @@ def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
         "updates": run.rows("updates"),
         f"final return (last {window} ep.)": float(rets[-window:].mean()) if len(rets) else math.nan,
         "best return": float(rets.max()) if len(rets) else math.nan,
+        "last evaluation return (greedy)": _last(evaluations(run)["mean"]),
         "gradients admitted": int((g["admitted"] == 1).sum()) if g else 0,
         "gradients not admitted": int((g["admitted"] != 1).sum()) if g else 0,
         "mean admitted staleness": float(st.mean()) if len(st) else math.nan,

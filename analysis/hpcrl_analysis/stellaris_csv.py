@@ -13,8 +13,11 @@ episodes has eval_reward_* 0 and one timeline row with reward 0; staleness_* and
 are 0 when nothing was admitted; the timeline starts with a (0, 0) row and gives every episode
 of a round the cumulative duration at the round's end. serverless_bound is the threshold in
 force at the round's end (beta_k of Eq. 3), empty where there is none (round 0; the artifact
-writes 114514). eval_reward_* are the returns of the training episodes that ended in the round:
-hpcrl has no separate evaluation rollouts yet.
+writes 114514). eval_reward_* are the evaluation episodes' returns (``eval.episodes`` > 0: the
+greedy policy on its own env copies, table eval_episodes) of the evaluation that followed the
+round, carried forward to the rounds between evaluations (0 before the first), as an RLlib
+evaluation interval leaves them; a run without evaluations gives its training episodes' returns
+of the round instead.
 """
 from __future__ import annotations
 
@@ -69,13 +72,22 @@ def info_rows(run: Run, prices: dict) -> list[list]:
     pr = M.per_round(run, prices)
     workers = M.ranks(run)["actor"]
     envs = int(config_value(run, "env", "num_envs", "1") or 1)
-    rows, total = [], 0.0
+    ev = M.evaluations(run)
+    by_round = {int(k): i for i, k in enumerate(ev["round"])}
+    rows, total, last_eval = [], 0.0, [0.0] * 4
     for i in range(len(pr["round_id"])):
         total += _zero_if_nan(pr["cost"][i])
         bound = float(pr["threshold"][i])
-        rows.append([int(pr["round_id"][i]) + 1, float(pr["duration"][i]), workers, envs, int(pr["episodes"][i]),
-                     float(pr["learner_time"][i]), float(pr["actor_time"][i]),
-                     *(_zero_if_nan(pr[f"reward_{s}"][i]) for s in ("max", "mean", "min", "std")),
+        round_id = int(pr["round_id"][i]) + 1
+        if not by_round:
+            reward = [_zero_if_nan(pr[f"reward_{s}"][i]) for s in ("max", "mean", "min", "std")]
+        else:
+            if round_id in by_round:
+                j = by_round[round_id]
+                last_eval = [float(ev[s][j]) for s in ("max", "mean", "min", "std")]
+            reward = last_eval
+        rows.append([round_id, float(pr["duration"][i]), workers, envs, int(pr["episodes"][i]),
+                     float(pr["learner_time"][i]), float(pr["actor_time"][i]), *reward,
                      *(_zero_if_nan(pr[f"staleness_{s}"][i]) for s in ("max", "mean", "min", "std")),
                      _zero_if_nan(pr["loss"][i]), total, bound if math.isfinite(bound) else ""])
     return rows

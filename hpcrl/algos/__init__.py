@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-ALGOS = ("ppo", "ha2c", "hddpg", "impact")
+ALGOS = ("ppo", "ha2c", "hddpg", "impact", "ippo", "mappo", "iql", "vdn")
 
 
 def make_algorithm(algo_cfg: Any, model_cfg: Any, aggregation_cfg: Any):
@@ -28,4 +28,9 @@ def make_algorithm(algo_cfg: Any, model_cfg: Any, aggregation_cfg: Any):
         from hpcrl.algos.hddpg import HDDPG
 
         return HDDPG(algo_cfg, model_cfg)
+    if algo_cfg.name in ("ippo", "mappo", "iql", "vdn"):  # MARLess' algorithms (hpcrl.marl)
+        from hpcrl.marl import dqn, ppo
+
+        cls = {"ippo": ppo.IPPO, "mappo": ppo.MAPPO, "iql": dqn.IQL, "vdn": dqn.VDN}[algo_cfg.name]
+        return cls(algo_cfg, model_cfg, aggregation_cfg)
     raise ValueError(f"algo.name={algo_cfg.name!r}; allowed: {', '.join(ALGOS)}")

@@ -6,6 +6,7 @@ either runner) moves fragments, gradients and weights between the roles and neve
 inside them::
 
     actor      act(model, obs) -> (actions, behaviour_logp, values)   one env step of N instances
+               greedy(model, obs) -> actions                          evaluation episodes (no exploration)
                value(model, obs) -> values                            bootstrap of truncated steps
     learner    prepare(fragments, model) -> batch                     post-processing (e.g. GAE)
                minibatches(batch, generator) -> iterator              one gradient push each
@@ -13,6 +14,7 @@ inside them::
     parameter  make_optimizer(model)
                apply(model, optimizer, gradient)                      one admitted (aggregated) step
                end_round(model, round_stats) -> {name: new value}     once per round (adaptive KL...)
+    fused loop update(batch, model, optimizer) -> stats               compute_gradient + apply, in place
     everyone   make_model(obs_space, action_space, device)
 
 What is published to actors and learners is the model's flat parameter buffer
@@ -66,6 +68,11 @@ class Algorithm:
     def value(self, model: nn.Module, obs: np.ndarray) -> Tensor:
         return model.value(obs)
 
+    @torch.no_grad()
+    def greedy(self, model: nn.Module, obs: np.ndarray) -> Tensor:
+        """The actions an evaluation takes: the policy without its exploration."""
+        return model.greedy(obs)
+
     # ---- learner --------------------------------------------------------------------------
     def prepare(self, fragments: Sequence[Mapping], model: nn.Module) -> Batch:
         raise NotImplementedError
@@ -97,6 +104,14 @@ class Algorithm:
         """One optimizer step with an admitted (already staleness-scaled and averaged) flat gradient."""
         model.flat.grads.copy_(torch.as_tensor(gradient, device=model.flat.grads.device))
         optimizer.step()
+
+    def update(self, batch: Batch, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
+        """One training step where the learner and the parameter role share the model (the fused loop):
+        a gradient at the current weights, applied at once. An algorithm whose paper orders its
+        losses within a step (HDDPG: critic, then actor through the new critic) overrides this."""
+        gradient, stats = self.compute_gradient(batch, model)
+        self.apply(model, optimizer, gradient)
+        return stats
 
     def end_round(self, model: nn.Module, round_stats: Mapping[str, float]) -> dict[str, float]:
         """Called by the parameter rank when a round ends; returns the settings it changed."""

@@ -11,11 +11,12 @@ buffer of the newest ``buffer_rollouts`` fragments (lines 20-29: no replay of ol
 
 Against the algorithm contract (:mod:`hpcrl.algos.base`): the model (:class:`DDPGModel`) holds
 the actor, the critic and both target networks in one flat buffer, so the targets travel with
-the published weights; one flat gradient carries both losses' gradients, computed at the same
-weights (the critic's from its TD loss, the actor's from -Q(s, mu(s)) through the critic), and
-:meth:`HDDPG.apply` steps both with their own learning rates, then moves the targets. (Algorithm 2
-as printed steps the critic before the actor's gradient; here both come from the same weights,
-as a gradient push requires.)
+the published weights. In the fused loop (the seed's setting, :meth:`HDDPG.update`) a step is
+Algorithm 2's order: critic step, then the actor's gradient through the *updated* critic, then
+the targets. A gradient pushed by a learner role carries both losses' gradients computed at the
+same weights (the critic's from its TD loss, the actor's from -Q(s, mu(s)) through the critic),
+since a push has one base version; :meth:`HDDPG.apply` steps both with their own learning rates,
+then moves the targets.
 
 With ``minibatch_envs`` set, each update uses the buffered steps of that many instances drawn
 at random (whole time rows, so n-step returns stay intact) instead of all N. n-step windows stop
@@ -138,6 +139,11 @@ class HDDPG(Algorithm):
         return action, zeros, zeros  # no log-probs; values are not needed by the learner
 
     @torch.no_grad()
+    def greedy(self, model: DDPGModel, obs) -> Tensor:
+        """mu(s), no exploration noise."""
+        return model.actor(model.obs(obs))
+
+    @torch.no_grad()
     def value(self, model: DDPGModel, obs) -> Tensor:
         return model.target_q(model.obs(obs))
 
@@ -173,18 +179,41 @@ class HDDPG(Algorithm):
             next_q = model.target_q(r.next_obs.flatten(0, 1)).view(T, N)
         return self._batch(r.obs, r.actions, r.rewards, next_q, r.terminated, r.truncated)
 
-    def compute_gradient(self, batch, model: DDPGModel, window=None) -> tuple[Tensor, dict[str, Tensor]]:
-        """Critic TD gradient and actor gradient at the same weights, in one flat buffer."""
-        obs, targets = batch["obs"], batch["targets"]
-        model.flat.zero_grad()
-        q = model.critic(obs, batch["actions"])
-        critic_loss = (targets - q).square().mean()
-        critic_loss.backward()
-        actor_loss = -model.critic(obs, model.actor(obs)).mean()
-        actor_loss.backward(inputs=list(model.actor.parameters()))  # the critic's grads stay its TD loss's
-        stats = dict(zip(STATS, (critic_loss, actor_loss, q.mean(), targets.mean())))
+    def critic_loss(self, batch, model: DDPGModel) -> tuple[Tensor, Tensor]:
+        """(Ret_n - Q(O, A))^2 averaged (line 35), and Q(O, A)."""
+        q = model.critic(batch["obs"], batch["actions"])
+        return (batch["targets"] - q).square().mean(), q
+
+    def actor_loss(self, batch, model: DDPGModel) -> Tensor:
+        """-Q(O, mu(O)) averaged (line 34); its gradient reaches the critic too, callers keep only the actor's."""
+        return -model.critic(batch["obs"], model.actor(batch["obs"])).mean()
+
+    def _stats(self, critic_loss, actor_loss, q, batch) -> dict[str, Tensor]:
+        stats = dict(zip(STATS, (critic_loss, actor_loss, q.mean(), batch["targets"].mean())))
         stats.update(loss=critic_loss + actor_loss, value_loss=critic_loss, policy_loss=actor_loss)
-        return model.flat.grads, {k: v.detach() for k, v in stats.items()}
+        return {k: v.detach() for k, v in stats.items()}
+
+    def compute_gradient(self, batch, model: DDPGModel, window=None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Critic TD gradient and actor gradient at the same weights, in one flat buffer (one push)."""
+        model.flat.zero_grad()
+        critic_loss, q = self.critic_loss(batch, model)
+        critic_loss.backward()
+        actor_loss = self.actor_loss(batch, model)
+        actor_loss.backward(inputs=list(model.actor.parameters()))  # the critic's grads stay its TD loss's
+        return model.flat.grads, self._stats(critic_loss, actor_loss, q, batch)
+
+    def update(self, batch, model: DDPGModel, optimizer) -> dict[str, Tensor]:
+        """Algorithm 2, lines 33-37 in order: critic step, actor step through the new critic, targets."""
+        model.flat.zero_grad()
+        critic_loss, q = self.critic_loss(batch, model)
+        critic_loss.backward()
+        _step_only(optimizer, model.critic, model.actor)
+        model.flat.zero_grad()
+        actor_loss = self.actor_loss(batch, model)
+        actor_loss.backward(inputs=list(model.actor.parameters()))
+        _step_only(optimizer, model.actor, model.critic)
+        self.move_targets(model)
+        return self._stats(critic_loss, actor_loss, q, batch)
 
     # ---- parameter side -------------------------------------------------------------------
     def make_optimizer(self, model: DDPGModel) -> torch.optim.Optimizer:
@@ -193,6 +222,18 @@ class HDDPG(Algorithm):
 
     def apply(self, model: DDPGModel, optimizer, gradient) -> None:
         super().apply(model, optimizer, gradient)
+        self.move_targets(model)
+
+    def move_targets(self, model: DDPGModel) -> None:
+        """theta' <- tau theta + (1 - tau) theta' for both networks (lines 36-37), one fused op."""
         targets, online = model.pairs()
         with torch.no_grad():
-            torch._foreach_lerp_(targets, online, self.cfg.tau)  # lines 36-37, one fused op
+            torch._foreach_lerp_(targets, online, self.cfg.tau)
+
+
+def _step_only(optimizer: torch.optim.Optimizer, network: nn.Module, other: nn.Module) -> None:
+    """Step ``network``'s parameters only: Adam skips parameters whose grad is None (the next
+    ``flat.zero_grad`` reattaches them to the gradient buffer), so ``other``'s moments stay put."""
+    for p in other.parameters():
+        p.grad = None
+    optimizer.step()

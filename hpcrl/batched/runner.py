@@ -5,7 +5,7 @@ The actor, learner and parameter roles become one loop on ``learners.device`` wi
 no host copies per step, calling the same algorithm object the roles call (:mod:`hpcrl.algos.base`):
 ``algo.sample`` acts, the fragment (``actors.fragment_length`` steps of ``env.num_envs`` instances)
 enters a device buffer of ``algo.kept_fragments`` fragments, ``algo.prepare_rollout`` builds the
-batch, ``algo.compute_gradient`` and ``algo.apply`` train.
+batch, ``algo.update`` trains (``compute_gradient`` + ``apply``, or the paper's own order within a step).
 
 The loop never waits for the host: every ``algo.stats_every`` iterations it fetches the episode
 log and the per-iteration stats from the device (one synchronisation), appends them to
@@ -80,8 +80,7 @@ class FusedLoop:
             obs = collect(self.env, obs, self.act, self.buffer.last(T), episodes)
             self.filled = min(self.filled + T, self.buffer.steps)
             batch = self.algo.prepare_rollout(self.buffer.last(self.filled), self.model)
-            grad, stats = self.algo.compute_gradient(batch, self.model)
-            self.algo.apply(self.model, self.optimizer, grad)
+            stats = self.algo.update(batch, self.model, self.optimizer)
         return obs, torch.stack([stats[k] for k in self.algo.stats])
 
 

@@ -4,7 +4,7 @@ One run directory; a tiny CartPole job on more ranks than cores (oversubscribed)
 the run (or resumes it), waits a random 2-15 s, and injects one fault: SIGKILL of the whole job
 (launcher and ranks), SIGKILL of one rank (MPI runner), SIGTERM or SIGUSR1 (a clean stop with a
 checkpoint), or SIGSTOP of one actor rank (the watchdog ends the job). Then ``hpcrl run --resume``
-goes on. At the end the record must hold every key once (update versions 1..n, (group, seq) per
+goes on, a third of the time with one actor more or fewer. At the end the record must hold every key once (update versions 1..n, (group, seq) per
 group 0..k, rounds 0..r, (actor, fragment) per actor 0..f) and its counters must match the files;
 each resume's ``resumed`` note says what was cut back to the checkpoint (the flush window).
 
@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import yaml
 
@@ -78,6 +79,13 @@ def check_record(run_dir: Path) -> list[str]:
         frags = np.sort(actors["fragment"][actors["actor"] == a])
         if not np.array_equal(frags, np.arange(len(frags))):
             problems.append(f"actors: actor {a} fragment numbers not 0..{len(frags) - 1}")
+    ranks = read_table(h5, "rank_map")
+    listed = set(ranks["index"][ranks["role"] == 2].tolist())
+    if not set(np.unique(actors["actor"]).tolist()) <= listed:
+        problems.append(f"rank_map: actors {sorted(set(np.unique(actors['actor']).tolist()) - listed)} missing")
+    with h5py.File(h5, "r", swmr=True) as f:
+        if "trajectories" in f and f["trajectories"].attrs["num_actors"] < len(listed):
+            problems.append(f"trajectories view covers {f['trajectories'].attrs['num_actors']} of {len(listed)} actors")
     ckpt = load_checkpoint(run_dir)
     if ckpt is not None and len(versions) and ckpt["version"] != versions[-1]:
         problems.append(f"checkpoint version {ckpt['version']} != last update {versions[-1]}")
@@ -129,6 +137,8 @@ def soak(runner: str, minutes: float, actors: int, root: Path, rng: random.Rando
         if not resume and run_dir.exists():  # killed before its first checkpoint: start again, as a batch job does
             shutil.rmtree(run_dir)
         args = ["--resume", str(run_dir)] if resume else [str(cfg_path)]
+        if resume and rng.random() < 0.3:  # a resume with one actor more or fewer joins the record too
+            args += ["-o", f"actors.count={rng.choice([actors - 1, actors, actors + 1])}"]
         proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", *args, "--oversubscribe"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         time.sleep(rng.uniform(2.0, 15.0))
@@ -172,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     runners = ("mpi", "serial") if args.runner == "both" else (args.runner,)
     root = Path(args.keep or tempfile.mkdtemp(prefix="hpcrl-soak-"))
     root.mkdir(parents=True, exist_ok=True)
-    print(f"# soak: {args.minutes} min per runner, {args.actors} actors + 2 learner groups + 1 parameter rank "
+    print(f"# soak: {args.minutes} min in all ({args.minutes / len(runners):g} per runner), {args.actors} actors + 2 learner groups + 1 parameter rank "
           f"on {os.cpu_count()} cores; run directories under {root}")
     results = [soak(r, args.minutes / len(runners), args.actors, root, rng) for r in runners]
     print(f"\n{'runner':8s} {'cycles':>6s} {'resumes':>7s} {'updates cut':>11s} {'final exit':>10s}  problems")

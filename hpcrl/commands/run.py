@@ -92,7 +92,8 @@ def resolve_config(args: argparse.Namespace, ranks_from: str = "--ranks") -> tup
     return cfg, run_dir
 
 
-RESUMABLE = ("stop.", "io.flush_seconds", "io.checkpoint_every", "io.log_seconds", "launch.", "debug.")
+RESUMABLE = ("stop.", "io.flush_seconds", "io.checkpoint_every", "io.log_seconds", "launch.", "eval.", "debug.",
+             "actors.count")
 """Settings a resumed run may change; every other one is part of the state the checkpoint holds."""
 
 
@@ -133,7 +134,11 @@ def validate(cfg: RunConfig) -> None:
     if env_kind(cfg.env.id) != "gym" or cfg.env.rescale_actions:
         from hpcrl.runtime.sampler import describe_env
 
-        describe_env(cfg.env)
+        info = describe_env(cfg.env)
+        if getattr(cfg.algo, "agents", None) is not None:
+            from hpcrl.marl.agents import check_agent_count
+
+            check_agent_count(cfg, info)  # a wrong count that divides the real one would pass silently
     plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
     if cfg.launch.container is not None:
         from hpcrl.launch_container import container_prefix

@@ -88,3 +88,5 @@ register("hpcrl/Atari-v5", "hpcrl.envs.atari:make_atari", "gym", "any ALE game (
 register("hpcrl/SpaceInvaders-v5", "hpcrl.envs.atari:space_invaders", "gym", "Stellaris workload: SpaceInvaders with the standard Atari preprocessing (hpcrl/Atari-v5)")
 register("hpcrl/Qbert-v5", "hpcrl.envs.atari:qbert", "gym", "Stellaris workload: Qbert with the standard Atari preprocessing (hpcrl/Atari-v5)")
 register("hpcrl/Gravitar-v5", "hpcrl.envs.atari:gravitar", "gym", "Stellaris workload: Gravitar with the standard Atari preprocessing (hpcrl/Atari-v5)")
+register("hpcrl/MPESimpleSpread-v3", "hpcrl.envs.mpe:simple_spread", "parallel", "MARLess workload: MPE simple-spread, N=6 cooperating agents cover 6 landmarks, 25 steps (needs mpe2)")
+register("hpcrl/MPESimpleAdversary-v3", "hpcrl.envs.mpe:simple_adversary", "parallel", "MARLess workload: MPE simple-adversary, 1 adversary + N=5 good agents, observations zero-padded to one space, 25 steps (needs mpe2)")

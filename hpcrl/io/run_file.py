@@ -114,9 +114,13 @@ class RunFile(TimedFlushFile):
 
     @classmethod
     def open_append(cls, path: str | Path, flush_seconds: float = 5.0, *, traj_layout: TrajLayout | None = None,
-                    num_actors: int | None = None, note: str = "") -> "RunFile":
+                    num_actors: int | None = None, note: str = "",
+                    rank_map: Mapping[str, object] | None = None) -> "RunFile":
         """Reopen run.h5 to resume; ``note`` (e.g. what was cut back to the checkpoint, as JSON) is appended
-        to the ``resumed`` attribute, one entry per resume beside ``resumed_unix``."""
+        to the ``resumed`` attribute, one entry per resume beside ``resumed_unix``. A resumed job with
+        more ranks (more actors) passes its ``rank_map``: the rows of ranks not listed yet are appended,
+        and the trajectories view is widened to ``num_actors`` files (before SWMR starts: new
+        datasets cannot be made after)."""
         path = Path(path)
         if not path.is_file():
             raise RunFileError(f"{path}: no such run file to resume")
@@ -143,9 +147,16 @@ class RunFile(TimedFlushFile):
                 except KeyError as exc:
                     f.close()
                     raise RunFileError(f"{path}: {exc.args[0]}") from None
-            if traj_layout is not None and TRAJ_GROUP not in f:
-                roles = run.table("rank_map").read()["role"]
-                run._add_trajectory_view(traj_layout, int((roles == 2).sum()) if num_actors is None else num_actors)
+            if rank_map is not None:
+                known = len(run.table("rank_map").read()["rank"])
+                new = {k: list(v)[known:] for k, v in rank_map.items()}
+                if new["rank"]:
+                    run.table("rank_map").append(new)
+                    run.table("rank_map").flush()
+            roles = run.table("rank_map").read()["role"]
+            actors = int((roles == 2).sum()) if num_actors is None else num_actors
+            if traj_layout is not None and (TRAJ_GROUP not in f or int(f[TRAJ_GROUP].attrs["num_actors"]) < actors):
+                run._add_trajectory_view(traj_layout, actors)
             f.flush()
             f.swmr_mode = True
         return run

@@ -94,7 +94,7 @@ ELASTIC_REASONS = (
 )
 
 TABLE_LIST = (
-    TableSpec("rank_map", "One row per MPI rank: its role and place in the job (written once at creation).", (
+    TableSpec("rank_map", "One row per MPI rank the run has had: its role and place (written at creation; a resume with more actors appends their ranks).", (
         _c("rank", "i4", "", "MPI rank in COMM_WORLD", True),
         _c("role", "i1", "code", "0 parameter, 1 learner, 2 actor", True, ROLES),
         _c("group", "i4", "", "learner group index (-1 for other roles)"),
@@ -141,6 +141,14 @@ TABLE_LIST = (
         _c("length", "i4", "steps", "episode length", True),
         _c("policy_version", "i8", "", "policy version the actor held when the episode ended"),
         _c("env_steps", "i8", "steps", "environment steps of the whole run when the episode ended (as known to the writer)"),
+    )),
+    TableSpec("eval_episodes", "One row per evaluation episode (greedy policy, own env copies and seeds; eval.*).", (
+        _c("time", "f8", "s", "time the evaluation ended, since run start", True),
+        _c("round", "i8", "", "training rounds ended when the evaluation was requested", True),
+        _c("policy_version", "i8", "", "policy version evaluated", True),
+        _c("env_index", "i4", "", "evaluation env copy", True),
+        _c("return", "f4", "", "undiscounted episodic return", True),
+        _c("length", "i4", "steps", "episode length", True),
     )),
     TableSpec("learner_activity", "One row per stretch of gradient computation by a learner group (the cost model's input).", (
         _c("time_start", "f8", "s", "start of the stretch, since run start", True),

@@ -7,7 +7,8 @@ batch drifted by more than ``aaps_delta`` in KL (``aaps``); step the environment
 while every active group already holds ``max_backlog`` fragments (back-pressure: actors do
 not run ahead of the learners) or while ``max_in_flight`` sends are pending; send it to that
 group; append the fragment to ``traj/actor-NNNNN.h5``; report the episodes and timings to the
-parameter rank in one small message. The actor acts with ``job.algo.act``.
+parameter rank in one small message. The actor acts with ``job.algo.act``. The last actor also
+runs the evaluation episodes the parameter rank requests (:mod:`hpcrl.runtime.evaluation`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 from hpcrl.io import TrajectoryWriter, traj_filename
 from hpcrl.runtime import control
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.evaluation import Evaluator
 from hpcrl.runtime.sampler import VectorSampler
 
 
@@ -34,6 +36,9 @@ class Actor:
         self.heartbeat = control.Heartbeat(job.counters, self.cfg.learners.groups, job.rank)
         self.fragments = 0
         self.syncs = 0
+        evaluates = self.cfg.eval.episodes > 0 and self.index == self.cfg.actors.count - 1
+        self.evaluator = Evaluator(self.cfg.env, self.cfg.eval, self.sampler) if evaluates else None
+        self.evaluated_rounds = 0
         path = job.run_dir / traj_filename(self.index)
         flush = self.cfg.io.flush_seconds
         if job.resume and path.is_file():
@@ -52,6 +57,8 @@ class Actor:
             words = counters.read_all()
             if words[control.STOP]:
                 break
+            if self.evaluator is not None and words[control.EVAL] > self.evaluated_rounds:
+                self._evaluate(int(words[control.EVAL]))
             t = time.perf_counter()
             t_sync = time.perf_counter() - t if self._sync_weights() else 0.0
             t = time.perf_counter()
@@ -94,6 +101,16 @@ class Actor:
         self.syncs += 1
         return True
 
+    def _evaluate(self, rounds: int) -> None:
+        """The evaluation requested after ``rounds`` rounds, with the newest weights."""
+        v = self.job.board.read_latest(self.weights)
+        self.model.flat.load_(self.weights)
+        self.version = v
+        episodes = self.evaluator.run(self.algo, self.model)
+        self.job.reports.send("eval", {"time": time.time(), "round": rounds, "policy_version": v,
+                                       "episodes": episodes})
+        self.evaluated_rounds = rounds
+
     def _wait_for_room(self, G: int) -> int | None:
         """The least-backlogged active group with room, waiting (sleeping) while there is none."""
         backoff = Backoff(5e-5, 5e-3)
@@ -121,6 +138,8 @@ class Actor:
         self.job.reports.close()
         self.writer.close()
         self.sampler.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
         self.job.counters.add(control.ACTORS_DONE, 1)
 
     def close_on_error(self) -> None:

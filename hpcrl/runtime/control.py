@@ -12,6 +12,7 @@ ACTIVE                 set     learner groups that are active (groups 0 .. ACTIV
 ACTORS_DONE            add     actors that finished their last send
 LEARNERS_DONE          add     learner groups that left their loop
 ENV_STEPS              add     environment steps sampled by all actors
+EVAL                   set     rounds ended at the newest evaluation request (``eval.every_rounds``)
 BACKLOG + g            add     fragments sent to group g and not yet trained on
 base_word(G, g)        set     policy version group g is computing its gradients with
 held_word(G, g)        set     1 while group g has a gradient held back by the admission policy
@@ -31,7 +32,7 @@ import time
 
 from hpcrl.runtime.backoff import Backoff
 
-STOP, ACTIVE, ACTORS_DONE, LEARNERS_DONE, ENV_STEPS, BACKLOG = range(6)
+STOP, ACTIVE, ACTORS_DONE, LEARNERS_DONE, ENV_STEPS, EVAL, BACKLOG = range(7)
 
 TAG_EPISODES = 11
 """Actor -> parameter rank: a pickled list of finished episodes (and sampling stats)."""
@@ -39,6 +40,8 @@ TAG_WORK = 12
 """Learner group root -> other ranks of its group: a pickled work item (batch, weights, stop)."""
 TAG_ACTIVITY = 13
 """Learner group root -> parameter rank: one learner_activity row (a stretch of computation)."""
+TAG_EVAL = 14
+"""Evaluating actor -> parameter rank: the episodes of one evaluation."""
 
 GRAD_STATS = ("loss", "compute_seconds", "mailbox_wait_seconds", "new_env_steps", "policy_loss",
               "value_loss", "entropy", "kl", "busy_seconds")

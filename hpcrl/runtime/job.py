@@ -82,10 +82,14 @@ def roll_back_record(run_dir: Path) -> dict | None:
     from hpcrl.io.rollback import truncate_record
     from hpcrl.runtime.checkpoint import load_checkpoint
 
+    from hpcrl.io.rollback import trajectory_files
+
     state = load_checkpoint(run_dir)
     if not state or "record" not in state:
         return None
-    return truncate_record(run_dir, state["record"]["tables"], state["record"]["traj_steps"])
+    # a file the checkpoint does not know was started after it (a resume with more actors): cut to 0
+    steps = {**{a: 0 for a in trajectory_files(run_dir)}, **state["record"]["traj_steps"]}
+    return truncate_record(run_dir, state["record"]["tables"], steps)
 
 
 def role_device(learners_cfg, topo: Topology) -> torch.device:

@@ -119,11 +119,19 @@ class ParameterRank:
                 raise RuntimeError(f"--resume: no checkpoint in {self.job.run_dir}")
             self._restore(state)
             note = json.dumps({"discarded": self.job.rolled_back, "version": self.version})
-            return RunFile.open_append(path, flush_seconds=self.cfg.io.flush_seconds, note=note)
+            return RunFile.open_append(path, flush_seconds=self.cfg.io.flush_seconds, note=note,
+                                       rank_map=self._rank_map(), traj_layout=self.job.traj_layout,
+                                       num_actors=self.cfg.actors.count)
+        return RunFile.create(path, self.cfg.to_yaml(), self._rank_map(), self.cfg.io.compression,
+                              traj_layout=self.job.traj_layout, num_actors=self.cfg.actors.count,
+                              flush_seconds=self.cfg.io.flush_seconds,
+                              attrs={"runner": self.job.runner, "num_params": self.flat.num_params})
+
+    def _rank_map(self) -> dict[str, list]:
         roles = self.job.topo.roles
         codes = {"parameter": 0, "learner": 1, "actor": 2}
         actor_ranks = self.job.topo.actor_ranks
-        rank_map = {
+        return {
             "rank": np.arange(len(roles)),
             "role": [codes[r.role] for r in roles],
             "group": [r.group for r in roles],
@@ -131,10 +139,6 @@ class ParameterRank:
                       for i, r in enumerate(roles)],
             "node": [n.encode()[:64] for n in self.job.topo.nodes],
         }
-        return RunFile.create(path, self.cfg.to_yaml(), rank_map, self.cfg.io.compression,
-                              traj_layout=self.job.traj_layout, num_actors=self.cfg.actors.count,
-                              flush_seconds=self.cfg.io.flush_seconds,
-                              attrs={"runner": self.job.runner, "num_params": self.flat.num_params})
 
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.main)."""
@@ -170,7 +174,8 @@ class ParameterRank:
         self.version, self.round, self.consumed = s["version"], s["round"], s["consumed"]
         # env steps restart from what the trajectory files hold at the checkpoint (sampled, unwritten ones are redone)
         self.env_steps_start = sum(s["record"]["traj_steps"].values()) if "record" in s else s["env_steps"]
-        self.fragment_next = list(s.get("fragment_next", self.fragment_next))
+        kept = list(s.get("fragment_next", []))  # a resume may bring more actors: they start at 0
+        self.fragment_next = kept + [0] * max(self.cfg.actors.count - len(kept), 0)
         self.episodes, self.updates = s["episodes"], s["updates"]
         self.gradients, self.admitted = s["gradients"], s["admitted"]
         self.stop_rule.add_returns(s["returns"])
@@ -357,6 +362,8 @@ class ParameterRank:
         # with the next published version
         self.algo.end_round(self.model, {"kl": agg(kl[np.isfinite(kl)], np.mean)})
         self.round += 1
+        if self.cfg.eval.episodes and self.round % self.cfg.eval.every_rounds == 0:
+            self.counters.set(control.EVAL, self.round)  # the last actor evaluates (runtime/evaluation.py)
         self._round_t0 = now
         self._round_stats = self._new_round_stats()
 
@@ -374,6 +381,12 @@ class ParameterRank:
                 self.run_file.append("learner_activity", self._times(row, ("time_start", "time_end")))
             if cycles and cycles["time"]:
                 self.run_file.append("learner_cycles", self._times(cycles, ("time",)))
+            busy = True
+        for msg in reports.drain("eval"):
+            head = {"time": msg["time"] - self.run_file.start_unix, "round": msg["round"],
+                    "policy_version": msg["policy_version"]}
+            for ep in msg["episodes"]:
+                self.run_file.append("eval_episodes", {**head, **ep})
             busy = True
         return busy
 

@@ -131,6 +131,10 @@ class VectorSampler:
         self.disc_return[done] = 0.0
         return np.clip(r / np.sqrt(self.ret_rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
 
+    def policy_obs(self, raw: np.ndarray) -> np.ndarray:
+        """Observations of other env copies as this actor's policy sees them (statistics not updated)."""
+        return self._norm_obs(raw.astype(self.obs_dtype, copy=False), update=False)
+
     def env_action(self, a: np.ndarray) -> np.ndarray:
         """The N actions as the env takes them: integers, or Box samples clipped (or rescaled) into the space."""
         if self.discrete:

@@ -16,7 +16,7 @@ from hpcrl.runtime import control
 from hpcrl.runtime.channels import FragmentReceiver, FragmentSender
 from hpcrl.runtime.layout import FragmentLayout
 
-REPORT_TAGS = {"episodes": control.TAG_EPISODES, "activity": control.TAG_ACTIVITY}
+REPORT_TAGS = {"episodes": control.TAG_EPISODES, "activity": control.TAG_ACTIVITY, "eval": control.TAG_EVAL}
 """Report kinds and their message tags (to the parameter rank)."""
 
 

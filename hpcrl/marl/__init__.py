@@ -1,0 +1,10 @@
+"""MARLess (seed 001, SoCC'25) as plain functions, no MPI: the pieces of dynamic learner sharing
+(section 4.3) and cost-aware actor scaling (section 4.4), and the multi-agent algorithms.
+
+- :mod:`detection`: per-agent reward normalisation, tolerant window, least-squares slope, toggle (4.3.1)
+- :mod:`scheduler`: the policy-count scheduler N' (4.3.3)
+- :mod:`similarity`: PCA + KDE + KL between agents' (observation, action) samples (4.3.2)
+- :mod:`grouping`: K-means of agents into N' groups (4.3.3)
+- :mod:`convexity`: convexity ratio C = e_max / e_min of a loss Hessian (4.3.4, Eq. 1)
+- :mod:`actor_scaling`: per-policy actor demand and the beta rule (4.4, Eq. 2)
+"""

@@ -1,0 +1,114 @@
+"""IQL and VDN (MARLess section 4.2, Fig. 5 (a) and (c); section 6.2.1) against the algorithm contract.
+
+Both train a :class:`~hpcrl.marl.model.MultiPolicyQ` (a Q-network and a target Q-network per
+policy, epsilon in the published weights). MARLess' decomposition maps onto the roles:
+
+- post-processing: :meth:`prepare` turns each fragment into joint transitions in the learner's
+  replay buffer (:mod:`hpcrl.marl.replay`); :meth:`minibatches` draws
+  ``updates_per_fragment`` minibatches from it (VDN's mixing is the sum inside the loss);
+- policy (value-network) learners: :meth:`compute_gradient`, the TD loss;
+- parameter rank: Adam (fixed learning rate), then the soft target update
+  theta' <- tau theta + (1 - tau) theta' after every applied gradient (:meth:`apply`), and the
+  linear epsilon schedule once per round (:meth:`end_round`).
+
+IQL (Tan 1993; Tampuu et al. 2017): each agent's own TD error,
+    y_i = r_i + gamma alive_i max_a Q'_i(o'_i, a),   L = mean_i (y_i - Q_i(o_i, a_i))^2.
+VDN (Sunehag et al. 2018): one team TD error on the sum of the agents' values,
+    Q_tot = sum_i Q_i(o_i, a_i),   y_tot = sum_i r_i + gamma sum_i alive_i max_a Q'_i(o'_i, a),
+    L = mean (y_tot - Q_tot)^2,
+so every agent's Q receives the same gradient dL/dQ_i = dL/dQ_tot (:func:`vdn_loss`).
+Truncated episodes bootstrap from the actor's max_a Q'(final observation) (``fixed_value``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hpcrl.algos.base import Algorithm
+from hpcrl.marl.model import MultiPolicyQ, initial_map
+from hpcrl.marl.replay import ReplayBuffer, joint_transitions
+
+
+def epsilon_at(round_index: int, cfg) -> float:
+    """Linear decay from epsilon_start to epsilon_end over epsilon_decay_rounds rounds."""
+    frac = min(1.0, round_index / cfg.epsilon_decay_rounds)
+    return cfg.epsilon_start + frac * (cfg.epsilon_end - cfg.epsilon_start)
+
+
+def vdn_loss(q_taken: Tensor, target: Tensor) -> Tensor:
+    """mean_b (y_tot_b - sum_i Q_i,b)^2 for q_taken [B, A] (each agent's Q of its action) and y_tot [B]."""
+    return (target - q_taken.sum(dim=1)).square().mean()
+
+
+class MultiAgentDQN(Algorithm):
+    """cfg: IQLConfig or VDNConfig; ``team`` picks VDN."""
+
+    name = "iql"
+    team = False
+
+    def __init__(self, cfg, model_cfg, aggregation_cfg=None) -> None:
+        super().__init__(cfg, model_cfg)
+        self.replay = ReplayBuffer(cfg.buffer_size)
+
+    def make_model(self, obs_space, action_space, device="cpu") -> MultiPolicyQ:
+        return MultiPolicyQ(obs_space, action_space, self.model_cfg, self.cfg.agents,
+                            initial_map(self.cfg.policies, self.cfg.agents), self.cfg.epsilon_start, device)
+
+    # ---- learner --------------------------------------------------------------------------
+    def prepare(self, fragments, model):
+        for frag in fragments:
+            self.replay.add(joint_transitions(frag, model.agents))
+        return {"replay_size": torch.tensor(len(self.replay))}
+
+    def minibatches(self, batch, generator):
+        for _ in range(self.cfg.updates_per_fragment):
+            yield self.replay.sample(self.cfg.batch_size, generator, "cpu")
+
+    def td_targets(self, mb, model: MultiPolicyQ) -> tuple[Tensor, Tensor]:
+        """(Q_i(o_i, a_i) [B, A] with gradients, per-agent bootstrapped targets parts (r_i, boot_i) summed
+        as the algorithm needs: IQL [B, A], VDN [B])."""
+        mb = {k: v.to(model.device) for k, v in mb.items()}
+        B, A = mb["actions"].shape
+        agent = torch.arange(A, device=model.device).repeat(B)
+        q = model.q(mb["obs"].reshape(B * A, -1), agent).gather(1, mb["actions"].reshape(-1, 1))
+        with torch.no_grad():
+            next_max = model.q(mb["next_obs"].reshape(B * A, -1), agent, target=True).max(dim=1).values.view(B, A)
+            boot = torch.where(mb["fixed"] > 0, mb["fixed_value"], next_max) * mb["alive"]
+            y = mb["rewards"] + self.cfg.gamma * boot
+        q = q.view(B, A)
+        return q, (y.sum(dim=1) if self.team else y)
+
+    def compute_gradient(self, minibatch, model, window=None):
+        model.flat.zero_grad()
+        q, y = self.td_targets(minibatch, model)
+        loss = vdn_loss(q, y) if self.team else (y - q).square().mean()
+        loss.backward()
+        norm = torch.linalg.vector_norm(model.flat.grads)
+        model.flat.grads.mul_(torch.clamp(self.cfg.max_grad_norm / (norm + 1e-6), max=1.0))
+        return model.flat.grads, {"loss": float(loss.detach()), "value_loss": float(loss.detach()),
+                                  "q_mean": float(q.detach().mean()), "grad_norm": float(norm)}
+
+    # ---- parameter rank -------------------------------------------------------------------
+    def apply(self, model, optimizer, gradient) -> None:
+        super().apply(model, optimizer, gradient)
+        targets, online = model.pairs()
+        with torch.no_grad():
+            torch._foreach_lerp_(targets, online, self.cfg.target_tau)
+
+    def end_round(self, model, round_stats):
+        rounds = float(model.constants["rounds"]) + 1
+        eps = epsilon_at(int(rounds), self.cfg)
+        with torch.no_grad():
+            model.constants["rounds"].fill_(rounds)
+            model.constants["epsilon"].fill_(eps)
+        return {"epsilon": eps}
+
+
+class IQL(MultiAgentDQN):
+    name = "iql"
+    team = False
+
+
+class VDN(MultiAgentDQN):
+    name = "vdn"
+    team = True

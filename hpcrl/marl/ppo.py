@@ -1,0 +1,97 @@
+"""IPPO and MAPPO (MARLess section 4.2, Fig. 5 (b) and (d); section 6.2.1) against the algorithm contract.
+
+Both are PPO (GAE, clipped surrogate; :mod:`hpcrl.algos.ppo` and :mod:`hpcrl.algos.returns`
+hold the maths once) over a :class:`~hpcrl.marl.model.MultiPolicyActorCritic`: each agent acts
+with its policy's sub-network and its rows train only that sub-network, so one flat gradient
+carries every policy's update. MARLess' decomposition maps onto the roles:
+
+- post-processing (returns and advantages; MAPPO's joint observation for the critic):
+  :meth:`prepare` on the learner;
+- policy and critic learners: :meth:`compute_gradient`, the policy loss and the value loss of
+  each policy's rows (the gradient's blocks are the policies' and critics' own parameters);
+- the optimizer of every policy: the parameter rank's Adam (fixed learning rate).
+
+IPPO: each critic sees its agent's observation. MAPPO: each critic sees the joint observation
+of the agent's env copy and a one-hot agent id (a centralised critic, Yu et al. 2022).
+"""
+from __future__ import annotations
+
+import torch
+
+from hpcrl.algos import ppo as ppo_maths
+from hpcrl.algos.base import Algorithm
+from hpcrl.marl.model import MultiPolicyActorCritic, initial_map
+
+STATS = ("loss", "policy_loss", "value_loss", "entropy", "kl")
+
+
+class MultiAgentPPO(Algorithm):
+    """cfg: IPPOConfig or MAPPOConfig; ``central_critic`` picks MAPPO."""
+
+    name = "ippo"
+    central_critic = False
+
+    def __init__(self, cfg, model_cfg, aggregation_cfg=None) -> None:
+        super().__init__(cfg, model_cfg)
+        self.ratio_fn = ppo_maths.ratio_fn_for(aggregation_cfg) if aggregation_cfg is not None else None
+        self.uses_window = self.ratio_fn is not None
+
+    def make_model(self, obs_space, action_space, device="cpu") -> MultiPolicyActorCritic:
+        return MultiPolicyActorCritic(obs_space, action_space, self.model_cfg, self.cfg.agents,
+                                      initial_map(self.cfg.policies, self.cfg.agents), self.central_critic, device)
+
+    # ---- learner: post-processing ---------------------------------------------------------
+    def prepare(self, fragments, model: MultiPolicyActorCritic) -> dict[str, torch.Tensor]:
+        """GAE with the newest weights' values; adds each row's ``agent`` and (MAPPO) ``critic_obs``.
+        Fragments are [T, N] with N whole env copies, so the flattened rows are whole copies too."""
+        parts = []
+        for frag in fragments:
+            b = ppo_maths.prepare_batch(frag, self.cfg, device=model.device, policy=model)
+            rows = b["obs"].shape[0]
+            b["agent"] = model.agent_ids(rows)
+            if self.central_critic:
+                b["critic_obs"] = model.critic_obs(b["obs"])
+            parts.append(b)
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def minibatches(self, batch, generator):
+        for _ in range(self.cfg.num_sgd_iter):
+            yield from ppo_maths.minibatches(batch, self.cfg.minibatch_size, generator)
+
+    # ---- learner: policy and critic losses ------------------------------------------------
+    def loss(self, mb, model: MultiPolicyActorCritic, window=None) -> tuple[torch.Tensor, dict]:
+        """Clipped surrogate + vf_coeff value loss - entropy bonus, every row through its policy."""
+        critic_in = mb["critic_obs"] if self.central_critic else model.obs(mb["obs"])
+        logp, entropy, value = model.evaluate(mb["obs"], mb["actions"], mb["agent"], critic_in)
+        policy_loss, _ = ppo_maths.clipped_surrogate(logp, mb["behaviour_logp"], mb["advantages"], self.cfg,
+                                                     window, self.ratio_fn)
+        value_loss = 0.5 * (value - mb["returns"]).square().mean()
+        ent = entropy.mean()
+        loss = policy_loss + self.cfg.vf_coeff * value_loss - self.cfg.entropy_coeff * ent
+        log_r = logp - mb["behaviour_logp"]
+        kl = (torch.exp(log_r) - 1 - log_r).mean()
+        return loss, dict(zip(STATS, (loss, policy_loss, value_loss, ent, kl)))
+
+    def compute_gradient(self, minibatch, model, window=None):
+        model.flat.zero_grad()
+        loss, stats = self.loss(minibatch, model, window)
+        loss.backward()
+        norm = torch.linalg.vector_norm(model.flat.grads)
+        model.flat.grads.mul_(torch.clamp(self.cfg.max_grad_norm / (norm + 1e-6), max=1.0))
+        out = {k: float(v.detach()) for k, v in stats.items()}
+        out["grad_norm"] = float(norm)
+        return model.flat.grads, out
+
+    @torch.no_grad()
+    def logps(self, model, minibatch):
+        return model.log_prob(model.dist(minibatch["obs"], minibatch["agent"]), minibatch["actions"])
+
+
+class IPPO(MultiAgentPPO):
+    name = "ippo"
+    central_critic = False
+
+
+class MAPPO(MultiAgentPPO):
+    name = "mappo"
+    central_critic = True

@@ -1,9 +1,11 @@
 """Old vs new runtime on one job: env steps/s of a reference git revision and of this tree, alternating.
 
 The reference revision (default ``main``) is unpacked with ``git archive`` into a temporary
-folder; each repetition runs the same ``hpcrl run`` (default: the default CartPole job to a
-fixed number of env steps, no return target) once under the reference and once under this
-tree, each as a fresh MPI job (PYTHONPATH picks the tree), so machine load hits both alike.
+folder; each repetition runs the same ``hpcrl run`` (one config file for both trees, default:
+this tree's default CartPole job, to a fixed number of env steps, no return target) once under
+the reference and once under this tree, each as a fresh MPI job (PYTHONPATH picks the tree),
+so machine load hits both alike. Compare against the revision this tree branched from
+(``--ref $(git merge-base HEAD main)``) to see this tree's changes alone.
 The table gives env steps/s and gradients/s per run (training wall time, from the run
 summary) and the CPU seconds of all ranks per 1,000 env steps (start-up included: a measure of
 the work that does not depend on how much of a shared machine the job got), the ratios new/old
@@ -11,7 +13,7 @@ per repetition and their geometric means, and, for this tree, the
 learner cycle per gradient by phase (run.h5 ``learner_cycles``) and the parameter rank's
 absorption rate (``parameter_load``).
 
-    hpcrl bench cycle-compare [--ref main] [--reps 2] [--steps 100000] [-o KEY=VALUE ...]
+    hpcrl bench cycle-compare [--ref main] [--config FILE] [--reps 2] [--steps 100000] [-o KEY=VALUE ...]
 """
 from __future__ import annotations
 
@@ -38,11 +40,11 @@ def unpack(ref: str, into: Path) -> Path:
     return into
 
 
-def run_job(tree: Path, run_dir: Path, steps: int, extra: list[str]) -> dict:
+def run_job(tree: Path, config: Path, run_dir: Path, steps: int, extra: list[str]) -> dict:
     overrides = ["stop.target_return=null", f"stop.total_env_steps={steps}", f"io.run_dir={run_dir}",
                  "io.log_seconds=600", *extra]
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, "-m", "hpcrl", "run", *[a for o in overrides for a in ("-o", o)]]
+    cmd = [sys.executable, "-m", "hpcrl", "run", str(config), *[a for o in overrides for a in ("-o", o)]]
     start, cpu0 = time.perf_counter(), _children_cpu()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tree))
     total, cpu = time.perf_counter() - start, _children_cpu() - cpu0
@@ -83,6 +85,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--reps", type=int, default=2, help="runs per tree, alternating (default 2)")
     p.add_argument("--steps", type=int, default=100_000, help="env steps per run (default 100000)")
     p.add_argument("--new", default=str(ROOT), help="source tree to measure (default: this one)")
+    p.add_argument("--config", default=str(ROOT / "hpcrl" / "configs" / "cartpole.yaml"),
+                   help="config file both trees run (default: this tree's default job)")
     p.add_argument("--out", help="keep the run directories here (default: a temporary directory)")
     p.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for both trees (repeatable)")
@@ -94,7 +98,8 @@ def main(argv: list[str]) -> int:
         for rep in range(args.reps):
             got = {}
             for name in (("old", "new") if rep % 2 == 0 else ("new", "old")):
-                got[name] = r = run_job(trees[name], out / f"{name}-{rep}", args.steps, args.overrides)
+                got[name] = r = run_job(trees[name], Path(args.config).resolve(), out / f"{name}-{rep}", args.steps,
+                                        args.overrides)
                 rows.append((name, rep, r))
             ratios.append((got["new"]["env_steps"] / got["new"]["wall"]) / (got["old"]["env_steps"] / got["old"]["wall"]))
             cpu_ratios.append((got["new"]["cpu"] / got["new"]["env_steps"]) / (got["old"]["cpu"] / got["old"]["env_steps"]))

@@ -1,4 +1,4 @@
-"""Admission policies on one CartPole-v1 budget: stellaris vs pure_async vs sync, return and wall-clock.
+"""Admission policies on one CartPole-v1 budget: stellaris (all groups, and elastic) vs pure_async vs sync, return and wall-clock.
 
 Each policy trains the same config for the same number of environment steps (no early stop)
 through ``hpcrl run`` (a fresh MPI job each), with two learner groups so that staleness

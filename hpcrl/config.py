@@ -291,6 +291,9 @@ class LaunchConfig(Section):
     ranks_per_core: float = Field(4.0, gt=0)
     """A local run (hpcrl run without a scheduler) with more ranks or roles than this many per core is
     refused; `hpcrl run --oversubscribe` lifts the limit."""
+    prestart: bool = True
+    """Local MPI runs without a container: the ranks are forked from one process that imported torch, h5py,
+    gymnasium and mpi4py once (hpcrl.runtime.prestart), instead of each importing them; false: each imports."""
 
 
 class StopConfig(Section):

@@ -74,6 +74,9 @@ class LearnersConfig(Section):
     """Most active learner groups (default: groups)."""
     backlog_per_group: int = Field(4, ge=1)
     """Queued fragments per active group above which another group is activated."""
+    allreduce: Literal["auto", "horovod"] = "auto"
+    """How a learner group of several ranks averages its gradients: auto = NCCL (torch.distributed) for CUDA
+    learners with a GPU each, else MPI Allreduce; horovod = Horovod's allreduce (horovod must be installed)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where learners compute (and, for ha2c/hddpg, where the batched envs and the whole loop run):
     auto = the GPU given by the node-local rank when CUDA is available, else the CPU."""

@@ -137,6 +137,12 @@ def validate(cfg: RunConfig) -> None:
 
         describe_env(cfg.env)
     plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
+    if cfg.learners.allreduce == "horovod":
+        from hpcrl.runtime.horovod_reducer import horovod_available
+
+        if not horovod_available():
+            raise ConfigError("learners.allreduce: horovod is not installed in this Python (docs/runtime.md shows "
+                              "how to build it); allowed here: auto")
     if cfg.launch.container is not None:
         from hpcrl.launch_container import container_prefix
 

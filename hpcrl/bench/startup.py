@@ -17,6 +17,7 @@ median and min over the repeats and the median's ratio to the floor's median.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -92,9 +93,10 @@ def main(argv: list[str]) -> int:
 
 def print_table(rows: dict[str, list[dict]], args) -> None:
     floor = statistics.median(r["first_step"] for r in rows[FLOOR])
-    cores = len(__import__("os").sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     print(f"\nstart-up: command -> first environment step; {args.config or 'default job (CartPole-v1, 4 ranks)'}, "
-          f"{args.repeats} repeat(s), {cores} cores; floor = python -c 'import torch'")
+          f"{args.repeats} repeat(s), {cores} cores, load average {os.getloadavg()[0]:.1f}; "
+          "floor = python -c 'import torch'")
     print(f"{'variant':<22} {'first step s (median)':>22} {'min':>7} {'x floor':>8} {'run.h5 startup_seconds':>23} "
           f"{'exit s':>7}")
     for name, rs in rows.items():

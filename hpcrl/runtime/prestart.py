@@ -2,9 +2,9 @@
 
 Importing torch costs about 1.3 s of CPU, and four ranks on two cores pay it four times over
 before the first environment step. With prestart, ``hpcrl run`` (runner mpi, local mpiexec, no
-container) first starts one server (``python -m hpcrl.runtime.prestart DIR``), in parallel with
-its own config checks; the server imports what every rank needs once (:data:`PRELOAD`; mpi4py
-without initialising MPI). Each rank mpiexec starts (``python -m hpcrl.runtime.main``) finds the
+container) first binds a socket and starts one server on it (``python -m hpcrl.runtime.prestart``),
+in parallel with its own config checks; the server imports what every rank needs once
+(:data:`PRELOAD`; mpi4py without initialising MPI). Each rank mpiexec starts (``python -m hpcrl.runtime.main``) finds the
 server's socket in ``$HPCRL_PRESTART`` and hands over its argv, environment, working directory
 and open file descriptors (stdio, the PMI socket); the server forks a child that takes them
 over, initialises MPI and runs the rank. The rank process stays as the child's stand-in:
@@ -50,11 +50,16 @@ class PrestartServer:
         self.dir = Path(tempfile.mkdtemp(prefix="hpcrl-"))  # mode 0700
         self.path = self.dir / SOCKET_NAME
         self.environ = {ENV_VAR: str(self.path)}
-        # stdin is the server's lifeline: when this process closes it (or dies), the server stops
-        # taking ranks and exits once its children have ended
-        self.proc = subprocess.Popen([python, "-m", "hpcrl.runtime.prestart", str(self.dir)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, env={**environ, **self.environ},
-                                     start_new_session=True)
+        # the socket listens from now on (a rank that connects early waits in the backlog); the server
+        # inherits it. stdin is the server's lifeline: when this process closes it (or dies), the
+        # server stops taking ranks and exits once its children have ended
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind(str(self.path))
+            listener.listen(256)
+            self.proc = subprocess.Popen([python, "-m", "hpcrl.runtime.prestart", str(self.path), str(listener.fileno())],
+                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                         env={**environ, **self.environ}, start_new_session=True,
+                                         pass_fds=(listener.fileno(),))
 
     def stop(self, wait: float = 10.0) -> None:
         """Close the lifeline; kill the server (and any child it still has) if it has not ended in ``wait`` s."""
@@ -156,12 +161,9 @@ def _kill(pid: int, signum: int) -> None:
 
 
 # ---- the server ----------------------------------------------------------------------------------
-def serve(directory: Path) -> int:
-    """Accept ranks on ``directory/ranks.sock`` until stdin closes and every child has ended."""
-    path = directory / SOCKET_NAME
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    listener.listen(256)  # ranks that connect now wait while the imports below run
+def serve(path: Path, fd: int) -> int:
+    """Accept ranks on the listening socket ``fd`` (bound to ``path``) until stdin closes and every child has ended."""
+    listener = socket.socket(fileno=fd)  # ranks that connected already wait while the imports below run
     preload()
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
@@ -353,4 +355,4 @@ def _reap(pid: int, children: dict, pidfds: dict, sel, block: bool = True) -> No
 
 
 if __name__ == "__main__":
-    sys.exit(serve(Path(sys.argv[1])))
+    sys.exit(serve(Path(sys.argv[1]), int(sys.argv[2])))

@@ -1,16 +1,21 @@
-from importlib.metadata import version as _v
-
+"""hpcrl: distributed reinforcement learning on MPI. ``import hpcrl`` imports nothing heavy (no torch,
+gymnasium, MPI, not even importlib.metadata): every rank of a job starts with it."""
 __all__ = ["ClusterEnv", "__version__"]
-try:
-    __version__ = _v("hpcrl")
-except Exception:  # running from a source tree that is not installed
-    __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``hpcrl.ClusterEnv`` is imported on first use, so ``import hpcrl`` stays cheap (no gymnasium, no MPI)."""
+    """``hpcrl.ClusterEnv`` and ``hpcrl.__version__`` are looked up on first use."""
     if name == "ClusterEnv":
         from hpcrl.clusterenv import ClusterEnv
 
         return ClusterEnv
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("hpcrl")
+        except PackageNotFoundError:  # running from a source tree that is not installed
+            value = "0.1.0"
+        globals()["__version__"] = value
+        return value
     raise AttributeError(f"module 'hpcrl' has no attribute {name!r}")

@@ -80,6 +80,9 @@ class LearnersConfig(Section):
     parked when the other active groups would still run below 1 - this fraction of their capacity."""
     elastic_seconds: float = Field(2.0, gt=0)
     """Seconds of rate measurements behind each elastic decision, and the least time between two changes."""
+    allreduce: Literal["auto", "horovod"] = "auto"
+    """How a learner group of several ranks averages its gradients: auto = NCCL (torch.distributed) for CUDA
+    learners with a GPU each, else MPI Allreduce; horovod = Horovod's allreduce (horovod must be installed)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where learners compute (and, for ha2c/hddpg, where the batched envs and the whole loop run):
     auto = the GPU given by the node-local rank when CUDA is available, else the CPU."""
@@ -388,6 +391,9 @@ class LaunchConfig(Section):
     ranks_per_core: float = Field(4.0, gt=0)
     """A local run (hpcrl run without a scheduler) with more ranks or roles than this many per core is
     refused; `hpcrl run --oversubscribe` lifts the limit."""
+    prestart: bool = True
+    """Local MPI runs without a container: the ranks are forked from one process that imported torch, h5py,
+    gymnasium and mpi4py once (hpcrl.runtime.prestart), instead of each importing them; false: each imports."""
 
 
 class StopConfig(Section):

@@ -165,7 +165,8 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
 
 def test_watchdog_names_a_stopped_actor_and_ends_the_job(tmp_path):
     path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000},
-                                 launch={"watchdog_warn_seconds": 3, "watchdog_seconds": 8, "timeout_seconds": 120})
+                                 launch={"watchdog_warn_seconds": 3, "watchdog_seconds": 8, "timeout_seconds": 120,
+                                         "prestart": False})  # SIGSTOP must reach the rank itself, not a stand-in
     proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     stopped = None

@@ -30,8 +30,10 @@ from hpcrl.batched import fuses
 from hpcrl.config import RunConfig, load_config
 from hpcrl.errors import ConfigError
 from hpcrl.io.run_lock import RunLock
+from hpcrl.runtime.prestart import PrestartServer
 from hpcrl.runtime.signals import (EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED, EXIT_TIMEOUT, early_signal,
                                    remember_stop_signals)
+from hpcrl.runtime.startup import process_start_unix, record_startup
 
 CONFIG_FILE = "config.yaml"
 GRACE_SECONDS = 60.0
@@ -140,6 +142,12 @@ def validate(cfg: RunConfig) -> None:
 
             check_agent_count(cfg, info)  # a wrong count that divides the real one would pass silently
     plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
+    if cfg.learners.allreduce == "horovod":
+        from hpcrl.runtime.horovod_reducer import horovod_available
+
+        if not horovod_available():
+            raise ConfigError("learners.allreduce: horovod is not installed in this Python (docs/runtime.md shows "
+                              "how to build it); allowed here: auto")
     if cfg.launch.container is not None:
         from hpcrl.launch_container import container_prefix
 
@@ -192,24 +200,62 @@ def main(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume).resolve() if args.resume else None
         return start_inside_job(config_for, run_dir, resume=run_dir is not None,
                                 make_run_dir=create_run_dir, progress=progress)
-    cfg, run_dir = resolve_config(args)
-    check_local_machine(cfg, oversubscribe=args.oversubscribe)
-    if args.config is None and run_dir is None:
-        print("hpcrl run: no CONFIG given: the default job, hpcrl/configs/cartpole.yaml", flush=True)
-    if fuses(cfg):
-        return run_in_process(cfg)
-    mpiexec = launch.find_mpiexec(cfg.launch) if cfg.uses_mpi else None
-    if run_dir is None:
-        run_dir = create_run_dir(cfg)
-    with RunLock(run_dir):  # one run or resume of a directory at a time
-        if args.resume and (args.overrides or args.ranks is not None or args.runner):
-            (run_dir / CONFIG_FILE).write_text(cfg.to_yaml())  # the resumed run continues with the new values
-        if not cfg.uses_mpi:
-            return run_serial_here(cfg, run_dir, resume=args.resume is not None)
-        cmd = launch.local_command(cfg.launch, cfg.num_ranks, run_dir, mpiexec=mpiexec,
-                                   flavour=launch.mpi_flavour(mpiexec), resume=args.resume is not None,
-                                   progress="pipe")
-        return supervise(cmd, cfg, run_dir)
+    command_unix = process_start_unix()
+    # the ranks' libraries are imported by the prestart server while this process checks the config
+    server = start_prestart() if args.runner != "serial" else None
+    job_ran = False
+    try:
+        cfg, run_dir = resolve_config(args)
+        check_local_machine(cfg, oversubscribe=args.oversubscribe)
+        if server is not None and not uses_prestart(cfg):
+            server.stop(wait=0)
+            server = None
+        if args.config is None and run_dir is None:
+            print("hpcrl run: no CONFIG given: the default job, hpcrl/configs/cartpole.yaml", flush=True)
+        if fuses(cfg):
+            return run_in_process(cfg)
+        mpiexec = launch.find_mpiexec(cfg.launch) if cfg.uses_mpi else None
+        if run_dir is None:
+            run_dir = create_run_dir(cfg)
+        with RunLock(run_dir):  # one run or resume of a directory at a time
+            if args.resume and (args.overrides or args.ranks is not None or args.runner):
+                (run_dir / CONFIG_FILE).write_text(cfg.to_yaml())  # the resumed run continues with the new values
+            if not cfg.uses_mpi:
+                code = run_serial_here(cfg, run_dir, resume=args.resume is not None)
+            else:
+                cmd = launch.local_command(cfg.launch, cfg.num_ranks, run_dir, mpiexec=mpiexec,
+                                           flavour=launch.mpi_flavour(mpiexec), resume=args.resume is not None,
+                                           progress="pipe")
+                code = supervise(cmd, cfg, run_dir, extra_env=server.environ if server else None)
+            job_ran = True
+            report_startup(run_dir, command_unix, show=code == EXIT_FINISHED)
+            return code
+    finally:
+        if server is not None:  # after a job its children have ended; before one (a mistake) nothing waits
+            server.stop(wait=10.0 if job_ran else 0.0)
+
+
+def start_prestart() -> PrestartServer | None:
+    """The prestart server for this run's ranks, or None when it cannot start (the ranks then import for themselves)."""
+    try:
+        return PrestartServer(launch.rank_environment(os.environ))
+    except OSError as exc:
+        print(f"hpcrl run: no prestart server ({exc}); every rank imports its libraries itself", file=sys.stderr)
+        return None
+
+
+def uses_prestart(cfg: RunConfig) -> bool:
+    """True when the ranks of this local run are forked from a prestart server (hpcrl.runtime.prestart)."""
+    return cfg.uses_mpi and cfg.launch.prestart and cfg.launch.container is None and not fuses(cfg)
+
+
+def report_startup(run_dir: Path, command_unix: float, show: bool = True) -> None:
+    """Record the seconds from the command to the first environment step (run.h5 startup_seconds); print them
+    when ``show`` (not after a failure, whose message stays the last line)."""
+    seconds = record_startup(run_dir, command_unix)
+    if seconds is not None and show:
+        print(f"hpcrl run: first environment step {seconds:.2f} s after the command "
+              "(run.h5 attribute startup_seconds)", flush=True)
 
 
 def check_local_machine(cfg: RunConfig, oversubscribe: bool = False) -> None:
@@ -275,7 +321,7 @@ def run_serial_here(cfg: RunConfig, run_dir: Path, resume: bool) -> int:
     return EXIT_FINISHED
 
 
-def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path) -> int:
+def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path, extra_env: dict[str, str] | None = None) -> int:
     """Run mpiexec, render its progress, forward stop signals, enforce the timeout."""
     from hpcrl.runtime.progress import ProgressView, parse_line
 
@@ -283,7 +329,7 @@ def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path) -> int:
     if not view.tty:
         print(f"hpcrl run: {cfg.num_ranks} ranks, run directory {run_dir}", flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=launch.rank_environment(os.environ), start_new_session=True)
+                            env={**launch.rank_environment(os.environ), **(extra_env or {})}, start_new_session=True)
     # a stop signal is passed on once the ranks run (their first progress line): before that it would
     # kill ranks still starting; one that came before mpiexec was started waits the same way
     state = {"stop_requested_at": None, "killed": False, "timed_out": False, "pending": early_signal()}

@@ -1,19 +1,31 @@
 """HDF5 record of a run: schema (as data), run.h5 writer, per-actor trajectory writers, readers.
 
-See docs/hdf5-schema.md for every table and column. Importing this package imports h5py and
-numpy only.
+See docs/hdf5-schema.md for every table and column. The names below are imported on first
+use, so ``hpcrl.io.run_lock`` or ``hpcrl.io.schema`` do not import h5py (the launcher and the
+learner ranks never need it).
 """
-from hpcrl.io.errors import RecordWriteError, RunFileError
-from hpcrl.io.readers import open_run_file, read_attrs, read_table, read_trajectories, read_trajectory
-from hpcrl.io.rollback import record_counts, truncate_record
-from hpcrl.io.run_file import RunFile
-from hpcrl.io.run_lock import RunLock
-from hpcrl.io.schema import SCHEMA_VERSION, TABLES, TrajLayout, traj_filename
-from hpcrl.io.tables import Table
-from hpcrl.io.traj_file import TrajectoryWriter
+from importlib import import_module
 
-__all__ = [
-    "SCHEMA_VERSION", "TABLES", "RecordWriteError", "RunFile", "RunFileError", "RunLock", "Table", "TrajLayout",
-    "TrajectoryWriter", "open_run_file", "read_attrs", "read_table", "read_trajectories", "read_trajectory",
-    "record_counts", "traj_filename", "truncate_record",
-]
+_WHERE = {
+    "RecordWriteError": "errors", "RunFileError": "errors",
+    "open_run_file": "readers", "read_attrs": "readers", "read_table": "readers",
+    "read_trajectories": "readers", "read_trajectory": "readers",
+    "record_counts": "rollback", "truncate_record": "rollback",
+    "RunFile": "run_file", "RunLock": "run_lock",
+    "SCHEMA_VERSION": "schema", "TABLES": "schema", "TrajLayout": "schema", "traj_filename": "schema",
+    "Table": "tables", "TrajectoryWriter": "traj_file",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'hpcrl.io' has no attribute {name!r}")
+    value = getattr(import_module(f"hpcrl.io.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

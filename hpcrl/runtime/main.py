@@ -23,6 +23,16 @@ CONFIG_FILE = "config.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run this rank: in a child of the prestart server when the launcher started one, else here."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from hpcrl.runtime.prestart import hand_over
+
+    code = hand_over(argv)
+    return run_rank(argv) if code is None else code
+
+
+def run_rank(argv: list[str]) -> int:
+    """This process is the rank: read RUN_DIR/config.yaml and run the job."""
     from hpcrl.runtime.signals import remember_stop_signals
 
     remember_stop_signals()  # a cancel or walltime warning during start-up is acted on, not fatal

@@ -1,0 +1,176 @@
+"""Scaling: env steps/s and gradients/s versus actor ranks and learner groups, with parallel efficiency.
+
+For every env config and every (actors N, learner groups G) of the grid this runs a fresh
+``hpcrl run CONFIG -o actors.count=N -o learners.groups=G -o learners.min_active=G`` for a fixed
+step budget (no target return) and reads its run.h5: env steps/s over the sampling span (first
+fragment's start to last fragment, start-up excluded), the actors' busy share, gradients/s over
+the gradient span, and the mean of every ``*_seconds`` column of the gradients table (the learner
+cycle as far as the record holds it). Parallel efficiency is the per-actor rate against the run
+with the fewest actors (1 by default) at the same G. The env's per-core ceiling is measured in
+this process before the runs: Gymnasium ``env.step`` on one env, and the actors' own env backend
+(``env.num_envs`` envs in lock-step) with random actions, no policy.
+
+    hpcrl bench scaling [--envs cartpole,hopper] [--actors 1,2,4] [--groups 1,2] [--steps 30000]
+                        [--hopper-steps 20000] [--oversubscribe] [-o KEY=VALUE ...]
+
+A 16-core node: ``--actors 1,2,4,8,12 --groups 1,2,4``. Runs with more ranks than cores (1 + G + N)
+need ``--oversubscribe`` (passed on to ``hpcrl run``) and are marked in the table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+ENVS = {"cartpole": CONFIGS / "cartpole.yaml", "hopper": CONFIGS / "hopper.yaml"}
+
+
+def env_ceiling(config: Path, seconds: float = 1.5) -> dict:
+    """Raw env steps/s on this core: one Gymnasium env, and the actor backend's num_envs envs (random actions)."""
+    import gymnasium as gym
+
+    from hpcrl.config import load_config
+    from hpcrl.runtime.env_backends import make_backend
+
+    cfg = load_config(config)
+    env = gym.make(cfg.env.id, **cfg.env.kwargs)
+    env.reset(seed=0)
+    actions = [env.action_space.sample() for _ in range(256)]
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for a in actions:
+            _, _, terminated, truncated, _ = env.step(a)
+            if terminated or truncated:
+                env.reset()
+        steps += len(actions)
+    single = steps / (time.perf_counter() - start)
+    env.close()
+    backend = make_backend(cfg.env)
+    backend.reset(0)
+    space = backend.action_space
+    batches = [np.stack([space.sample() for _ in range(backend.num_envs)]) for _ in range(64)]
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for a in batches:
+            backend.step(a)
+        steps += len(batches) * backend.num_envs
+    vector = steps / (time.perf_counter() - start)
+    backend.close()
+    return {"env_id": cfg.env.id, "num_envs": cfg.env.num_envs, "single": single, "backend": vector}
+
+
+def run_point(config: Path, actors: int, groups: int, steps: int, run_dir: Path, overrides: list[str],
+              oversubscribe: bool, timeout: float) -> dict:
+    """One ``hpcrl run`` of the grid; its rates from run.h5."""
+    sets = [f"actors.count={actors}", f"learners.groups={groups}", f"learners.min_active={groups}",
+            f"stop.total_env_steps={steps}", "stop.target_return=null", "io.log_seconds=60",
+            f"io.run_dir={run_dir}", *overrides]
+    cmd = [sys.executable, "-m", "hpcrl", "run", str(config), *[a for o in sets for a in ("-o", o)],
+           *(["--oversubscribe"] if oversubscribe else [])]
+    start = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - start
+    if res.returncode != 0:
+        raise RuntimeError(f"{config.name} N={actors} G={groups}: hpcrl run failed ({res.returncode}):\n"
+                           f"{res.stdout[-2000:]}{res.stderr[-2000:]}")
+    return {"actors": actors, "groups": groups, "wall": wall, **record_rates(run_dir / "run.h5", actors)}
+
+
+def record_rates(run_h5: Path, actors: int) -> dict:
+    """Env steps/s, actor busy share, gradients/s and the mean of each *_seconds gradient column (ms)."""
+    from hpcrl.io import read_table
+    from hpcrl.io.schema import TABLES
+
+    a = read_table(run_h5, "actors", ["time", "steps", "sample_seconds", "transport_wait_seconds"])
+    began = a["time"] - a["sample_seconds"] - a["transport_wait_seconds"]
+    span = float(a["time"].max() - began.min())
+    spec = TABLES["gradients"]
+    cycle_cols = [c.name for c in spec.columns if c.name.endswith("_seconds")]
+    g = read_table(run_h5, "gradients", ["time", *cycle_cols])
+    g_span = float(g["time"].max() - g["time"].min()) if g["time"].size > 1 else float("nan")
+    cycle = {c: float(np.nanmean(g[c])) * 1e3 if g[c].size and np.isfinite(g[c]).any() else float("nan")
+             for c in cycle_cols}
+    return {"env_steps": int(a["steps"].sum()), "steps_per_s": float(a["steps"].sum()) / span,
+            "busy": float(a["sample_seconds"].sum()) / (actors * span),
+            "grads": int(g["time"].size), "grads_per_s": (g["time"].size - 1) / g_span if g_span > 0 else float("nan"),
+            "cycle_ms": cycle}
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="hpcrl bench scaling", description=__doc__.splitlines()[0])
+    p.add_argument("--envs", default="cartpole,hopper", help=f"comma-separated, from {', '.join(ENVS)}")
+    p.add_argument("--actors", type=ints, default=[1, 2, 4], help="actor ranks N (default 1,2,4)")
+    p.add_argument("--groups", type=ints, default=[1, 2], help="learner groups G, all active (default 1,2)")
+    p.add_argument("--steps", type=int, default=30_000, help="env steps per CartPole run (default 30000)")
+    p.add_argument("--hopper-steps", type=int, default=20_000, help="env steps per Hopper run (default 20000)")
+    p.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores (hpcrl run --oversubscribe)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
+    p.add_argument("--out", help="keep the run directories here (default: a temporary directory, removed)")
+    p.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra config override for every run")
+    args = p.parse_args(argv)
+    envs = [e.strip() for e in args.envs.split(",") if e.strip()]
+    bad = [e for e in envs if e not in ENVS]
+    if bad:
+        p.error(f"unknown env(s) {', '.join(bad)}; choose from {', '.join(ENVS)}")
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="hpcrl-scaling-"))
+    out.mkdir(parents=True, exist_ok=True)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", file=sys.stderr, flush=True)
+    try:
+        for env in envs:
+            ceiling = env_ceiling(ENVS[env])
+            steps = args.steps if env == "cartpole" else args.hopper_steps
+            points = []
+            for G in args.groups:
+                for N in args.actors:
+                    print(f"{env}: {N} actor(s), {G} learner group(s), {steps} steps ...", file=sys.stderr, flush=True)
+                    points.append(run_point(ENVS[env], N, G, steps, out / f"{env}-N{N}-G{G}", args.overrides,
+                                            args.oversubscribe, args.timeout))
+            print_table(env, ceiling, points, cores, steps)
+    finally:
+        if not args.out:
+            shutil.rmtree(out, ignore_errors=True)
+    return 0
+
+
+def print_table(env: str, ceiling: dict, points: list[dict], cores: int, steps: int) -> None:
+    print(f"\n{env}: {ceiling['env_id']}, {steps} env steps per run, {cores} cores on this machine (load average "
+          f"now {os.getloadavg()[0]:.1f}). Env ceiling on "
+          f"one core: gym env.step {ceiling['single']:,.0f} steps/s; actor backend ({ceiling['num_envs']} envs, "
+          f"random actions, no policy) {ceiling['backend']:,.0f} steps/s")
+    print(f"{'actors':>6} {'groups':>6} {'ranks':>6} {'env steps/s':>12} {'efficiency':>10} {'% of N x ceiling':>16} "
+          f"{'actor busy':>10} {'grads/s':>8} {'wall s':>7}  note")
+    for pt in points:
+        same_g = [q for q in points if q["groups"] == pt["groups"]]
+        ref = min(same_g, key=lambda q: q["actors"])
+        eff = (pt["steps_per_s"] / pt["actors"]) / (ref["steps_per_s"] / ref["actors"])
+        ranks = 1 + pt["groups"] + pt["actors"]
+        note = f"oversubscribed ({ranks} ranks on {cores} cores)" if ranks > cores else ""
+        if ref["actors"] != 1 and pt is ref:
+            note = (note + "; " if note else "") + f"efficiency against N={ref['actors']}"
+        ceil = 100 * pt["steps_per_s"] / (pt["actors"] * ceiling["backend"])
+        print(f"{pt['actors']:>6} {pt['groups']:>6} {ranks:>6} {pt['steps_per_s']:>12,.0f} {eff:>10.2f} {ceil:>15.1f}% "
+              f"{100 * pt['busy']:>9.0f}% {pt['grads_per_s']:>8.1f} {pt['wall']:>7.1f}  {note}")
+    cols = list(points[0]["cycle_ms"]) if points else []
+    if cols:
+        print("learner cycle, mean ms per gradient (gradients table of run.h5):")
+        print(f"{'actors':>6} {'groups':>6} " + " ".join(f"{c.removesuffix('_seconds'):>22}" for c in cols))
+        for pt in points:
+            print(f"{pt['actors']:>6} {pt['groups']:>6} " + " ".join(f"{pt['cycle_ms'][c]:>22.2f}" for c in cols))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,60 @@
+"""Fast start: ranks forked from the prestart server, and the recorded seconds to the first env step."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcrl.io import read_attrs
+from hpcrl.runtime.prestart import ENV_VAR, PrestartServer
+
+ROOT = Path(__file__).resolve().parents[1]
+# the stand-in: hand the rank over, then say what this process itself imported and what came back
+STAND_IN = ("import sys; from hpcrl.runtime.prestart import hand_over; code = hand_over(sys.argv[1:]); "
+            "print('stand-in: torch imported here =', 'torch' in sys.modules, 'code =', code, flush=True); "
+            "sys.exit(0)")
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = PrestartServer(dict(os.environ, PYTHONPATH=str(ROOT)))
+    yield srv
+    srv.stop()
+
+
+def stand_in(server, *argv):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **server.environ)
+    return subprocess.run([sys.executable, "-c", STAND_IN, *argv], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_a_rank_runs_in_a_child_of_the_server_with_the_stand_ins_stdio_and_exit_code(server):
+    res = stand_in(server, "--help")  # the child prints the rank's usage on the stand-in's stdout
+    assert "python -m hpcrl.runtime.main" in res.stdout and "run_dir" in res.stdout, res.stdout + res.stderr
+    assert "stand-in: torch imported here = False code = 0" in res.stdout
+    res = stand_in(server, "RUN_DIR", "--no-such-flag")  # argparse's exit code 2 and message on the stand-in's stderr
+    assert "unrecognized arguments: --no-such-flag" in res.stderr
+    assert "stand-in: torch imported here = False code = 2" in res.stdout
+
+
+def test_without_a_server_the_rank_starts_in_its_own_process(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **{ENV_VAR: str(tmp_path / "no.sock")})
+    res = subprocess.run([sys.executable, "-c", STAND_IN, "--help"], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert "code = None" in res.stdout and "python -m hpcrl.runtime.main" not in res.stdout
+
+
+@pytest.mark.mpi
+def test_mpi_run_records_seconds_to_the_first_env_step(tmp_path):
+    run_dir = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "-o", "stop.total_env_steps=256",
+                          "-o", "stop.target_return=null", "-o", f"io.run_dir={run_dir}"],
+                         capture_output=True, text=True, timeout=180, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    attrs = read_attrs(run_dir / "run.h5")
+    seconds = float(attrs["startup_seconds"])
+    assert 0.0 < seconds < 180.0 and attrs["command_unix"] < attrs["start_unix"] + seconds
+    assert f"first environment step {seconds:.2f} s after the command" in res.stdout

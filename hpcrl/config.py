@@ -388,6 +388,9 @@ class LaunchConfig(Section):
     """A rank whose loop has shown no sign of life for this long is named in a warning."""
     watchdog_seconds: float = Field(1800.0, gt=0)
     """... and after this long the job ends, naming the rank (raise it for solvers slower per step)."""
+    startup_seconds: float = Field(600.0, gt=0)
+    """Runner mpi: the ranks must report their first progress this long after mpiexec starts, or the
+    launcher ends the job (a rank stuck starting: a hung file system, a stopped process)."""
     ranks_per_core: float = Field(4.0, gt=0)
     """A local run (hpcrl run without a scheduler) with more ranks or roles than this many per core is
     refused; `hpcrl run --oversubscribe` lifts the limit."""

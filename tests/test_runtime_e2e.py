@@ -201,6 +201,20 @@ def test_watchdog_names_a_stopped_actor_and_ends_the_job(tmp_path):
     read_table(run_dir / "run.h5", "updates")  # the record stays readable
 
 
+def test_a_job_whose_ranks_never_report_progress_is_ended(tmp_path):
+    """The role loops' watchdog starts once every rank runs; a rank stuck before that (here: no job
+    starts in 0.3 s) is caught by launch.startup_seconds in the launcher."""
+    path, run_dir = write_config(tmp_path, launch={"startup_seconds": 0.3, "timeout_seconds": 120})
+    start = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(path)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "no progress within launch.startup_seconds=0.3" in res.stderr and "\n" not in res.stderr.strip()
+    assert time.monotonic() - start < 30
+    time.sleep(1.0)
+    assert all(_rank_pid(run_dir, r) is None for r in range(4)), "a rank outlived the job"
+
+
 def test_kill_9_of_the_parameter_rank_then_resume_keeps_every_key_once(tmp_path):
     path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000},
                                  io={"checkpoint_every": 200, "flush_seconds": 0.2})

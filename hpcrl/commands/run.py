@@ -332,7 +332,8 @@ def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path, extra_env: dict[str
                             env={**launch.rank_environment(os.environ), **(extra_env or {})}, start_new_session=True)
     # a stop signal is passed on once the ranks run (their first progress line): before that it would
     # kill ranks still starting; one that came before mpiexec was started waits the same way
-    state = {"stop_requested_at": None, "killed": False, "timed_out": False, "pending": early_signal()}
+    state = {"stop_requested_at": None, "killed": False, "timed_out": False, "stuck_starting": False,
+             "pending": early_signal()}
     if state["pending"] is not None:
         state["stop_requested_at"] = time.monotonic()
 
@@ -362,6 +363,9 @@ def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path, extra_env: dict[str
                 state["timed_out"] = True
                 state["stop_requested_at"] = now
                 _signal(proc, signal.SIGTERM)
+            if "progress" not in summary and now - start > cfg.launch.startup_seconds and not state["killed"]:
+                _kill(proc)  # the role loops' watchdog runs only once every rank has started
+                state["killed"] = state["stuck_starting"] = True
             t = state["stop_requested_at"]
             if t is not None and now - t > GRACE_SECONDS and not state["killed"]:
                 _kill(proc)
@@ -373,6 +377,11 @@ def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path, extra_env: dict[str
     view.finish(summary.get("summary"))
     rc = proc.returncode
     stop_reason = str((summary.get("summary") or {}).get("stop_reason") or "")
+    if state["stuck_starting"]:
+        print(f"hpcrl run: the ranks reported no progress within launch.startup_seconds="
+              f"{cfg.launch.startup_seconds:g} of the start (a rank stuck starting); ended the job: run directory "
+              f"{run_dir}", file=sys.stderr)
+        return EXIT_FAILED
     if state["timed_out"]:
         print(f"hpcrl run: stopped after launch.timeout_seconds={cfg.launch.timeout_seconds}", file=sys.stderr)
         return EXIT_TIMEOUT

@@ -39,7 +39,8 @@ def config(run_dir: Path, runner: str, actors: int) -> dict:
             "algo": {"name": "ppo", "train_batch_size": 128, "minibatch_size": 32, "num_sgd_iter": 1},
             "stop": {"total_env_steps": 10**9}, "io": {"run_dir": str(run_dir), "flush_seconds": 0.5,
                                                       "checkpoint_every": 25},
-            "launch": {"runner": runner, "watchdog_warn_seconds": 2, "watchdog_seconds": 5, "ranks_per_core": 64}}
+            "launch": {"runner": runner, "watchdog_warn_seconds": 2, "watchdog_seconds": 5, "startup_seconds": 45,
+                       "ranks_per_core": 64}}
 
 
 def rank_pids(run_dir: Path) -> dict[int, int]:

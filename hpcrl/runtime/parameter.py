@@ -244,7 +244,7 @@ class ParameterRank:
 
     def _receive_gradients(self) -> bool:
         got = self.mailbox.poll()
-        self.lap("receive")
+        self.lap("receive" if got else "idle")  # a poll that finds nothing is part of waiting
         for header, grad in got:
             rec = self._arrived(header, grad)
             stats = rec.stats

@@ -94,8 +94,8 @@ def resolve_config(args: argparse.Namespace, ranks_from: str = "--ranks") -> tup
     return cfg, run_dir
 
 
-RESUMABLE = ("stop.", "io.flush_seconds", "io.checkpoint_every", "io.log_seconds", "launch.", "eval.", "debug.",
-             "actors.count")
+RESUMABLE = ("stop.", "io.flush_seconds", "io.checkpoint_every", "io.checkpoint_min_seconds", "io.log_seconds",
+             "launch.", "eval.", "debug.", "actors.count", "learners.elastic_headroom", "learners.elastic_seconds")
 """Settings a resumed run may change; every other one is part of the state the checkpoint holds."""
 
 

@@ -140,14 +140,14 @@ def soak(runner: str, minutes: float, actors: int, root: Path, rng: random.Rando
         args = ["--resume", str(run_dir)] if resume else [str(cfg_path)]
         if resume and rng.random() < 0.3:  # a resume with one actor more or fewer joins the record too
             args += ["-o", f"actors.count={rng.choice([actors - 1, actors, actors + 1])}"]
-        # ranks forked by the prestart server (the default) or started by mpiexec: with prestart a
-        # signal to a rank's PID reaches its stand-in, which forwards SIGTERM/SIGKILL's effect but not SIGSTOP
-        prestart = rng.random() < 0.5
+        fault = rng.choice(FAULTS)
+        # ranks forked by the prestart server (the default) or started by mpiexec; with prestart a rank's
+        # PID is its stand-in, which passes SIGKILL's effect on but cannot pass SIGSTOP on
+        prestart = fault != "stop_actor" and rng.random() < 0.5
         args += ["-o", f"launch.prestart={str(prestart).lower()}"]
         proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", *args, "--oversubscribe"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         time.sleep(rng.uniform(2.0, 15.0))
-        fault = rng.choice(FAULTS)
         what = inject(fault, proc, run_dir, runner, rng) if proc.poll() is None else "none (the run had ended)"
         what += " [prestart]" if prestart and runner == "mpi" else ""
         try:

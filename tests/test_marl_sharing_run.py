@@ -115,11 +115,46 @@ def _check_sharing_record(run_dir: Path) -> None:
     assert _final_map(run_dir, cfg) == _replayed_map(cfg, rows)  # the model's map is the last recorded one
 
 
-def test_serial_run_toggles_sharing_and_records_every_change(tmp_path):
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def serial_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("sharing") / "run"
     args = [a for o in [*TOGGLING, "stop.total_env_steps=3600", f"io.run_dir={run_dir}"] for a in ("-o", o)]
     assert cli_main(["run", str(CONFIGS / "mpe_spread_ippo.yaml"), "--runner", "serial", *args]) == 0
-    _check_sharing_record(run_dir)
+    return run_dir
+
+
+def test_serial_run_toggles_sharing_and_records_every_change(serial_run):
+    _check_sharing_record(serial_run)
+
+
+def test_analyze_shows_policies_per_round_and_the_learner_actor_cost_split(serial_run, tmp_path, capsys):
+    from hpcrl.commands.analyze import load_analysis
+
+    assert cli_main(["analyze", str(serial_run), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "learner vs actor cost" in out and "policies, map changes and active roles per round" in out
+    assert (tmp_path / "marl.png").stat().st_size > 0
+    h5 = serial_run / "run.h5"
+    pm, rounds = read_table(h5, "policy_map"), read_table(h5, "rounds")
+    with open(tmp_path / "marl-rounds-mpe-spread-ippo-sync.csv") as fh:
+        import csv
+
+        rows = list(csv.DictReader(fh))
+    assert [int(r["round"]) for r in rows] == rounds["round"].tolist()
+    assert sum(int(r["changes"]) for r in rows) == len(pm["round"])
+    policies = [int(r["policies"]) for r in rows]
+    assert policies[0] == 6  # per_agent start
+    for k in np.unique(pm["round"]):  # each switch holds from the next round, with the policy count it recorded
+        if k + 1 < len(policies):
+            assert policies[int(k) + 1] == int(pm["policies"][pm["round"] == k][0])
+    ha = load_analysis()
+    run = ha.load_run(serial_run)
+    split, cost = ha.marl.cost_split(run, ha.metrics.load_prices(None)), ha.metrics.cost(run, ha.metrics.load_prices(None))
+    la = read_table(h5, "learner_activity")
+    assert split["learner_seconds"] == pytest.approx(float(la["compute_seconds"].sum()), rel=1e-5)
+    assert split["serverless_learner"] == cost["serverless_learner"] > 0
+    assert split["serverful_learner_actor"] == pytest.approx(cost["serverful_learner"] + cost["serverful_actor"])
+    assert split["serverless_learner_actor"] < split["serverful_learner_actor"]
 
 
 @pytest.mark.mpi

@@ -86,8 +86,9 @@ class Run:
 
 
 TABLE_NAMES = ("rank_map", "updates", "gradients", "episodes", "learner_activity", "rounds", "actors")
-OPTIONAL_TABLES = ("eval_episodes",)
-"""Tables a run has only when it used the feature (eval.episodes > 0): no note when absent."""
+OPTIONAL_TABLES = ("eval_episodes", "policy_map")
+"""Tables a run has only when it used the feature (eval.episodes > 0, algo.sharing) or that older runs lack:
+no note when absent."""
 REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); a fill value there = never written
     "rank_map": ("rank", "role"),
     "updates": ("time", "version", "round", "num_gradients"),
@@ -97,6 +98,7 @@ REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); 
     "rounds": ("round", "start", "duration"),
     "actors": ("time", "actor", "fragment"),
     "eval_episodes": ("time", "round", "policy_version", "env_index", "return", "length"),
+    "policy_map": ("round", "agent", "old_policy", "new_policy", "reason"),
 }
 
 

@@ -245,6 +245,25 @@ class IMPACTConfig(Section):
     """Optimizer on the parameter rank."""
 
 
+class MARLSharingFields(Section):
+    """Dynamic learner sharing (MARLess section 4.3; hpcrl.marl.sharing_rank): the agent -> policy map
+    changes when the agents' rewards stop rising; each change is a row of run.h5's policy_map table."""
+
+    sharing: bool = False
+    """Toggle learner sharing during the run (starts from ``policies``; the model holds one slot per agent)."""
+    sharing_window: int = Field(10, ge=2)
+    """W: the tolerant window, in rounds of per-agent mean episodic returns (4.3.1)."""
+    sharing_gamma: float = 0.1
+    """Toggle when the window is full and the slope of the min-max normalised global reward is below this
+    (a linear rise over the window has slope 1 / (W - 1); the seed uses 0.1 for MPE)."""
+    sharing_samples_per_agent: int = Field(128, ge=3)
+    """(observation, action) rows per agent a learner reports per batch for the KDE similarity (4.3.2)."""
+    sharing_components: int = Field(3, ge=1)
+    """PCA components the samples are compressed to before the KDE (4.3.2)."""
+    sharing_lanczos_steps: int = Field(20, ge=2)
+    """Lanczos steps on Hessian-vector products for a policy's convexity ratio (4.3.4, Eq. 1)."""
+
+
 class MARLPPOFields(Section):
     """MARLess' actor-critic learners (seed 001, section 6.2.1): PPO per policy with GAE and the clipped
     surrogate; the policies of the agents are the sub-networks of one model (hpcrl.marl.model)."""
@@ -277,12 +296,12 @@ class MARLPPOFields(Section):
     """Passes over each learner batch."""
 
 
-class IPPOConfig(MARLPPOFields):
+class IPPOConfig(MARLSharingFields, MARLPPOFields):
     name: Literal["ippo"] = "ippo"
     """IPPO: independent PPO learners, each critic sees its agent's observation."""
 
 
-class MAPPOConfig(MARLPPOFields):
+class MAPPOConfig(MARLSharingFields, MARLPPOFields):
     name: Literal["mappo"] = "mappo"
     """MAPPO: PPO policies with centralised critics over the joint observation of the env copy (+ agent id)."""
 
@@ -317,12 +336,12 @@ class MARLQFields(Section):
     """Each minibatch gradient is clipped to this global norm before it is pushed."""
 
 
-class IQLConfig(MARLQFields):
+class IQLConfig(MARLSharingFields, MARLQFields):
     name: Literal["iql"] = "iql"
     """IQL: independent DQN learners (each agent's own reward and TD loss)."""
 
 
-class VDNConfig(MARLQFields):
+class VDNConfig(MARLSharingFields, MARLQFields):
     name: Literal["vdn"] = "vdn"
     """VDN: Q_tot = sum of the agents' Q-values, one TD loss on the team reward (cooperative envs only)."""
 

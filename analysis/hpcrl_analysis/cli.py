@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import clusterenv as CE
 from . import figures as F
+from . import marl as MA
 from . import metrics as M
 from . import report as R
 from . import stellaris_csv as S
@@ -46,6 +47,9 @@ def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, price
         name = R.slug(r.label if r.label not in seen else f"{r.label}-{r.path.name}")
         seen.add(r.label)
         csvs.append(R.write_rounds_csv(r, out / f"rounds-{name}.csv", price_table))
+        if MA.is_marl(r):  # policies, map changes and active roles per round (analysis/README.md)
+            csvs.append(out / f"marl-rounds-{name}.csv")
+            MA.write_csv(r, csvs[-1])
     stellaris = S.write_stellaris_csv(runs, out, price_table, stellaris_scheduler) if stellaris_csv else []
     md = out / "summary.md"
     md.write_text(R.markdown(runs, price_table))

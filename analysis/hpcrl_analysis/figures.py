@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from . import marl as MA  # noqa: E402
 from . import metrics as M  # noqa: E402
 from .h5read import Run  # noqa: E402
 
@@ -303,9 +304,64 @@ def _phase_color(i: int):
     return plt.get_cmap("tab20")(i % 20)
 
 
+def multi_agent(runs: list[Run], path: Path, prices: dict) -> Path:
+    """MARL runs. Left (MARLess Fig. 12 shape): policies in use, active learner groups and active actors per
+    round, map changes marked. Right (Fig. 9 shape): learner vs actor cost, serverless and serverful."""
+    marl = [(r, n) for r, n in zip(runs, names(runs)) if MA.is_marl(r)]
+    fig = plt.figure(figsize=(12.5, 5.2))
+    grid = fig.add_gridspec(2, 2, width_ratios=[1.5, 1])
+    a1, a2, a3 = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[:, 1])
+    for i, (r, name) in enumerate(marl):
+        p, color = MA.policy_rounds(r), f"C{i % 10}"
+        if not len(p["round"]):
+            continue
+        a1.step(p["round"], p["policies"], where="post", color=color, label=name)
+        switch = p["changes"] > 0
+        a1.plot(p["round"][switch] + 1, p["policies"][np.minimum(np.flatnonzero(switch) + 1, len(switch) - 1)],
+                "v", color=color, ms=6)
+        a2.step(p["round"], p["active_groups"], where="post", color=color, ls="--")
+        a2.step(p["round"], p["active_actors"], where="post", color=color)
+    a1.set_ylabel("policies in use")
+    a1.set_title("Policies (v: a sharing switch takes effect), active learner groups (--) and actors (-)",
+                 fontsize=10)
+    a2.set_ylabel("active ranks")
+    a2.set_xlabel("round k")
+    for ax in (a1, a2):
+        ax.grid(alpha=0.3)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        if not ax.get_lines():
+            _empty(ax, "multi-agent rounds")
+    if a1.get_lines():
+        a1.legend(fontsize=8)
+    ticks = []
+    for j, (r, name) in enumerate(marl):
+        c = MA.cost_split(r, prices)
+        for m, mode in enumerate(("serverless", "serverful")):
+            y = 2.5 * j + m
+            a3.barh(y, c[f"{mode}_learner"], color="0.55", height=0.7, label="learner ranks" if y == 0 else None)
+            a3.barh(y, c[f"{mode}_actor"], left=c[f"{mode}_learner"], color="tab:blue", height=0.7,
+                    label="actor ranks" if y == 0 else None)
+            a3.text(c[f"{mode}_learner_actor"], y, f" {c[f'{mode}_learner_actor']:.3g}", va="center", fontsize=7)
+            ticks.append((y, f"{name}\n{mode}"))
+    a3.set_yticks([t for t, _ in ticks], [n for _, n in ticks], fontsize=7)
+    a3.invert_yaxis()
+    a3.set_xlabel(f"cost ({prices['currency']})")
+    a3.set_title("Learner vs actor cost: active rank-seconds\n(serverless) vs allocation (serverful)", fontsize=10)
+    a3.grid(alpha=0.3, axis="x")
+    a3.margins(x=0.2)
+    if ticks:
+        a3.legend(fontsize=8, loc="lower right")
+    else:
+        _empty(a3, "multi-agent runs")
+    return _save(fig, path)
+
+
 def all_figures(runs: list[Run], out: Path, prices: dict) -> dict[str, Path]:
     """Every figure into out/; returns name -> path in report order."""
     out.mkdir(parents=True, exist_ok=True)
+    marl = {"multi-agent: policies, active roles and cost split": multi_agent(runs, out / "marl.png", prices)} \
+        if any(MA.is_marl(r) for r in runs) else {}
     return {
         "learning curve (wall-clock)": learning_curve(runs, "time", out / "learning_wallclock.png"),
         "learning curve (env steps)": learning_curve(runs, "env_steps", out / "learning_envsteps.png"),
@@ -315,4 +371,5 @@ def all_figures(runs: list[Run], out: Path, prices: dict) -> dict[str, Path]:
         "elasticity": elasticity(runs, out / "elasticity.png"),
         "cost": cost(runs, out / "cost.png", prices),
         "latency": latency(runs, out / "latency.png", prices),
+        **marl,
     }

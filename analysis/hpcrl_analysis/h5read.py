@@ -86,9 +86,9 @@ class Run:
 
 
 TABLE_NAMES = ("rank_map", "updates", "gradients", "episodes", "learner_activity", "rounds", "actors")
-OPTIONAL_TABLES = ("eval_episodes", "learner_cycles", "parameter_load", "elastic_events")
-"""Tables a run has only when it used the feature (eval.episodes > 0) or when its hpcrl wrote them
-(the learner cycle profile, parameter load and elastic events came later): no note when absent."""
+OPTIONAL_TABLES = ("eval_episodes", "learner_cycles", "parameter_load", "elastic_events", "policy_map")
+"""Tables a run has only when it used the feature (eval.episodes > 0, algo.sharing) or when its hpcrl
+wrote them (the learner cycle profile, parameter load and elastic events came later): no note when absent."""
 REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); a fill value there = never written
     "rank_map": ("rank", "role"),
     "updates": ("time", "version", "round", "num_gradients"),
@@ -101,6 +101,7 @@ REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); 
     "learner_cycles": ("time", "group", "seq", "cycle_seconds"),
     "parameter_load": ("time", "interval_seconds", "gradients"),
     "elastic_events": ("time", "group", "action", "reason"),
+    "policy_map": ("round", "agent", "old_policy", "new_policy", "reason"),
 }
 
 

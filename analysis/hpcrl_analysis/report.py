@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import marl as MA
 from . import metrics as M
 from .h5read import Run
 
@@ -68,7 +69,7 @@ def markdown(runs: list[Run], prices: dict) -> str:
         f"{p['actor']['unit']}. Source: {p['source']}.",
         "Serverless = active rank-seconds at the per-function price; serverful = wall-clock x every allocated rank.",
     ]
-    return "# hpcrl run summary\n\n" + "\n".join(lines + notes) + "\n"
+    return "# hpcrl run summary\n\n" + "\n".join(lines + notes) + "\n" + MA.markdown(runs, prices)
 
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}

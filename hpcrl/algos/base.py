@@ -11,9 +11,11 @@ inside them::
     learner    prepare(fragments, model) -> batch                     post-processing (e.g. GAE)
                minibatches(batch, generator) -> iterator              one gradient push each
                compute_gradient(minibatch, model, window) -> (flat gradient, stats)
+               learner_report(batch) -> dict or None                  a small summary for end_round (optional)
     parameter  make_optimizer(model)
                apply(model, optimizer, gradient)                      one admitted (aggregated) step
                end_round(model, round_stats) -> {name: new value}     once per round (adaptive KL...)
+               records() -> {table: [row, ...]}                       rows for run.h5 (optional)
     fused loop update(batch, model, optimizer) -> stats               compute_gradient + apply, in place
     everyone   make_model(obs_space, action_space, device)
 
@@ -21,6 +23,14 @@ What is published to actors and learners is the model's flat parameter buffer
 (:class:`hpcrl.models.FlatParameters`): everything an actor or learner needs lives in it,
 including non-trained values such as PPO's adaptive KL coefficient (parameters with
 ``requires_grad=False``, which :meth:`make_optimizer` leaves out).
+
+Learner -> parameter rank: what :meth:`learner_report` returns for a prepared batch (a dict of
+small NumPy arrays, or None for nothing) travels with the group's ``learner_activity`` row (the
+reports channel both runners have) and reaches :meth:`end_round` in ``round_stats["reports"]``,
+beside the round's finished episodes (``round_stats["episodes"]``). Rows :meth:`records` returns
+are appended to run.h5's tables (``hpcrl.io.schema``) after each :meth:`end_round`. MARL's
+dynamic learner sharing (:mod:`hpcrl.marl.sharing_rank`) is built on these two hooks; the
+runtime knows nothing of agents or policies.
 
 ``window``: Stellaris' importance-sampling truncation (Eq. 2) needs the log-probabilities of
 the minibatch under the other learner groups' base versions. When :attr:`uses_window` is
@@ -88,6 +98,11 @@ class Algorithm:
         ``entropy`` and ``kl`` are recorded when present."""
         raise NotImplementedError
 
+    def learner_report(self, batch: Batch) -> dict[str, Any] | None:
+        """A small picklable summary of a prepared batch for the parameter rank's :meth:`end_round`
+        (sent after the batch's gradients; default: nothing)."""
+        return None
+
     @torch.no_grad()
     def logps(self, model: nn.Module, minibatch: Batch) -> Tensor:
         """log pi(a|s) of the minibatch actions under ``model`` (a snapshot of another version)."""
@@ -113,6 +128,15 @@ class Algorithm:
         self.apply(model, optimizer, gradient)
         return stats
 
-    def end_round(self, model: nn.Module, round_stats: Mapping[str, float]) -> dict[str, float]:
-        """Called by the parameter rank when a round ends; returns the settings it changed."""
+    def end_round(self, model: nn.Module, round_stats: Mapping[str, Any]) -> dict[str, float]:
+        """Called by the parameter rank when a round ends; returns the settings it changed.
+
+        ``round_stats``: ``round`` (its index), ``kl`` (mean KL of the admitted gradients, NaN if
+        none), ``episodes`` (the round's finished episodes: dicts with ``actor``, ``env_index``,
+        ``return``) and ``reports`` (the :meth:`learner_report` results received in the round)."""
+        return {}
+
+    def records(self) -> dict[str, list[dict[str, Any]]]:
+        """Rows for run.h5 tables made since the last call (table name -> rows); the parameter rank
+        appends them after :meth:`end_round`. Default: none."""
         return {}

@@ -234,6 +234,15 @@ TABLE_LIST = (
         _c("reward_min", "f4", "", "smallest return"),
         _c("reward_std", "f4", "", "standard deviation of returns"),
     )),
+    TableSpec("policy_map", "One row per agent whose policy changed in a dynamic learner sharing switch (MARLess section 4.3; algo.sharing).", (
+        _c("round", "i8", "", "round whose end decided the switch; the new map is in the next published version", True),
+        _c("agent", "i4", "", "agent (instance env_index mod algo.agents)", True),
+        _c("old_policy", "i4", "", "policy slot the agent used before", True),
+        _c("new_policy", "i4", "", "policy slot the agent uses from the next version", True),
+        _c("reason", "S96", "", "why: the window slope k against gamma, sharing on (j-th time) or off, policies after", True),
+        _c("policies", "i4", "", "distinct policies in use after the switch"),
+        _c("copied_from", "i4", "", "slot whose weights were copied into new_policy (optimizer state reset); -1 none"),
+    )),
     TableSpec("actors", "Optional: one row per trajectory fragment an actor produced (latency breakdown).", (
         _c("time", "f8", "s", "time the fragment was handed to transport, since run start", True),
         _c("actor", "i4", "", "actor index", True),

@@ -7,4 +7,6 @@
 - :mod:`grouping`: K-means of agents into N' groups (4.3.3)
 - :mod:`convexity`: convexity ratio C = e_max / e_min of a loss Hessian (4.3.4, Eq. 1)
 - :mod:`actor_scaling`: per-policy actor demand and the beta rule (4.4, Eq. 2)
+- :mod:`sharing`, :mod:`sharing_rank`: the whole 4.3 decision per round, and its place in a run
+  (learner reports, the parameter rank's end_round, the policy_map rows)
 """

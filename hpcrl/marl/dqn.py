@@ -24,9 +24,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+import numpy as np
+
 from hpcrl.algos.base import Algorithm
-from hpcrl.marl.model import MultiPolicyQ, initial_map
-from hpcrl.marl.replay import ReplayBuffer, joint_transitions
+from hpcrl.marl.model import MultiPolicyQ, initial_map, slot_count
+from hpcrl.marl.replay import KEYS, ReplayBuffer, joint_transitions
+from hpcrl.marl.sharing_rank import SharingHooks
+from hpcrl.marl.similarity import observation_action_samples
 
 
 def epsilon_at(round_index: int, cfg) -> float:
@@ -40,8 +44,9 @@ def vdn_loss(q_taken: Tensor, target: Tensor) -> Tensor:
     return (target - q_taken.sum(dim=1)).square().mean()
 
 
-class MultiAgentDQN(Algorithm):
-    """cfg: IQLConfig or VDNConfig; ``team`` picks VDN."""
+class MultiAgentDQN(SharingHooks, Algorithm):
+    """cfg: IQLConfig or VDNConfig; ``team`` picks VDN. ``algo.sharing``: dynamic learner sharing
+    (:mod:`hpcrl.marl.sharing_rank`)."""
 
     name = "iql"
     team = False
@@ -49,10 +54,12 @@ class MultiAgentDQN(Algorithm):
     def __init__(self, cfg, model_cfg, aggregation_cfg=None) -> None:
         super().__init__(cfg, model_cfg)
         self.replay = ReplayBuffer(cfg.buffer_size)
+        self._setup_sharing()
 
     def make_model(self, obs_space, action_space, device="cpu") -> MultiPolicyQ:
         return MultiPolicyQ(obs_space, action_space, self.model_cfg, self.cfg.agents,
-                            initial_map(self.cfg.policies, self.cfg.agents), self.cfg.epsilon_start, device)
+                            initial_map(self.cfg.policies, self.cfg.agents), self.cfg.epsilon_start, device,
+                            slots=slot_count(self.cfg))
 
     # ---- learner --------------------------------------------------------------------------
     def prepare(self, fragments, model):
@@ -78,10 +85,14 @@ class MultiAgentDQN(Algorithm):
         q = q.view(B, A)
         return q, (y.sum(dim=1) if self.team else y)
 
+    def td_loss(self, mb, model: MultiPolicyQ) -> tuple[Tensor, Tensor]:
+        """(VDN's team loss or IQL's mean per-agent squared TD error, Q(o, a) [B, A])."""
+        q, y = self.td_targets(mb, model)
+        return (vdn_loss(q, y) if self.team else (y - q).square().mean()), q
+
     def compute_gradient(self, minibatch, model, window=None):
         model.flat.zero_grad()
-        q, y = self.td_targets(minibatch, model)
-        loss = vdn_loss(q, y) if self.team else (y - q).square().mean()
+        loss, q = self.td_loss(minibatch, model)
         loss.backward()
         norm = torch.linalg.vector_norm(model.flat.grads)
         model.flat.grads.mul_(torch.clamp(self.cfg.max_grad_norm / (norm + 1e-6), max=1.0))
@@ -101,7 +112,24 @@ class MultiAgentDQN(Algorithm):
         with torch.no_grad():
             model.constants["rounds"].fill_(rounds)
             model.constants["epsilon"].fill_(eps)
-        return {"epsilon": eps}
+        return {**super().end_round(model, round_stats), "epsilon": eps}
+
+    # ---- dynamic learner sharing (hpcrl.marl.sharing_rank) ------------------------------------
+    def sharing_report(self, batch) -> dict[str, np.ndarray] | None:
+        """``samples_per_agent`` joint transitions spread over the replay's newest four times as many."""
+        if not len(self.replay):
+            return None
+        newest = min(len(self.replay), 4 * self.cfg.sharing_samples_per_agent)
+        back = np.unique(np.linspace(1, newest, min(newest, self.cfg.sharing_samples_per_agent)).astype(np.int64))
+        idx = (self.replay.next - back) % self.replay.capacity
+        return {k: self.replay.data[k][idx] for k in KEYS}
+
+    def sharing_samples(self, model, report) -> list[np.ndarray]:
+        return [observation_action_samples(report["obs"][:, j], report["actions"][:, j], model.out)
+                for j in range(self.cfg.agents)]
+
+    def sharing_loss(self, model, report) -> Tensor:
+        return self.td_loss({k: torch.as_tensor(v) for k, v in report.items()}, model)[0]
 
 
 class IQL(MultiAgentDQN):

@@ -38,6 +38,11 @@ def initial_map(policies: str, agents: int) -> list[int]:
     return list(range(agents)) if policies == "per_agent" else [0] * agents
 
 
+def slot_count(cfg) -> int | None:
+    """Policy slots of a MARL algo config: one per agent when sharing may split them, else as the map needs."""
+    return cfg.agents if cfg.sharing else None
+
+
 class AgentMapped(nn.Module):
     """What both models share: agent count, policy slots, the agent -> policy map in the flat buffer."""
 
@@ -89,11 +94,11 @@ class MultiPolicyActorCritic(AgentMapped):
     """P policies (Categorical or diagonal Gaussian) and P critics, local or central."""
 
     def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, model_cfg: Any, agents: int,
-                 mapping: Sequence[int], central_critic: bool, device="cpu") -> None:
+                 mapping: Sequence[int], central_critic: bool, device="cpu", slots: int | None = None) -> None:
         super().__init__()
         if not isinstance(obs_space, spaces.Box):
             raise ConfigError(f"env: observation space {obs_space} is not supported; allowed: Box")
-        slots = max(mapping) + 1
+        slots = max(mapping) + 1 if slots is None else slots
         self._setup_map(agents, slots, mapping, {})
         self.obs_dim = int(np.prod(obs_space.shape))
         self.discrete = isinstance(action_space, spaces.Discrete)
@@ -173,14 +178,14 @@ class MultiPolicyQ(AgentMapped):
     """P Q-networks and their targets (untrained), epsilon and the round count as constants."""
 
     def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, model_cfg: Any, agents: int,
-                 mapping: Sequence[int], epsilon: float, device="cpu") -> None:
+                 mapping: Sequence[int], epsilon: float, device="cpu", slots: int | None = None) -> None:
         super().__init__()
         if not isinstance(action_space, spaces.Discrete):
             raise ConfigError(f"algo.name: iql and vdn need discrete actions; the env has {action_space}; "
                               "use ippo or mappo")
         if not isinstance(obs_space, spaces.Box):
             raise ConfigError(f"env: observation space {obs_space} is not supported; allowed: Box")
-        slots = max(mapping) + 1
+        slots = max(mapping) + 1 if slots is None else slots
         self._setup_map(agents, slots, mapping, {"epsilon": epsilon, "rounds": 0.0})
         self.discrete, self.action_shape = True, ()
         self.obs_dim, self.out = int(np.prod(obs_space.shape)), int(action_space.n)

@@ -16,17 +16,21 @@ of the agent's env copy and a one-hot agent id (a centralised critic, Yu et al. 
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hpcrl.algos import ppo as ppo_maths
 from hpcrl.algos.base import Algorithm
-from hpcrl.marl.model import MultiPolicyActorCritic, initial_map
+from hpcrl.marl.model import MultiPolicyActorCritic, initial_map, slot_count
+from hpcrl.marl.sharing_rank import SharingHooks, spread_rows
+from hpcrl.marl.similarity import observation_action_samples
 
 STATS = ("loss", "policy_loss", "value_loss", "entropy", "kl")
 
 
-class MultiAgentPPO(Algorithm):
-    """cfg: IPPOConfig or MAPPOConfig; ``central_critic`` picks MAPPO."""
+class MultiAgentPPO(SharingHooks, Algorithm):
+    """cfg: IPPOConfig or MAPPOConfig; ``central_critic`` picks MAPPO. ``algo.sharing``: dynamic learner
+    sharing (:mod:`hpcrl.marl.sharing_rank`)."""
 
     name = "ippo"
     central_critic = False
@@ -35,10 +39,12 @@ class MultiAgentPPO(Algorithm):
         super().__init__(cfg, model_cfg)
         self.ratio_fn = ppo_maths.ratio_fn_for(aggregation_cfg) if aggregation_cfg is not None else None
         self.uses_window = self.ratio_fn is not None
+        self._setup_sharing()
 
     def make_model(self, obs_space, action_space, device="cpu") -> MultiPolicyActorCritic:
         return MultiPolicyActorCritic(obs_space, action_space, self.model_cfg, self.cfg.agents,
-                                      initial_map(self.cfg.policies, self.cfg.agents), self.central_critic, device)
+                                      initial_map(self.cfg.policies, self.cfg.agents), self.central_critic, device,
+                                      slots=slot_count(self.cfg))
 
     # ---- learner: post-processing ---------------------------------------------------------
     def prepare(self, fragments, model: MultiPolicyActorCritic) -> dict[str, torch.Tensor]:
@@ -81,6 +87,26 @@ class MultiAgentPPO(Algorithm):
         out = {k: float(v.detach()) for k, v in stats.items()}
         out["grad_norm"] = float(norm)
         return model.flat.grads, out
+
+    # ---- dynamic learner sharing (hpcrl.marl.sharing_rank) ------------------------------------
+    def sharing_report(self, batch) -> dict[str, np.ndarray]:
+        """The rows of the loss, ``samples_per_agent`` per agent, spread over the batch."""
+        agent = batch["agent"].cpu().numpy()
+        idx = torch.as_tensor(spread_rows(agent, self.cfg.agents, self.cfg.sharing_samples_per_agent))
+        keys = ("obs", "actions", "advantages", "returns", "agent") + (("critic_obs",) if self.central_critic else ())
+        return {k: batch[k][idx.to(batch[k].device)].cpu().numpy() for k in keys}
+
+    def sharing_samples(self, model, report) -> list[np.ndarray]:
+        n = model.out if model.discrete else None
+        return [observation_action_samples(report["obs"][report["agent"] == j], report["actions"][report["agent"] == j],
+                                           n) for j in range(self.cfg.agents)]
+
+    def sharing_loss(self, model, report) -> torch.Tensor:
+        """The loss at the current weights: behaviour log-probs are the current ones (ratio 1, unclipped)."""
+        mb = {k: torch.as_tensor(v, device=model.device) for k, v in report.items()}
+        with torch.no_grad():
+            mb["behaviour_logp"] = model.log_prob(model.dist(mb["obs"], mb["agent"]), mb["actions"])
+        return self.loss(mb, model)[0]
 
     @torch.no_grad()
     def logps(self, model, minibatch):

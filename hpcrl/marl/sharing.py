@@ -51,11 +51,11 @@ class LearnerSharing:
         if not self.toggle.observe(agent_rewards):
             return None
         old = [int(s) for s in current]
-        slope = self.toggle.last_slope
+        why = f"k={self.toggle.last_slope:.3f}<gamma={self.toggle.gamma:g}"
         if not self.toggle.sharing:  # switched off: own slot each, from the policy it shared
             new = list(range(self.agents))
             copies = [(old[i], i) for i in range(self.agents) if old[i] != i]
-            return MappingChange(round_index, old, new, f"k={slope:.3f}<gamma: sharing off, {self.agents} policies",
+            return MappingChange(round_index, old, new, f"{why}: sharing off, {self.agents} policies",
                                  copies)
         self.enabled_times += 1
         groups = policy_count(self.enabled_times, self.agents)
@@ -67,5 +67,5 @@ class LearnerSharing:
             base = max(slots, key=convexity)
             for m in members:
                 new[m] = base
-        return MappingChange(round_index, old, new, f"k={slope:.3f}<gamma: sharing on (j={self.enabled_times}), "
+        return MappingChange(round_index, old, new, f"{why}: sharing on (j={self.enabled_times}), "
                              f"{len(set(new))} policies")

@@ -142,6 +142,7 @@ class LearnerGroup:
         lap("weights")
         batch = self.algo.prepare(fragments, self.model)
         compute += lap("prepare")
+        report = self.algo.learner_report(batch)  # reaches algo.end_round on the parameter rank
         new_steps, completed = steps, False
         for mb in self.algo.minibatches(batch, self.generator):
             lap("minibatch")
@@ -168,7 +169,7 @@ class LearnerGroup:
             new_steps = 0
         else:
             completed = True
-        self._activity(start_unix, compute, steps)
+        self._activity(start_unix, compute, steps, report)
         return completed
 
     def _pull_weights(self) -> int | None:
@@ -278,9 +279,11 @@ class LearnerGroup:
         self.last_base = version
         return True
 
-    def _activity(self, start_unix: float, compute: float, samples: int) -> None:
+    def _activity(self, start_unix: float, compute: float, samples: int, report: dict | None = None) -> None:
         row = {"time_start": start_unix, "time_end": time.time(), "group": self.g, "compute_seconds": compute,
                "samples": samples, "cycles": self.cycles.take_rows()}
+        if report is not None:
+            row["algo_report"] = report
         self.job.reports.send("activity", row)
 
     def _finish(self) -> None:

@@ -16,7 +16,8 @@ normalisation does to a shared scale).
 
 Rounds (Stellaris k, RLlib training iterations) end each time the learners have consumed
 another ``cfg.round_steps`` environment steps; ``policy.end_round`` and ``algo.end_round``
-(e.g. PPO's adaptive KL coefficient) are called then.
+(e.g. PPO's adaptive KL coefficient) are called then, the latter with the round's episodes and
+the learners' ``algo.learner_report`` results; rows from ``algo.records()`` go to run.h5.
 """
 from __future__ import annotations
 
@@ -333,7 +334,8 @@ class ParameterRank:
 
     def _new_round_stats(self) -> dict[str, Any]:
         return {"env_steps": 0, "episodes": 0, "updates": 0, "staleness": [], "loss": [], "kl": [], "returns": [],
-                "learner_seconds": 0.0, "actor_seconds": 0.0, "actors": set(), "active_max": 0}
+                "learner_seconds": 0.0, "actor_seconds": 0.0, "actors": set(), "active_max": 0,
+                "episode_rows": [], "reports": []}
 
     def _end_round(self) -> None:
         r = self._round_stats
@@ -360,7 +362,11 @@ class ParameterRank:
         kl = np.asarray(r["kl"], float)
         # a changed setting (e.g. the KL coefficient) is in the flat buffer: it reaches the learners
         # with the next published version
-        self.algo.end_round(self.model, {"kl": agg(kl[np.isfinite(kl)], np.mean)})
+        self.algo.end_round(self.model, {"kl": agg(kl[np.isfinite(kl)], np.mean), "round": self.round,
+                                         "episodes": r["episode_rows"], "reports": r["reports"]})
+        for table, rows in self.algo.records().items():
+            for row in rows:
+                self.run_file.append(table, row)
         self.round += 1
         if self.cfg.eval.episodes and self.round % self.cfg.eval.every_rounds == 0:
             self.counters.set(control.EVAL, self.round)  # the last actor evaluates (runtime/evaluation.py)
@@ -375,6 +381,8 @@ class ParameterRank:
             busy = True
         for row in reports.drain("activity"):
             cycles, parked = row.pop("cycles", None), row.pop("parked", None)
+            if (report := row.pop("algo_report", None)) is not None:  # algo.learner_report -> algo.end_round
+                self._round_stats["reports"].append(report)
             if parked:
                 self.run_file.append("elastic_events", self._times(parked, ("time",)))
             if "time_start" in row:
@@ -413,6 +421,7 @@ class ParameterRank:
             self.rows.add("episodes", ep)
             self.stop_rule.add_returns([ep["return"]])
             r["returns"].append(ep["return"])
+            r["episode_rows"].append({k: ep[k] for k in ("actor", "env_index", "return")})
         self.episodes += len(episodes)
         r["episodes"] += len(episodes)
 

@@ -274,7 +274,6 @@ class ActorCritic(nn.Module):
         return self._logp(d, actions), ent, self.value(obs)
 
     @torch.no_grad()
-    @torch.no_grad()
     def greedy(self, obs: Tensor | np.ndarray) -> Tensor:
         """The policy's most likely action for a batch: argmax of the logits, or the Gaussian mean."""
         d = self.dist(obs)
@@ -282,6 +281,7 @@ class ActorCritic(nn.Module):
             return d.logits.argmax(-1)
         return d.mean.reshape(d.mean.shape[:-1] + self.action_shape)
 
+    @torch.no_grad()
     def act(self, obs: Tensor | np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
         """Sample (action, log-prob, value) for a batch; Box actions are unclipped samples."""
         d = self.dist(obs)

@@ -59,7 +59,8 @@ class LearnerGroup:
         self.generator = torch.Generator().manual_seed(self.cfg.env.seed + 7919 * (self.g + 1))
         self.receiver = job.fragments.learner_link(self.g) if self.is_root else None
         self.frags: list[dict] = []
-        self.reducer = GroupReducer(job.topo.group_comm, self.model.device) if self.size > 1 else None
+        self.reducer = (make_reducer(self.cfg.learners.allreduce, job.topo.group_comm, self.model.device)
+                        if self.size > 1 else None)
         self.lockstep = self.cfg.aggregation.policy == "sync"
         self.last_base: int | None = None
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
@@ -328,6 +329,15 @@ class LearnerGroup:
 
     def close_on_error(self) -> None:
         pass
+
+
+def make_reducer(backend: str, group_comm, device: torch.device):
+    """The group's gradient averaging for ``learners.allreduce``: GroupReducer (auto) or HorovodReducer."""
+    if backend == "horovod":
+        from hpcrl.runtime.horovod_reducer import HorovodReducer
+
+        return HorovodReducer(group_comm, device)
+    return GroupReducer(group_comm, device)
 
 
 class GroupReducer:

@@ -68,7 +68,7 @@ class ParameterRank:
         self.job, self.cfg = job, job.cfg
         self.model, self.algo = job.model, job.algo
         self.flat = self.model.flat
-        self.optimizer = self.algo.make_optimizer(self.model)
+        self._optimizer = None  # built on first use (see optimizer)
         self.policy = make_policy(self.cfg.aggregation)
         self.counters, self.mailbox, self.board = job.counters, job.mailbox, job.board
         G = self.cfg.learners.groups
@@ -110,6 +110,14 @@ class ParameterRank:
         self.clock = PhaseClock(PARAMETER_PHASES)  # where this rank's time goes (parameter_load)
         self.lap = self.clock.lap
         self._load_counts = (self.gradients, self.admitted, self.updates)
+
+    @property
+    def optimizer(self):
+        """Built on first use (the first applied step, a checkpoint, a resume), after the first publish:
+        torch.optim imports torch._dynamo (about a second of CPU), which would delay every actor's first step."""
+        if self._optimizer is None:
+            self._optimizer = self.algo.make_optimizer(self.model)
+        return self._optimizer
 
     # ---- set-up --------------------------------------------------------------------------
     def _open_run_file(self) -> RunFile:

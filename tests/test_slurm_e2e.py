@@ -17,7 +17,9 @@ import pytest
 from slurm_fixture import slurm  # noqa: F401 - the session fixture
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["-o", "actors.count=1", "-o", "io.log_seconds=1"]  # 3 ranks: the fewest a run can have
+# 3 ranks (the fewest a run can have); no reward target, so every job stops on its step budget (the
+# default job reaches 475 within 40K steps, which would end a resumed 30K-step job early)
+SMALL = ["-o", "actors.count=1", "-o", "io.log_seconds=1", "-o", "stop.target_return=null"]
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 

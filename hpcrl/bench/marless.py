@@ -13,7 +13,10 @@ each algorithm's mean and spread over the seeds and the ratios final - random an
 Returns are per agent group (:data:`GROUPS`): simple-spread has one (``all``, the ``rounds``
 table's ``reward_mean``); simple-adversary's agent 0 is the adversary and agents 1-5 the good
 agents, whose returns are reported apart (the ``episodes`` table, agent = ``env_index`` mod 6,
-split into rounds by the ``rounds`` table's ``episodes`` counts).
+split into rounds by the ``rounds`` table's ``episodes`` counts). A good agent's reward is the
+adversary's distance to the target minus the nearest good agent's, the adversary's minus its
+own distance, so a learning adversary lowers the good agents' return; the row ``good+adv``
+(the two groups' sum, = -sum_t min_i |good_i - target|) shows the good agents' own part.
 
     hpcrl bench marless [--env spread] [--algos ippo,mappo,iql,vdn] [--seeds 3] [--steps 144000] [-o KEY=VALUE ...]
 """
@@ -83,7 +86,13 @@ def random_return(env: str, seeds: int, episodes: int) -> dict[str, float]:
         returns += [e["return"] for e in eps]
         agent += [e["env_index"] % cfg.algo.agents for e in eps]
     returns, agent = np.array(returns), np.array(agent)
-    return {g: float(returns[np.isin(agent, m)].mean()) for g, m in GROUPS[env].items()}
+    out = {g: float(returns[np.isin(agent, m)].mean()) for g, m in GROUPS[env].items()}
+    return with_sum(out)
+
+
+def with_sum(groups: dict) -> dict:
+    """simple-adversary's groups plus ``good+adv`` (their sum: the good agents' own distance term)."""
+    return {**groups, "good+adv": groups["good"] + groups["adversary"]} if "adversary" in groups else groups
 
 
 def train(env: str, algo: str, seed: int, steps: int, runner: str, overrides: list[str], run_dir: Path) -> dict:
@@ -106,7 +115,7 @@ def train(env: str, algo: str, seed: int, steps: int, runner: str, overrides: li
         per_round = {g: rounds["reward_mean"] for g in groups}
     else:
         episodes = read_table(run_dir / "run.h5", "episodes")
-        per_round = {g: round_group_returns(episodes, rounds["episodes"], 6, m) for g, m in groups.items()}
+        per_round = with_sum({g: round_group_returns(episodes, rounds["episodes"], 6, m) for g, m in groups.items()})
     rewards = {g: r[np.isfinite(r)] for g, r in per_round.items()}
     return {"rewards": rewards, "wall": wall, "rounds": len(rounds["round"])}
 

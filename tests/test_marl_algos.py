@@ -130,3 +130,27 @@ def test_marl_rounds_count_agent_steps():
     cfg = build_config({"env": {"id": "hpcrl/MPESimpleSpread-v3", "num_envs": 8}, "actors": {"fragment_length": 25,
                         "count": 2}, "algo": {"name": "iql", "agents": 6}})
     assert cfg.round_steps == 2 * 25 * 8 * 6 and cfg.group_batch_size == 25 * 8 * 6
+
+
+@pytest.mark.parametrize("name", ["ippo", "mappo", "iql", "vdn"])
+def test_greedy_actions_are_each_agents_policy_without_exploration(name):
+    # evaluation episodes (eval.*) act with algo.greedy: every MARL model must provide it
+    torch.manual_seed(0)
+    algo, _ = _algo(name, agents=3, **({"epsilon_start": 1.0} if name in ("iql", "vdn") else {}))
+    model = algo.make_model(OBS, ACT)
+    obs = torch.randn(6, 3)  # 2 env copies of 3 agents: row r is agent r mod 3
+    agent = torch.arange(6) % 3
+    scores = model.q(obs, agent) if name in ("iql", "vdn") else model.dist(obs, agent).logits
+    greedy = algo.greedy(model, obs.numpy())
+    assert greedy.tolist() == scores.argmax(dim=1).tolist()
+    assert algo.greedy(model, obs.numpy()).tolist() == greedy.tolist()  # epsilon 1 does not enter
+
+
+def test_greedy_of_a_gaussian_policy_is_its_mean():
+    box = spaces.Box(-1.0, 1.0, (1,), np.float32)
+    model = MultiPolicyActorCritic(OBS, box, ModelConfig(hidden_sizes=[8]), agents=2, mapping=[0, 1],
+                                   central_critic=False)
+    obs = torch.randn(4, 3)
+    mean = model.dist(obs, torch.arange(4) % 2).mean
+    assert model.greedy(obs).shape == (4, 1)
+    assert torch.allclose(model.greedy(obs), mean)

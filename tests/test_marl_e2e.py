@@ -80,3 +80,16 @@ def test_hpcrl_run_refuses_a_wrong_agent_count_before_writing(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "algo.agents: 3" in err and "\n" not in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("algo", ["mappo", "iql"])
+def test_evaluation_episodes_of_a_marl_run(algo, tmp_path):
+    # eval.* makes the last actor act with algo.greedy on its own env copy: one episode per agent
+    run_dir = tmp_path / "run"
+    extra = ["-o", "eval.episodes=1", "-o", "eval.every_rounds=1"]
+    rc = cli_main(["run", str(CONFIGS / f"mpe_spread_{algo}.yaml"), "--runner", "serial",
+                   *_overrides(algo, 1200, run_dir), *extra])
+    assert rc == 0
+    ev = read_table(run_dir / "run.h5", "eval_episodes")
+    assert len(ev["return"]) >= 6 and set(np.unique(ev["env_index"])) == set(range(6))
+    assert np.all(ev["length"] == 25)

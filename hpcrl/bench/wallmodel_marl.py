@@ -61,7 +61,10 @@ def train(config: str, runner: str, overrides: list[str], run_dir: Path) -> None
 
 
 def trained_policy(cfg, run_dir: Path):
-    """``act(obs) -> factors`` of the policy in RUN_DIR's checkpoint: mean action, mapped as the actors map samples."""
+    """``act(obs) -> factors`` of the policy in RUN_DIR's checkpoint: mean action, mapped as the actors map samples.
+
+    The obs rows are one channel's agents in order, so a MARL model (ippo, mappo) routes each to its
+    agent's policy."""
     from hpcrl.algos import make_algorithm
     from hpcrl.runtime.checkpoint import load_checkpoint
     from hpcrl.runtime.sampler import describe_env, rescale
@@ -76,7 +79,7 @@ def trained_policy(cfg, run_dir: Path):
 
     def act(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            mean = model.pi(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+            mean = model.greedy(torch.as_tensor(obs, dtype=torch.float32)).numpy().reshape(len(obs), -1)
         mapped = rescale(mean, low, high) if cfg.env.rescale_actions else np.clip(mean, low, high)
         return mapped[:, 0]
 
@@ -119,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("log-law wall model (baseline)",
              evaluate(make(cfg.env.id, **{**kwargs, "wall_model": "log_law"}), lambda o: np.ones(len(o)), eval_opts)),
             ("no action (factor 1)", evaluate(env, lambda o: np.ones(len(o)), eval_opts)),
-            ("trained agents (PPO, shared)", evaluate(env, act, eval_opts))]
+            (f"trained agents ({cfg.algo.name}, {getattr(cfg.algo, 'policies', 'shared')})",
+             evaluate(env, act, eval_opts))]
     print(f"\ntraining: {run_dir} ({args.runner if not args.load else 'loaded'}, {t_train:.0f} s), policy version "
           f"{version}; mean agent return per fifth of training: {training_curve(run_dir)}")
     print(f"preset {env.preset.name}: {len(env.possible_agents)} agents, {env.preset.max_actions} actions/episode")

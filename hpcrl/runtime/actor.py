@@ -9,6 +9,13 @@ not run ahead of the learners) or while ``max_in_flight`` sends are pending; sen
 group; append the fragment to ``traj/actor-NNNNN.h5``; report the episodes and timings to the
 parameter rank in one small message. The actor acts with ``job.algo.act``. The last actor also
 runs the evaluation episodes the parameter rank requests (:mod:`hpcrl.runtime.evaluation`).
+
+Parking (actor scaling, MARLess section 4.4): an actor whose index is not below the ACTIVE_ACTORS
+counter word blocks in ``counters.wait_until`` (50 ms naps under MPI, a condition variable in the
+serial runner) between two fragments, keeping its environments as they are, until the word grows
+or the run stops; the evaluating actor wakes for an evaluation request too and parks again after
+it. A parked actor sends no fragment, so none of its parked time is charged; when the park ends it
+reports its length and CPU seconds (run.h5 ``actor_parks``).
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import time
 import numpy as np
 
 from hpcrl.io import TrajectoryWriter, traj_filename
+from hpcrl.io.schema import PARK_REASONS
 from hpcrl.runtime import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.evaluation import Evaluator
@@ -59,6 +67,9 @@ class Actor:
                 break
             if self.evaluator is not None and words[control.EVAL] > self.evaluated_rounds:
                 self._evaluate(int(words[control.EVAL]))
+            if self.index >= words[control.ACTIVE_ACTORS]:
+                self._park()
+                continue
             t = time.perf_counter()
             t_sync = time.perf_counter() - t if self._sync_weights() else 0.0
             t = time.perf_counter()
@@ -110,6 +121,27 @@ class Actor:
         self.job.reports.send("eval", {"time": time.time(), "round": rounds, "policy_version": v,
                                        "episodes": episodes})
         self.evaluated_rounds = rounds
+
+    def _park(self) -> None:
+        """Block while this actor is parked (no stop, no evaluation request), then report the park."""
+        start, cpu = time.time(), time.thread_time()
+        counters, i = self.job.counters, self.index
+
+        def awake(w) -> bool:
+            return (bool(w[control.STOP]) or i < w[control.ACTIVE_ACTORS]
+                    or (self.evaluator is not None and w[control.EVAL] > self.evaluated_rounds))
+
+        while True:
+            self.heartbeat.beat()
+            words = counters.read_all()
+            if awake(words):
+                break
+            counters.wait_until(awake, timeout=1.0, nap=control.PARK_NAP_SECONDS)
+        reason = "stopped" if words[control.STOP] else ("woken" if i < words[control.ACTIVE_ACTORS] else "evaluation")
+        self.job.reports.send("episodes", {"park": {
+            "time": time.time(), "actor": i, "parked_seconds": time.time() - start,
+            "cpu_seconds": time.thread_time() - cpu, "active_actors": int(words[control.ACTIVE_ACTORS]),
+            "reason": PARK_REASONS.index(reason)}})
 
     def _wait_for_room(self, G: int) -> int | None:
         """The least-backlogged active group with room, waiting (sleeping) while there is none."""

@@ -13,6 +13,8 @@ ACTORS_DONE            add     actors that finished their last send
 LEARNERS_DONE          add     learner groups that left their loop
 ENV_STEPS              add     environment steps sampled by all actors
 EVAL                   set     rounds ended at the newest evaluation request (``eval.every_rounds``)
+ACTIVE_ACTORS          set     actor ranks that sample (actors 0 .. ACTIVE_ACTORS-1; the others park;
+                               actors.count unless the algorithm scales them, MARLess section 4.4)
 BACKLOG + g            add     fragments sent to group g and not yet trained on
 base_word(G, g)        set     policy version group g is computing its gradients with
 held_word(G, g)        set     1 while group g has a gradient held back by the admission policy
@@ -23,8 +25,8 @@ heartbeat_word(G, r)   set     rank r's heartbeat: whole seconds since the epoch
 
 Every wait is a test-and-sleep loop (:class:`~hpcrl.runtime.backoff.Backoff`): MPICH's blocking
 calls would poll the network at full speed and take the core from the rank that has work. A parked
-learner group waits in ``counters.wait_until`` (a 50 ms nap between reads under MPI, a condition
-variable woken by every counter change in the serial runner).
+learner group or actor waits in ``counters.wait_until`` (a 50 ms nap between reads under MPI, a
+condition variable woken by every counter change in the serial runner).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import time
 
 from hpcrl.runtime.backoff import Backoff
 
-STOP, ACTIVE, ACTORS_DONE, LEARNERS_DONE, ENV_STEPS, EVAL, BACKLOG = range(7)
+STOP, ACTIVE, ACTORS_DONE, LEARNERS_DONE, ENV_STEPS, EVAL, ACTIVE_ACTORS, BACKLOG = range(8)
 
 TAG_EPISODES = 11
 """Actor -> parameter rank: a pickled list of finished episodes (and sampling stats)."""
@@ -116,7 +118,7 @@ class Watchdog:
 
 
 PARK_NAP_SECONDS = 0.05
-"""Under MPI, a parked learner group reads the counters this often (about 20 small reads a second)."""
+"""Under MPI, a parked learner group or actor reads the counters this often (about 20 small reads a second)."""
 
 
 def wait_request(req, backoff: Backoff | None = None, abandon=None):

@@ -1,7 +1,8 @@
 """A learner group's loop: fragments in, one gradient per minibatch out to the mailbox.
 
 The group root receives fragments from the actors. Once it holds ``group_batch_size``
-environment steps (and the parameter rank counts the group as active) it hands them to
+environment steps (``group_batch_size_for`` the active actors when actor scaling parks some;
+and the parameter rank counts the group as active) it hands them to
 ``algo.prepare`` (PPO: GAE with the newest weights' values) and pushes one gradient for each
 minibatch of ``algo.minibatches`` (PPO: ``num_sgd_iter`` shuffled passes). For every minibatch: read the newest weights from the weight board (their
 version is the gradient's base version), split the minibatch across the group's ranks,
@@ -73,7 +74,6 @@ class LearnerGroup:
             return self._run_member()
         counters = self.job.counters
         backoff = Backoff(5e-5, 2e-3)
-        need = self.cfg.group_batch_size
         lap = self.cycles.lap
         self.cycles.clock.restart()
         while True:
@@ -86,6 +86,7 @@ class LearnerGroup:
             lap("control")
             if words[control.STOP]:
                 break
+            need = self.cfg.group_batch_size_for(int(words[control.ACTIVE_ACTORS]))  # actor scaling shrinks it
             if sum(f["rewards"].size for f in self.frags) < need:
                 if self.g >= words[control.ACTIVE]:  # parked, nothing left to train: block until activated
                     if not self._park():

@@ -18,6 +18,11 @@ Rounds (Stellaris k, RLlib training iterations) end each time the learners have 
 another ``cfg.round_steps`` environment steps; ``policy.end_round`` and ``algo.end_round``
 (e.g. PPO's adaptive KL coefficient) are called then, the latter with the round's episodes and
 the learners' ``algo.learner_report`` results; rows from ``algo.records()`` go to run.h5.
+
+Active actors: ``algo.end_round`` may return ``active_actors`` (MARLess actor scaling). Actor ranks
+0 .. n-1 then sample and the others park (the ACTIVE_ACTORS counter word; a parked actor blocks in
+``counters.wait_until`` and reports its park, table ``actor_parks``), and the next round holds
+``RunConfig.round_steps_for(n)`` environment steps: the round's data shrinks with its actors.
 """
 from __future__ import annotations
 
@@ -87,6 +92,8 @@ class ParameterRank:
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
         self.active = self.cfg.learners.active_range[0]
+        self.active_actors = self.cfg.actors.count  # actor ranks 0 .. active_actors-1 sample (algo.end_round)
+        self.round_end = self.cfg.round_steps  # consumed env steps at which the current round ends
         lcfg = self.cfg.learners
         self.elastic = elastic.ElasticRule(*lcfg.active_range, lcfg.elastic_headroom, lcfg.elastic_seconds)
         self.stop_reason: str | None = None
@@ -156,6 +163,7 @@ class ParameterRank:
 
     def publish_initial(self) -> None:
         self.counters.set(control.ACTIVE, self.active)
+        self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
         if self.env_steps_start:
             self.counters.add(control.ENV_STEPS, self.env_steps_start)
         self._publish()
@@ -170,6 +178,7 @@ class ParameterRank:
             "env_steps": self.env_steps(), "episodes": self.episodes, "updates": self.updates,
             "gradients": self.gradients, "admitted": self.admitted, "returns": list(self.stop_rule.returns),
             "seq_next": list(self.seq_next), "active": self.active,
+            "active_actors": self.active_actors, "round_end": self.round_end,
             "wall_seconds": self.wall_before + time.monotonic() - self.t0,
             "rng": rng_state(), "fragment_next": list(self.fragment_next),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
@@ -190,6 +199,8 @@ class ParameterRank:
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.active = min(max(s["active"], self.cfg.learners.active_range[0]), self.cfg.learners.active_range[1])
+        self.active_actors = min(max(s.get("active_actors", self.cfg.actors.count), 1), self.cfg.actors.count)
+        self.round_end = s.get("round_end", (self.round + 1) * self.cfg.round_steps)
         self.wall_before = s["wall_seconds"]
         restore_rng(s["rng"])
 
@@ -268,7 +279,7 @@ class ParameterRank:
             self.queue.append(rec)
             self.lap("admit")
             self._admit()
-            while self.consumed >= (self.round + 1) * self.cfg.round_steps:
+            while self.consumed >= self.round_end:
                 self._end_round()
                 self.lap("other")
         return bool(got)
@@ -370,8 +381,15 @@ class ParameterRank:
         kl = np.asarray(r["kl"], float)
         # a changed setting (e.g. the KL coefficient) is in the flat buffer: it reaches the learners
         # with the next published version
-        self.algo.end_round(self.model, {"kl": agg(kl[np.isfinite(kl)], np.mean), "round": self.round,
-                                         "episodes": r["episode_rows"], "reports": r["reports"]})
+        changed = self.algo.end_round(self.model, {
+            "kl": agg(kl[np.isfinite(kl)], np.mean), "round": self.round, "episodes": r["episode_rows"],
+            "reports": r["reports"], "actors": {"count": self.cfg.actors.count, "active": self.active_actors}})
+        if changed and "active_actors" in changed:  # actors 0 .. n-1 sample the next round, the others park
+            self.active_actors = min(max(int(changed["active_actors"]), 1), self.cfg.actors.count)
+            self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
+            for a in range(self.active_actors, self.cfg.actors.count):  # parked actors supply nothing
+                self.elastic.actor_rate.pop(a, None)
+        self.round_end += self.cfg.round_steps_for(self.active_actors)
         for table, rows in self.algo.records().items():
             for row in rows:
                 self.run_file.append(table, row)
@@ -412,6 +430,9 @@ class ParameterRank:
         return {k: (np.asarray(v, dtype=np.float64) - t0 if k in keys else v) for k, v in row.items()}
 
     def _fragment_report(self, msg: dict) -> None:
+        if "park" in msg:  # an actor's park ended (runtime/actor.py)
+            self.run_file.append("actor_parks", self._times(msg["park"], ("time",)))
+            return
         r = self._round_stats
         r["actor_seconds"] += msg["fragment"]["sample_seconds"]
         a = msg["fragment"]["actor"]
@@ -461,7 +482,8 @@ class ParameterRank:
         if self.signals.received is not None:
             self.stop_reason = f"signal {signal.Signals(self.signals.received).name}"
         else:
-            self.stop_reason = self.stop_rule.reason(self.env_steps(), self.wall_before + time.monotonic() - self.t0)
+            self.stop_reason = self.stop_rule.reason(self.env_steps(), self.wall_before + time.monotonic() - self.t0,
+                                                     self.round)
 
     def mean_return(self) -> float:
         return self.stop_rule.mean_return()

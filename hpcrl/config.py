@@ -469,6 +469,9 @@ class DebugConfig(Section):
     """Every learner group sleeps this long per gradient (slow learners, e.g. to test elasticity)."""
     learner_delay_until_seconds: float | None = Field(None, ge=0)
     """The learner delay ends this many seconds after the group's first gradient (None: never)."""
+    active_actors: list[int] | None = None
+    """Actor parking without an algorithm's demand: after round k, actor ranks 0 .. entry min(k, len - 1) - 1
+    sample and the others park (overrides algo.actor_scaling's count; values clipped to 1 .. actors.count)."""
 
 
 class RunConfig(Section):

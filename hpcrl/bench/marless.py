@@ -11,6 +11,16 @@ positions, so the baseline must see the same ones). The table prints each algori
 and spread over the seeds and the ratios final - random and final - first.
 
     hpcrl bench marless [--algos ippo,mappo,iql,vdn] [--seeds 3] [--steps 144000] [-o KEY=VALUE ...]
+
+``--compare``: MARLess' ablation (section 6.3-6.4): each algorithm and seed twice, for ``--rounds``
+rounds each (``stop.max_rounds``; the seed trains 100), once as configured with sharing and actor
+scaling off, once with ``algo.sharing=true algo.actor_scaling=true``. Per run: the final return
+(mean of the last ``--last`` rounds), rounds, learner and actor active rank-seconds and the
+learner+actor serverless cost, computed by ``hpcrl analyze``'s own accounting (hpcrl_analysis'
+``marl.cost_split``, ``--prices`` or analysis/prices.json); then per algorithm the means over the
+seeds and the cost ratio on/off.
+
+    hpcrl bench marless --compare [--algos ippo] [--seeds 3] [--rounds 100] [-o actors.count=6 ...]
 """
 from __future__ import annotations
 
@@ -52,7 +62,8 @@ def random_return(seeds: int, episodes: int) -> float:
 
 
 def train(algo: str, seed: int, steps: int, runner: str, overrides: list[str], run_dir: Path) -> dict:
-    """One `hpcrl run` in this process; first and final round returns and wall-clock from run.h5."""
+    """One `hpcrl run` in this process; first and final round returns and wall-clock from run.h5
+    (``overrides`` come after the step budget, so a ``stop.*`` override wins)."""
     from hpcrl.cli import main as cli_main
     from hpcrl.io import read_table
 
@@ -70,6 +81,59 @@ def train(algo: str, seed: int, steps: int, runner: str, overrides: list[str], r
     return {"first": float(rewards[0]), "rewards": rewards, "wall": wall, "rounds": len(rounds["round"])}
 
 
+COMPARE = {"off": ["algo.sharing=false", "algo.actor_scaling=false"],
+           "on": ["algo.sharing=true", "algo.actor_scaling=true"]}
+"""The two arms of --compare (after the user's overrides, so they decide)."""
+
+
+def run_cost(run_dir: Path, prices: str | None) -> dict:
+    """Learner and actor active rank-seconds and the learner+actor serverless cost, as `hpcrl analyze` counts them."""
+    from hpcrl.commands.analyze import load_analysis
+
+    ha = load_analysis()
+    split = ha.marl.cost_split(ha.load_run(run_dir), ha.metrics.load_prices(prices))
+    return {"learner_s": split["learner_seconds"], "actor_s": split["actor_seconds"],
+            "cost": split["serverless_learner_actor"]}
+
+
+def compare(args) -> int:
+    """Sharing + actor scaling on vs off at equal rounds: final return and learner+actor serverless cost."""
+    from hpcrl.io import read_table
+
+    print(f"{'algo':6s} {'arm':3s} {'seed':>4s} {'rounds':>6s} {'agent steps':>11s} {'final':>8s} {'learner s':>9s} "
+          f"{'actor s':>8s} {'cost':>10s} {'mean actors':>11s} {'wall s':>7s}", flush=True)
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="hpcrl-bench-marless-") as tmp:
+        for algo in args.algos.split(","):
+            for seed in range(args.seeds):
+                for arm, extra in COMPARE.items():
+                    run_dir = Path(tmp) / f"{algo}-{seed}-{arm}"
+                    overrides = [f"stop.max_rounds={args.rounds}", *args.override, *extra]
+                    r = train(algo, seed, 10**12, args.runner, overrides, run_dir)
+                    c = run_cost(run_dir, args.prices)
+                    rounds = read_table(run_dir / "run.h5", "rounds")
+                    sc = read_table(run_dir / "run.h5", "actor_scaling")
+                    count = int(read_table(run_dir / "run.h5", "rank_map")["role"].tolist().count(2))
+                    # active actors per round: the count in force (the decision of the round before)
+                    actors = np.concatenate([[count], sc["active"][:-1]]) if len(sc["round"]) else np.full(
+                        len(rounds["round"]), count)
+                    final = float(np.mean(r["rewards"][-args.last:]))
+                    row = {"final": final, **c, "wall": r["wall"], "actors": float(np.mean(actors))}
+                    out.setdefault((algo, arm), []).append(row)
+                    print(f"{algo:6s} {arm:3s} {seed:4d} {r['rounds']:6d} {int(rounds['env_steps'].sum()):11d} "
+                          f"{final:8.2f} {c['learner_s']:9.1f} {c['actor_s']:8.1f} {c['cost']:10.3g} "
+                          f"{row['actors']:11.2f} {r['wall']:7.1f}", flush=True)
+    print("\nover seeds: mean +- std; cost = learner + actor serverless (hpcrl analyze's accounting)")
+    print(f"{'algo':6s} {'final off':>14s} {'final on':>14s} {'cost off':>10s} {'cost on':>10s} {'on/off':>7s}")
+    for algo in args.algos.split(","):
+        off, on = out[(algo, "off")], out[(algo, "on")]
+        f_off, f_on = np.array([x["final"] for x in off]), np.array([x["final"] for x in on])
+        c_off, c_on = np.mean([x["cost"] for x in off]), np.mean([x["cost"] for x in on])
+        print(f"{algo:6s} {f_off.mean():7.2f}+-{f_off.std():5.2f} {f_on.mean():7.2f}+-{f_on.std():5.2f} "
+              f"{c_off:10.3g} {c_on:10.3g} {c_on / c_off if c_off > 0 else float('nan'):7.3f}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hpcrl bench marless", description=__doc__.splitlines()[0])
     p.add_argument("--algos", default="ippo,mappo,iql,vdn")
@@ -79,7 +143,13 @@ def main(argv=None) -> int:
     p.add_argument("--runner", choices=("serial", "mpi"), default="serial")
     p.add_argument("--random-episodes", type=int, default=200, help="random-policy episodes per seed")
     p.add_argument("-o", "--override", action="append", default=[], help="KEY=VALUE for every run (e.g. algo.policies=shared)")
+    p.add_argument("--compare", action="store_true",
+                   help="sharing + actor scaling on vs off at equal rounds: final return and serverless cost")
+    p.add_argument("--rounds", type=int, default=100, help="--compare: rounds per run (stop.max_rounds)")
+    p.add_argument("--prices", default=None, help="--compare: price table (default analysis/prices.json)")
     args = p.parse_args(argv)
+    if args.compare:
+        return compare(args)
     baseline = random_return(args.seeds, args.random_episodes)
     print(f"random policy: {baseline:.2f} mean episodic return per agent "
           f"({args.random_episodes} episodes per seed, the training runs' sampler and seeds)")

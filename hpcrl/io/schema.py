@@ -253,7 +253,7 @@ TABLE_LIST = (
               "algo.actor_scaling): the actor demand from the policies' convexity windows and the actor ranks "
               "that sample the next round (ranks 0 .. active-1; the others park).", (
         _c("round", "i8", "", "round whose end decided; the count holds for the next round", True),
-        _c("demanded", "i4", "actors", "I_t of Eq. 2 (-1: no learner report yet, no demand)", True),
+        _c("demanded", "i4", "actors", "I_t of Eq. 2 (-1: no learner report yet, no demand)"),
         _c("active", "i4", "actors", "active actor ranks for the next round", True),
         _c("changed", "i1", "", "1 when active differs from the round before"),
         _c("policies", "i4", "", "policies in use (after the round's sharing decision)"),

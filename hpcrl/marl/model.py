@@ -169,6 +169,15 @@ class MultiPolicyActorCritic(AgentMapped):
             a = a.reshape(a.shape[:1] + self.action_shape)
         return a, logp, self.critic(self.critic_obs(obs), agent)
 
+    @torch.no_grad()
+    def greedy(self, obs) -> Tensor:
+        """Each agent's most likely action (argmax of its policy's logits, or the Gaussian mean), whole env copies."""
+        obs = self.obs(obs)
+        d = self.dist(obs, self.agent_ids(obs.shape[0]))
+        if self.discrete:
+            return d.logits.argmax(-1)
+        return d.mean.reshape(d.mean.shape[:1] + self.action_shape)
+
     def policy_parameters(self, slot: int) -> list[Tensor]:
         """The trained parameters of one policy slot (its policy, critic, log-std row is shared storage)."""
         return [*self.pis[slot].parameters(), *self.vfs[slot].parameters()]
@@ -214,6 +223,12 @@ class MultiPolicyQ(AgentMapped):
         a = torch.where(explore, torch.randint(self.out, (n,), device=self.device), greedy)
         zeros = torch.zeros(n, device=self.device)
         return a, zeros, zeros
+
+    @torch.no_grad()
+    def greedy(self, obs) -> Tensor:
+        """argmax_a Q(o, a) of each agent's policy (no exploration), whole env copies."""
+        obs = self.obs(obs)
+        return self.q(obs, self.agent_ids(obs.shape[0])).argmax(dim=1)
 
     @torch.no_grad()
     def value(self, obs) -> Tensor:

@@ -279,8 +279,10 @@ class ParameterRank:
             self.queue.append(rec)
             self.lap("admit")
             self._admit()
-            while self.consumed >= self.round_end:
+            while self.consumed >= self.round_end and self.stop_reason is None:
                 self._end_round()
+                if self.cfg.stop.max_rounds is not None and self.round >= self.cfg.stop.max_rounds:
+                    self._check_stop()  # exactly max_rounds rounds
                 self.lap("other")
         return bool(got)
 
@@ -384,6 +386,9 @@ class ParameterRank:
         changed = self.algo.end_round(self.model, {
             "kl": agg(kl[np.isfinite(kl)], np.mean), "round": self.round, "episodes": r["episode_rows"],
             "reports": r["reports"], "actors": {"count": self.cfg.actors.count, "active": self.active_actors}})
+        schedule = self.cfg.debug.active_actors
+        if schedule:  # tests of the parking machinery
+            changed = {**(changed or {}), "active_actors": schedule[min(self.round, len(schedule) - 1)]}
         if changed and "active_actors" in changed:  # actors 0 .. n-1 sample the next round, the others park
             self.active_actors = min(max(int(changed["active_actors"]), 1), self.cfg.actors.count)
             self.counters.set(control.ACTIVE_ACTORS, self.active_actors)

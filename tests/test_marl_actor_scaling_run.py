@@ -1,0 +1,104 @@
+"""Actor scaling in runs (algo.actor_scaling, MARLess section 4.4): parked actors, the actor_scaling rows, the
+round size that follows the active actors, and a parked MPI actor rank that blocks, wakes and stops cleanly."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcrl.cli import main as cli_main
+from hpcrl.config import build_config, load_config
+from hpcrl.errors import ConfigError
+from hpcrl.io import read_table
+from hpcrl.io.schema import PARK_REASONS
+
+CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
+# 3 actor ranks of 2 env copies x 6 agents, 25-step fragments (300 agent steps): a round is 3 fragments
+SMALL = ["env.num_envs=2", "actors.count=3", "actors.fragment_length=25", "algo.train_batch_size=900",
+         "algo.minibatch_size=150", "algo.num_sgd_iter=1", "io.flush_seconds=0.5"]
+
+
+def _args(overrides) -> list[str]:
+    return [a for o in overrides for a in ("-o", o)]
+
+
+def _park_intervals(parks, actor):
+    sel = parks["actor"] == actor
+    return list(zip(parks["time"][sel] - parks["parked_seconds"][sel], parks["time"][sel], parks["reason"][sel]))
+
+
+def _no_fragment_while_parked(h5: Path) -> None:
+    parks, frags = read_table(h5, "actor_parks"), read_table(h5, "actors")
+    for a in np.unique(parks["actor"]):
+        sent = frags["time"][frags["actor"] == a]
+        for start, end, _ in _park_intervals(parks, a):
+            assert not ((sent > start + 1e-3) & (sent < end - 1e-3)).any(), (a, start, end)
+
+
+def test_i_max_is_capped_at_the_actor_count_and_i_min_above_it_is_refused():
+    base = {"env": {"id": "hpcrl/MPESimpleSpread-v3", "kwargs": {"N": 6}}, "actors": {"count": 4},
+            "algo": {"name": "ippo", "agents": 6, "actor_scaling": True}}
+    assert build_config(base).actor_scaling_range == (1, 4)  # I_min = ceil(4 / 6)
+    assert build_config({**base, "algo": {**base["algo"], "actor_scaling_max": 50}}).actor_scaling_range == (1, 4)
+    with pytest.raises(ConfigError, match="algo.actor_scaling_min=5 exceeds I_max=4"):
+        build_config({**base, "algo": {**base["algo"], "actor_scaling_min": 5}})
+
+
+def test_serial_run_parks_actors_beyond_the_demand_and_records_every_round(tmp_path):
+    """I_max = 2 of 3 actor ranks: once the first learner report is in, actor 2 parks for good (it stops parked)."""
+    run_dir = tmp_path / "run"
+    over = [*SMALL, "algo.policies=shared", "algo.actor_scaling=true", "algo.actor_scaling_max=2",
+            "algo.sharing_window=3", "algo.sharing_samples_per_agent=24", "algo.sharing_lanczos_steps=6",
+            "stop.max_rounds=6", f"io.run_dir={run_dir}"]
+    assert cli_main(["run", str(CONFIGS / "mpe_spread_ippo.yaml"), "--runner", "serial", *_args(over)]) == 0
+    h5 = run_dir / "run.h5"
+    cfg = load_config(run_dir / "config.yaml")
+    sc, rounds = read_table(h5, "actor_scaling"), read_table(h5, "rounds")
+    assert sc["round"].tolist() == rounds["round"].tolist() == list(range(6))  # one row per round, max_rounds exact
+    assert sc["demanded"][0] == -1 and sc["active"][0] == 3  # no learner report yet: all actors stay
+    assert np.all((sc["demanded"][1:] >= 1) & (sc["demanded"][1:] <= 2))  # I_t in [I_min, I_max] = [1, 2]
+    assert np.array_equal(sc["active"][1:], sc["demanded"][1:])
+    assert sc["changed"][1] == 1 and all(b"I_avg=" in r for r in sc["reason"][1:])
+    assert all(r.startswith(b"0:") for r in sc["policy_demands"][1:])  # one policy, slot 0
+    # the round after a decision holds round_steps_for(active) env steps (3 fragments x active / 3), give or take
+    # the batch a learner had already taken when the count changed
+    assert sum(rounds["env_steps"]) >= sum(cfg.round_steps_for(int(a)) for a in [3, *sc["active"][:-1]])
+    parks = read_table(h5, "actor_parks")
+    assert 2 in parks["actor"].tolist()
+    (start, end, reason), = _park_intervals(parks, 2)  # one park, ended by the stop
+    assert PARK_REASONS[reason] == "stopped"
+    frags = read_table(h5, "actors")
+    assert (frags["time"][frags["actor"] == 2] < start + 1e-3).all()  # nothing sampled after it parked
+    _no_fragment_while_parked(h5)
+
+
+@pytest.mark.mpi
+def test_mpi_parked_actor_ranks_block_wake_and_the_run_ends_cleanly(tmp_path):
+    """debug.active_actors: 1 active actor after rounds 0-2, all 3 from round 3; the evaluating actor (2) wakes for
+    the evaluation requested while it is parked, then parks again."""
+    run_dir = tmp_path / "run"
+    over = [*SMALL, "algo.num_sgd_iter=1", "debug.active_actors=[1,1,1,3]", "eval.episodes=1", "eval.every_rounds=2",
+            "stop.max_rounds=6", f"io.run_dir={run_dir}"]
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(CONFIGS / "mpe_spread_ippo.yaml"), "--runner",
+                          "mpi", *_args(over)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "stop.max_rounds=6 reached" in res.stdout
+    h5 = run_dir / "run.h5"
+    parks, frags = read_table(h5, "actor_parks"), read_table(h5, "actors")
+    for a in (1, 2):
+        intervals = _park_intervals(parks, a)
+        woken = [(s, e) for s, e, r in intervals if PARK_REASONS[r] == "woken"]
+        assert len(woken) == 1, intervals
+        start, end = woken[0]
+        assert (frags["time"][frags["actor"] == a] > end).any()  # it came back and sampled again
+    assert any(PARK_REASONS[r] == "evaluation" for _, _, r in _park_intervals(parks, 2))
+    assert len(read_table(h5, "eval_episodes")["round"]) >= 2
+    sel = parks["reason"] == PARK_REASONS.index("woken")
+    # blocked, not spinning: a few small counter reads per 50 ms nap
+    assert np.all(parks["cpu_seconds"][sel] < 0.2 * parks["parked_seconds"][sel] + 0.05), parks
+    _no_fragment_while_parked(h5)
+    # rounds 1-3 hold one actor's share of the data (300 each), plus at most one 900-step batch taken before
+    assert read_table(h5, "rounds")["env_steps"][1:4].sum() <= 900 + 2 * 300

@@ -199,7 +199,8 @@ class ParameterRank:
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.active = min(max(s["active"], self.cfg.learners.active_range[0]), self.cfg.learners.active_range[1])
-        self.active_actors = min(max(s.get("active_actors", self.cfg.actors.count), 1), self.cfg.actors.count)
+        A, before = self.cfg.actors.count, len(kept)  # all of the old actors active: all of the new ones too
+        self.active_actors = A if s.get("active_actors", before) >= before else min(max(s["active_actors"], 1), A)
         self.round_end = s.get("round_end", (self.round + 1) * self.cfg.round_steps)
         self.wall_before = s["wall_seconds"]
         restore_rng(s["rng"])

@@ -2,6 +2,7 @@
 round size that follows the active actors, and a parked MPI actor rank that blocks, wakes and stops cleanly."""
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -73,19 +74,26 @@ def test_serial_run_parks_actors_beyond_the_demand_and_records_every_round(tmp_p
     frags = read_table(h5, "actors")
     assert (frags["time"][frags["actor"] == 2] < start + 1e-3).all()  # nothing sampled after it parked
     _no_fragment_while_parked(h5)
+    # hpcrl analyze's per-round MARL table: the actors in force in round k are the decision of round k - 1
+    out = tmp_path / "analysis"
+    assert cli_main(["analyze", str(run_dir), "--out", str(out)]) == 0
+    with open(next(out.glob("marl-rounds-*.csv"))) as fh:
+        shown = [int(row["active_actors"]) for row in csv.DictReader(fh)]
+    assert shown == [3, *sc["active"][:-1].tolist()]
 
 
 @pytest.mark.mpi
 def test_mpi_parked_actor_ranks_block_wake_and_the_run_ends_cleanly(tmp_path):
-    """debug.active_actors: 1 active actor after rounds 0-2, all 3 from round 3; the evaluating actor (2) wakes for
-    the evaluation requested while it is parked, then parks again."""
+    """debug.active_actors: 1 active actor after rounds 0-5, all 3 from round 6 (a batch taken before the change can
+    end a few short rounds at once); the evaluating actor (2) wakes for the evaluation requested while it is
+    parked (after round 3), then parks again."""
     run_dir = tmp_path / "run"
-    over = [*SMALL, "algo.num_sgd_iter=1", "debug.active_actors=[1,1,1,3]", "eval.episodes=1", "eval.every_rounds=2",
-            "stop.max_rounds=6", f"io.run_dir={run_dir}"]
+    over = [*SMALL, "algo.num_sgd_iter=1", "debug.active_actors=[1,1,1,1,1,1,3]", "eval.episodes=1",
+            "eval.every_rounds=3", "stop.max_rounds=9", f"io.run_dir={run_dir}"]
     res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(CONFIGS / "mpe_spread_ippo.yaml"), "--runner",
                           "mpi", *_args(over)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "stop.max_rounds=6 reached" in res.stdout
+    assert "stop.max_rounds=9 reached" in res.stdout
     h5 = run_dir / "run.h5"
     parks, frags = read_table(h5, "actor_parks"), read_table(h5, "actors")
     for a in (1, 2):
@@ -100,5 +108,5 @@ def test_mpi_parked_actor_ranks_block_wake_and_the_run_ends_cleanly(tmp_path):
     # blocked, not spinning: a few small counter reads per 50 ms nap
     assert np.all(parks["cpu_seconds"][sel] < 0.2 * parks["parked_seconds"][sel] + 0.05), parks
     _no_fragment_while_parked(h5)
-    # rounds 1-3 hold one actor's share of the data (300 each), plus at most one 900-step batch taken before
-    assert read_table(h5, "rounds")["env_steps"][1:4].sum() <= 900 + 2 * 300
+    # rounds 1-6 hold one actor's share of the data (300 each), plus at most one 900-step batch taken before
+    assert read_table(h5, "rounds")["env_steps"][1:7].sum() <= 900 + 5 * 300

@@ -14,7 +14,7 @@ inside them::
                learner_report(batch) -> dict or None                  a small summary for end_round (optional)
     parameter  make_optimizer(model)
                apply(model, optimizer, gradient)                      one admitted (aggregated) step
-               end_round(model, round_stats) -> {name: new value}     once per round (adaptive KL...)
+               end_round(model, round_stats) -> {name: new value}     once per round (adaptive KL...; active_actors)
                records() -> {table: [row, ...]}                       rows for run.h5 (optional)
     fused loop update(batch, model, optimizer) -> stats               compute_gradient + apply, in place
     everyone   make_model(obs_space, action_space, device)
@@ -133,7 +133,9 @@ class Algorithm:
 
         ``round_stats``: ``round`` (its index), ``kl`` (mean KL of the admitted gradients, NaN if
         none), ``episodes`` (the round's finished episodes: dicts with ``actor``, ``env_index``,
-        ``return``) and ``reports`` (the :meth:`learner_report` results received in the round)."""
+        ``return``), ``reports`` (the :meth:`learner_report` results received in the round) and ``actors``
+        (``count``: actor ranks, ``active``: those sampling now). A returned ``active_actors`` (an int) sets
+        the actor ranks that sample the next round: 0 .. n-1; the others park (MARL actor scaling)."""
         return {}
 
     def records(self) -> dict[str, list[dict[str, Any]]]:

@@ -12,15 +12,16 @@ and spread over the seeds and the ratios final - random and final - first.
 
     hpcrl bench marless [--algos ippo,mappo,iql,vdn] [--seeds 3] [--steps 144000] [-o KEY=VALUE ...]
 
-``--compare``: MARLess' ablation (section 6.3-6.4): each algorithm and seed twice, for ``--rounds``
-rounds each (``stop.max_rounds``; the seed trains 100), once as configured with sharing and actor
-scaling off, once with ``algo.sharing=true algo.actor_scaling=true``. Per run: the final return
+``--compare``: MARLess' ablation (section 6.3-6.4): each algorithm and seed once per arm, for
+``--rounds`` rounds each (``stop.max_rounds``; the seed trains 100): ``off`` (as configured, sharing
+and actor scaling off), ``on`` (``algo.sharing=true algo.actor_scaling=true``), and with ``--arms``
+also ``sharing`` or ``scaling`` alone. Per run: the final return
 (mean of the last ``--last`` rounds), rounds, learner and actor active rank-seconds and the
 learner+actor serverless cost, computed by ``hpcrl analyze``'s own accounting (hpcrl_analysis'
 ``marl.cost_split``, ``--prices`` or analysis/prices.json); then per algorithm the means over the
 seeds and the cost ratio on/off.
 
-    hpcrl bench marless --compare [--algos ippo] [--seeds 3] [--rounds 100] [-o actors.count=6 ...]
+    hpcrl bench marless --compare [--algos ippo] [--seeds 3] [--rounds 100] [--arms off,on] [-o actors.count=6 ...]
 """
 from __future__ import annotations
 
@@ -82,8 +83,11 @@ def train(algo: str, seed: int, steps: int, runner: str, overrides: list[str], r
 
 
 COMPARE = {"off": ["algo.sharing=false", "algo.actor_scaling=false"],
-           "on": ["algo.sharing=true", "algo.actor_scaling=true"]}
-"""The two arms of --compare (after the user's overrides, so they decide)."""
+           "on": ["algo.sharing=true", "algo.actor_scaling=true"],
+           "sharing": ["algo.sharing=true", "algo.actor_scaling=false"],
+           "scaling": ["algo.sharing=false", "algo.actor_scaling=true"]}
+"""The arms of --compare (after the user's overrides, so they decide); MARLess section 6.4's ablation is
+sharing (w/o scaling) and scaling (w/o sharing)."""
 
 
 def run_cost(run_dir: Path, prices: str | None) -> dict:
@@ -100,13 +104,14 @@ def compare(args) -> int:
     """Sharing + actor scaling on vs off at equal rounds: final return and learner+actor serverless cost."""
     from hpcrl.io import read_table
 
-    print(f"{'algo':6s} {'arm':3s} {'seed':>4s} {'rounds':>6s} {'agent steps':>11s} {'final':>8s} {'learner s':>9s} "
+    print(f"{'algo':6s} {'arm':7s} {'seed':>4s} {'rounds':>6s} {'agent steps':>11s} {'final':>8s} {'learner s':>9s} "
           f"{'actor s':>8s} {'cost':>10s} {'mean actors':>11s} {'wall s':>7s}", flush=True)
     out = {}
     with tempfile.TemporaryDirectory(prefix="hpcrl-bench-marless-") as tmp:
         for algo in args.algos.split(","):
             for seed in range(args.seeds):
-                for arm, extra in COMPARE.items():
+                for arm in args.arms:
+                    extra = COMPARE[arm]
                     run_dir = Path(tmp) / f"{algo}-{seed}-{arm}"
                     overrides = [f"stop.max_rounds={args.rounds}", *args.override, *extra]
                     r = train(algo, seed, 10**12, args.runner, overrides, run_dir)
@@ -120,17 +125,19 @@ def compare(args) -> int:
                     final = float(np.mean(r["rewards"][-args.last:]))
                     row = {"final": final, **c, "wall": r["wall"], "actors": float(np.mean(actors))}
                     out.setdefault((algo, arm), []).append(row)
-                    print(f"{algo:6s} {arm:3s} {seed:4d} {r['rounds']:6d} {int(rounds['env_steps'].sum()):11d} "
+                    print(f"{algo:6s} {arm:7s} {seed:4d} {r['rounds']:6d} {int(rounds['env_steps'].sum()):11d} "
                           f"{final:8.2f} {c['learner_s']:9.1f} {c['actor_s']:8.1f} {c['cost']:10.3g} "
                           f"{row['actors']:11.2f} {r['wall']:7.1f}", flush=True)
     print("\nover seeds: mean +- std; cost = learner + actor serverless (hpcrl analyze's accounting)")
-    print(f"{'algo':6s} {'final off':>14s} {'final on':>14s} {'cost off':>10s} {'cost on':>10s} {'on/off':>7s}")
+    print(f"{'algo':6s} {'arm':7s} {'final':>14s} {'learner s':>9s} {'actor s':>8s} {'cost':>10s} {'cost/off':>8s}")
     for algo in args.algos.split(","):
-        off, on = out[(algo, "off")], out[(algo, "on")]
-        f_off, f_on = np.array([x["final"] for x in off]), np.array([x["final"] for x in on])
-        c_off, c_on = np.mean([x["cost"] for x in off]), np.mean([x["cost"] for x in on])
-        print(f"{algo:6s} {f_off.mean():7.2f}+-{f_off.std():5.2f} {f_on.mean():7.2f}+-{f_on.std():5.2f} "
-              f"{c_off:10.3g} {c_on:10.3g} {c_on / c_off if c_off > 0 else float('nan'):7.3f}")
+        base = np.mean([x["cost"] for x in out[(algo, "off")]]) if (algo, "off") in out else float("nan")
+        for arm in args.arms:
+            rows = out[(algo, arm)]
+            final, cost = np.array([x["final"] for x in rows]), float(np.mean([x["cost"] for x in rows]))
+            print(f"{algo:6s} {arm:7s} {final.mean():7.2f}+-{final.std():5.2f} "
+                  f"{np.mean([x['learner_s'] for x in rows]):9.1f} {np.mean([x['actor_s'] for x in rows]):8.1f} "
+                  f"{cost:10.3g} {cost / base if base > 0 else float('nan'):8.3f}")
     return 0
 
 
@@ -147,8 +154,13 @@ def main(argv=None) -> int:
                    help="sharing + actor scaling on vs off at equal rounds: final return and serverless cost")
     p.add_argument("--rounds", type=int, default=100, help="--compare: rounds per run (stop.max_rounds)")
     p.add_argument("--prices", default=None, help="--compare: price table (default analysis/prices.json)")
+    p.add_argument("--arms", default="off,on", help="--compare: arms to run, of " + ",".join(COMPARE)
+                   + " (on = sharing + scaling; cost/off needs off)")
     args = p.parse_args(argv)
     if args.compare:
+        args.arms = args.arms.split(",")
+        if unknown := sorted(set(args.arms) - set(COMPARE)):
+            p.error(f"--arms: unknown {','.join(unknown)}; allowed: {','.join(COMPARE)}")
         return compare(args)
     baseline = random_return(args.seeds, args.random_episodes)
     print(f"random policy: {baseline:.2f} mean episodic return per agent "

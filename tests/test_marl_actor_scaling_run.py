@@ -110,3 +110,18 @@ def test_mpi_parked_actor_ranks_block_wake_and_the_run_ends_cleanly(tmp_path):
     _no_fragment_while_parked(h5)
     # rounds 1-6 hold one actor's share of the data (300 each), plus at most one 900-step batch taken before
     assert read_table(h5, "rounds")["env_steps"][1:7].sum() <= 900 + 5 * 300
+
+
+def test_bench_compare_runs_both_arms_for_the_same_rounds_and_prices_them(capsys):
+    from hpcrl.bench import marless
+
+    over = [*SMALL, "algo.sharing_window=3", "algo.sharing_samples_per_agent=24", "algo.sharing_lanczos_steps=6"]
+    assert marless.main(["--compare", "--algos", "ippo", "--seeds", "1", "--rounds", "3", *_args(over)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("over seeds"))
+    runs = [line.split() for line in lines[:end] if line.startswith("ippo ")]
+    assert [(r[1], r[3]) for r in runs] == [("off", "3"), ("on", "3")]  # arm, rounds
+    assert all(float(r[8]) > 0 for r in runs)  # learner + actor serverless cost
+    summary = {line.split()[1]: line.split() for line in lines[end:] if line.startswith("ippo ")}
+    assert float(summary["off"][-1]) == 1.0
+    assert float(summary["on"][-1]) == pytest.approx(float(runs[1][8]) / float(runs[0][8]), rel=2e-2)

@@ -154,6 +154,8 @@ class PPOConfig(Section):
     """Passes over each learner batch."""
     optimizer: Literal["adam", "sgd"] = "adam"
     """Optimizer on the parameter rank."""
+    lr_anneal: bool = False
+    """Anneal the learning rate linearly from lr to 0 over stop.total_env_steps (CleanRL's PPO); the parameter rank sets it before each step from the env steps the learners have consumed."""
 
 
 class HA2CConfig(Section):

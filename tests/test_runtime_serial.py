@@ -252,3 +252,16 @@ def test_a_second_run_of_a_running_directory_is_refused_in_one_line(tmp_path):
         proc.wait(timeout=60)
     assert proc.returncode == 3
     read_table(run_dir / "run.h5", "updates")
+
+
+def test_lr_anneal_falls_linearly_with_the_env_steps_consumed(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = build_config(tiny(run_dir, algo={"lr_anneal": True, "lr": 1e-3}, stop={"total_env_steps": 1024}))
+    run_serial(cfg, run_dir, progress="plain")
+    lr = read_table(run_dir / "run.h5", "updates", ["lr"])["lr"]
+    assert 0.9e-3 <= lr[0] < 1e-3 and np.all(np.diff(lr) <= 0)  # the first batch's 64 steps already count
+    assert lr[-1] <= 1e-3 * (1 - (1024 - 64) / 1024) + 1e-12  # the last batch is trained at about 1/16 of lr
+    # off (the default): the rate stays
+    run_dir = tmp_path / "fixed"
+    run_serial(build_config(tiny(run_dir, algo={"lr": 1e-3}, stop={"total_env_steps": 512})), run_dir, progress="plain")
+    assert np.all(read_table(run_dir / "run.h5", "updates", ["lr"])["lr"] == pytest.approx(1e-3))

@@ -265,3 +265,18 @@ def test_lr_anneal_falls_linearly_with_the_env_steps_consumed(tmp_path):
     run_dir = tmp_path / "fixed"
     run_serial(build_config(tiny(run_dir, algo={"lr": 1e-3}, stop={"total_env_steps": 512})), run_dir, progress="plain")
     assert np.all(read_table(run_dir / "run.h5", "updates", ["lr"])["lr"] == pytest.approx(1e-3))
+
+
+def test_on_policy_actors_sample_with_the_weights_of_the_last_trained_batch(tmp_path):
+    # one actor, one 64-step fragment per batch, 2 passes x 2 minibatches: 4 versions per batch
+    versions = {}
+    for on in (True, False):
+        run_dir = tmp_path / str(on)
+        cfg = build_config(tiny(run_dir, actors={"count": 1, "fragment_length": 32, "on_policy": on},
+                                algo={"num_sgd_iter": 2}, stop={"total_env_steps": 1280}))
+        run_serial(cfg, run_dir, progress="plain")
+        versions[on] = read_trajectory(run_dir / "traj" / "actor-00000.h5")["policy_version"][::64]
+    on, off = versions[True], versions[False]
+    # fragment i is sampled with the weights after batch i-1: 4 i versions or more
+    assert len(on) >= 10 and all(v >= 4 * i for i, v in enumerate(on)), on
+    assert off[1] == 0, off  # pipelined: fragment 1 was sampled while fragment 0 trained

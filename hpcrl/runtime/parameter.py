@@ -272,6 +272,10 @@ class ParameterRank:
             while self.consumed >= (self.round + 1) * self.cfg.round_steps:
                 self._end_round()
                 self.lap("other")
+        if got and self.cfg.actors.on_policy:  # the groups' pushes so far are applied (or queued) and published
+            G = self.cfg.learners.groups
+            for g in {header["group"] for header, _ in got}:
+                self.counters.set(control.taken_word(G, g), self.seq_next[g])
         return bool(got)
 
     def _arrived(self, header: dict, grad: np.ndarray) -> GradientRecord:

@@ -57,6 +57,8 @@ class ActorsConfig(Section):
     """Steps per environment in one trajectory fragment sent to a learner group."""
     max_in_flight: int = Field(2, ge=1)
     """Fragments an actor may have in flight (sent, not yet received) before it waits."""
+    on_policy: bool = False
+    """Sample each fragment with the weights the learners finished the previous batch with (no policy lag, as single-process PPO): an actor reserves a place in a group's backlog, then pulls weights and samples; the group frees the places after training the batch. Off: actors sample the next batch while the learners train (pipelined, one batch of lag)."""
     weight_sync: Literal["every_fragment", "aaps"] = "every_fragment"
     """When an actor pulls new weights: before every fragment, or by AAPS (KL on a probe batch > aaps_delta)."""
     aaps_delta: float = Field(0.01, gt=0)
@@ -154,6 +156,8 @@ class PPOConfig(Section):
     """Passes over each learner batch."""
     optimizer: Literal["adam", "sgd"] = "adam"
     """Optimizer on the parameter rank."""
+    lr_anneal: bool = False
+    """Anneal the learning rate linearly from lr to 0 over stop.total_env_steps (CleanRL's PPO); the parameter rank sets it before each step from the env steps the learners have consumed."""
 
 
 class HA2CConfig(Section):

@@ -374,6 +374,12 @@ def render_markdown() -> str:
         "| `start_unix` | run start, seconds since the Unix epoch; every `time` column counts from here |",
         "| `config_yaml` | the resolved config text |",
         "| `resumed_unix` | times (Unix s) the file was reopened to resume, one per resume |",
+        "| `compression` | the HDF5 filter of the tables and trajectories (`io.compression`) |",
+        "| `resumed` | one JSON note per resume: the rows discarded back to the checkpoint and the version it restored |",
+        "| `runner` | `mpi` or `serial`: which runner wrote the file (the only thing that tells them apart) |",
+        "| `num_params` | parameters in the model's flat buffer (everything published to actors) |",
+        "| `command_unix` | when the `hpcrl run` command started (Unix s; written by the launcher after the run) |",
+        "| `startup_seconds` | from the command to the first environment step of any actor (`hpcrl run` only) |",
         "",
         "Every table is a group of equal-length, resizable, chunked, compressed 1-D datasets, one per "
         "column; each dataset has `units` and `description` attributes, code columns also `codes`. "

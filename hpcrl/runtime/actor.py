@@ -7,7 +7,11 @@ batch drifted by more than ``aaps_delta`` in KL (``aaps``); step the environment
 while every active group already holds ``max_backlog`` fragments (back-pressure: actors do
 not run ahead of the learners) or while ``max_in_flight`` sends are pending; send it to that
 group; append the fragment to ``traj/actor-NNNNN.h5``; report the episodes and timings to the
-parameter rank in one small message. The actor acts with ``job.algo.act``. The last actor also
+parameter rank in one small message. With ``actors.on_policy`` the actor first reserves a
+place in a group's backlog (waiting while there is none), then pulls the weights and samples:
+the group frees its places only once the batch they held is trained and its gradients taken
+by the parameter rank, so each batch is sampled with the weights the previous one made. The
+actor acts with ``job.algo.act``. The last actor also
 runs the evaluation episodes the parameter rank requests (:mod:`hpcrl.runtime.evaluation`).
 
 Parking (actor scaling, MARLess section 4.4): an actor whose index is not below the ACTIVE_ACTORS
@@ -59,6 +63,7 @@ class Actor:
         G = self.cfg.learners.groups
         counters = self.job.counters
         T = self.cfg.actors.fragment_length
+        on_policy = self.cfg.actors.on_policy
         while True:
             self.fault.check()
             self.heartbeat.beat()
@@ -71,16 +76,23 @@ class Actor:
                 self._park()
                 continue
             t = time.perf_counter()
+            if on_policy:  # a place first, then the weights the learners made since it was freed
+                group = self._wait_for_room(G, reserve=True)
+                if group is None:  # stopping
+                    break
+                t_wait = time.perf_counter() - t
+                t = time.perf_counter()
             t_sync = time.perf_counter() - t if self._sync_weights() else 0.0
             t = time.perf_counter()
             fragment, episodes = self.sampler.sample(self.algo, self.model, T, self.version, self.index)
             t_sample = time.perf_counter() - t
-            t = time.perf_counter()
-            group = self._wait_for_room(G)
-            if group is None:  # stopping
-                break
-            t_wait = time.perf_counter() - t
-            counters.add(control.BACKLOG + group, 1)
+            if not on_policy:
+                t = time.perf_counter()
+                group = self._wait_for_room(G)
+                if group is None:  # stopping
+                    break
+                t_wait = time.perf_counter() - t
+                counters.add(control.BACKLOG + group, 1)
             fragment["policy_version"] = self.version
             fragment["fragment"] = self.fragments
             t_wait += self.sender.send(group, fragment)
@@ -143,8 +155,11 @@ class Actor:
             "cpu_seconds": time.thread_time() - cpu, "active_actors": int(words[control.ACTIVE_ACTORS]),
             "reason": PARK_REASONS.index(reason)}})
 
-    def _wait_for_room(self, G: int) -> int | None:
-        """The least-backlogged active group with room, waiting (sleeping) while there is none."""
+    def _wait_for_room(self, G: int, reserve: bool = False) -> int | None:
+        """The least-backlogged active group with room, waiting (sleeping) while there is none.
+
+        ``reserve`` (actors.on_policy): take the place at once (the backlog counter counts it from
+        now), so actors that see the same free place do not all sample for it."""
         backoff = Backoff(5e-5, 5e-3)
         cap = self.job.max_backlog
         while True:
@@ -158,7 +173,11 @@ class Actor:
             order = (np.arange(active) + self.fragments + self.index) % active
             g = int(order[np.argmin(backlog[order])])
             if backlog[g] < cap and self.sender.can_send():
-                return g
+                if not reserve:
+                    return g
+                if self.job.counters.add(control.BACKLOG + g, 1) < cap:
+                    return g
+                self.job.counters.add(control.BACKLOG + g, -1)  # another actor took it first
             backoff.sleep()
 
     def _report(self, fragment_row: dict, episodes: list[dict]) -> None:

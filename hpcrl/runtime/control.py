@@ -19,6 +19,8 @@ BACKLOG + g            add     fragments sent to group g and not yet trained on
 base_word(G, g)        set     policy version group g is computing its gradients with
 held_word(G, g)        set     1 while group g has a gradient held back by the admission policy
                                (ssp: a group too far ahead waits before computing more)
+taken_word(G, g)       set     gradients of group g the parameter rank has taken out of the mailbox and
+                               admitted or queued (its next expected seq; actors.on_policy waits on it)
 heartbeat_word(G, r)   set     rank r's heartbeat: whole seconds since the epoch, refreshed by
                                :class:`Heartbeat` at most once a second from every loop
 =====================  ======  ==========================================================
@@ -62,13 +64,18 @@ def held_word(groups: int, g: int) -> int:
     return BACKLOG + 2 * groups + g
 
 
+def taken_word(groups: int, g: int) -> int:
+    """Counter of group g's gradients the parameter rank has processed (seq of the next one it expects)."""
+    return BACKLOG + 3 * groups + g
+
+
 def heartbeat_word(groups: int, rank: int) -> int:
     """Counter of rank ``rank``'s heartbeat (for the watchdog on the parameter rank)."""
-    return BACKLOG + 3 * groups + rank
+    return BACKLOG + 4 * groups + rank
 
 
 def num_counters(groups: int, ranks: int) -> int:
-    return BACKLOG + 3 * groups + ranks
+    return BACKLOG + 4 * groups + ranks
 
 
 class Heartbeat:

@@ -63,6 +63,7 @@ class LearnerGroup:
         self.reducer = (make_reducer(self.cfg.learners.allreduce, job.topo.group_comm, self.model.device)
                         if self.size > 1 else None)
         self.lockstep = self.cfg.aggregation.policy == "sync"
+        self.on_policy = self.cfg.actors.on_policy
         self.last_base: int | None = None
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
@@ -101,9 +102,15 @@ class LearnerGroup:
                 f = self.frags.pop(0)
                 taken.append(f)
                 steps += f["rewards"].size
-            counters.add(control.BACKLOG + self.g, -len(taken))
+            if not self.on_policy:  # free the places now: actors sample the next batch while this one trains
+                counters.add(control.BACKLOG + self.g, -len(taken))
             lap("control")
-            if not self._train(taken, steps):
+            trained = self._train(taken, steps)
+            if self.on_policy:  # actors.on_policy: the next batch is sampled with the weights this one made
+                taken_word = control.taken_word(self.cfg.learners.groups, self.g)
+                trained = trained and self._wait_while(lambda: counters.read(taken_word) < self.seq)
+                counters.add(control.BACKLOG + self.g, -len(taken))
+            if not trained:
                 break
         self._finish()
 

@@ -74,6 +74,7 @@ class ParameterRank:
         self.model, self.algo = job.model, job.algo
         self.flat = self.model.flat
         self._optimizer = None  # built on first use (see optimizer)
+        self._lr_anneal = bool(getattr(self.cfg.algo, "lr_anneal", False))  # a PPO field (algo.lr_anneal)
         self.policy = make_policy(self.cfg.aggregation)
         self.counters, self.mailbox, self.board = job.counters, job.mailbox, job.board
         G = self.cfg.learners.groups
@@ -285,6 +286,10 @@ class ParameterRank:
                 if self.cfg.stop.max_rounds is not None and self.round >= self.cfg.stop.max_rounds:
                     self._check_stop()  # exactly max_rounds rounds
                 self.lap("other")
+        if got and self.cfg.actors.on_policy:  # the groups' pushes so far are applied (or queued) and published
+            G = self.cfg.learners.groups
+            for g in {header["group"] for header, _ in got}:
+                self.counters.set(control.taken_word(G, g), self.seq_next[g])
         return bool(got)
 
     def _arrived(self, header: dict, grad: np.ndarray) -> GradientRecord:
@@ -301,6 +306,8 @@ class ParameterRank:
         while (adm := self.policy.admit(self.queue, self.version, self.active)) is not None:
             lap("admit")
             for step in adm.steps:
+                if self._lr_anneal:
+                    self._anneal_lr()
                 self.algo.apply(self.model, self.optimizer, aggregate(step))
                 self.version += 1
                 t_agg = lap("apply")
@@ -316,6 +323,13 @@ class ParameterRank:
                 if g in held or self._held.get(g):
                     self._held[g] = g in held
                     self.counters.set(control.held_word(self.cfg.learners.groups, g), int(g in held))
+
+    def _anneal_lr(self) -> None:
+        """algo.lr_anneal: lr * (1 - consumed / stop.total_env_steps), from the env steps consumed so far
+        (so a resumed run goes on where it stopped)."""
+        frac = max(0.0, 1.0 - self.consumed / self.cfg.stop.total_env_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group.setdefault("initial_lr", group["lr"]) * frac
 
     def _publish(self) -> None:
         probe = self.job.probe_outputs(self.model) if self.job.probe_size else None

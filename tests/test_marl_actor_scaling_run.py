@@ -125,3 +125,47 @@ def test_bench_compare_runs_both_arms_for_the_same_rounds_and_prices_them(capsys
     summary = {line.split()[1]: line.split() for line in lines[end:] if line.startswith("ippo ")}
     assert float(summary["off"][-1]) == 1.0
     assert float(summary["on"][-1]) == pytest.approx(float(runs[1][8]) / float(runs[0][8]), rel=2e-2)
+
+
+class _Mapped:
+    def __init__(self, mapping):
+        self.map = mapping
+
+    def mapping(self):
+        import torch
+
+        return torch.tensor(self.map)
+
+
+def test_parameter_scaling_rows_follow_the_policies_in_use_and_eq2(monkeypatch):
+    """Scripted convexity ratios through ParameterScaling.end_round: 6 actor ranks, 6 agents (I_min 1, I_max 6,
+    beta 0.5: threshold 2.5); per-policy windows of 3 rounds; a merged policy leaves the scaler."""
+    from hpcrl.marl.scaling_rank import ParameterScaling
+
+    cfg = build_config({"env": {"id": "hpcrl/MPESimpleSpread-v3", "kwargs": {"N": 6}},
+                        "algo": {"name": "ippo", "agents": 6, "actor_scaling": True, "sharing_window": 3}}).algo
+    ratios = iter([{0: 1.0, 1: 5.0}, {0: 3.0, 1: 4.0}, {0: 2.0, 1: 9.0}, {0: 4.0}])
+    scaling = ParameterScaling(cfg, loss=None)
+    current = {}
+    monkeypatch.setattr(scaling, "convexity", lambda model, report, slot: current[slot])
+
+    def round_(k, mapping, active, report=True):
+        if report:
+            current.update(next(ratios))
+        return scaling.end_round(_Mapped(mapping), {"round": k, "reports": [{}] if report else [],
+                                                     "actors": {"count": 6, "active": active}})
+
+    assert round_(0, [0, 0, 0, 1, 1, 1], 6, report=False) == 6  # no report yet: unchanged
+    assert round_(1, [0, 0, 0, 1, 1, 1], 6) == 6  # windows of one value: S = 1, I^j = 6
+    # policy 0: [1, 3] -> S = 0 -> I = 1; policy 1: [5, 4] -> S = 1 -> 6; average 3.5 >= 2.5: max
+    assert round_(2, [0, 0, 0, 1, 1, 1], 6) == 6
+    # policy 0: [1, 3, 2] -> S = 0.5 -> 3; policy 1: [5, 4, 9] -> S = 0 -> 1; average 2 < 2.5: average, 2
+    assert round_(3, [0, 0, 0, 1, 1, 1], 6) == 2
+    # policy 1 merged into 0: [3, 2, 4] -> S = 0 -> I_min = 1
+    assert round_(4, [0] * 6, 2) == 1
+    rows = scaling.records()["actor_scaling"]
+    assert [r["active"] for r in rows] == [6, 6, 6, 2, 1] and [r["changed"] for r in rows] == [0, 0, 0, 1, 1]
+    assert [r["demanded"] for r in rows] == [-1, 6, 6, 2, 1] and [r["policies"] for r in rows] == [2, 2, 2, 2, 1]
+    assert ": max" in rows[2]["reason"] and ": average" in rows[3]["reason"] and "I=[1,6]" in rows[3]["reason"]
+    assert rows[3]["policy_demands"].startswith("0:3.00(C=2)") and set(scaling.scaler.windows) == {0}
+    assert scaling.records() == {}

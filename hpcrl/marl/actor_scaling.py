@@ -29,7 +29,8 @@ def min_actors(max_actors: int, num_agents: int) -> int:
     return max(1, math.ceil(max_actors / num_agents))
 
 
-def scaling_bounds(max_actors: int | None, min_actors_asked: int | None, count: int, num_agents: int) -> tuple[int, int]:
+def scaling_bounds(max_actors: int | None, min_actors_asked: int | None, count: int,
+                   num_agents: int) -> tuple[int, int]:
     """(I_min, I_max) for ``count`` actor ranks: I_max = ``max_actors`` capped at ``count`` (default ``count``),
     I_min = ``min_actors_asked`` or I_max / N rounded up (section 6.1)."""
     hi = min(max_actors or count, count)

@@ -550,7 +550,7 @@ class RunConfig(Section):
         return max(1, -(-self.round_steps * min(active_actors, A) // A))
 
     def group_batch_size_for(self, active_actors: int) -> int:
-        """A learner group's batch while ``active_actors`` of the actor ranks sample (at least one fragment)."""
+        """A learner group's batch while ``active_actors`` of the actor ranks sample (it takes whole fragments)."""
         A = self.actors.count
         return max(1, -(-self.group_batch_size * min(active_actors, A) // A))
 

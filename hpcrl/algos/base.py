@@ -16,6 +16,8 @@ inside them::
                apply(model, optimizer, gradient)                      one admitted (aggregated) step
                end_round(model, round_stats) -> {name: new value}     once per round (adaptive KL...; active_actors)
                records() -> {table: [row, ...]}                       rows for run.h5 (optional)
+               parameter_state() / load_parameter_state(state)        what end_round keeps between rounds,
+                                                                      in the checkpoint (optional)
     fused loop update(batch, model, optimizer) -> stats               compute_gradient + apply, in place
     everyone   make_model(obs_space, action_space, device)
 
@@ -142,3 +144,12 @@ class Algorithm:
         """Rows for run.h5 tables made since the last call (table name -> rows); the parameter rank
         appends them after :meth:`end_round`. Default: none."""
         return {}
+
+    def parameter_state(self) -> dict[str, Any]:
+        """State the parameter rank's :meth:`end_round` keeps from round to round that does not live in
+        the flat buffer (e.g. MARL sharing's tolerant window); saved in each checkpoint (picklable).
+        Default: none."""
+        return {}
+
+    def load_parameter_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`parameter_state` returned (``--resume``)."""

@@ -122,3 +122,15 @@ class ScalingHooks:
         if self.scaling is not None:
             out = {**out, **self.scaling.records()}
         return out
+
+    def parameter_state(self):
+        out = super().parameter_state()
+        if self.scaling is not None:  # the convexity windows and the newest report
+            out["scaling"] = {"scaler": self.scaling.scaler, "note": self.scaling.note, "report": self.scaling.report}
+        return out
+
+    def load_parameter_state(self, state):
+        super().load_parameter_state(state)
+        if self.scaling is not None and "scaling" in state:
+            kept = state["scaling"]
+            self.scaling.scaler, self.scaling.note, self.scaling.report = kept["scaler"], kept["note"], kept["report"]

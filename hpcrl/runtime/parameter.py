@@ -175,6 +175,7 @@ class ParameterRank:
             "params": self.flat.params.detach().cpu().clone(),
             "optimizer": self.optimizer.state_dict(),
             "admission_policy": self.policy,
+            "algo_state": self.algo.parameter_state(),
             "version": self.version, "round": self.round, "consumed": self.consumed,
             "env_steps": self.env_steps(), "episodes": self.episodes, "updates": self.updates,
             "gradients": self.gradients, "admitted": self.admitted, "returns": list(self.stop_rule.returns),
@@ -190,6 +191,7 @@ class ParameterRank:
         self.flat.load_(s["params"])
         self.optimizer.load_state_dict(s["optimizer"])
         self.policy = s["admission_policy"]
+        self.algo.load_parameter_state(s.get("algo_state", {}))
         self.version, self.round, self.consumed = s["version"], s["round"], s["consumed"]
         # env steps restart from what the trajectory files hold at the checkpoint (sampled, unwritten ones are redone)
         self.env_steps_start = sum(s["record"]["traj_steps"].values()) if "record" in s else s["env_steps"]

@@ -57,6 +57,8 @@ class ActorsConfig(Section):
     """Steps per environment in one trajectory fragment sent to a learner group."""
     max_in_flight: int = Field(2, ge=1)
     """Fragments an actor may have in flight (sent, not yet received) before it waits."""
+    on_policy: bool = False
+    """Sample each fragment with the weights the learners finished the previous batch with (no policy lag, as single-process PPO): an actor reserves a place in a group's backlog, then pulls weights and samples; the group frees the places after training the batch. Off: actors sample the next batch while the learners train (pipelined, one batch of lag)."""
     weight_sync: Literal["every_fragment", "aaps"] = "every_fragment"
     """When an actor pulls new weights: before every fragment, or by AAPS (KL on a probe batch > aaps_delta)."""
     aaps_delta: float = Field(0.01, gt=0)
@@ -154,6 +156,8 @@ class PPOConfig(Section):
     """Passes over each learner batch."""
     optimizer: Literal["adam", "sgd"] = "adam"
     """Optimizer on the parameter rank."""
+    lr_anneal: bool = False
+    """Anneal the learning rate linearly from lr to 0 over stop.total_env_steps (CleanRL's PPO); the parameter rank sets it before each step from the env steps the learners have consumed."""
 
 
 class HA2CConfig(Section):
@@ -264,6 +268,22 @@ class MARLSharingFields(Section):
     """Lanczos steps on Hessian-vector products for a policy's convexity ratio (4.3.4, Eq. 1)."""
 
 
+class MARLScalingFields(Section):
+    """Cost-aware actor scaling (MARLess section 4.4, Eq. 2; hpcrl.marl.scaling_rank): each round the
+    parameter rank turns every policy's window of convexity ratios into an actor demand and sets how many
+    actor ranks sample the next round; the others park (block, uncharged). Rows in run.h5's actor_scaling."""
+
+    actor_scaling: bool = False
+    """Scale the active actor ranks each round (the window is sharing_window rounds, as the seed reuses it)."""
+    actor_scaling_beta: float = Field(0.5, gt=0, le=1)
+    """beta of Eq. 2: the total is the largest policy demand when the average demand >= beta (I_max - I_min),
+    else the average (the seed uses 0.5)."""
+    actor_scaling_max: int | None = Field(None, ge=1)
+    """I_max, the most active actors (default and upper bound: actors.count; the seed uses 50)."""
+    actor_scaling_min: int | None = Field(None, ge=1)
+    """I_min, the fewest active actors (default: I_max / agents rounded up, as the seed's section 6.1)."""
+
+
 class MARLPPOFields(Section):
     """MARLess' actor-critic learners (seed 001, section 6.2.1): PPO per policy with GAE and the clipped
     surrogate; the policies of the agents are the sub-networks of one model (hpcrl.marl.model)."""
@@ -296,12 +316,12 @@ class MARLPPOFields(Section):
     """Passes over each learner batch."""
 
 
-class IPPOConfig(MARLSharingFields, MARLPPOFields):
+class IPPOConfig(MARLScalingFields, MARLSharingFields, MARLPPOFields):
     name: Literal["ippo"] = "ippo"
     """IPPO: independent PPO learners, each critic sees its agent's observation."""
 
 
-class MAPPOConfig(MARLSharingFields, MARLPPOFields):
+class MAPPOConfig(MARLScalingFields, MARLSharingFields, MARLPPOFields):
     name: Literal["mappo"] = "mappo"
     """MAPPO: PPO policies with centralised critics over the joint observation of the env copy (+ agent id)."""
 
@@ -336,12 +356,12 @@ class MARLQFields(Section):
     """Each minibatch gradient is clipped to this global norm before it is pushed."""
 
 
-class IQLConfig(MARLSharingFields, MARLQFields):
+class IQLConfig(MARLScalingFields, MARLSharingFields, MARLQFields):
     name: Literal["iql"] = "iql"
     """IQL: independent DQN learners (each agent's own reward and TD loss)."""
 
 
-class VDNConfig(MARLSharingFields, MARLQFields):
+class VDNConfig(MARLScalingFields, MARLSharingFields, MARLQFields):
     name: Literal["vdn"] = "vdn"
     """VDN: Q_tot = sum of the agents' Q-values, one TD loss on the team reward (cooperative envs only)."""
 
@@ -427,6 +447,8 @@ class StopConfig(Section):
     """Episodes averaged for target_return (and for the reported mean return)."""
     max_wall_seconds: float | None = Field(None, gt=0)
     """Stop after this many seconds of training (summed over resumed jobs)."""
+    max_rounds: int | None = Field(None, ge=1)
+    """Stop once this many rounds have ended (MARLess compares runs at equal rounds; not the fused batched loop)."""
 
 
 class EvalConfig(Section):
@@ -451,6 +473,9 @@ class DebugConfig(Section):
     """Every learner group sleeps this long per gradient (slow learners, e.g. to test elasticity)."""
     learner_delay_until_seconds: float | None = Field(None, ge=0)
     """The learner delay ends this many seconds after the group's first gradient (None: never)."""
+    active_actors: list[int] | None = None
+    """Actor parking without an algorithm's demand: after round k, actor ranks 0 .. entry min(k, len - 1) - 1
+    sample and the others park (overrides algo.actor_scaling's count; values clipped to 1 .. actors.count)."""
 
 
 class RunConfig(Section):
@@ -483,6 +508,11 @@ class RunConfig(Section):
             if self.env.id in COMPETITIVE:
                 raise ValueError(f"algo.name: vdn needs a cooperative env; {self.env.id} is competitive "
                                  "(adversary vs agents); use iql, ippo or mappo")
+        if self.algo.name in MARL_ALGOS and self.algo.actor_scaling:
+            lo, hi = self.actor_scaling_range
+            if lo > hi:
+                raise ValueError(f"algo.actor_scaling_min={lo} exceeds I_max={hi} (algo.actor_scaling_max, at most "
+                                 f"actors.count={self.actors.count})")
         if self.algo.name not in BATCH_ALGOS:
             return self
         per_group = self.group_batch_size
@@ -503,6 +533,26 @@ class RunConfig(Section):
         if self.algo.name not in BATCH_ALGOS:
             return self.fragment_steps
         return max(1, self.algo.train_batch_size // self.learners.groups)
+
+    @property
+    def actor_scaling_range(self) -> tuple[int, int]:
+        """(I_min, I_max) of MARL actor scaling: I_max = algo.actor_scaling_max capped at actors.count (default
+        actors.count), I_min = algo.actor_scaling_min (default I_max / agents rounded up, MARLess section 6.1)."""
+        from hpcrl.marl.actor_scaling import scaling_bounds
+
+        return scaling_bounds(self.algo.actor_scaling_max, self.algo.actor_scaling_min, self.actors.count,
+                              self.algo.agents)
+
+    def round_steps_for(self, active_actors: int) -> int:
+        """Environment steps of a round while ``active_actors`` of the actor ranks sample (actor scaling): the
+        round's data shrinks with the actors, as each MARLess actor function samples a fixed share."""
+        A = self.actors.count
+        return max(1, -(-self.round_steps * min(active_actors, A) // A))
+
+    def group_batch_size_for(self, active_actors: int) -> int:
+        """A learner group's batch while ``active_actors`` of the actor ranks sample (it takes whole fragments)."""
+        A = self.actors.count
+        return max(1, -(-self.group_batch_size * min(active_actors, A) // A))
 
     @property
     def round_steps(self) -> int:

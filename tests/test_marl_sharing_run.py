@@ -157,6 +157,20 @@ def test_analyze_shows_policies_per_round_and_the_learner_actor_cost_split(seria
     assert split["serverless_learner_actor"] < split["serverful_learner_actor"]
 
 
+def test_resume_goes_on_with_the_checkpointed_window_and_enablings(serial_run, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(serial_run, run_dir)
+    state = load_checkpoint(run_dir)["algo_state"]["sharing"]
+    enabled = state["decider"].enabled_times
+    assert enabled >= 1 and state["report"] is not None
+    assert cli_main(["run", "--resume", str(run_dir), "-o", "stop.total_env_steps=7200"]) == 0
+    after = load_checkpoint(run_dir)["algo_state"]["sharing"]["decider"]
+    # the count j of enablings went on from the checkpoint (rebuilt, it would start again at 0: 2 here)
+    assert after.enabled_times > enabled
+
+
 @pytest.mark.mpi
 def test_mpi_run_toggles_sharing_and_records_every_change(tmp_path):
     run_dir = tmp_path / "run"

@@ -252,3 +252,31 @@ def test_a_second_run_of_a_running_directory_is_refused_in_one_line(tmp_path):
         proc.wait(timeout=60)
     assert proc.returncode == 3
     read_table(run_dir / "run.h5", "updates")
+
+
+def test_lr_anneal_falls_linearly_with_the_env_steps_consumed(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = build_config(tiny(run_dir, algo={"lr_anneal": True, "lr": 1e-3}, stop={"total_env_steps": 1024}))
+    run_serial(cfg, run_dir, progress="plain")
+    lr = read_table(run_dir / "run.h5", "updates", ["lr"])["lr"]
+    assert 0.9e-3 <= lr[0] < 1e-3 and np.all(np.diff(lr) <= 0)  # the first batch's 64 steps already count
+    assert lr[-1] <= 1e-3 * (1 - (1024 - 64) / 1024) + 1e-12  # the last batch is trained at about 1/16 of lr
+    # off (the default): the rate stays
+    run_dir = tmp_path / "fixed"
+    run_serial(build_config(tiny(run_dir, algo={"lr": 1e-3}, stop={"total_env_steps": 512})), run_dir, progress="plain")
+    assert np.all(read_table(run_dir / "run.h5", "updates", ["lr"])["lr"] == pytest.approx(1e-3))
+
+
+def test_on_policy_actors_sample_with_the_weights_of_the_last_trained_batch(tmp_path):
+    # one actor, one 64-step fragment per batch, 2 passes x 2 minibatches: 4 versions per batch
+    versions = {}
+    for on in (True, False):
+        run_dir = tmp_path / str(on)
+        cfg = build_config(tiny(run_dir, actors={"count": 1, "fragment_length": 32, "on_policy": on},
+                                algo={"num_sgd_iter": 2}, stop={"total_env_steps": 1280}))
+        run_serial(cfg, run_dir, progress="plain")
+        versions[on] = read_trajectory(run_dir / "traj" / "actor-00000.h5")["policy_version"][::64]
+    on, off = versions[True], versions[False]
+    # fragment i is sampled with the weights after batch i-1: 4 i versions or more
+    assert len(on) >= 10 and all(v >= 4 * i for i, v in enumerate(on)), on
+    assert off[1] == 0, off  # pipelined: fragment 1 was sampled while fragment 0 trained

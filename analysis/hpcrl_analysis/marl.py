@@ -7,7 +7,9 @@ rank-seconds, per-function price) and serverful (allocated ranks x wall-clock); 
 
 The policies in use during round k follow from the config's starting map (``algo.policies``:
 per_agent = agent j on slot j, shared = all on slot 0) and the ``policy_map`` rows of the rounds
-before k: a row written at the end of round r takes effect in round r + 1.
+before k: a row written at the end of round r takes effect in round r + 1. The same holds for actor
+scaling (``algo.actor_scaling``): the active actors of round k are the ``actor_scaling`` row of round
+k - 1 (all actor ranks in round 0); without that table they are the actors that delivered a fragment.
 """
 from __future__ import annotations
 
@@ -71,7 +73,24 @@ def policy_rounds(run: Run) -> dict[str, np.ndarray]:
     out["round"] = rounds
     for k in ("active_groups", "active_actors", "learner_seconds", "actor_seconds", "reward_mean"):
         out[k] = r[k][order]
+    scaled = scaled_actors(run, rounds)
+    if scaled is not None:
+        out["active_actors"] = scaled
     return {k: np.asarray(v) for k, v in out.items()}
+
+
+def scaled_actors(run: Run, rounds: np.ndarray) -> np.ndarray | None:
+    """Active actor ranks in force during each of ``rounds`` under actor scaling (None without actor_scaling rows):
+    the count decided at the end of the round before, all actor ranks before the first decision."""
+    sc = run.table("actor_scaling")
+    if not run.rows("actor_scaling"):
+        return None
+    decided = dict(zip(sc["round"].astype(np.int64).tolist(), sc["active"].astype(np.int64).tolist()))
+    count, out = M.ranks(run)["actor"], []
+    for k in rounds.tolist():
+        count = decided.get(k - 1, count)
+        out.append(count)
+    return np.asarray(out, dtype=np.int64)
 
 
 def cost_split(run: Run, prices: dict) -> dict[str, float]:
@@ -149,10 +168,13 @@ def markdown(runs: list[Run], prices: dict) -> str:
                   f"{switches} sharing switches, {int(p['changes'].sum()) if len(p['changes']) else 0} agent "
                   "remappings (run.h5 policy_map); a switch at the end of round k holds from round k + 1."
                   + (f" Rounds shown: the first, the last, and those around a switch; all {len(p['round'])} are in "
-                     "marl-rounds-*.csv." if len(p["round"]) > MAX_ROWS else ""), "",
+                     "marl-rounds-*.csv." if len(p["round"]) > MAX_ROWS else "")
+                  + (" Active actors: the actor_scaling decision of the round before." if r.rows("actor_scaling")
+                     else " Active actors: those that delivered a fragment."), "",
                   "| round | policies | remapped at end | active learner groups | active actors | learner s | actor s | "
                   "mean return | switch |", "|---|---|---|---|---|---|---|---|---|"]
-        for i in shown_rounds(p["changes"]):
+        actors_changed = np.r_[0, (np.diff(p["active_actors"]) != 0).astype(int)] if len(p["round"]) else p["changes"]
+        for i in shown_rounds(p["changes"] + actors_changed):  # sharing switches and actor count changes
             lines.append(f"| {int(p['round'][i])} | {int(p['policies'][i])} | {int(p['changes'][i])} | "
                          f"{int(p['active_groups'][i])} | {int(p['active_actors'][i])} | "
                          f"{_f(float(p['learner_seconds'][i]))} | {_f(float(p['actor_seconds'][i]))} | "

@@ -14,8 +14,10 @@ inside them::
                learner_report(batch) -> dict or None                  a small summary for end_round (optional)
     parameter  make_optimizer(model)
                apply(model, optimizer, gradient)                      one admitted (aggregated) step
-               end_round(model, round_stats) -> {name: new value}     once per round (adaptive KL...)
+               end_round(model, round_stats) -> {name: new value}     once per round (adaptive KL...; active_actors)
                records() -> {table: [row, ...]}                       rows for run.h5 (optional)
+               parameter_state() / load_parameter_state(state)        what end_round keeps between rounds,
+                                                                      in the checkpoint (optional)
     fused loop update(batch, model, optimizer) -> stats               compute_gradient + apply, in place
     everyone   make_model(obs_space, action_space, device)
 
@@ -133,10 +135,21 @@ class Algorithm:
 
         ``round_stats``: ``round`` (its index), ``kl`` (mean KL of the admitted gradients, NaN if
         none), ``episodes`` (the round's finished episodes: dicts with ``actor``, ``env_index``,
-        ``return``) and ``reports`` (the :meth:`learner_report` results received in the round)."""
+        ``return``), ``reports`` (the :meth:`learner_report` results received in the round) and ``actors``
+        (``count``: actor ranks, ``active``: those sampling now). A returned ``active_actors`` (an int) sets
+        the actor ranks that sample the next round: 0 .. n-1; the others park (MARL actor scaling)."""
         return {}
 
     def records(self) -> dict[str, list[dict[str, Any]]]:
         """Rows for run.h5 tables made since the last call (table name -> rows); the parameter rank
         appends them after :meth:`end_round`. Default: none."""
         return {}
+
+    def parameter_state(self) -> dict[str, Any]:
+        """State the parameter rank's :meth:`end_round` keeps from round to round that does not live in
+        the flat buffer (e.g. MARL sharing's tolerant window); saved in each checkpoint (picklable).
+        Default: none."""
+        return {}
+
+    def load_parameter_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`parameter_state` returned (``--resume``)."""

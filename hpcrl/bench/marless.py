@@ -19,6 +19,17 @@ own distance, so a learning adversary lowers the good agents' return; the row ``
 (the two groups' sum, = -sum_t min_i |good_i - target|) shows the good agents' own part.
 
     hpcrl bench marless [--env spread] [--algos ippo,mappo,iql,vdn] [--seeds 3] [--steps 144000] [-o KEY=VALUE ...]
+
+``--compare``: MARLess' ablation (section 6.3-6.4): each algorithm and seed once per arm, for
+``--rounds`` rounds each (``stop.max_rounds``; the seed trains 100): ``off`` (as configured, sharing
+and actor scaling off), ``on`` (``algo.sharing=true algo.actor_scaling=true``), and with ``--arms``
+also ``sharing`` or ``scaling`` alone. Per run: the final return
+(mean of the last ``--last`` rounds), rounds, learner and actor active rank-seconds and the
+learner+actor serverless cost, computed by ``hpcrl analyze``'s own accounting (hpcrl_analysis'
+``marl.cost_split``, ``--prices`` or analysis/prices.json); then per algorithm the means over the
+seeds and the cost ratio on/off.
+
+    hpcrl bench marless --compare [--algos ippo] [--seeds 3] [--rounds 100] [--arms off,on] [-o actors.count=6 ...]
 """
 from __future__ import annotations
 
@@ -96,7 +107,8 @@ def with_sum(groups: dict) -> dict:
 
 
 def train(env: str, algo: str, seed: int, steps: int, runner: str, overrides: list[str], run_dir: Path) -> dict:
-    """One `hpcrl run` in this process; per group the rounds' returns, and the wall-clock, from run.h5."""
+    """One `hpcrl run` in this process; per group the rounds' returns, and the wall-clock, from run.h5
+    (``overrides`` come after the step budget, so a ``stop.*`` override wins)."""
     from hpcrl.cli import main as cli_main
     from hpcrl.io import read_table
 
@@ -120,6 +132,65 @@ def train(env: str, algo: str, seed: int, steps: int, runner: str, overrides: li
     return {"rewards": rewards, "wall": wall, "rounds": len(rounds["round"])}
 
 
+COMPARE = {"off": ["algo.sharing=false", "algo.actor_scaling=false"],
+           "on": ["algo.sharing=true", "algo.actor_scaling=true"],
+           "sharing": ["algo.sharing=true", "algo.actor_scaling=false"],
+           "scaling": ["algo.sharing=false", "algo.actor_scaling=true"]}
+"""The arms of --compare (after the user's overrides, so they decide); MARLess section 6.4's ablation is
+sharing (w/o scaling) and scaling (w/o sharing)."""
+
+
+def run_cost(run_dir: Path, prices: str | None) -> dict:
+    """Learner and actor active rank-seconds and the learner+actor serverless cost, as `hpcrl analyze` counts them."""
+    from hpcrl.commands.analyze import load_analysis
+
+    ha = load_analysis()
+    split = ha.marl.cost_split(ha.load_run(run_dir), ha.metrics.load_prices(prices))
+    return {"learner_s": split["learner_seconds"], "actor_s": split["actor_seconds"],
+            "cost": split["serverless_learner_actor"]}
+
+
+def compare(args) -> int:
+    """Sharing + actor scaling on vs off at equal rounds: final return and learner+actor serverless cost."""
+    from hpcrl.io import read_table
+
+    print(f"{'algo':6s} {'arm':7s} {'seed':>4s} {'rounds':>6s} {'agent steps':>11s} {'final':>8s} {'learner s':>9s} "
+          f"{'actor s':>8s} {'cost':>10s} {'mean actors':>11s} {'wall s':>7s}", flush=True)
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="hpcrl-bench-marless-") as tmp:
+        for algo in args.algos.split(","):
+            for seed in range(args.seeds):
+                for arm in args.arms:
+                    extra = COMPARE[arm]
+                    run_dir = Path(tmp) / f"{algo}-{seed}-{arm}"
+                    overrides = [f"stop.max_rounds={args.rounds}", *args.override, *extra]
+                    r = train("spread", algo, seed, 10**12, args.runner, overrides, run_dir)
+                    c = run_cost(run_dir, args.prices)
+                    rounds = read_table(run_dir / "run.h5", "rounds")
+                    sc = read_table(run_dir / "run.h5", "actor_scaling")
+                    count = int(read_table(run_dir / "run.h5", "rank_map")["role"].tolist().count(2))
+                    # active actors per round: the count in force (the decision of the round before)
+                    actors = np.concatenate([[count], sc["active"][:-1]]) if len(sc["round"]) else np.full(
+                        len(rounds["round"]), count)
+                    final = float(np.mean(r["rewards"]["all"][-args.last:]))
+                    row = {"final": final, **c, "wall": r["wall"], "actors": float(np.mean(actors))}
+                    out.setdefault((algo, arm), []).append(row)
+                    print(f"{algo:6s} {arm:7s} {seed:4d} {r['rounds']:6d} {int(rounds['env_steps'].sum()):11d} "
+                          f"{final:8.2f} {c['learner_s']:9.1f} {c['actor_s']:8.1f} {c['cost']:10.3g} "
+                          f"{row['actors']:11.2f} {r['wall']:7.1f}", flush=True)
+    print("\nover seeds: mean +- std; cost = learner + actor serverless (hpcrl analyze's accounting)")
+    print(f"{'algo':6s} {'arm':7s} {'final':>14s} {'learner s':>9s} {'actor s':>8s} {'cost':>10s} {'cost/off':>8s}")
+    for algo in args.algos.split(","):
+        base = np.mean([x["cost"] for x in out[(algo, "off")]]) if (algo, "off") in out else float("nan")
+        for arm in args.arms:
+            rows = out[(algo, arm)]
+            final, cost = np.array([x["final"] for x in rows]), float(np.mean([x["cost"] for x in rows]))
+            print(f"{algo:6s} {arm:7s} {final.mean():7.2f}+-{final.std():5.2f} "
+                  f"{np.mean([x['learner_s'] for x in rows]):9.1f} {np.mean([x['actor_s'] for x in rows]):8.1f} "
+                  f"{cost:10.3g} {cost / base if base > 0 else float('nan'):8.3f}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hpcrl bench marless", description=__doc__.splitlines()[0])
     p.add_argument("--env", choices=tuple(GROUPS), default="spread", help="MPE simple-spread or simple-adversary")
@@ -130,8 +201,22 @@ def main(argv=None) -> int:
     p.add_argument("--runner", choices=("serial", "mpi"), default="serial")
     p.add_argument("--random-episodes", type=int, default=200, help="random-policy episodes per seed")
     p.add_argument("-o", "--override", action="append", default=[], help="KEY=VALUE for every run (e.g. algo.policies=shared)")
+    p.add_argument("--compare", action="store_true",
+                   help="sharing + actor scaling on vs off at equal rounds: final return and serverless cost")
+    p.add_argument("--rounds", type=int, default=100, help="--compare: rounds per run (stop.max_rounds)")
+    p.add_argument("--prices", default=None, help="--compare: price table (default analysis/prices.json)")
+    p.add_argument("--arms", default="off,on", help="--compare: arms to run, of " + ",".join(COMPARE)
+                   + " (on = sharing + scaling; cost/off needs off)")
     args = p.parse_args(argv)
-    algos = (args.algos or ("ippo,mappo,iql,vdn" if args.env == "spread" else "ippo,mappo,iql")).split(",")
+    args.algos = args.algos or ("ippo,mappo,iql,vdn" if args.env == "spread" else "ippo,mappo,iql")
+    if args.compare:
+        if args.env != "spread":
+            p.error("--compare: --env spread only")
+        args.arms = args.arms.split(",")
+        if unknown := sorted(set(args.arms) - set(COMPARE)):
+            p.error(f"--arms: unknown {','.join(unknown)}; allowed: {','.join(COMPARE)}")
+        return compare(args)
+    algos = args.algos.split(",")
     baseline = random_return(args.env, args.seeds, args.random_episodes)
     for g, b in baseline.items():
         print(f"random policy ({g}): {b:.2f} mean episodic return per agent "

@@ -93,6 +93,12 @@ ELASTIC_REASONS = (
     "stopped",                # 3: the park ended with the run
 )
 
+PARK_REASONS = (
+    "woken",       # 0: the park ended: the actor is active again
+    "evaluation",  # 1: the evaluating actor woke for an evaluation request (it parks again after it)
+    "stopped",     # 2: the park ended with the run
+)
+
 TABLE_LIST = (
     TableSpec("rank_map", "One row per MPI rank the run has had: its role and place (written at creation; a resume with more actors appends their ranks).", (
         _c("rank", "i4", "", "MPI rank in COMM_WORLD", True),
@@ -243,6 +249,26 @@ TABLE_LIST = (
         _c("policies", "i4", "", "distinct policies in use after the switch"),
         _c("copied_from", "i4", "", "slot whose weights were copied into new_policy (optimizer state reset); -1 none"),
     )),
+    TableSpec("actor_scaling", "One row per round with MARL actor scaling on (MARLess section 4.4, Eq. 2; "
+              "algo.actor_scaling): the actor demand from the policies' convexity windows and the actor ranks "
+              "that sample the next round (ranks 0 .. active-1; the others park).", (
+        _c("round", "i8", "", "round whose end decided; the count holds for the next round", True),
+        _c("demanded", "i4", "actors", "I_t of Eq. 2 (-1: no learner report yet, no demand)"),
+        _c("active", "i4", "actors", "active actor ranks for the next round", True),
+        _c("changed", "i1", "", "1 when active differs from the round before"),
+        _c("policies", "i4", "", "policies in use (after the round's sharing decision)"),
+        _c("policy_demands", "S192", "", "per policy slot: I^j and its convexity ratio C, as slot:I^j(C=...)"),
+        _c("reason", "S160", "", "the branch of Eq. 2 (I_average vs beta (I_max - I_min)) and [I_min, I_max]"),
+    )),
+    TableSpec("actor_parks", "One row per park an actor rank left (actor scaling): how long it was parked and "
+              "the CPU it used meanwhile.", (
+        _c("time", "f8", "s", "end of the park, since run start", True),
+        _c("actor", "i4", "", "actor index", True),
+        _c("reason", "i1", "code", "why the park ended", True, PARK_REASONS),
+        _c("parked_seconds", "f4", "s", "how long the actor was parked"),
+        _c("cpu_seconds", "f4", "s", "CPU seconds the actor's thread used while parked"),
+        _c("active_actors", "i4", "", "active actor ranks when the park ended"),
+    )),
     TableSpec("actors", "Optional: one row per trajectory fragment an actor produced (latency breakdown).", (
         _c("time", "f8", "s", "time the fragment was handed to transport, since run start", True),
         _c("actor", "i4", "", "actor index", True),
@@ -348,6 +374,12 @@ def render_markdown() -> str:
         "| `start_unix` | run start, seconds since the Unix epoch; every `time` column counts from here |",
         "| `config_yaml` | the resolved config text |",
         "| `resumed_unix` | times (Unix s) the file was reopened to resume, one per resume |",
+        "| `compression` | the HDF5 filter of the tables and trajectories (`io.compression`) |",
+        "| `resumed` | one JSON note per resume: the rows discarded back to the checkpoint and the version it restored |",
+        "| `runner` | `mpi` or `serial`: which runner wrote the file (the only thing that tells them apart) |",
+        "| `num_params` | parameters in the model's flat buffer (everything published to actors) |",
+        "| `command_unix` | when the `hpcrl run` command started (Unix s; written by the launcher after the run) |",
+        "| `startup_seconds` | from the command to the first environment step of any actor (`hpcrl run` only) |",
         "",
         "Every table is a group of equal-length, resizable, chunked, compressed 1-D datasets, one per "
         "column; each dataset has `units` and `description` attributes, code columns also `codes`. "

@@ -9,4 +9,6 @@
 - :mod:`actor_scaling`: per-policy actor demand and the beta rule (4.4, Eq. 2)
 - :mod:`sharing`, :mod:`sharing_rank`: the whole 4.3 decision per round, and its place in a run
   (learner reports, the parameter rank's end_round, the policy_map rows)
+- :mod:`scaling_rank`: actor scaling in a run (per-policy convexity each round, the active actor count the
+  parameter rank sets, the actor_scaling rows)
 """

@@ -29,6 +29,14 @@ def min_actors(max_actors: int, num_agents: int) -> int:
     return max(1, math.ceil(max_actors / num_agents))
 
 
+def scaling_bounds(max_actors: int | None, min_actors_asked: int | None, count: int,
+                   num_agents: int) -> tuple[int, int]:
+    """(I_min, I_max) for ``count`` actor ranks: I_max = ``max_actors`` capped at ``count`` (default ``count``),
+    I_min = ``min_actors_asked`` or I_max / N rounded up (section 6.1)."""
+    hi = min(max_actors or count, count)
+    return (min_actors_asked or min_actors(hi, num_agents)), hi
+
+
 def scaling_ratio(window) -> float:
     """S_t = (C_max - C_t) / (C_max - C_min) over the window (last entry = C_t); 1 without spread."""
     c = np.asarray(window, dtype=np.float64)
@@ -67,15 +75,22 @@ class ActorScaler:
         self.beta = beta
         self.size = window
         self.windows: dict[int, deque[float]] = {}
+        self.demands: dict[int, float] = {}
+        """The newest I^j of each policy (set by :meth:`observe`)."""
 
     def observe(self, ratios: dict[int, float]) -> int:
         """Add this round's convexity ratio of each current policy; the actors for the next round."""
         for j in list(self.windows):
             if j not in ratios:  # a merged (parked) policy leaves the scaler
                 del self.windows[j]
-        demands = []
+        self.demands = {}
         for j, c in ratios.items():
             w = self.windows.setdefault(j, deque(maxlen=self.size))
             w.append(float(c))
-            demands.append(policy_demand(scaling_ratio(w), self.max_actors, self.min_actors))
-        return total_actors(demands, self.max_actors, self.min_actors, self.beta)
+            self.demands[j] = policy_demand(scaling_ratio(w), self.max_actors, self.min_actors)
+        return total_actors(list(self.demands.values()), self.max_actors, self.min_actors, self.beta)
+
+    @property
+    def threshold(self) -> float:
+        """I_threshold = beta (I_max - I_min)."""
+        return self.beta * (self.max_actors - self.min_actors)

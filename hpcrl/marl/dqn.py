@@ -29,6 +29,7 @@ import numpy as np
 from hpcrl.algos.base import Algorithm
 from hpcrl.marl.model import MultiPolicyQ, initial_map, slot_count
 from hpcrl.marl.replay import KEYS, ReplayBuffer, joint_transitions
+from hpcrl.marl.scaling_rank import ScalingHooks
 from hpcrl.marl.sharing_rank import SharingHooks
 from hpcrl.marl.similarity import observation_action_samples
 
@@ -44,7 +45,7 @@ def vdn_loss(q_taken: Tensor, target: Tensor) -> Tensor:
     return (target - q_taken.sum(dim=1)).square().mean()
 
 
-class MultiAgentDQN(SharingHooks, Algorithm):
+class MultiAgentDQN(ScalingHooks, SharingHooks, Algorithm):
     """cfg: IQLConfig or VDNConfig; ``team`` picks VDN. ``algo.sharing``: dynamic learner sharing
     (:mod:`hpcrl.marl.sharing_rank`)."""
 
@@ -55,6 +56,7 @@ class MultiAgentDQN(SharingHooks, Algorithm):
         super().__init__(cfg, model_cfg)
         self.replay = ReplayBuffer(cfg.buffer_size)
         self._setup_sharing()
+        self._setup_scaling()
 
     def make_model(self, obs_space, action_space, device="cpu") -> MultiPolicyQ:
         return MultiPolicyQ(obs_space, action_space, self.model_cfg, self.cfg.agents,

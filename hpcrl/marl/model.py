@@ -171,8 +171,7 @@ class MultiPolicyActorCritic(AgentMapped):
 
     @torch.no_grad()
     def greedy(self, obs) -> Tensor:
-        """Each row's most likely action under its agent's policy (argmax of the logits, or the Gaussian
-        mean), for rows in whole env copies: what evaluation episodes (``eval.*``) take."""
+        """Each agent's most likely action (argmax of its policy's logits, or the Gaussian mean), whole env copies."""
         obs = self.obs(obs)
         d = self.dist(obs, self.agent_ids(obs.shape[0]))
         if self.discrete:
@@ -227,7 +226,7 @@ class MultiPolicyQ(AgentMapped):
 
     @torch.no_grad()
     def greedy(self, obs) -> Tensor:
-        """argmax_a Q(o, a) of each row's policy, no exploration, for rows in whole env copies (``eval.*``)."""
+        """argmax_a Q(o, a) of each agent's policy (no exploration), whole env copies."""
         obs = self.obs(obs)
         return self.q(obs, self.agent_ids(obs.shape[0])).argmax(dim=1)
 

@@ -22,13 +22,14 @@ import torch
 from hpcrl.algos import ppo as ppo_maths
 from hpcrl.algos.base import Algorithm
 from hpcrl.marl.model import MultiPolicyActorCritic, initial_map, slot_count
+from hpcrl.marl.scaling_rank import ScalingHooks
 from hpcrl.marl.sharing_rank import SharingHooks, spread_rows
 from hpcrl.marl.similarity import observation_action_samples
 
 STATS = ("loss", "policy_loss", "value_loss", "entropy", "kl")
 
 
-class MultiAgentPPO(SharingHooks, Algorithm):
+class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
     """cfg: IPPOConfig or MAPPOConfig; ``central_critic`` picks MAPPO. ``algo.sharing``: dynamic learner
     sharing (:mod:`hpcrl.marl.sharing_rank`)."""
 
@@ -40,6 +41,7 @@ class MultiAgentPPO(SharingHooks, Algorithm):
         self.ratio_fn = ppo_maths.ratio_fn_for(aggregation_cfg) if aggregation_cfg is not None else None
         self.uses_window = self.ratio_fn is not None
         self._setup_sharing()
+        self._setup_scaling()
 
     def make_model(self, obs_space, action_space, device="cpu") -> MultiPolicyActorCritic:
         return MultiPolicyActorCritic(obs_space, action_space, self.model_cfg, self.cfg.agents,

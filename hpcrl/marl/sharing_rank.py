@@ -164,3 +164,14 @@ class SharingHooks:
 
     def records(self):
         return {} if self.sharing is None else self.sharing.records()
+
+    def parameter_state(self):
+        out = super().parameter_state()
+        if self.sharing is not None:  # the tolerant window, the enablings j and the newest report
+            out["sharing"] = {"decider": self.sharing.decider, "report": self.sharing.report}
+        return out
+
+    def load_parameter_state(self, state):
+        super().load_parameter_state(state)
+        if self.sharing is not None and "sharing" in state:
+            self.sharing.decider, self.sharing.report = state["sharing"]["decider"], state["sharing"]["report"]

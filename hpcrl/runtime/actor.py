@@ -7,8 +7,19 @@ batch drifted by more than ``aaps_delta`` in KL (``aaps``); step the environment
 while every active group already holds ``max_backlog`` fragments (back-pressure: actors do
 not run ahead of the learners) or while ``max_in_flight`` sends are pending; send it to that
 group; append the fragment to ``traj/actor-NNNNN.h5``; report the episodes and timings to the
-parameter rank in one small message. The actor acts with ``job.algo.act``. The last actor also
+parameter rank in one small message. With ``actors.on_policy`` the actor first reserves a
+place in a group's backlog (waiting while there is none), then pulls the weights and samples:
+the group frees its places only once the batch they held is trained and its gradients taken
+by the parameter rank, so each batch is sampled with the weights the previous one made. The
+actor acts with ``job.algo.act``. The last actor also
 runs the evaluation episodes the parameter rank requests (:mod:`hpcrl.runtime.evaluation`).
+
+Parking (actor scaling, MARLess section 4.4): an actor whose index is not below the ACTIVE_ACTORS
+counter word blocks in ``counters.wait_until`` (50 ms naps under MPI, a condition variable in the
+serial runner) between two fragments, keeping its environments as they are, until the word grows
+or the run stops; the evaluating actor wakes for an evaluation request too and parks again after
+it. A parked actor sends no fragment, so none of its parked time is charged; when the park ends it
+reports its length and CPU seconds (run.h5 ``actor_parks``).
 """
 from __future__ import annotations
 
@@ -17,6 +28,7 @@ import time
 import numpy as np
 
 from hpcrl.io import TrajectoryWriter, traj_filename
+from hpcrl.io.schema import PARK_REASONS
 from hpcrl.runtime import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.evaluation import Evaluator
@@ -51,6 +63,7 @@ class Actor:
         G = self.cfg.learners.groups
         counters = self.job.counters
         T = self.cfg.actors.fragment_length
+        on_policy = self.cfg.actors.on_policy
         while True:
             self.fault.check()
             self.heartbeat.beat()
@@ -59,17 +72,27 @@ class Actor:
                 break
             if self.evaluator is not None and words[control.EVAL] > self.evaluated_rounds:
                 self._evaluate(int(words[control.EVAL]))
+            if self.index >= words[control.ACTIVE_ACTORS]:
+                self._park()
+                continue
             t = time.perf_counter()
+            if on_policy:  # a place first, then the weights the learners made since it was freed
+                group = self._wait_for_room(G, reserve=True)
+                if group is None:  # stopping
+                    break
+                t_wait = time.perf_counter() - t
+                t = time.perf_counter()
             t_sync = time.perf_counter() - t if self._sync_weights() else 0.0
             t = time.perf_counter()
             fragment, episodes = self.sampler.sample(self.algo, self.model, T, self.version, self.index)
             t_sample = time.perf_counter() - t
-            t = time.perf_counter()
-            group = self._wait_for_room(G)
-            if group is None:  # stopping
-                break
-            t_wait = time.perf_counter() - t
-            counters.add(control.BACKLOG + group, 1)
+            if not on_policy:
+                t = time.perf_counter()
+                group = self._wait_for_room(G)
+                if group is None:  # stopping
+                    break
+                t_wait = time.perf_counter() - t
+                counters.add(control.BACKLOG + group, 1)
             fragment["policy_version"] = self.version
             fragment["fragment"] = self.fragments
             t_wait += self.sender.send(group, fragment)
@@ -111,8 +134,32 @@ class Actor:
                                        "episodes": episodes})
         self.evaluated_rounds = rounds
 
-    def _wait_for_room(self, G: int) -> int | None:
-        """The least-backlogged active group with room, waiting (sleeping) while there is none."""
+    def _park(self) -> None:
+        """Block while this actor is parked (no stop, no evaluation request), then report the park."""
+        start, cpu = time.time(), time.thread_time()
+        counters, i = self.job.counters, self.index
+
+        def awake(w) -> bool:
+            return (bool(w[control.STOP]) or i < w[control.ACTIVE_ACTORS]
+                    or (self.evaluator is not None and w[control.EVAL] > self.evaluated_rounds))
+
+        while True:
+            self.heartbeat.beat()
+            words = counters.read_all()
+            if awake(words):
+                break
+            counters.wait_until(awake, timeout=1.0, nap=control.PARK_NAP_SECONDS)
+        reason = "stopped" if words[control.STOP] else ("woken" if i < words[control.ACTIVE_ACTORS] else "evaluation")
+        self.job.reports.send("episodes", {"park": {
+            "time": time.time(), "actor": i, "parked_seconds": time.time() - start,
+            "cpu_seconds": time.thread_time() - cpu, "active_actors": int(words[control.ACTIVE_ACTORS]),
+            "reason": PARK_REASONS.index(reason)}})
+
+    def _wait_for_room(self, G: int, reserve: bool = False) -> int | None:
+        """The least-backlogged active group with room, waiting (sleeping) while there is none.
+
+        ``reserve`` (actors.on_policy): take the place at once (the backlog counter counts it from
+        now), so actors that see the same free place do not all sample for it."""
         backoff = Backoff(5e-5, 5e-3)
         cap = self.job.max_backlog
         while True:
@@ -126,7 +173,11 @@ class Actor:
             order = (np.arange(active) + self.fragments + self.index) % active
             g = int(order[np.argmin(backlog[order])])
             if backlog[g] < cap and self.sender.can_send():
-                return g
+                if not reserve:
+                    return g
+                if self.job.counters.add(control.BACKLOG + g, 1) < cap:
+                    return g
+                self.job.counters.add(control.BACKLOG + g, -1)  # another actor took it first
             backoff.sleep()
 
     def _report(self, fragment_row: dict, episodes: list[dict]) -> None:

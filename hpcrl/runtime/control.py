@@ -13,18 +13,22 @@ ACTORS_DONE            add     actors that finished their last send
 LEARNERS_DONE          add     learner groups that left their loop
 ENV_STEPS              add     environment steps sampled by all actors
 EVAL                   set     rounds ended at the newest evaluation request (``eval.every_rounds``)
+ACTIVE_ACTORS          set     actor ranks that sample (actors 0 .. ACTIVE_ACTORS-1; the others park;
+                               actors.count unless the algorithm scales them, MARLess section 4.4)
 BACKLOG + g            add     fragments sent to group g and not yet trained on
 base_word(G, g)        set     policy version group g is computing its gradients with
 held_word(G, g)        set     1 while group g has a gradient held back by the admission policy
                                (ssp: a group too far ahead waits before computing more)
+taken_word(G, g)       set     gradients of group g the parameter rank has taken out of the mailbox and
+                               admitted or queued (its next expected seq; actors.on_policy waits on it)
 heartbeat_word(G, r)   set     rank r's heartbeat: whole seconds since the epoch, refreshed by
                                :class:`Heartbeat` at most once a second from every loop
 =====================  ======  ==========================================================
 
 Every wait is a test-and-sleep loop (:class:`~hpcrl.runtime.backoff.Backoff`): MPICH's blocking
 calls would poll the network at full speed and take the core from the rank that has work. A parked
-learner group waits in ``counters.wait_until`` (a 50 ms nap between reads under MPI, a condition
-variable woken by every counter change in the serial runner).
+learner group or actor waits in ``counters.wait_until`` (a 50 ms nap between reads under MPI, a
+condition variable woken by every counter change in the serial runner).
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import time
 
 from hpcrl.runtime.backoff import Backoff
 
-STOP, ACTIVE, ACTORS_DONE, LEARNERS_DONE, ENV_STEPS, EVAL, BACKLOG = range(7)
+STOP, ACTIVE, ACTORS_DONE, LEARNERS_DONE, ENV_STEPS, EVAL, ACTIVE_ACTORS, BACKLOG = range(8)
 
 TAG_EPISODES = 11
 """Actor -> parameter rank: a pickled list of finished episodes (and sampling stats)."""
@@ -60,13 +64,18 @@ def held_word(groups: int, g: int) -> int:
     return BACKLOG + 2 * groups + g
 
 
+def taken_word(groups: int, g: int) -> int:
+    """Counter of group g's gradients the parameter rank has processed (seq of the next one it expects)."""
+    return BACKLOG + 3 * groups + g
+
+
 def heartbeat_word(groups: int, rank: int) -> int:
     """Counter of rank ``rank``'s heartbeat (for the watchdog on the parameter rank)."""
-    return BACKLOG + 3 * groups + rank
+    return BACKLOG + 4 * groups + rank
 
 
 def num_counters(groups: int, ranks: int) -> int:
-    return BACKLOG + 3 * groups + ranks
+    return BACKLOG + 4 * groups + ranks
 
 
 class Heartbeat:
@@ -116,7 +125,7 @@ class Watchdog:
 
 
 PARK_NAP_SECONDS = 0.05
-"""Under MPI, a parked learner group reads the counters this often (about 20 small reads a second)."""
+"""Under MPI, a parked learner group or actor reads the counters this often (about 20 small reads a second)."""
 
 
 def wait_request(req, backoff: Backoff | None = None, abandon=None):

@@ -1,7 +1,8 @@
 """A learner group's loop: fragments in, one gradient per minibatch out to the mailbox.
 
 The group root receives fragments from the actors. Once it holds ``group_batch_size``
-environment steps (and the parameter rank counts the group as active) it hands them to
+environment steps (``group_batch_size_for`` the active actors when actor scaling parks some;
+and the parameter rank counts the group as active) it hands them to
 ``algo.prepare`` (PPO: GAE with the newest weights' values) and pushes one gradient for each
 minibatch of ``algo.minibatches`` (PPO: ``num_sgd_iter`` shuffled passes). For every minibatch: read the newest weights from the weight board (their
 version is the gradient's base version), split the minibatch across the group's ranks,
@@ -62,6 +63,7 @@ class LearnerGroup:
         self.reducer = (make_reducer(self.cfg.learners.allreduce, job.topo.group_comm, self.model.device)
                         if self.size > 1 else None)
         self.lockstep = self.cfg.aggregation.policy == "sync"
+        self.on_policy = self.cfg.actors.on_policy
         self.last_base: int | None = None
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
@@ -73,7 +75,6 @@ class LearnerGroup:
             return self._run_member()
         counters = self.job.counters
         backoff = Backoff(5e-5, 2e-3)
-        need = self.cfg.group_batch_size
         lap = self.cycles.lap
         self.cycles.clock.restart()
         while True:
@@ -86,6 +87,7 @@ class LearnerGroup:
             lap("control")
             if words[control.STOP]:
                 break
+            need = self.cfg.group_batch_size_for(int(words[control.ACTIVE_ACTORS]))  # actor scaling shrinks it
             if sum(f["rewards"].size for f in self.frags) < need:
                 if self.g >= words[control.ACTIVE]:  # parked, nothing left to train: block until activated
                     if not self._park():
@@ -100,9 +102,15 @@ class LearnerGroup:
                 f = self.frags.pop(0)
                 taken.append(f)
                 steps += f["rewards"].size
-            counters.add(control.BACKLOG + self.g, -len(taken))
+            if not self.on_policy:  # free the places now: actors sample the next batch while this one trains
+                counters.add(control.BACKLOG + self.g, -len(taken))
             lap("control")
-            if not self._train(taken, steps):
+            trained = self._train(taken, steps)
+            if self.on_policy:  # actors.on_policy: the next batch is sampled with the weights this one made
+                taken_word = control.taken_word(self.cfg.learners.groups, self.g)
+                trained = trained and self._wait_while(lambda: counters.read(taken_word) < self.seq)
+                counters.add(control.BACKLOG + self.g, -len(taken))
+            if not trained:
                 break
         self._finish()
 

@@ -18,6 +18,11 @@ Rounds (Stellaris k, RLlib training iterations) end each time the learners have 
 another ``cfg.round_steps`` environment steps; ``policy.end_round`` and ``algo.end_round``
 (e.g. PPO's adaptive KL coefficient) are called then, the latter with the round's episodes and
 the learners' ``algo.learner_report`` results; rows from ``algo.records()`` go to run.h5.
+
+Active actors: ``algo.end_round`` may return ``active_actors`` (MARLess actor scaling). Actor ranks
+0 .. n-1 then sample and the others park (the ACTIVE_ACTORS counter word; a parked actor blocks in
+``counters.wait_until`` and reports its park, table ``actor_parks``), and the next round holds
+``RunConfig.round_steps_for(n)`` environment steps: the round's data shrinks with its actors.
 """
 from __future__ import annotations
 
@@ -69,6 +74,7 @@ class ParameterRank:
         self.model, self.algo = job.model, job.algo
         self.flat = self.model.flat
         self._optimizer = None  # built on first use (see optimizer)
+        self._lr_anneal = bool(getattr(self.cfg.algo, "lr_anneal", False))  # a PPO field (algo.lr_anneal)
         self.policy = make_policy(self.cfg.aggregation)
         self.counters, self.mailbox, self.board = job.counters, job.mailbox, job.board
         G = self.cfg.learners.groups
@@ -87,6 +93,8 @@ class ParameterRank:
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
         self.active = self.cfg.learners.active_range[0]
+        self.active_actors = self.cfg.actors.count  # actor ranks 0 .. active_actors-1 sample (algo.end_round)
+        self.round_end = self.cfg.round_steps  # consumed env steps at which the current round ends
         lcfg = self.cfg.learners
         self.elastic = elastic.ElasticRule(*lcfg.active_range, lcfg.elastic_headroom, lcfg.elastic_seconds)
         self.stop_reason: str | None = None
@@ -156,6 +164,7 @@ class ParameterRank:
 
     def publish_initial(self) -> None:
         self.counters.set(control.ACTIVE, self.active)
+        self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
         if self.env_steps_start:
             self.counters.add(control.ENV_STEPS, self.env_steps_start)
         self._publish()
@@ -166,10 +175,12 @@ class ParameterRank:
             "params": self.flat.params.detach().cpu().clone(),
             "optimizer": self.optimizer.state_dict(),
             "admission_policy": self.policy,
+            "algo_state": self.algo.parameter_state(),
             "version": self.version, "round": self.round, "consumed": self.consumed,
             "env_steps": self.env_steps(), "episodes": self.episodes, "updates": self.updates,
             "gradients": self.gradients, "admitted": self.admitted, "returns": list(self.stop_rule.returns),
             "seq_next": list(self.seq_next), "active": self.active,
+            "active_actors": self.active_actors, "round_end": self.round_end,
             "wall_seconds": self.wall_before + time.monotonic() - self.t0,
             "rng": rng_state(), "fragment_next": list(self.fragment_next),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
@@ -180,6 +191,7 @@ class ParameterRank:
         self.flat.load_(s["params"])
         self.optimizer.load_state_dict(s["optimizer"])
         self.policy = s["admission_policy"]
+        self.algo.load_parameter_state(s.get("algo_state", {}))
         self.version, self.round, self.consumed = s["version"], s["round"], s["consumed"]
         # env steps restart from what the trajectory files hold at the checkpoint (sampled, unwritten ones are redone)
         self.env_steps_start = sum(s["record"]["traj_steps"].values()) if "record" in s else s["env_steps"]
@@ -190,6 +202,9 @@ class ParameterRank:
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.active = min(max(s["active"], self.cfg.learners.active_range[0]), self.cfg.learners.active_range[1])
+        A, before = self.cfg.actors.count, len(kept)  # all of the old actors active: all of the new ones too
+        self.active_actors = A if s.get("active_actors", before) >= before else min(max(s["active_actors"], 1), A)
+        self.round_end = s.get("round_end", (self.round + 1) * self.cfg.round_steps)
         self.wall_before = s["wall_seconds"]
         restore_rng(s["rng"])
 
@@ -268,9 +283,15 @@ class ParameterRank:
             self.queue.append(rec)
             self.lap("admit")
             self._admit()
-            while self.consumed >= (self.round + 1) * self.cfg.round_steps:
+            while self.consumed >= self.round_end and self.stop_reason is None:
                 self._end_round()
+                if self.cfg.stop.max_rounds is not None and self.round >= self.cfg.stop.max_rounds:
+                    self._check_stop()  # exactly max_rounds rounds
                 self.lap("other")
+        if got and self.cfg.actors.on_policy:  # the groups' pushes so far are applied (or queued) and published
+            G = self.cfg.learners.groups
+            for g in {header["group"] for header, _ in got}:
+                self.counters.set(control.taken_word(G, g), self.seq_next[g])
         return bool(got)
 
     def _arrived(self, header: dict, grad: np.ndarray) -> GradientRecord:
@@ -287,6 +308,8 @@ class ParameterRank:
         while (adm := self.policy.admit(self.queue, self.version, self.active)) is not None:
             lap("admit")
             for step in adm.steps:
+                if self._lr_anneal:
+                    self._anneal_lr()
                 self.algo.apply(self.model, self.optimizer, aggregate(step))
                 self.version += 1
                 t_agg = lap("apply")
@@ -302,6 +325,13 @@ class ParameterRank:
                 if g in held or self._held.get(g):
                     self._held[g] = g in held
                     self.counters.set(control.held_word(self.cfg.learners.groups, g), int(g in held))
+
+    def _anneal_lr(self) -> None:
+        """algo.lr_anneal: lr * (1 - consumed / stop.total_env_steps), from the env steps consumed so far
+        (so a resumed run goes on where it stopped)."""
+        frac = max(0.0, 1.0 - self.consumed / self.cfg.stop.total_env_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group.setdefault("initial_lr", group["lr"]) * frac
 
     def _publish(self) -> None:
         probe = self.job.probe_outputs(self.model) if self.job.probe_size else None
@@ -370,8 +400,18 @@ class ParameterRank:
         kl = np.asarray(r["kl"], float)
         # a changed setting (e.g. the KL coefficient) is in the flat buffer: it reaches the learners
         # with the next published version
-        self.algo.end_round(self.model, {"kl": agg(kl[np.isfinite(kl)], np.mean), "round": self.round,
-                                         "episodes": r["episode_rows"], "reports": r["reports"]})
+        changed = self.algo.end_round(self.model, {
+            "kl": agg(kl[np.isfinite(kl)], np.mean), "round": self.round, "episodes": r["episode_rows"],
+            "reports": r["reports"], "actors": {"count": self.cfg.actors.count, "active": self.active_actors}})
+        schedule = self.cfg.debug.active_actors
+        if schedule:  # tests of the parking machinery
+            changed = {**(changed or {}), "active_actors": schedule[min(self.round, len(schedule) - 1)]}
+        if changed and "active_actors" in changed:  # actors 0 .. n-1 sample the next round, the others park
+            self.active_actors = min(max(int(changed["active_actors"]), 1), self.cfg.actors.count)
+            self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
+            for a in range(self.active_actors, self.cfg.actors.count):  # parked actors supply nothing
+                self.elastic.actor_rate.pop(a, None)
+        self.round_end += self.cfg.round_steps_for(self.active_actors)
         for table, rows in self.algo.records().items():
             for row in rows:
                 self.run_file.append(table, row)
@@ -412,6 +452,9 @@ class ParameterRank:
         return {k: (np.asarray(v, dtype=np.float64) - t0 if k in keys else v) for k, v in row.items()}
 
     def _fragment_report(self, msg: dict) -> None:
+        if "park" in msg:  # an actor's park ended (runtime/actor.py)
+            self.run_file.append("actor_parks", self._times(msg["park"], ("time",)))
+            return
         r = self._round_stats
         r["actor_seconds"] += msg["fragment"]["sample_seconds"]
         a = msg["fragment"]["actor"]
@@ -461,7 +504,8 @@ class ParameterRank:
         if self.signals.received is not None:
             self.stop_reason = f"signal {signal.Signals(self.signals.received).name}"
         else:
-            self.stop_reason = self.stop_rule.reason(self.env_steps(), self.wall_before + time.monotonic() - self.t0)
+            self.stop_reason = self.stop_rule.reason(self.env_steps(), self.wall_before + time.monotonic() - self.t0,
+                                                     self.round)
 
     def mean_return(self) -> float:
         return self.stop_rule.mean_return()

@@ -163,9 +163,18 @@ def _unique(rows: np.ndarray) -> bool:
     return len(np.unique(rows, axis=0)) == len(rows)
 
 
-def test_kill_9_then_resume_leaves_no_duplicate_or_missing_keys(tmp_path):
-    """SIGKILL after a checkpoint with rows written past it; --resume cuts them and redoes the work."""
-    data = tiny(tmp_path / "run", stop={"total_env_steps": 10_000_000}, io={"checkpoint_every": 200, "flush_seconds": 0.2})
+@pytest.mark.parametrize("groups", [1, 2])
+def test_kill_9_then_resume_leaves_no_duplicate_or_missing_keys(tmp_path, groups):
+    """SIGKILL after a checkpoint with rows written past it; --resume cuts them and redoes the work.
+
+    With two groups a gradient often waits in the admission queue (Stellaris' threshold): the
+    kill comes after a checkpoint taken while one waited, which the resumed job must still admit
+    (a lost one leaves a gap in its group's sequence numbers)."""
+    two = groups == 2
+    data = tiny(tmp_path / "run", stop={"total_env_steps": 10_000_000},
+                io={"checkpoint_every": 1 if two else 200, "flush_seconds": 0.2, "checkpoint_min_seconds": 0.5},
+                learners={"groups": groups, "min_active": groups},
+                aggregation={"policy": "stellaris"})
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "run"
@@ -175,13 +184,16 @@ def test_kill_9_then_resume_leaves_no_duplicate_or_missing_keys(tmp_path):
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:  # a checkpoint, then more updates on disk than it holds
             time.sleep(0.3)
+            os.killpg(proc.pid, signal.SIGSTOP)  # looked at while frozen: no new checkpoint before the kill
             ckpt = load_checkpoint(run_dir) if (run_dir / "checkpoints" / "latest.pt").is_file() else None
             try:
-                done = ckpt and len(read_table(run_dir / "run.h5", "updates")["version"]) > ckpt["version"] + 5
+                done = (ckpt and len(read_table(run_dir / "run.h5", "updates")["version"]) > ckpt["version"] + 5
+                        and (not two or len(ckpt["queue"]) > 0))
             except Exception:
                 done = False
             if done:
                 break
+            os.killpg(proc.pid, signal.SIGCONT)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -189,6 +201,7 @@ def test_kill_9_then_resume_leaves_no_duplicate_or_missing_keys(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     ckpt = load_checkpoint(run_dir)
     assert len(read_table(run_dir / "run.h5", "updates")["version"]) > ckpt["version"], "nothing past the checkpoint"
+    assert not two or ckpt["queue"], "no checkpoint was taken while a gradient waited"
     res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--resume", str(run_dir), "-o",
                           f"stop.total_env_steps={ckpt['env_steps'] + 600}"], capture_output=True, text=True,
                          timeout=120)
@@ -199,7 +212,9 @@ def test_kill_9_then_resume_leaves_no_duplicate_or_missing_keys(tmp_path):
     grads = read_table(h5, "gradients")
     keys = np.stack([grads["group"], grads["seq"]], axis=1)
     assert _unique(keys)
-    assert np.array_equal(np.sort(grads["seq"]), np.arange(len(grads["seq"])))  # one group: 0..n-1, no gap
+    for g in range(groups):  # each group's sequence numbers 0..n-1: none lost, none twice
+        seqs = np.sort(grads["seq"][grads["group"] == g])
+        assert np.array_equal(seqs, np.arange(len(seqs))), f"group {g}: {np.setdiff1d(np.arange(seqs.max() + 1), seqs)}"
     rounds = read_table(h5, "rounds")["round"]
     assert np.array_equal(rounds, np.arange(len(rounds)))
     actors = read_table(h5, "actors")

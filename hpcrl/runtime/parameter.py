@@ -180,6 +180,9 @@ class ParameterRank:
             "env_steps": self.env_steps(), "episodes": self.episodes, "updates": self.updates,
             "gradients": self.gradients, "admitted": self.admitted, "returns": list(self.stop_rule.returns),
             "seq_next": list(self.seq_next), "active": self.active,
+            # received, counted in seq_next and consumed, not yet admitted: without them a resume
+            # would leave a gap in their group's sequence numbers
+            "queue": list(self.queue),
             "active_actors": self.active_actors, "round_end": self.round_end,
             "wall_seconds": self.wall_before + time.monotonic() - self.t0,
             "rng": rng_state(), "fragment_next": list(self.fragment_next),
@@ -201,6 +204,7 @@ class ParameterRank:
         self.gradients, self.admitted = s["gradients"], s["admitted"]
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
+        self.queue = list(s.get("queue", []))
         self.active = min(max(s["active"], self.cfg.learners.active_range[0]), self.cfg.learners.active_range[1])
         A, before = self.cfg.actors.count, len(kept)  # all of the old actors active: all of the new ones too
         self.active_actors = A if s.get("active_actors", before) >= before else min(max(s["active_actors"], 1), A)

@@ -171,10 +171,11 @@ def test_kill_9_then_resume_leaves_no_duplicate_or_missing_keys(tmp_path, groups
     kill comes after a checkpoint taken while one waited, which the resumed job must still admit
     (a lost one leaves a gap in its group's sequence numbers)."""
     two = groups == 2
-    data = tiny(tmp_path / "run", stop={"total_env_steps": 10_000_000},
-                io={"checkpoint_every": 1 if two else 200, "flush_seconds": 0.2, "checkpoint_min_seconds": 0.5},
-                learners={"groups": groups, "min_active": groups},
-                aggregation={"policy": "stellaris"})
+    io = {"checkpoint_every": 200, "flush_seconds": 0.2}
+    if two:  # checkpoints every 0.5 s, not after a count of updates: they land between arrivals, not right after one
+        io.update(checkpoint_every=1, checkpoint_min_seconds=0.5)
+    data = tiny(tmp_path / "run", stop={"total_env_steps": 10_000_000}, io=io,
+                learners={"groups": groups, "min_active": groups})
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "run"

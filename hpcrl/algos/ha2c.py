@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.distributions import Distribution
 
-from hpcrl.algos.base import Algorithm
+from hpcrl.algos.base import Algorithm, adam
 from hpcrl.algos.ppo import prepare_batch
 from hpcrl.algos.returns import generalized_advantage_estimate
 from hpcrl.algos.rollout import Rollout
@@ -55,7 +55,7 @@ class HA2C(Algorithm):
     """Fragments the fused loop's buffer holds (on-policy: the newest only)."""
 
     def make_optimizer(self, model) -> torch.optim.Optimizer:
-        return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=self.cfg.lr)
+        return adam([p for p in model.parameters() if p.requires_grad], lr=self.cfg.lr)
 
     @torch.no_grad()
     def sample(self, model, obs: Tensor) -> tuple[Tensor, Tensor]:

@@ -31,7 +31,7 @@ import torch
 from gymnasium import spaces
 from torch import Tensor, nn
 
-from hpcrl.algos.base import Algorithm
+from hpcrl.algos.base import Algorithm, adam
 from hpcrl.algos.returns import n_step_returns, next_values_from
 from hpcrl.algos.rollout import Rollout
 from hpcrl.errors import ConfigError
@@ -217,8 +217,8 @@ class HDDPG(Algorithm):
 
     # ---- parameter side -------------------------------------------------------------------
     def make_optimizer(self, model: DDPGModel) -> torch.optim.Optimizer:
-        return torch.optim.Adam([{"params": model.actor.parameters(), "lr": self.cfg.actor_lr},
-                                 {"params": model.critic.parameters(), "lr": self.cfg.critic_lr}])
+        return adam([{"params": list(model.actor.parameters()), "lr": self.cfg.actor_lr},
+                     {"params": list(model.critic.parameters()), "lr": self.cfg.critic_lr}])
 
     def apply(self, model: DDPGModel, optimizer, gradient) -> None:
         super().apply(model, optimizer, gradient)

@@ -232,8 +232,8 @@ class ActorCritic(nn.Module):
     def _dist(self, net: nn.Module, log_std: Tensor | None, obs: Tensor | np.ndarray) -> Distribution:
         out = net(self._obs(obs))
         if self.discrete:
-            return Categorical(logits=out)
-        return Normal(out, log_std.exp().expand_as(out))
+            return Categorical(logits=out, validate_args=False)
+        return Normal(out, log_std.exp().expand_as(out), validate_args=False)
 
     def dist(self, obs: Tensor | np.ndarray) -> Distribution:
         """The action distribution at a batch of observations [B, *obs_shape]."""
@@ -268,10 +268,22 @@ class ActorCritic(nn.Module):
 
     def evaluate(self, obs: Tensor | np.ndarray, actions: Tensor | np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
         """(log pi(a|s) [B], entropy [B], V(s) [B]) with gradients."""
-        d = self.dist(obs)
+        x = self._obs(obs)
         actions = torch.as_tensor(actions, device=self.device)
-        ent = d.entropy() if self.discrete else d.entropy().sum(-1)
-        return self._logp(d, actions), ent, self.value(obs)
+        if self.discrete:
+            log_probs = self._log_probs(x)
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+            return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, self.vf(x).squeeze(-1)
+        d = self.dist(x)
+        return self._logp(d, actions), d.entropy().sum(-1), self.vf(x).squeeze(-1)
+
+    def _log_probs(self, x: Tensor) -> Tensor:
+        """Discrete: log pi(.|s) [B, n] at prepared observations, clamped to finite values as
+        Categorical's entropy clamps them (0 * log 0 = 0, not NaN). Categorical's own log_prob,
+        entropy and sample on the same logits, without building the distribution object (a third
+        of an actor's step on small networks)."""
+        log_probs = torch.log_softmax(self.pi(x), -1)
+        return log_probs.clamp(min=torch.finfo(log_probs.dtype).min)
 
     @torch.no_grad()
     def greedy(self, obs: Tensor | np.ndarray) -> Tensor:
@@ -284,9 +296,12 @@ class ActorCritic(nn.Module):
     @torch.no_grad()
     def act(self, obs: Tensor | np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
         """Sample (action, log-prob, value) for a batch; Box actions are unclipped samples."""
-        d = self.dist(obs)
+        x = self._obs(obs)
+        if self.discrete:
+            log_probs = self._log_probs(x)
+            a = torch.multinomial(log_probs.exp(), 1)  # the draw Categorical.sample makes
+            return a.squeeze(-1), log_probs.gather(-1, a).squeeze(-1), self.vf(x).squeeze(-1)
+        d = self.dist(x)
         a = d.sample()
         logp = self._logp(d, a)
-        if not self.discrete:
-            a = a.reshape(a.shape[:-1] + self.action_shape)
-        return a, logp, self.value(obs)
+        return a.reshape(a.shape[:-1] + self.action_shape), logp, self.vf(x).squeeze(-1)

@@ -67,6 +67,26 @@ def test_actor_critic_discrete(device):
     assert ac.flat.num_params == sum(p.numel() for p in ac.parameters())
 
 
+def test_discrete_act_and_evaluate_are_categoricals_own_numbers():
+    """act/evaluate skip building a Categorical: same draws (same generator), log-probs and entropy,
+    also where a probability underflows to 0 (entropy stays finite, as Categorical's)."""
+    torch.manual_seed(0)
+    ac = ActorCritic(OBS, spaces.Discrete(3), CFG)
+    with torch.no_grad():  # a trained-looking policy: far from uniform
+        ac.pi[0][-1].weight.mul_(3e4)
+    obs = torch.as_tensor(np.random.default_rng(1).uniform(-1, 1, (64, 4)), dtype=torch.float32)
+    reference = torch.distributions.Categorical(logits=ac.pi(obs).detach())
+    torch.manual_seed(5)
+    a, logp, _ = ac.act(obs)
+    torch.manual_seed(5)
+    torch.testing.assert_close(a, reference.sample())
+    torch.testing.assert_close(logp, reference.log_prob(a))
+    logp2, entropy, _ = ac.evaluate(obs, a)
+    torch.testing.assert_close(logp2.detach(), reference.log_prob(a))
+    torch.testing.assert_close(entropy.detach(), reference.entropy())
+    assert torch.isfinite(entropy).all() and (reference.probs == 0).any()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_actor_critic_box_and_flat_roundtrip(device):
     torch.manual_seed(0)

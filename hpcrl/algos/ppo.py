@@ -147,6 +147,10 @@ def clipped_surrogate(logp: Tensor, denom_logp: Tensor, advantages: Tensor, cfg,
     return -surrogate.mean(), ratio
 
 
+LOSS_STATS = ("loss", "policy_loss", "value_loss", "kl", "entropy", "clip_fraction", "ratio_mean", "truncated_fraction")
+"""What :func:`ppo_loss` reports per (mini)batch, in this order."""
+
+
 def ppo_loss(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | None = None,
              ratio_fn: RatioFn | None = None, kl_coeff: float | None = None,
              vf_clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
@@ -173,15 +177,10 @@ def ppo_loss(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | No
     coeff = cfg.kl_coeff if kl_coeff is None else kl_coeff
     ent = entropy.mean()
     loss = policy_loss + cfg.vf_coeff * value_loss + coeff * kl - cfg.entropy_coeff * ent
-    with torch.no_grad():
-        stats = {
-            "loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": value_loss.item(),
-            "kl": kl.item(), "entropy": ent.item(),
-            "clip_fraction": ((ratio - 1.0).abs() > cfg.clip).float().mean().item(),
-            "ratio_mean": ratio.mean().item(),
-            "truncated_fraction": (ratio < raw_ratio - 1e-6).float().mean().item(),
-        }
-    return loss, stats
+    with torch.no_grad():  # one host copy for all of them (each .item() is a sync on a GPU)
+        values = torch.stack([loss, policy_loss, value_loss, kl, ent, ((ratio - 1.0).abs() > cfg.clip).float().mean(),
+                              ratio.mean(), (ratio < raw_ratio - 1e-6).float().mean()]).tolist()
+    return loss, dict(zip(LOSS_STATS, values))
 
 
 def compute_gradient(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | None = None,

@@ -48,19 +48,9 @@ import torch
 from gymnasium import spaces
 from torch import Tensor, nn
 
+from hpcrl.algos.adam import Adam
+
 Batch = dict[str, Tensor]
-
-
-def adam(params, **kwargs) -> torch.optim.Adam:
-    """torch's Adam, fused (one kernel over all tensors) where torch has that kernel for the parameters'
-    device: the same update to float rounding, a quarter of the for-loop version's time on small CPU
-    networks (the parameter rank applies one step per admitted gradient)."""
-    return torch.optim.Adam(params, fused=_fused_adam(params), **kwargs)
-
-
-def _fused_adam(params) -> bool:
-    tensors = [p for group in params for p in group["params"]] if params and isinstance(params[0], dict) else params
-    return all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64) for p in tensors)
 
 
 class Algorithm:
@@ -123,18 +113,18 @@ class Algorithm:
         return model.evaluate(minibatch["obs"], minibatch["actions"])[0]
 
     # ---- parameter rank -------------------------------------------------------------------
-    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+    def make_optimizer(self, model: nn.Module) -> Adam | torch.optim.SGD:
         params = [p for p in model.parameters() if p.requires_grad]
         if getattr(self.cfg, "optimizer", "adam") == "sgd":
             return torch.optim.SGD(params, lr=self.cfg.lr)
-        return adam(params, lr=self.cfg.lr, eps=1e-5)
+        return Adam(params, lr=self.cfg.lr, eps=1e-5)
 
-    def apply(self, model: nn.Module, optimizer: torch.optim.Optimizer, gradient: np.ndarray) -> None:
+    def apply(self, model: nn.Module, optimizer: Adam | torch.optim.SGD, gradient: np.ndarray) -> None:
         """One optimizer step with an admitted (already staleness-scaled and averaged) flat gradient."""
         model.flat.grads.copy_(torch.as_tensor(gradient, device=model.flat.grads.device))
         optimizer.step()
 
-    def update(self, batch: Batch, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
+    def update(self, batch: Batch, model: nn.Module, optimizer: Adam | torch.optim.SGD) -> dict[str, Tensor]:
         """One training step where the learner and the parameter role share the model (the fused loop):
         a gradient at the current weights, applied at once. An algorithm whose paper orders its
         losses within a step (HDDPG: critic, then actor through the new critic) overrides this."""

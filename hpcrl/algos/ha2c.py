@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 from torch.distributions import Distribution
 
-from hpcrl.algos.base import Algorithm, adam
+from hpcrl.algos.adam import Adam
+from hpcrl.algos.base import Algorithm
 from hpcrl.algos.ppo import prepare_batch
 from hpcrl.algos.returns import generalized_advantage_estimate
 from hpcrl.algos.rollout import Rollout
@@ -54,8 +55,8 @@ class HA2C(Algorithm):
     kept_fragments = 1
     """Fragments the fused loop's buffer holds (on-policy: the newest only)."""
 
-    def make_optimizer(self, model) -> torch.optim.Optimizer:
-        return adam([p for p in model.parameters() if p.requires_grad], lr=self.cfg.lr)
+    def make_optimizer(self, model) -> Adam:
+        return Adam([p for p in model.parameters() if p.requires_grad], lr=self.cfg.lr)
 
     @torch.no_grad()
     def sample(self, model, obs: Tensor) -> tuple[Tensor, Tensor]:

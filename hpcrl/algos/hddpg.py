@@ -31,7 +31,8 @@ import torch
 from gymnasium import spaces
 from torch import Tensor, nn
 
-from hpcrl.algos.base import Algorithm, adam
+from hpcrl.algos.adam import Adam
+from hpcrl.algos.base import Algorithm
 from hpcrl.algos.returns import n_step_returns, next_values_from
 from hpcrl.algos.rollout import Rollout
 from hpcrl.errors import ConfigError
@@ -216,8 +217,8 @@ class HDDPG(Algorithm):
         return self._stats(critic_loss, actor_loss, q, batch)
 
     # ---- parameter side -------------------------------------------------------------------
-    def make_optimizer(self, model: DDPGModel) -> torch.optim.Optimizer:
-        return adam([{"params": list(model.actor.parameters()), "lr": self.cfg.actor_lr},
+    def make_optimizer(self, model: DDPGModel) -> Adam:
+        return Adam([{"params": list(model.actor.parameters()), "lr": self.cfg.actor_lr},
                      {"params": list(model.critic.parameters()), "lr": self.cfg.critic_lr}])
 
     def apply(self, model: DDPGModel, optimizer, gradient) -> None:
@@ -231,7 +232,7 @@ class HDDPG(Algorithm):
             torch._foreach_lerp_(targets, online, self.cfg.tau)
 
 
-def _step_only(optimizer: torch.optim.Optimizer, network: nn.Module, other: nn.Module) -> None:
+def _step_only(optimizer: Adam, network: nn.Module, other: nn.Module) -> None:
     """Step ``network``'s parameters only: Adam skips parameters whose grad is None (the next
     ``flat.zero_grad`` reattaches them to the gradient buffer), so ``other``'s moments stay put."""
     for p in other.parameters():

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hpcrl.algos.adam import Adam
 from hpcrl.marl.convexity import loss_convexity_ratio
 from hpcrl.marl.model import copy_slot
 from hpcrl.marl.sharing import LearnerSharing, MappingChange
@@ -57,7 +58,7 @@ def spread_rows(agent: np.ndarray, agents: int, per_agent: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def reset_slot_state(optimizer: torch.optim.Optimizer, model: nn.Module, slot: int) -> None:
+def reset_slot_state(optimizer: Adam, model: nn.Module, slot: int) -> None:
     """Forget the optimizer's state (Adam's moments and step) of one policy slot's parameters."""
     for p in model.policy_parameters(slot):
         optimizer.state.pop(p, None)
@@ -68,7 +69,7 @@ def reset_slot_state(optimizer: torch.optim.Optimizer, model: nn.Module, slot: i
                 value[slot].zero_()
 
 
-def apply_change(model: nn.Module, optimizer: torch.optim.Optimizer | None, change: MappingChange) -> None:
+def apply_change(model: nn.Module, optimizer: Adam | None, change: MappingChange) -> None:
     """Weight copies (and their slots' optimizer state reset), then the new agent -> policy map."""
     for src, dst in change.copies:
         copy_slot(model, src, dst)

@@ -122,7 +122,8 @@ class ParameterRank:
     @property
     def optimizer(self):
         """Built on first use (the first applied step, a checkpoint, a resume), after the first publish:
-        torch.optim imports torch._dynamo (about a second of CPU), which would delay every actor's first step."""
+        hpcrl's Adam costs nothing to build, but a torch.optim optimizer (``algo.optimizer: sgd``) imports
+        torch._dynamo (about 1.5 s of CPU), which would delay every actor's first step."""
         if self._optimizer is None:
             self._optimizer = self.algo.make_optimizer(self.model)
         return self._optimizer

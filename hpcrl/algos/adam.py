@@ -1,0 +1,110 @@
+"""Adam (Kingma & Ba 2015) as torch.optim.Adam computes it, without torch.optim.Optimizer.
+
+Why not torch.optim.Adam: constructing any torch.optim.Optimizer imports torch._dynamo (about
+1.5 s of CPU on the 2-core VM). The parameter rank builds its optimizer when the first gradient
+arrives, so every learner waited that long for a mailbox slot at the start of each job (about 1 s
+of an 8 s default job). This class runs the same update (torch's fused Adam kernel,
+``aten::_fused_adam_``, for float parameters on CPU and CUDA; the same equations in plain tensor
+ops elsewhere) and keeps its state in torch's layout, so ``state_dict()`` and checkpoints load into
+either class.
+
+    m_t = beta1 m_{t-1} + (1 - beta1) g_t           v_t = beta2 v_{t-1} + (1 - beta2) g_t^2
+    theta_t = theta_{t-1} - lr (m_t / (1 - beta1^t)) / (sqrt(v_t / (1 - beta2^t)) + eps)
+
+Interface used by hpcrl: ``param_groups`` (dicts with ``params`` and ``lr``, which may be changed
+between steps), ``state`` (parameter -> ``step``, ``exp_avg``, ``exp_avg_sq``; deleting an entry
+restarts that parameter's moments), ``step()`` on the parameters' ``.grad``, ``state_dict()`` and
+``load_state_dict()``. No weight decay, AMSGrad or maximize (hpcrl uses none of them).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor
+
+_GROUP_DEFAULTS = ("lr", "betas", "eps")
+
+
+class Adam:
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        groups = list(params)
+        if not groups:
+            raise ValueError("Adam: no parameters to optimise")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps}
+        self.param_groups: list[dict[str, Any]] = [{**defaults, **g, "params": list(g["params"])} for g in groups]
+        self.state: dict[Tensor, dict[str, Tensor]] = {}
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            states = [self._state_of(p) for p in params]
+            beta1, beta2 = group["betas"]
+            steps = [s["step"] for s in states]
+            for s in steps:
+                s.add_(1)
+            grads = [p.grad for p in params]
+            exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+            if all(_fusable(p) for p in params):
+                torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=float(group["lr"]),
+                                   beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"], amsgrad=False,
+                                   maximize=False)
+                continue
+            for p, g, m, v, t in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+                m.lerp_(g, 1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                t = float(t)
+                denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
+                p.addcdiv_(m, denom, value=-float(group["lr"]) / (1 - beta1 ** t))
+
+    def _state_of(self, p: Tensor) -> dict[str, Tensor]:
+        if p not in self.state:
+            self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
+                             "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                             "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+        return self.state[p]
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch.optim's layout: parameters numbered in group order, state by number."""
+        index: dict[Tensor, int] = {}
+        groups = []
+        for group in self.param_groups:
+            ids = [index.setdefault(p, len(index)) for p in group["params"]]
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "weight_decay": 0,
+                           "amsgrad": False, "maximize": False, "params": ids})
+        state = {index[p]: {k: v.clone() for k, v in s.items()} for p, s in self.state.items() if p in index}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict of this class or of torch.optim.Adam (same groups, same parameter shapes)."""
+        saved = state_dict["param_groups"]
+        if len(saved) != len(self.param_groups) or any(len(s["params"]) != len(g["params"])
+                                                       for s, g in zip(saved, self.param_groups)):
+            raise ValueError("Adam.load_state_dict: the saved parameter groups do not match this optimizer's")
+        for s in saved:
+            if s.get("weight_decay", 0) or s.get("amsgrad", False) or s.get("maximize", False):
+                raise ValueError("Adam.load_state_dict: weight decay, AMSGrad and maximize are not supported")
+        by_id = {}
+        for s, group in zip(saved, self.param_groups):
+            group.update({k: (tuple(s[k]) if k == "betas" else s[k]) for k in _GROUP_DEFAULTS if k in s})
+            if "initial_lr" in s:
+                group["initial_lr"] = s["initial_lr"]
+            by_id.update(zip(s["params"], group["params"]))
+        self.state = {}
+        for i, values in state_dict["state"].items():
+            p = by_id[int(i)]
+            self.state[p] = {"step": torch.as_tensor(values["step"], dtype=torch.float32).to(p.device).reshape(()).clone(),
+                             "exp_avg": values["exp_avg"].to(p.device, p.dtype).clone(),
+                             "exp_avg_sq": values["exp_avg_sq"].to(p.device, p.dtype).clone()}
+
+
+def _fusable(p: Tensor) -> bool:
+    """torch's fused Adam kernel exists for these (CPU since torch 2.4)."""
+    return p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64)

@@ -195,11 +195,10 @@ class LearnerGroup:
             held = control.held_word(self.cfg.learners.groups, self.g)
             if not self._wait_while(lambda: self.job.counters.read(held)):
                 return None
-        board = self.job.board
-        if self.loaded < 0 or board.latest_version() != self.loaded:  # copy only a newer version
-            version = board.read_latest(self.weights)
+        version = self.job.board.read_latest(self.weights, have=self.loaded if self.loaded >= 0 else None)
+        if version != self.loaded:  # copied only when newer
             self.model.flat.load_(self.weights)
-            if self.window and version != self.loaded:  # the others' IS window needs our base version
+            if self.window:  # the others' IS window needs our base version
                 self.job.counters.set(control.base_word(self.cfg.learners.groups, self.g), version)
             self.loaded = version
         return self.loaded

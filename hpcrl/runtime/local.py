@@ -141,12 +141,13 @@ class LocalBoard:
         with self._lock:
             return self._ring[-1][0] if self._ring else -1
 
-    def read_latest(self, out: np.ndarray) -> int:
+    def read_latest(self, out: np.ndarray, have: int | None = None) -> int:
         with self._lock:
             if not self._ring:
                 return -1
             version, params, _ = self._ring[-1]
-            out[:] = params
+            if version != have:
+                out[:] = params
             return version
 
     def read_version(self, version: int, out: np.ndarray) -> bool:

@@ -309,17 +309,31 @@ class WeightBoard(_OwnedWindow):
         slot = (self._latest_slot + 1) % self.history
         base = self._data_disp + slot * self._slot_bytes
         seq = self._seq_word(slot)
+        # three Flushes, each separating what readers must see in order (a Flush per word would be
+        # six: each one a chance for MPICH to yield the core on an oversubscribed node)
         with self._epoch() as win:
-            self._fop(win, seq, 1, MPI.SUM)  # odd: being written
-            self._fop(win, seq + 1, version, MPI.REPLACE)
+            odd = self._accumulate(win, [(seq, 1, MPI.SUM), (seq + 1, version, MPI.REPLACE)])
+            win.Flush(self.owner)  # odd (being written) before any byte of the data
             win.Put([flat, MPI.FLOAT], self.owner, (base, flat.size, MPI.FLOAT))
             if probe.size:
                 win.Put([probe, MPI.FLOAT], self.owner, (base + 4 * self.num_params, probe.size, MPI.FLOAT))
+            win.Flush(self.owner)  # the data before even (consistent)
+            # even, then version and slot in one atomic word, the count: a reader that meets the new
+            # latest word before the even seq finds the slot odd and reads again
+            even = self._accumulate(win, [(seq, 1, MPI.SUM), (0, version * _SLOTS + slot, MPI.REPLACE),
+                                          (1, 1, MPI.SUM)])
             win.Flush(self.owner)
-            self._fop(win, seq, 1, MPI.SUM)  # even: consistent
-            self._fop(win, 0, version * _SLOTS + slot, MPI.REPLACE)  # version and slot in one atomic word
-            self._fop(win, 1, 1, MPI.SUM)
+        del odd, even  # origin buffers live until their Flush
         self._latest_slot, self._latest_version = slot, version
+
+    def _accumulate(self, win, updates: list[tuple[int, int, object]]) -> list[np.ndarray]:
+        """Start ``(word, value, op)`` updates (Accumulate, no Flush); returns their origin buffers."""
+        buffers = []
+        for word, value, op in updates:
+            buf = np.array([value], dtype=np.int64)
+            win.Accumulate(_i64(buf), self.owner, (self._word(word), 1, _INT64), op=op)
+            buffers.append(buf)
+        return buffers
 
     def latest_version(self) -> int:
         """Newest published version (-1 before the first publish): one atomic read."""
@@ -347,8 +361,9 @@ class WeightBoard(_OwnedWindow):
         win.Flush(self.owner)
         return version if self._fop(win, seq, 0, MPI.NO_OP) == before else None
 
-    def _read(self, offset: int, out: np.ndarray, version: int | None) -> int:
-        """Seqlocked read of the latest slot (version None) or of ``version``; -1 if absent."""
+    def _read(self, offset: int, out: np.ndarray, version: int | None, have: int | None = None) -> int:
+        """Seqlocked read of the latest slot (version None) or of ``version``; -1 if absent. With
+        ``have``: the latest version is not copied when it is ``have`` (returned as it is)."""
         backoff = Backoff()
         while True:
             with self._epoch() as win:
@@ -357,6 +372,8 @@ class WeightBoard(_OwnedWindow):
                     if ctrl[0] < 0:
                         return -1
                     slot, version_wanted = int(ctrl[0] % _SLOTS), int(ctrl[0] // _SLOTS)
+                    if version_wanted == have:
+                        return have
                 else:
                     version_wanted = version
                     found = np.flatnonzero(ctrl[5::2] == version) if version >= 0 else []
@@ -373,10 +390,12 @@ class WeightBoard(_OwnedWindow):
         if out.dtype != np.float32 or out.size != n or not out.flags.c_contiguous:
             raise ValueError(f"WeightBoard.{what}: out must be a contiguous float32 array of {n} values")
 
-    def read_latest(self, out: np.ndarray) -> int:
-        """Copy the newest params into ``out`` (float32, num_params); return their version (-1: none yet)."""
+    def read_latest(self, out: np.ndarray, have: int | None = None) -> int:
+        """Copy the newest params into ``out`` (float32, num_params); return their version (-1: none yet).
+        ``have``: the version ``out`` holds already; when it is still the newest nothing is copied
+        (one atomic read, as :meth:`latest_version`)."""
         self._check_out(out, self.num_params, "read_latest")
-        return self._read(0, out.reshape(-1), None)
+        return self._read(0, out.reshape(-1), None, have)
 
     def read_version(self, version: int, out: np.ndarray) -> bool:
         """Copy the params of ``version`` into ``out`` if the ring still holds it; False otherwise."""

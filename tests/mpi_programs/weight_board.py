@@ -39,6 +39,10 @@ def exercise_board(comm, params, history, seconds):
                 got = board.read_latest(out)
                 check_uniform(out, got, "latest")
                 assert got == v
+                out[:] = -1.0  # the version held is still the newest: nothing copied
+                assert board.read_latest(out, have=got) == got and (out == -1.0).all()
+                assert board.read_latest(out, have=got - 1) == got  # an older one held: copied
+                check_uniform(out, got, "latest after have")
                 reads += 1
             v += 1
         flags.set(STOP, 1)

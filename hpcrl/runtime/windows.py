@@ -149,6 +149,7 @@ class GradientMailbox(_OwnedWindow, PushLoop):
         self._res = np.zeros(1, dtype=np.int64)
         self._hdr = np.zeros(self._header_bytes // 8, dtype=np.int64)
         self.pushes = 0
+        self._next_slot: dict[int, int] = {}
         if self.is_owner:
             self._init_words(0, np.zeros(1 + nslots, dtype=np.int64))
             for s in range(nslots):
@@ -181,10 +182,12 @@ class GradientMailbox(_OwnedWindow, PushLoop):
         if stats.size > self.stats_capacity:
             raise ValueError(f"GradientMailbox.push: {stats.size} stats, capacity is {self.stats_capacity}")
         with self._epoch() as win:
+            first = self._next_slot.get(group, 0)  # the slot after the last one filled: likely free
             for k in range(self.slots_per_group):
-                slot = group * self.slots_per_group + k
+                slot = group * self.slots_per_group + (first + k) % self.slots_per_group
                 if self._cas_state(win, slot, FREE, CLAIMED) != FREE:
                     continue
+                self._next_slot[group] = (first + k + 1) % self.slots_per_group
                 win.Fetch_and_op(_i64(self._one), _i64(self._res), self.owner, 0, MPI.SUM)
                 win.Flush(self.owner)
                 hdr = self._hdr

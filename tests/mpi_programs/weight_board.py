@@ -45,6 +45,11 @@ def exercise_board(comm, params, history, seconds):
                 check_uniform(out, got, "latest after have")
                 reads += 1
             v += 1
+            if size > 1 and history == 1:
+                # a reader needs the slot unchanged for one Get of PARAMS floats: back-to-back publishes
+                # (about 20 us each) would starve it (a parameter rank publishes once per admitted
+                # gradient, a millisecond or more apart); the slot is still rewritten under most reads
+                time.sleep(2e-4)
         flags.set(STOP, 1)
         assert board.versions() == list(range(v - min(history, v), v))
         assert board.read_version(v - 1, out) and not board.read_version(v - history - 1, out)

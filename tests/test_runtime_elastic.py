@@ -26,12 +26,15 @@ DELAY_UNTIL = 3.0
 
 ELASTIC = {
     "name": "elastic",
-    "env": {"id": "CartPole-v1", "num_envs": 2},
-    "actors": {"count": 2, "fragment_length": 16},
+    # one env per actor: once the delay ends, the actors supply less than one group trains (two envs
+    # each did until the actors' step stopped building a distribution object: then they out-sampled
+    # a group under the serial runner, and no park came within the run)
+    "env": {"id": "CartPole-v1", "num_envs": 1},
+    "actors": {"count": 2, "fragment_length": 32},
     "learners": {"groups": 2, "ranks_per_group": 1, "min_active": 1, "elastic_seconds": 1.0},
     # large minibatches: once the delay ends one group trains faster than the actors sample
     "algo": {"name": "ppo", "train_batch_size": 128, "minibatch_size": 64, "num_sgd_iter": 1},
-    "stop": {"total_env_steps": 10_000_000, "max_wall_seconds": DELAY_UNTIL + 6.0},
+    "stop": {"total_env_steps": 10_000_000, "max_wall_seconds": DELAY_UNTIL + 7.0},
     "io": {"flush_seconds": 0.5, "checkpoint_every": 1000},
     "debug": {"learner_delay_seconds": 0.2, "learner_delay_until_seconds": DELAY_UNTIL},
     "launch": {"runner": "serial", "timeout_seconds": 120},

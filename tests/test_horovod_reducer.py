@@ -1,4 +1,6 @@
 """Horovod as the learner-group allreduce: the group mean on split communicators, and the config check."""
+import re
+
 import pytest
 from mpi_programs.launcher import MPIEXEC, run_mpi
 
@@ -15,7 +17,8 @@ def test_horovod_averages_within_each_learner_group():
     if not MPIEXEC.exists():
         pytest.skip(f"no mpiexec next to this Python ({MPIEXEC})")
     out = run_mpi(4, "horovod_group_average", 2, timeout=120)  # two groups of two ranks
-    assert sorted(line.split()[3] for line in out.splitlines() if line.startswith("OK horovod")) == list("0123")
+    # found anywhere in a line: Horovod's own log lines from other ranks can land in the middle of one
+    assert sorted(re.findall(r"OK horovod rank (\d+)", out)) == list("0123"), out[-3000:]
 
 
 def test_run_refuses_horovod_when_it_is_not_installed(tmp_path):

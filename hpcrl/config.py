@@ -118,7 +118,7 @@ class AggregationConfig(Section):
     mailbox_slots: int = Field(2, ge=2)
     """Gradient mailbox slots per learner group (>= 2 so a group can push while one slot is read)."""
     weight_history: int = Field(4, ge=1)
-    """Past policy versions the weight board keeps (for the IS truncation over learner policies)."""
+    """Past policy versions the weight board keeps (for the IS truncation over learner policies). With 1, every publish rewrites the slot readers copy from, and they retry until a copy was not overwritten."""
     ssp_s: int = Field(3, ge=0)
     """ssp: a group's gradient waits while the group has had more than s gradients applied beyond the slowest active group."""
     softsync_c: int | None = Field(None, ge=1)

@@ -1,4 +1,5 @@
-"""hpcrl bench marless: per-group returns split into rounds as the rounds table counts them."""
+"""hpcrl bench marless: per-group returns split into rounds as the rounds table counts them; the
+cross-play actor (one side as trained, the other uniform)."""
 import numpy as np
 
 from hpcrl.bench.marless import GROUPS, round_group_returns
@@ -23,3 +24,28 @@ def test_groups_cover_six_agents_once():
     for env, groups in GROUPS.items():
         members = sorted(m for g in groups.values() for m in g)
         assert members == list(range(6)), env
+
+
+def test_against_random_keeps_the_trained_side_and_draws_the_other_uniformly():
+    import torch
+
+    from hpcrl.algos import make_algorithm
+    from hpcrl.bench.marless import AgainstRandom, config_path
+    from hpcrl.config import load_config
+    from hpcrl.runtime.sampler import describe_env
+
+    cfg = load_config(config_path("adversary", "ippo"))
+    info = describe_env(cfg.env)
+    algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
+    model = algo.make_model(info.observation_space, info.action_space)
+    obs = np.zeros((600, *info.observation_space.shape), np.float32)  # 100 env copies x 6 agents
+    mixed = AgainstRandom(algo, GROUPS["adversary"]["good"], 6, int(info.action_space.n), seed=0)
+    torch.manual_seed(3)
+    mine, _, _ = algo.act(model, obs)
+    torch.manual_seed(3)
+    a, _, _ = mixed.act(model, obs)
+    agent = np.arange(600) % 6
+    good = agent != 0
+    assert torch.equal(a[torch.as_tensor(good)], mine[torch.as_tensor(good)])  # the trained side acts as trained
+    counts = np.bincount(a[torch.as_tensor(~good)].numpy(), minlength=info.action_space.n)
+    assert counts.sum() == 100 and (counts > 5).all()  # the adversary: every action, about equally often

@@ -101,14 +101,81 @@ def random_return(env: str, seeds: int, episodes: int) -> dict[str, float]:
     return with_sum(out)
 
 
+class AgainstRandom:
+    """An algorithm's ``act`` for the agents of ``trained`` (indices in an env copy); the others draw
+    their actions uniformly (what :func:`random_return`'s agents do)."""
+
+    def __init__(self, algo, trained: tuple[int, ...], agents: int, actions: int, seed: int) -> None:
+        import torch
+
+        self.algo, self.agents, self.actions = algo, agents, actions
+        self.trained = torch.as_tensor(trained)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def act(self, model, obs):
+        import torch
+
+        a, logp, v = self.algo.act(model, obs)
+        uniform = ~torch.isin(torch.arange(len(a)) % self.agents, self.trained)
+        a = a.clone()
+        a[uniform] = torch.randint(self.actions, (int(uniform.sum()),), generator=self.generator)
+        return a, logp, v
+
+    def value(self, model, obs):
+        return self.algo.value(model, obs)
+
+
+def cross_play(env: str, run_dir: Path, episodes: int, warmup_fragments: int = 10) -> dict[str, float]:
+    """simple-adversary: each side's trained policy (the run's last checkpoint) against the other side
+    acting uniformly, on the training seeds' env copies: ``good vs uniform adv`` (compare with the random
+    policy's ``good``, which meets the same uniform adversary) and ``adv vs uniform good`` (compare with
+    its ``adversary``). A competitive run can lower one side's return while that side learns, because the
+    other side learns too; against a fixed opponent a side that learned beats the uniform policy.
+
+    The sampler standardises observations with its own running statistics (``env.normalize_obs``, per
+    actor as in training): ``warmup_fragments`` fragments fill them before episodes are counted."""
+    import torch
+
+    from hpcrl.algos import make_algorithm
+    from hpcrl.config import load_config
+    from hpcrl.runtime.checkpoint import load_checkpoint
+    from hpcrl.runtime.sampler import VectorSampler, describe_env
+
+    cfg = load_config(run_dir / "config.yaml")
+    info = describe_env(cfg.env)
+    algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
+    model = algo.make_model(info.observation_space, info.action_space)
+    model.flat.load_(np.asarray(load_checkpoint(run_dir)["params"], dtype=np.float32))
+    agents, out = cfg.algo.agents, {}
+    for name, side in (("good vs uniform adv", "good"), ("adv vs uniform good", "adversary")):
+        members = GROUPS[env][side]
+        actor = AgainstRandom(algo, members, agents, int(info.action_space.n), cfg.env.seed)
+        sampler = VectorSampler(cfg.env, 0)
+        eps: list[dict] = []
+        with torch.no_grad():
+            for _ in range(warmup_fragments):
+                sampler.sample(actor, model, cfg.actors.fragment_length, 0, 0)
+            while len(eps) < episodes * agents:
+                eps += sampler.sample(actor, model, cfg.actors.fragment_length, 0, 0)[1]
+        sampler.close()
+        out[name] = float(np.mean([e["return"] for e in eps if e["env_index"] % agents in members]))
+    return out
+
+
+CROSS_BASELINE = {"good vs uniform adv": "good", "adv vs uniform good": "adversary"}
+"""The random-policy group each cross-play row is compared with (both sides uniform)."""
+
+
 def with_sum(groups: dict) -> dict:
     """simple-adversary's groups plus ``good+adv`` (their sum: the good agents' own distance term)."""
     return {**groups, "good+adv": groups["good"] + groups["adversary"]} if "adversary" in groups else groups
 
 
-def train(env: str, algo: str, seed: int, steps: int, runner: str, overrides: list[str], run_dir: Path) -> dict:
+def train(env: str, algo: str, seed: int, steps: int, runner: str, overrides: list[str], run_dir: Path,
+          cross_episodes: int = 0) -> dict:
     """One `hpcrl run` in this process; per group the rounds' returns, and the wall-clock, from run.h5
-    (``overrides`` come after the step budget, so a ``stop.*`` override wins)."""
+    (``overrides`` come after the step budget, so a ``stop.*`` override wins); simple-adversary with
+    ``cross_episodes``: also :func:`cross_play` of the final weights."""
     from hpcrl.cli import main as cli_main
     from hpcrl.io import read_table
 
@@ -129,7 +196,8 @@ def train(env: str, algo: str, seed: int, steps: int, runner: str, overrides: li
         episodes = read_table(run_dir / "run.h5", "episodes")
         per_round = with_sum({g: round_group_returns(episodes, rounds["episodes"], 6, m) for g, m in groups.items()})
     rewards = {g: r[np.isfinite(r)] for g, r in per_round.items()}
-    return {"rewards": rewards, "wall": wall, "rounds": len(rounds["round"])}
+    return {"rewards": rewards, "wall": wall, "rounds": len(rounds["round"]),
+            "cross": cross_play(env, run_dir, cross_episodes) if env == "adversary" and cross_episodes else {}}
 
 
 COMPARE = {"off": ["algo.sharing=false", "algo.actor_scaling=false"],
@@ -200,6 +268,8 @@ def main(argv=None) -> int:
     p.add_argument("--last", type=int, default=5, help="final return = mean of the last this many rounds")
     p.add_argument("--runner", choices=("serial", "mpi"), default="serial")
     p.add_argument("--random-episodes", type=int, default=200, help="random-policy episodes per seed")
+    p.add_argument("--cross-episodes", type=int, default=200,
+                   help="--env adversary: episodes per side of each run's cross-play against a uniform opponent (0: none)")
     p.add_argument("-o", "--override", action="append", default=[], help="KEY=VALUE for every run (e.g. algo.policies=shared)")
     p.add_argument("--compare", action="store_true",
                    help="sharing + actor scaling on vs off at equal rounds: final return and serverless cost")
@@ -224,15 +294,21 @@ def main(argv=None) -> int:
     print(f"{'algo':6s} {'group':9s} {'seed':>4s} {'rounds':>6s} {'first':>8s} {'final':>8s} {'final-random':>12s} "
           f"{'final-first':>11s} {'wall s':>7s}", flush=True)
     summary: dict[tuple[str, str], list] = {}
+    cross: dict[tuple[str, str], list] = {}
     with tempfile.TemporaryDirectory(prefix="hpcrl-bench-marless-") as tmp:
         for algo in algos:
             for seed in range(args.seeds):
-                r = train(args.env, algo, seed, args.steps, args.runner, args.override, Path(tmp) / f"{algo}-{seed}")
+                r = train(args.env, algo, seed, args.steps, args.runner, args.override, Path(tmp) / f"{algo}-{seed}",
+                          args.cross_episodes)
                 for g, rewards in r["rewards"].items():
                     first, final = float(rewards[0]), float(np.mean(rewards[-args.last:]))
                     summary.setdefault((algo, g), []).append((first, final, r["wall"]))
                     print(f"{algo:6s} {g:9s} {seed:4d} {r['rounds']:6d} {first:8.2f} {final:8.2f} "
                           f"{final - baseline[g]:12.2f} {final - first:11.2f} {r['wall']:7.1f}", flush=True)
+                for name, value in r["cross"].items():
+                    cross.setdefault((algo, name), []).append(value)
+                    print(f"{algo:6s} {name}: {value:.2f} (uniform on both sides: {baseline[CROSS_BASELINE[name]]:.2f}; "
+                          f"difference {value - baseline[CROSS_BASELINE[name]]:+.2f})", flush=True)
     print("\nover seeds: mean +- std")
     print(f"{'algo':6s} {'group':9s} {'first':>14s} {'final':>14s} {'final-random':>13s} {'final-first':>12s} "
           f"{'wall s':>7s}")
@@ -241,4 +317,10 @@ def main(argv=None) -> int:
         first, final, wall = a[:, 0], a[:, 1], a[:, 2]
         print(f"{algo:6s} {g:9s} {first.mean():7.2f}+-{first.std():5.2f} {final.mean():7.2f}+-{final.std():5.2f} "
               f"{(final - baseline[g]).mean():13.2f} {(final - first).mean():12.2f} {wall.mean():7.1f}")
+    if cross:
+        print("\ncross-play, final weights against a uniform opponent (mean +- std over seeds; uniform on both sides):")
+        for (algo, name), values in cross.items():
+            v, base = np.array(values), baseline[CROSS_BASELINE[name]]
+            print(f"{algo:6s} {name:20s} {v.mean():7.2f}+-{v.std():5.2f}  uniform {base:7.2f}  "
+                  f"difference {v.mean() - base:+.2f} ({int((v > base).sum())}/{v.size} seeds above)")
     return 0

@@ -117,12 +117,13 @@ def prepare_batch(fragments: Mapping | Sequence[Mapping], cfg, device: str | tor
 
 def minibatches(batch: Mapping[str, Tensor], size: int, generator: torch.Generator | None = None
                 ) -> Iterator[dict[str, Tensor]]:
-    """Shuffled minibatches of ``size`` rows (the last one may be smaller)."""
+    """Shuffled minibatches of ``size`` rows (the last one may be smaller): the batch gathered once in
+    a random order, then consecutive slices of it (views: one gather per key a pass, not a minibatch)."""
     n = len(batch["advantages"])
     order = torch.randperm(n, generator=generator).to(batch["advantages"].device)
+    shuffled = {k: v[order] for k, v in batch.items()}
     for start in range(0, n, size):
-        idx = order[start:start + size]
-        yield {k: v[idx] for k, v in batch.items()}
+        yield {k: v[start:start + size] for k, v in shuffled.items()}
 
 
 def clipped_surrogate(logp: Tensor, denom_logp: Tensor, advantages: Tensor, cfg, window_logps: Tensor | None = None,

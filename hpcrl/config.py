@@ -436,6 +436,8 @@ class LaunchConfig(Section):
     prestart: bool = True
     """Local MPI runs without a container: the ranks are forked from one process that imported torch, h5py,
     gymnasium and mpi4py once (hpcrl.runtime.prestart), instead of each importing them; false: each imports."""
+    actor_nice: int = Field(10, ge=0, le=19)
+    """Runner mpi: actor ranks lower their scheduling priority by this much (nice). Where ranks outnumber cores, the learner and parameter ranks that every gradient waits on then get a core first (default job, 4 ranks on 2 cores: +8 % env steps/s); actors wait on back-pressure anyway, and where every rank has a core nothing changes. 0: off."""
 
 
 class StopConfig(Section):

@@ -251,3 +251,40 @@ def test_kill_9_of_the_parameter_rank_then_resume_keeps_every_key_once(tmp_path)
         frags = np.sort(actors["fragment"][actors["actor"] == a])
         assert np.array_equal(frags, np.arange(len(frags)))
     assert '"discarded"' in str(read_attrs(h5)["resumed"][0])
+
+
+def _nice(pid: int) -> int:
+    """The scheduling priority offset of a process (field 19 of /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def test_actor_ranks_yield_the_cores_to_the_gradient_path(tmp_path):
+    """launch.actor_nice: actor ranks run that much nicer than the parameter and learner ranks."""
+    path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000, "max_wall_seconds": 6},
+                                 launch={"actor_nice": 7, "prestart": False, "timeout_seconds": 120})
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    nice = {}
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(nice) < 4:
+            time.sleep(0.5)
+            try:
+                if not len(read_table(run_dir / "run.h5", "updates")["version"]):
+                    continue
+                for rank in range(4):
+                    pid = _rank_pid(run_dir, rank)
+                    if pid is not None:
+                        nice[rank] = _nice(pid)
+            except Exception:  # the file is being created, a rank is starting or ending
+                continue
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    roles = read_table(run_dir / "run.h5", "rank_map")["role"]  # 0 parameter, 1 learner, 2 actor
+    assert len(nice) == 4, f"ranks seen: {nice}"
+    assert {nice[r] - nice[0] for r in range(4) if roles[r] == 2} == {7}
+    assert {nice[r] - nice[0] for r in range(4) if roles[r] != 2} == {0}

@@ -9,6 +9,7 @@ HDF5 file and calls ``MPI_Abort`` so the whole job ends within seconds instead o
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -96,6 +97,8 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> int:
             # on them (checkpoint, then STOP for everyone)
             for s in (signal.SIGTERM, signal.SIGUSR1):
                 signal.signal(s, signal.SIG_IGN)
+        if job.topo.role == "actor" and cfg.launch.actor_nice:
+            os.nice(cfg.launch.actor_nice)  # on an oversubscribed node the gradient path gets the cores first
         role = make_role(job)
         if job.topo.role == "parameter":
             role.publish_initial()

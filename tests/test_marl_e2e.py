@@ -85,10 +85,12 @@ def test_hpcrl_run_refuses_a_wrong_agent_count_before_writing(tmp_path, capsys):
 @pytest.mark.parametrize("algo", ["mappo", "iql"])
 def test_evaluation_episodes_of_a_marl_run(algo, tmp_path):
     # eval.* makes the last actor act with algo.greedy on its own env copy: one episode per agent
+    # stopped by rounds, not env steps: IQL's actors are not held back by on-policy batches, and when
+    # they sampled the whole step budget before the first round ended no evaluation was ever due
     run_dir = tmp_path / "run"
-    extra = ["-o", "eval.episodes=1", "-o", "eval.every_rounds=1"]
+    extra = ["-o", "eval.episodes=1", "-o", "eval.every_rounds=1", "-o", "stop.max_rounds=4"]
     rc = cli_main(["run", str(CONFIGS / f"mpe_spread_{algo}.yaml"), "--runner", "serial",
-                   *_overrides(algo, 1200, run_dir), *extra])
+                   *_overrides(algo, 1_000_000, run_dir), *extra])
     assert rc == 0
     ev = read_table(run_dir / "run.h5", "eval_episodes")
     assert len(ev["return"]) >= 6 and set(np.unique(ev["env_index"])) == set(range(6))

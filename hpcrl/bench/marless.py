@@ -75,11 +75,9 @@ def round_group_returns(episodes: dict, round_episodes: np.ndarray, agents: int,
 def random_return(env: str, seeds: int, episodes: int) -> dict[str, float]:
     """Mean per-agent episodic return of uniformly random actions per agent group, stepped by the actors'
     own sampler on the same env copies and seeds as the training runs (env.seed = 0 .. seeds - 1)."""
-    import torch
-
     from hpcrl.algos import make_algorithm
     from hpcrl.config import load_config
-    from hpcrl.runtime.sampler import VectorSampler, describe_env
+    from hpcrl.runtime.sampler import describe_env
 
     returns, agent = [], []
     for seed in range(seeds):
@@ -88,12 +86,7 @@ def random_return(env: str, seeds: int, episodes: int) -> dict[str, float]:
         info = describe_env(cfg.env)
         algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
         model = algo.make_model(info.observation_space, info.action_space)  # epsilon 1: uniform actions
-        sampler = VectorSampler(cfg.env, 0)
-        eps: list[dict] = []
-        with torch.no_grad():
-            while len(eps) < episodes * cfg.algo.agents:
-                eps += sampler.sample(algo, model, cfg.actors.fragment_length, 0, 0)[1]
-        sampler.close()
+        eps = play(cfg, algo, model, episodes)
         returns += [e["return"] for e in eps]
         agent += [e["env_index"] % cfg.algo.agents for e in eps]
     returns, agent = np.array(returns), np.array(agent)
@@ -134,12 +127,10 @@ def cross_play(env: str, run_dir: Path, episodes: int, warmup_fragments: int = 1
 
     The sampler standardises observations with its own running statistics (``env.normalize_obs``, per
     actor as in training): ``warmup_fragments`` fragments fill them before episodes are counted."""
-    import torch
-
     from hpcrl.algos import make_algorithm
     from hpcrl.config import load_config
     from hpcrl.runtime.checkpoint import load_checkpoint
-    from hpcrl.runtime.sampler import VectorSampler, describe_env
+    from hpcrl.runtime.sampler import describe_env
 
     cfg = load_config(run_dir / "config.yaml")
     info = describe_env(cfg.env)
@@ -150,20 +141,31 @@ def cross_play(env: str, run_dir: Path, episodes: int, warmup_fragments: int = 1
     for name, side in (("good vs uniform adv", "good"), ("adv vs uniform good", "adversary")):
         members = GROUPS[env][side]
         actor = AgainstRandom(algo, members, agents, int(info.action_space.n), cfg.env.seed)
-        sampler = VectorSampler(cfg.env, 0)
-        eps: list[dict] = []
-        with torch.no_grad():
-            for _ in range(warmup_fragments):
-                sampler.sample(actor, model, cfg.actors.fragment_length, 0, 0)
-            while len(eps) < episodes * agents:
-                eps += sampler.sample(actor, model, cfg.actors.fragment_length, 0, 0)[1]
-        sampler.close()
+        eps = play(cfg, actor, model, episodes, warmup_fragments)
         out[name] = float(np.mean([e["return"] for e in eps if e["env_index"] % agents in members]))
     return out
 
 
 CROSS_BASELINE = {"good vs uniform adv": "good", "adv vs uniform good": "adversary"}
 """The random-policy group each cross-play row is compared with (both sides uniform)."""
+
+
+def play(cfg, actor, model, episodes: int, warmup_fragments: int = 0) -> list[dict]:
+    """At least ``episodes`` finished episodes per agent of ``cfg.env`` (the copies and seed of actor rank 0),
+    ``actor.act`` choosing the actions, after ``warmup_fragments`` uncounted fragments."""
+    import torch
+
+    from hpcrl.runtime.sampler import VectorSampler
+
+    sampler = VectorSampler(cfg.env, 0)
+    eps: list[dict] = []
+    with torch.no_grad():
+        for _ in range(warmup_fragments):
+            sampler.sample(actor, model, cfg.actors.fragment_length, 0, 0)
+        while len(eps) < episodes * cfg.algo.agents:
+            eps += sampler.sample(actor, model, cfg.actors.fragment_length, 0, 0)[1]
+    sampler.close()
+    return eps
 
 
 def with_sum(groups: dict) -> dict:

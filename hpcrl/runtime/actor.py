@@ -110,15 +110,15 @@ class Actor:
 
     def _sync_weights(self) -> bool:
         """Pull the newest weights if needed; True when they were pulled."""
-        have = None if self.version < 0 else self.version
+        have = self.version  # -1 before the first pull: never the newest
         if self.cfg.actors.weight_sync == "aaps" and self.version >= 0:
             if not self.job.probe_drifted(self.model):
                 return False
-            have = None  # drifted: pull the newest, whatever its version
+            have = -1  # drifted: pull the newest, whatever its version
         v = self.job.board.read_latest(self.weights, have=have)
         if v < 0:
             raise RuntimeError("actor: the weight board has no published version")
-        if have is not None and v == have:  # nothing newer: nothing copied
+        if v == have:  # nothing newer: nothing copied
             return False
         self.model.flat.load_(self.weights)
         self.version = v

@@ -195,7 +195,7 @@ class LearnerGroup:
             held = control.held_word(self.cfg.learners.groups, self.g)
             if not self._wait_while(lambda: self.job.counters.read(held)):
                 return None
-        version = self.job.board.read_latest(self.weights, have=self.loaded if self.loaded >= 0 else None)
+        version = self.job.board.read_latest(self.weights, have=self.loaded)
         if version != self.loaded:  # copied only when newer
             self.model.flat.load_(self.weights)
             if self.window:  # the others' IS window needs our base version

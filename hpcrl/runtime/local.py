@@ -141,7 +141,7 @@ class LocalBoard:
         with self._lock:
             return self._ring[-1][0] if self._ring else -1
 
-    def read_latest(self, out: np.ndarray, have: int | None = None) -> int:
+    def read_latest(self, out: np.ndarray, have: int = -1) -> int:
         with self._lock:
             if not self._ring:
                 return -1

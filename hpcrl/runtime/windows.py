@@ -364,9 +364,9 @@ class WeightBoard(_OwnedWindow):
         win.Flush(self.owner)
         return version if self._fop(win, seq, 0, MPI.NO_OP) == before else None
 
-    def _read(self, offset: int, out: np.ndarray, version: int | None, have: int | None = None) -> int:
-        """Seqlocked read of the latest slot (version None) or of ``version``; -1 if absent. With
-        ``have``: the latest version is not copied when it is ``have`` (returned as it is)."""
+    def _read(self, offset: int, out: np.ndarray, version: int | None, have: int = -1) -> int:
+        """Seqlocked read of the latest slot (version None) or of ``version``; -1 if absent. The latest
+        version is not copied when it is ``have`` (returned as it is; -1, no version, never is)."""
         backoff = Backoff()
         while True:
             with self._epoch() as win:
@@ -393,10 +393,10 @@ class WeightBoard(_OwnedWindow):
         if out.dtype != np.float32 or out.size != n or not out.flags.c_contiguous:
             raise ValueError(f"WeightBoard.{what}: out must be a contiguous float32 array of {n} values")
 
-    def read_latest(self, out: np.ndarray, have: int | None = None) -> int:
+    def read_latest(self, out: np.ndarray, have: int = -1) -> int:
         """Copy the newest params into ``out`` (float32, num_params); return their version (-1: none yet).
-        ``have``: the version ``out`` holds already; when it is still the newest nothing is copied
-        (one atomic read, as :meth:`latest_version`)."""
+        ``have``: the version ``out`` holds already (-1: none); when it is still the newest nothing is
+        copied (one atomic read, as :meth:`latest_version`)."""
         self._check_out(out, self.num_params, "read_latest")
         return self._read(0, out.reshape(-1), None, have)
 

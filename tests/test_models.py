@@ -1,4 +1,6 @@
 """FlatParameters are true views; ActorCritic on Discrete and Box spaces."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -6,7 +8,7 @@ from gymnasium import spaces
 
 from hpcrl.config import ModelConfig
 from hpcrl.errors import ConfigError
-from hpcrl.models import ActorCritic, FlatParameters
+from hpcrl.models import ActorCritic, FlatParameters, _inverse_cdf_draw
 
 OBS = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
 CFG = ModelConfig(hidden_sizes=[16, 16], activation="tanh")
@@ -68,7 +70,8 @@ def test_actor_critic_discrete(device):
 
 
 def test_discrete_act_and_evaluate_are_categoricals_own_numbers():
-    """act/evaluate skip building a Categorical: same draws (same generator), log-probs and entropy,
+    """act/evaluate skip building a Categorical: act draws with Categorical's frequencies (never an
+    action of probability 0) and returns its log-probs; evaluate gives its log-probs and entropy,
     also where a probability underflows to 0 (entropy stays finite, as Categorical's)."""
     torch.manual_seed(0)
     ac = ActorCritic(OBS, spaces.Discrete(3), CFG)
@@ -76,15 +79,27 @@ def test_discrete_act_and_evaluate_are_categoricals_own_numbers():
         ac.pi[0][-1].weight.mul_(3e4)
     obs = torch.as_tensor(np.random.default_rng(1).uniform(-1, 1, (64, 4)), dtype=torch.float32)
     reference = torch.distributions.Categorical(logits=ac.pi(obs).detach())
-    torch.manual_seed(5)
     a, logp, _ = ac.act(obs)
-    torch.manual_seed(5)
-    torch.testing.assert_close(a, reference.sample())
     torch.testing.assert_close(logp, reference.log_prob(a))
+    assert (reference.probs.gather(-1, a.unsqueeze(-1)) > 0).all()
     logp2, entropy, _ = ac.evaluate(obs, a)
     torch.testing.assert_close(logp2.detach(), reference.log_prob(a))
     torch.testing.assert_close(entropy.detach(), reference.entropy())
     assert torch.isfinite(entropy).all() and (reference.probs == 0).any()
+
+
+def test_discrete_draws_follow_the_policy():
+    """Frequencies of 40,000 draws per row within 4 standard errors of the probabilities, including
+    a probability of exactly 0 (never drawn) and a near-deterministic row."""
+    logits = torch.tensor([[0.0, 0.0, 0.0], [2.0, 0.0, -1.0], [-math.inf, 1.0, 0.0], [30.0, 0.0, 0.0]])
+    log_probs = torch.log_softmax(logits, -1)
+    torch.manual_seed(3)
+    draws = torch.cat([_inverse_cdf_draw(log_probs) for _ in range(40_000)], dim=1)  # [4, 40000]
+    freq = torch.stack([(draws == k).double().mean(1) for k in range(3)], dim=1)
+    p = log_probs.exp().double()
+    se = (p * (1 - p) / draws.shape[1]).sqrt()
+    assert ((freq - p).abs() <= 4 * se + 1e-12).all(), (freq, p)
+    assert (freq[2, 0] == 0) and (freq[3, 0] == 1)
 
 
 @pytest.mark.parametrize("device", DEVICES)

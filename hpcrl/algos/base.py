@@ -73,9 +73,9 @@ class Algorithm:
         return ActorCritic(obs_space, action_space, self.model_cfg, device=device)
 
     # ---- actor ----------------------------------------------------------------------------
-    @torch.no_grad()
     def act(self, model: nn.Module, obs: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
-        """Actions (unclipped samples for Box), their log-probs and V(obs) for a batch [N, ...]."""
+        """Actions (unclipped samples for Box), their log-probs and V(obs) for a batch [N, ...]
+        (every model's ``act`` runs under no_grad already: a second context would be pure overhead)."""
         return model.act(obs)
 
     @torch.no_grad()

@@ -47,11 +47,12 @@ def generalized_advantage_estimate(rewards: Tensor, values: Tensor, next_values:
     not_term = 1.0 - terminated.to(values.dtype)
     not_done = not_term * (1.0 - truncated.to(values.dtype))
     deltas = rewards.to(values.dtype) + gamma * not_term * next_values - values
+    carry = gamma * lam * not_done
     adv = torch.empty_like(values)
     acc = torch.zeros_like(values[0])
-    for t in range(T - 1, -1, -1):
-        acc = deltas[t] + gamma * lam * not_done[t] * acc
-        adv[t] = acc
+    # one fused op per step, written in place (the recursion is the learner's longest Python loop)
+    for delta, keep, out in zip(reversed(deltas.unbind(0)), reversed(carry.unbind(0)), reversed(adv.unbind(0))):
+        acc = torch.addcmul(delta, keep, acc, out=out)
     return adv, adv + values
 
 

@@ -75,7 +75,6 @@ class GymBackend:
         self.num_envs = len(envs)
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
-        self._discrete = isinstance(self.action_space, spaces.Discrete)
         # uint8 frames stay uint8 (4x smaller fragments and trajectories); everything else float32
         self.dtype = np.uint8 if np.dtype(self.observation_space.dtype) == np.uint8 else np.float32
 
@@ -90,15 +89,16 @@ class GymBackend:
         N = self.num_envs
         rewards = np.zeros(N, np.float64)
         term, trunc = np.zeros(N, bool), np.zeros(N, bool)
-        obs, final = [], []
-        for i, env in enumerate(self.envs):
-            o, r, te, tr, _ = env.step(int(actions[i]) if self._discrete else actions[i])
-            rewards[i], term[i], trunc[i] = r, bool(te), bool(tr)
-            final.append(o)
+        obs = np.empty((N, *self.observation_space.shape), self.dtype)
+        final = np.empty_like(obs)
+        for i, env in enumerate(self.envs):  # Discrete: actions[i] is a numpy int64, which every space accepts
+            o, r, te, tr, _ = env.step(actions[i])
+            rewards[i], term[i], trunc[i] = r, te, tr
+            final[i] = o
             if te or tr:
                 o, _ = env.reset()
-            obs.append(o)
-        return Step(np.stack(obs).astype(self.dtype), rewards, term, trunc, np.stack(final).astype(self.dtype))
+            obs[i] = o
+        return Step(obs, rewards, term, trunc, final)
 
     def close(self) -> None:
         for env in self.envs:

@@ -314,6 +314,12 @@ class MARLPPOFields(Section):
     """Rows (agent steps) per minibatch; one gradient push each."""
     num_sgd_iter: int = Field(4, ge=1)
     """Passes over each learner batch."""
+    policy_learners: bool = False
+    """MARLess' policy learners (section 4.2): learner group g trains only the policies assigned to it (the
+    distinct policies of the current agent -> policy map, the k-th to group k mod active) on every fragment,
+    which actors send to every active group; one group per policy is active (at most learners.groups), so
+    the groups that merged policies no longer fill park, and their time is not charged. Needs
+    learners.groups >= 2 and sets the active groups itself (no elastic rule)."""
 
 
 class IPPOConfig(MARLScalingFields, MARLSharingFields, MARLPPOFields):
@@ -515,6 +521,12 @@ class RunConfig(Section):
             if lo > hi:
                 raise ValueError(f"algo.actor_scaling_min={lo} exceeds I_max={hi} (algo.actor_scaling_max, at most "
                                  f"actors.count={self.actors.count})")
+        if getattr(self.algo, "policy_learners", False):
+            if self.learners.groups < 2:
+                raise ValueError("algo.policy_learners: needs learners.groups >= 2 (one group per policy); "
+                                 f"got learners.groups={self.learners.groups}")
+            if self.actors.on_policy:
+                raise ValueError("algo.policy_learners: actors.on_policy is not supported with it; set actors.on_policy=false")
         if self.algo.name not in BATCH_ALGOS:
             return self
         per_group = self.group_batch_size
@@ -534,7 +546,14 @@ class RunConfig(Section):
         IPPO and MAPPO, else one fragment (ha2c, hddpg: one update each, seed 003; iql, vdn: replay updates)."""
         if self.algo.name not in BATCH_ALGOS:
             return self.fragment_steps
+        if self.fragments_to_every_group:
+            return self.algo.train_batch_size
         return max(1, self.algo.train_batch_size // self.learners.groups)
+
+    @property
+    def fragments_to_every_group(self) -> bool:
+        """MARL policy learners: every active group gets every fragment (each trains its own policies on it)."""
+        return bool(getattr(self.algo, "policy_learners", False))
 
     @property
     def actor_scaling_range(self) -> tuple[int, int]:

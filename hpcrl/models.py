@@ -59,6 +59,11 @@ class FlatParameters:
             self._views.append((pview, gview))
             offset += n
 
+    def slice_of(self, param: Tensor) -> slice:
+        """Where ``param`` (one of the module's parameters) lies in :attr:`params` and :attr:`grads`."""
+        start = param.data.storage_offset() - self.params.storage_offset()
+        return slice(start, start + param.numel())
+
     def zero_grad(self) -> None:
         """Zero the gradient buffer and (re)attach every ``param.grad`` to its view."""
         self.grads.zero_()

@@ -20,7 +20,8 @@ LEARNER_PHASES = ("idle", "receive", "prepare", "minibatch", "control", "weights
                   "flatten", "allreduce", "push", "push_wait")
 """Phases of the learner_cycles table (hpcrl.runtime.cycle_profile; this folder never imports hpcrl)."""
 ELASTIC_ACTIONS = ("activate", "park", "parked")
-ELASTIC_REASONS = ("supply_above_capacity", "supply_below_capacity", "woken", "stopped")
+ELASTIC_REASONS = ("supply_above_capacity", "supply_below_capacity", "woken", "stopped", "policies_merged",
+                   "policies_split")
 """Codes of the elastic_events table (hpcrl.io.schema)."""
 
 # Stellaris (SC'24) Section VIII-A footnote: AWS us-east-2 hourly prices; 4 learner functions per V100.

@@ -12,8 +12,11 @@ inside them::
                minibatches(batch, generator) -> iterator              one gradient push each
                compute_gradient(minibatch, model, window) -> (flat gradient, stats)
                learner_report(batch) -> dict or None                  a small summary for end_round (optional)
+               assign_learner(group, active_groups)                   which group this is, before each batch (optional)
     parameter  make_optimizer(model)
+               aggregate(step) -> gradient                            an admitted step's gradients in one (Stellaris V-C)
                apply(model, optimizer, gradient)                      one admitted (aggregated) step
+               learner_groups_needed(model, groups) -> int or None    active groups the algorithm sets (None: elastic rule)
                end_round(model, round_stats) -> {name: new value}     once per round (adaptive KL...; active_actors)
                records() -> {table: [row, ...]}                       rows for run.h5 (optional)
                parameter_state() / load_parameter_state(state)        what end_round keeps between rounds,
@@ -49,6 +52,7 @@ from gymnasium import spaces
 from torch import Tensor, nn
 
 from hpcrl.algos.adam import Adam
+from hpcrl.staleness import Step, aggregate
 
 Batch = dict[str, Tensor]
 
@@ -107,6 +111,10 @@ class Algorithm:
         (sent after the batch's gradients; default: nothing)."""
         return None
 
+    def assign_learner(self, group: int, active_groups: int) -> None:
+        """The learner group this object computes for and the active groups, told before each batch
+        (MARL policy learners train the policies assigned to their group; default: nothing)."""
+
     @torch.no_grad()
     def logps(self, model: nn.Module, minibatch: Batch) -> Tensor:
         """log pi(a|s) of the minibatch actions under ``model`` (a snapshot of another version)."""
@@ -118,6 +126,15 @@ class Algorithm:
         if getattr(self.cfg, "optimizer", "adam") == "sgd":
             return torch.optim.SGD(params, lr=self.cfg.lr)
         return Adam(params, lr=self.cfg.lr, eps=1e-5)
+
+    def aggregate(self, step: Step) -> np.ndarray:
+        """One admitted step's (gradient record, lr scale) pairs as one flat gradient: Stellaris' mean."""
+        return aggregate(step)
+
+    def learner_groups_needed(self, model: nn.Module, groups: int) -> int | None:
+        """How many learner groups must be active now, at most ``groups`` (the parameter rank asks at the
+        start and after every round); None (default): the elastic rule decides (runtime/elastic.py)."""
+        return None
 
     def apply(self, model: nn.Module, optimizer: Adam | torch.optim.SGD, gradient: np.ndarray) -> None:
         """One optimizer step with an admitted (already staleness-scaled and averaged) flat gradient."""

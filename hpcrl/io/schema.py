@@ -91,6 +91,8 @@ ELASTIC_REASONS = (
     "supply_below_capacity",  # 1: one group fewer would still have headroom
     "woken",                  # 2: the park ended with an activation
     "stopped",                # 3: the park ended with the run
+    "policies_merged",        # 4: MARL policy learners: fewer policies than active groups (learner sharing)
+    "policies_split",         # 5: MARL policy learners: more policies than active groups
 )
 
 PARK_REASONS = (
@@ -278,7 +280,7 @@ TABLE_LIST = (
         _c("transport_wait_seconds", "f4", "s", "time waiting for an in-flight slot to free (back-pressure)"),
         _c("weight_sync_seconds", "f4", "s", "time pulling new weights before the fragment (0 when skipped)"),
         _c("policy_version", "i8", "", "policy version that sampled the fragment"),
-        _c("group", "i4", "", "learner group the fragment was sent to"),
+        _c("group", "i4", "", "learner group the fragment was sent to (-1: every active group, MARL policy learners)"),
     )),
 )
 TABLES: dict[str, TableSpec] = {t.name: t for t in TABLE_LIST}

@@ -11,6 +11,10 @@ carries every policy's update. MARLess' decomposition maps onto the roles:
   each policy's rows (the gradient's blocks are the policies' and critics' own parameters);
 - the optimizer of every policy: the parameter rank's Adam (fixed learning rate).
 
+With ``algo.policy_learners`` each learner group trains only the policies assigned to it
+(:mod:`hpcrl.marl.policy_learners`): its minibatches hold its policies' rows, one group per
+policy is active, and the parameter rank averages and steps each policy's block on its own.
+
 IPPO: each critic sees its agent's observation. MAPPO: each critic sees the joint observation
 of the agent's env copy and a one-hot agent id (a centralised critic, Yu et al. 2022).
 """
@@ -21,6 +25,7 @@ import torch
 
 from hpcrl.algos import ppo as ppo_maths
 from hpcrl.algos.base import Algorithm
+from hpcrl.marl import policy_learners
 from hpcrl.marl.model import MultiPolicyActorCritic, initial_map, slot_count
 from hpcrl.marl.scaling_rank import ScalingHooks
 from hpcrl.marl.sharing_rank import SharingHooks, spread_rows
@@ -42,11 +47,15 @@ class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
         self.uses_window = self.ratio_fn is not None
         self._setup_sharing()
         self._setup_scaling()
+        self.learner_group = (0, 1)  # (this group, active groups): what assign_learner last said
+        self.slot_blocks: list[np.ndarray] = []
 
     def make_model(self, obs_space, action_space, device="cpu") -> MultiPolicyActorCritic:
-        return MultiPolicyActorCritic(obs_space, action_space, self.model_cfg, self.cfg.agents,
-                                      initial_map(self.cfg.policies, self.cfg.agents), self.central_critic, device,
-                                      slots=slot_count(self.cfg))
+        model = MultiPolicyActorCritic(obs_space, action_space, self.model_cfg, self.cfg.agents,
+                                       initial_map(self.cfg.policies, self.cfg.agents), self.central_critic, device,
+                                       slots=slot_count(self.cfg))
+        self.slot_blocks = policy_learners.slot_blocks(model)
+        return model
 
     # ---- learner: post-processing ---------------------------------------------------------
     def prepare(self, fragments, model: MultiPolicyActorCritic) -> dict[str, torch.Tensor]:
@@ -59,12 +68,29 @@ class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
             b["agent"] = model.agent_ids(rows)
             if self.central_critic:
                 b["critic_obs"] = model.critic_obs(b["obs"])
+            if self.cfg.policy_learners:  # the policy each row trains, by the map of these weights
+                b["slot"] = model.mapping()[b["agent"]]
             parts.append(b)
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
+    def assign_learner(self, group: int, active_groups: int) -> None:
+        self.learner_group = (group, active_groups)
+
     def minibatches(self, batch, generator):
+        """``num_sgd_iter`` shuffled passes. Policy learners keep their policies' rows and split them into as
+        many minibatches as the whole batch makes (so each policy takes as many steps as with one group)."""
+        size = self.cfg.minibatch_size
+        if self.cfg.policy_learners:
+            slot = batch["slot"]  # every agent has rows in a batch: its distinct slots are the map's policies
+            mine = policy_learners.assigned_policies(torch.unique(slot).tolist(), *self.learner_group)
+            keep = torch.isin(slot, torch.as_tensor(mine, dtype=slot.dtype, device=slot.device))
+            batch = {k: v[keep] for k, v in batch.items()}
+            rows, count = int(keep.sum()), -(-self.cfg.train_batch_size // size)
+            if rows == 0:
+                return
+            size = -(-rows // count)
         for _ in range(self.cfg.num_sgd_iter):
-            yield from ppo_maths.minibatches(batch, self.cfg.minibatch_size, generator)
+            yield from ppo_maths.minibatches(batch, size, generator)
 
     # ---- learner: policy and critic losses ------------------------------------------------
     def loss(self, mb, model: MultiPolicyActorCritic, window=None) -> tuple[torch.Tensor, dict]:
@@ -79,6 +105,22 @@ class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
         log_r = logp - mb["behaviour_logp"]
         kl = (torch.exp(log_r) - 1 - log_r).mean()
         return loss, dict(zip(STATS, (loss, policy_loss, value_loss, ent, kl)))
+
+    # ---- parameter rank: policy learners ---------------------------------------------------
+    def learner_groups_needed(self, model, groups):
+        if not self.cfg.policy_learners:
+            return None
+        return policy_learners.groups_needed(model.mapping().tolist(), groups)
+
+    def aggregate(self, step):
+        if not self.cfg.policy_learners:
+            return super().aggregate(step)
+        return policy_learners.aggregate_by_slot(step, self.slot_blocks)
+
+    def apply(self, model, optimizer, gradient):
+        if not self.cfg.policy_learners:
+            return super().apply(model, optimizer, gradient)
+        policy_learners.apply_to_carried_slots(model, optimizer, gradient, self.slot_blocks)
 
     def compute_gradient(self, minibatch, model, window=None):
         model.flat.zero_grad()

@@ -88,14 +88,19 @@ class Actor:
             t_sample = time.perf_counter() - t
             if not on_policy:
                 t = time.perf_counter()
-                group = self._wait_for_room(G)
-                if group is None:  # stopping
+                groups = self._wait_for_rooms(G) if self.cfg.fragments_to_every_group else [self._wait_for_room(G)]
+                if None in groups:  # stopping
                     break
                 t_wait = time.perf_counter() - t
-                counters.add(control.BACKLOG + group, 1)
+                for g in groups:
+                    counters.add(control.BACKLOG + g, 1)
+            else:
+                groups = [group]
             fragment["policy_version"] = self.version
             fragment["fragment"] = self.fragments
-            t_wait += self.sender.send(group, fragment)
+            for g in groups:
+                t_wait += self.sender.send(g, fragment)
+            group = groups[0] if len(groups) == 1 else -1
             steps = T * self.sampler.num_envs
             counters.add(control.ENV_STEPS, steps)
             self.writer.append_fragment(fragment["obs"], fragment["actions"], fragment["rewards"],
@@ -179,6 +184,21 @@ class Actor:
                 if self.job.counters.add(control.BACKLOG + g, 1) < cap:
                     return g
                 self.job.counters.add(control.BACKLOG + g, -1)  # another actor took it first
+            backoff.sleep()
+
+    def _wait_for_rooms(self, G: int) -> list[int | None]:
+        """Every active group, once each has room (MARL policy learners: each trains its policies on every
+        fragment), waiting (sleeping) while one has none; [None] when the run stops."""
+        backoff = Backoff(5e-5, 5e-3)
+        cap = self.job.max_backlog
+        while True:
+            self.heartbeat.beat()
+            words = self.job.counters.read_all()
+            if words[control.STOP]:
+                return [None]
+            active = int(min(max(words[control.ACTIVE], 1), G))
+            if (words[control.BACKLOG:control.BACKLOG + active] < cap).all() and self.sender.can_send():
+                return list(range(active))
             backoff.sleep()
 
     def _report(self, fragment_row: dict, episodes: list[dict]) -> None:

@@ -105,7 +105,10 @@ class LearnerGroup:
             if not self.on_policy:  # free the places now: actors sample the next batch while this one trains
                 counters.add(control.BACKLOG + self.g, -len(taken))
             lap("control")
-            trained = self._train(taken, steps)
+            self.algo.assign_learner(self.g, int(words[control.ACTIVE]))
+            # every group gets every fragment (MARL policy learners): group 0 alone counts their steps
+            new_steps = 0 if self.cfg.fragments_to_every_group and self.g else steps
+            trained = self._train(taken, steps, new_steps)
             if self.on_policy:  # actors.on_policy: the next batch is sampled with the weights this one made
                 taken_word = control.taken_word(self.cfg.learners.groups, self.g)
                 trained = trained and self._wait_while(lambda: counters.read(taken_word) < self.seq)
@@ -142,8 +145,9 @@ class LearnerGroup:
         self.cycles.clock.restart()  # parked time belongs to no gradient's cycle
         return woken
 
-    def _train(self, fragments: list[dict], steps: int) -> bool:
-        """One gradient push per minibatch of one batch; False when the run is stopping."""
+    def _train(self, fragments: list[dict], steps: int, new_steps: int) -> bool:
+        """One gradient push per minibatch of one batch (the first one reports ``new_steps`` env steps
+        consumed); False when the run is stopping."""
         start_unix, compute = time.time(), 0.0
         lap = self.cycles.lap
         if self._pull_weights() is None:
@@ -152,7 +156,7 @@ class LearnerGroup:
         batch = self.algo.prepare(fragments, self.model)
         compute += lap("prepare")
         report = self.algo.learner_report(batch)  # reaches algo.end_round on the parameter rank
-        new_steps, completed = steps, False
+        completed = False
         for mb in self.algo.minibatches(batch, self.generator):
             lap("minibatch")
             self.fault.check()

@@ -46,7 +46,7 @@ from hpcrl.runtime.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime import elastic
 from hpcrl.runtime.rows import RowBuffer
 from hpcrl.runtime.stop_rule import StopRule
-from hpcrl.staleness import GradientRecord, aggregate, make_policy
+from hpcrl.staleness import GradientRecord, make_policy
 
 REASON = {name: i for i, name in enumerate(GRADIENT_REASONS)}
 
@@ -93,6 +93,7 @@ class ParameterRank:
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
         self.active = self.cfg.learners.active_range[0]
+        self.algo_sets_groups = False  # algo.learner_groups_needed decides them (MARL policy learners)
         self.active_actors = self.cfg.actors.count  # actor ranks 0 .. active_actors-1 sample (algo.end_round)
         self.round_end = self.cfg.round_steps  # consumed env steps at which the current round ends
         lcfg = self.cfg.learners
@@ -164,6 +165,7 @@ class ParameterRank:
                 "fragment_next": list(self.fragment_next)}
 
     def publish_initial(self) -> None:
+        self._groups_from_algo(record=False)
         self.counters.set(control.ACTIVE, self.active)
         self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
         if self.env_steps_start:
@@ -315,7 +317,7 @@ class ParameterRank:
             for step in adm.steps:
                 if self._lr_anneal:
                     self._anneal_lr()
-                self.algo.apply(self.model, self.optimizer, aggregate(step))
+                self.algo.apply(self.model, self.optimizer, self.algo.aggregate(step))
                 self.version += 1
                 t_agg = lap("apply")
                 self._publish()
@@ -416,6 +418,7 @@ class ParameterRank:
             self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
             for a in range(self.active_actors, self.cfg.actors.count):  # parked actors supply nothing
                 self.elastic.actor_rate.pop(a, None)
+        self._groups_from_algo(record=True)
         self.round_end += self.cfg.round_steps_for(self.active_actors)
         for table, rows in self.algo.records().items():
             for row in rows:
@@ -485,10 +488,32 @@ class ParameterRank:
         for line in self.watchdog.check(self.counters.read_all()):
             print(line, flush=True)
 
+    def _groups_from_algo(self, record: bool) -> None:
+        """Active learner groups as ``algo.learner_groups_needed`` says (MARL policy learners: one per policy),
+        each group activated or parked by the change a row of elastic_events (with ``record``)."""
+        G = self.cfg.learners.groups
+        need = self.algo.learner_groups_needed(self.model, G)
+        self.algo_sets_groups = need is not None
+        if need is None or (need := min(max(int(need), 1), G)) == self.active:
+            return
+        more = need > self.active
+        changed = range(self.active, need) if more else range(need, self.active)
+        self.active = need
+        if record:  # the new map first: a learner that sees the new count then pulls weights with the map behind it
+            self.version += 1
+            self._publish()
+        self.counters.set(control.ACTIVE, need)
+        self._round_stats["active_max"] = max(self._round_stats["active_max"], need)
+        for g in changed if record else ():
+            self.run_file.append("elastic_events", {
+                "time": self.run_file.now(), "group": g, "action": elastic.ACTION["activate" if more else "park"],
+                "reason": elastic.REASON["policies_split" if more else "policies_merged"], "active_groups": need,
+                "supply_rate": math.nan, "group_rate": math.nan, "load": math.nan, "fragments_waiting": -1})
+
     def _elastic(self) -> None:
         """Activate or park one learner group when the elastic rule says so; record the decision."""
         lo, hi = self.cfg.learners.active_range
-        if lo == hi:
+        if lo == hi or self.algo_sets_groups:
             return
         words = self.counters.read_all()
         waiting = int(sum(words[control.BACKLOG + g] for g in range(self.active)))

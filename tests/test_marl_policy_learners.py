@@ -1,0 +1,185 @@
+"""MARL policy learners (algo.policy_learners): assignment, per-slot aggregation and steps, runs under both runners."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from hpcrl.algos import make_algorithm
+from hpcrl.algos.base import Algorithm
+from hpcrl.cli import main as cli_main
+from hpcrl.config import ModelConfig, build_config
+from hpcrl.errors import ConfigError
+from hpcrl.io import read_table
+from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
+from hpcrl.marl.policy_learners import (aggregate_by_slot, apply_to_carried_slots, assigned_policies, groups_needed,
+                                        slot_blocks)
+from hpcrl.staleness import GradientRecord, aggregate
+
+CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
+OBS = spaces.Box(-np.inf, np.inf, (3,), np.float32)
+
+
+def _algo(name="ippo", agents=3, groups=2, **algo):
+    cfg = build_config({"env": {"id": "hpcrl/MPESimpleSpread-v3", "kwargs": {"N": agents}},
+                        "learners": {"groups": groups},
+                        "algo": {"name": name, "agents": agents, "policy_learners": True, "train_batch_size": 48,
+                                 "minibatch_size": 12, "num_sgd_iter": 1, **algo}})
+    return make_algorithm(cfg.algo, ModelConfig(hidden_sizes=[8]), cfg.aggregation)
+
+
+def _record(grad, group=0):
+    return GradientRecord(group=group, seq=0, base_version=0, samples=1, grad=grad.astype(np.float32), stats={},
+                          received_at=0.0)
+
+
+def test_policies_go_to_groups_in_turn_and_one_group_per_policy_is_needed():
+    mapping = [0, 0, 1, 1, 2, 3]  # four policies
+    assert assigned_policies(mapping, 0, 2) == [0, 2] and assigned_policies(mapping, 1, 2) == [1, 3]
+    assert assigned_policies(mapping, 2, 2) == []  # a group beyond the active ones trains nothing
+    assert assigned_policies([3, 3, 5], 0, 3) == [3] and assigned_policies([3, 3, 5], 1, 3) == [5]
+    assert groups_needed(mapping, 3) == 3 and groups_needed(mapping, 8) == 4 and groups_needed([2, 2, 2], 4) == 1
+
+
+def test_config_refuses_policy_learners_with_one_group_or_on_policy_actors():
+    base = {"env": {"id": "hpcrl/MPESimpleSpread-v3"}, "algo": {"name": "ippo", "agents": 6, "policy_learners": True}}
+    with pytest.raises(ConfigError, match="learners.groups >= 2"):
+        build_config({**base, "learners": {"groups": 1}})
+    with pytest.raises(ConfigError, match="on_policy"):
+        build_config({**base, "learners": {"groups": 2}, "actors": {"on_policy": True}})
+    cfg = build_config({**base, "learners": {"groups": 2}, "algo": {**base["algo"], "train_batch_size": 4800}})
+    assert cfg.group_batch_size == 4800 and cfg.fragments_to_every_group  # every group sees every step
+
+
+@pytest.mark.parametrize("action_space", [spaces.Discrete(4), spaces.Box(-1, 1, (2,), np.float32)])
+def test_slot_blocks_are_disjoint_and_cover_every_trained_parameter(action_space):
+    algo = _algo()
+    model = algo.make_model(OBS, action_space)
+    blocks = slot_blocks(model)
+    assert len(blocks) == 3
+    allidx = np.concatenate(blocks)
+    assert len(np.unique(allidx)) == len(allidx)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert len(allidx) == trained
+    with torch.no_grad():  # each slot's block is exactly its own parameters
+        model.flat.params.zero_()
+        for p in model.policy_parameters(1):
+            p.fill_(1.0)
+    assert model.flat.params[torch.as_tensor(blocks[1])].sum() == sum(p.numel() for p in model.policy_parameters(1))
+
+
+def test_each_slots_block_is_averaged_over_the_gradients_that_carry_it():
+    model = _algo().make_model(OBS, spaces.Discrete(4))
+    blocks = slot_blocks(model)
+    n = model.flat.num_params
+    g0, g1, g2 = np.zeros(n), np.zeros(n), np.zeros(n)
+    g0[blocks[0]] = 1.0  # group 0 carries slot 0
+    g1[blocks[1]] = 2.0  # group 1 carries slot 1
+    g2[blocks[1]] = 4.0  # another gradient for slot 1
+    step = [(_record(g0), 1.0), (_record(g1, 1), 1.0), (_record(g2, 1), 0.5)]
+    out = aggregate_by_slot(step, blocks)
+    np.testing.assert_allclose(out[blocks[0]], 1.0)  # not the step mean's 1/3
+    np.testing.assert_allclose(out[blocks[1]], (2.0 + 0.5 * 4.0) / 2)
+    np.testing.assert_allclose(out[blocks[2]], 0.0)
+    np.testing.assert_allclose(aggregate(step)[blocks[0]], 1.0 / 3)  # what Stellaris' mean would give
+
+
+@pytest.mark.parametrize("action_space", [spaces.Discrete(4), spaces.Box(-1, 1, (2,), np.float32)])
+def test_only_the_slots_a_gradient_carries_take_an_optimizer_step(action_space):
+    algo = _algo()
+    model = algo.make_model(OBS, action_space)
+    start = model.flat.params.clone()
+    opt = algo.make_optimizer(model)
+    blocks = slot_blocks(model)
+    warm = np.ones(model.flat.num_params, np.float32)
+    algo.apply(model, opt, warm)  # every slot has Adam momentum now
+    before = model.flat.params.clone()
+    moments = {k: v.clone() for k, v in opt.state[model.log_std].items()} if not model.discrete else None
+    g = np.zeros(model.flat.num_params, np.float32)
+    g[blocks[0]] = 1.0
+    assert apply_to_carried_slots(model, opt, g, blocks) == [1, 2]
+    block = [torch.as_tensor(b) for b in blocks]
+    assert not torch.equal(model.flat.params[block[0]], before[block[0]])
+    for s in (1, 2):
+        assert torch.equal(model.flat.params[block[s]], before[block[s]])
+    if moments is not None:  # the idle rows of the shared log-std keep their Adam moments too
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(opt.state[model.log_std][k][1:], moments[k][1:])
+            assert not torch.equal(opt.state[model.log_std][k][0], moments[k][0])
+    assert model.flat.grads_attached()
+    plain = algo.make_model(OBS, action_space)  # the same two steps without the mask: momentum moves slot 1
+    plain.flat.load_(start)
+    plain_opt = algo.make_optimizer(plain)
+    Algorithm.apply(algo, plain, plain_opt, warm)
+    torch.testing.assert_close(plain.flat.params, before)
+    Algorithm.apply(algo, plain, plain_opt, g)
+    assert not torch.equal(plain.flat.params[block[1]], before[block[1]])
+
+
+def test_a_groups_minibatches_hold_its_policies_rows_and_as_many_minibatches_as_one_group_makes():
+    algo = _algo(agents=3, policies="per_agent")
+    model = algo.make_model(OBS, spaces.Discrete(4))
+    rng = np.random.default_rng(0)
+    T, N = 8, 6  # 2 copies x 3 agents = 48 rows
+    frag = {"obs": rng.normal(size=(T, N, 3)).astype(np.float32), "actions": rng.integers(4, size=(T, N)),
+            "rewards": rng.normal(size=(T, N)).astype(np.float32), "terminated": np.zeros((T, N), np.int8),
+            "truncated": np.zeros((T, N), np.int8), "behaviour_logp": np.full((T, N), -np.log(4), np.float32),
+            "values": np.zeros((T, N), np.float32), "final_values": np.zeros((T, N), np.float32),
+            "last_value": np.zeros(N, np.float32)}
+    batch = algo.prepare([frag], model)
+    gen = torch.Generator().manual_seed(0)
+    for group, policies in ((0, {0, 2}), (1, {1})):
+        algo.assign_learner(group, 2)
+        mbs = list(algo.minibatches(batch, gen))
+        assert len(mbs) == 48 // 12  # as many as the whole batch makes
+        rows = torch.cat([mb["slot"] for mb in mbs])
+        assert set(rows.tolist()) == policies and len(rows) == 16 * len(policies)
+        grad, _ = algo.compute_gradient(mbs[0], model)
+        blocks = slot_blocks(model)
+        carried = {s for s in range(3) if grad[torch.as_tensor(blocks[s])].abs().sum() > 0}
+        assert carried == policies & set(mbs[0]["slot"].tolist())
+    algo.assign_learner(2, 2)
+    assert list(algo.minibatches(batch, gen)) == []
+
+
+# W = 3 rounds and a gamma no slope reaches: sharing toggles every time the window fills (6 -> 2 -> 6 policies)
+RUN = ["env.num_envs=2", "actors.fragment_length=25", "algo.train_batch_size=300", "algo.minibatch_size=150",
+       "algo.num_sgd_iter=1", "algo.sharing=true", "algo.sharing_window=3", "algo.sharing_gamma=100",
+       "algo.sharing_samples_per_agent=24", "algo.sharing_lanczos_steps=6", "learners.groups=3",
+       "algo.policy_learners=true", "stop.max_rounds=8", "stop.total_env_steps=1000000"]
+
+
+def _check_groups_follow_the_policies(run_dir: Path) -> None:
+    h5 = run_dir / "run.h5"
+    ev, pm = read_table(h5, "elastic_events"), read_table(h5, "policy_map")
+    decided = ev["action"] != ELASTIC_ACTIONS.index("parked")
+    assert (ev["group"][decided] == 2).all()  # 6 policies need all 3 groups, 2 policies 2: group 2 goes and comes
+    reasons = [ELASTIC_REASONS[r] for r in ev["reason"][decided]]
+    assert reasons[:2] == ["policies_merged", "policies_split"], reasons
+    assert sorted(set(pm["policies"].tolist())) == [2, 6]
+    la = read_table(h5, "learner_activity")
+    assert {0, 1, 2} <= set(la["group"].tolist())
+    grads = read_table(h5, "gradients")
+    assert set(grads["group"].tolist()) == {0, 1, 2}
+
+
+def test_serial_run_parks_the_group_of_merged_policies(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [a for o in [*RUN, f"io.run_dir={run_dir}"] for a in ("-o", o)]
+    assert cli_main(["run", str(CONFIGS / "mpe_spread_ippo.yaml"), "--runner", "serial", *args]) == 0
+    _check_groups_follow_the_policies(run_dir)
+
+
+@pytest.mark.mpi
+def test_mpi_run_parks_the_group_of_merged_policies(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [a for o in [*RUN, f"io.run_dir={run_dir}"] for a in ("-o", o)]
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(CONFIGS / "mpe_spread_mappo.yaml"), "--runner",
+                          "mpi", *args], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    _check_groups_follow_the_policies(run_dir)

@@ -194,7 +194,8 @@ def gradients(runs: list[Run], path: Path) -> Path:
 
 def elasticity(runs: list[Run], path: Path) -> Path:
     """Active learner groups (at each update) with every activation (^) and park (v) the parameter rank
-    decided, labelled with the load that triggered it; active actors (per round) below."""
+    decided, labelled with the load that triggered it (MARL policy learners: with the policy change);
+    active actors (per round) below."""
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(9.5, 5.5), sharex=True)
     marked = set()
     for i, (r, name) in enumerate(zip(runs, names(runs))):
@@ -207,10 +208,11 @@ def elasticity(runs: list[Run], path: Path) -> Path:
             sel = ev["action"] == action
             if sel.any():
                 a1.scatter(ev["time"][sel], ev["active_groups"][sel], marker=marker, s=60, color=color, edgecolors=edge,
-                           linewidths=1.5, zorder=3, label=f"{action} (load = supply / capacity)" if action not in marked else None)
+                           linewidths=1.5, zorder=3, label=f"{action} (load = supply / capacity, or why)" if action not in marked else None)
                 marked.add(action)
-                for t, y, load in zip(ev["time"][sel], ev["active_groups"][sel], ev["load"][sel]):
-                    a1.annotate(f"{load:.2g}", (t, y), textcoords="offset points", xytext=(4, 6 if action == "activate" else -12),
+                for t, y, load, why in zip(ev["time"][sel], ev["active_groups"][sel], ev["load"][sel], ev["reason"][sel]):
+                    label = f"{load:.2g}" if np.isfinite(load) else str(why).replace("_", " ")
+                    a1.annotate(label, (t, y), textcoords="offset points", xytext=(4, 6 if action == "activate" else -12),
                                 fontsize=7, color=edge)
         if len(e["actor_time"]):  # per round: jumpy when a round is shorter than a fragment
             a2.step(e["actor_time"], e["active_actors"], where="post", color=color, lw=0.8, alpha=0.8)

@@ -320,6 +320,10 @@ class MARLPPOFields(Section):
     which actors send to every active group; one group per policy is active (at most learners.groups), so
     the groups that merged policies no longer fill park, and their time is not charged. Needs
     learners.groups >= 2 and sets the active groups itself (no elastic rule)."""
+    critic_learners: bool = False
+    """With policy_learners: each policy's critic trains in a critic learner group of its own (MARLess'
+    critic learners): half of the active groups (the odd one to policies) train policy networks, the others
+    critics, each kind dealt out in turn; one group per policy network and per critic is active."""
 
 
 class IPPOConfig(MARLScalingFields, MARLSharingFields, MARLPPOFields):
@@ -527,6 +531,9 @@ class RunConfig(Section):
                                  f"got learners.groups={self.learners.groups}")
             if self.actors.on_policy:
                 raise ValueError("algo.policy_learners: actors.on_policy is not supported with it; set actors.on_policy=false")
+        elif getattr(self.algo, "critic_learners", False):
+            raise ValueError("algo.critic_learners: needs algo.policy_learners=true (critic learners are policy learners' "
+                             "other half)")
         if self.algo.name not in BATCH_ALGOS:
             return self
         per_group = self.group_batch_size

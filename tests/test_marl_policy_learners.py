@@ -1,4 +1,5 @@
-"""MARL policy learners (algo.policy_learners): assignment, per-slot aggregation and steps, runs under both runners."""
+"""MARL policy and critic learners (algo.policy_learners, algo.critic_learners): assignment, per-block
+aggregation and optimizer steps, runs under both runners."""
 from __future__ import annotations
 
 import subprocess
@@ -17,8 +18,8 @@ from hpcrl.config import ModelConfig, build_config
 from hpcrl.errors import ConfigError
 from hpcrl.io import read_table
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
-from hpcrl.marl.policy_learners import (aggregate_by_slot, apply_to_carried_slots, assigned_policies, groups_needed,
-                                        slot_blocks)
+from hpcrl.marl.policy_learners import (BOTH, CRITIC, POLICY, aggregate_by_block, apply_to_carried_blocks,
+                                        assigned_units, groups_needed, unit_blocks)
 from hpcrl.staleness import GradientRecord, aggregate
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
@@ -40,10 +41,20 @@ def _record(grad, group=0):
 
 def test_policies_go_to_groups_in_turn_and_one_group_per_policy_is_needed():
     mapping = [0, 0, 1, 1, 2, 3]  # four policies
-    assert assigned_policies(mapping, 0, 2) == [0, 2] and assigned_policies(mapping, 1, 2) == [1, 3]
-    assert assigned_policies(mapping, 2, 2) == []  # a group beyond the active ones trains nothing
-    assert assigned_policies([3, 3, 5], 0, 3) == [3] and assigned_policies([3, 3, 5], 1, 3) == [5]
+    assert assigned_units(mapping, 0, 2) == [(0, BOTH), (2, BOTH)] and assigned_units(mapping, 1, 2) == [(1, BOTH), (3, BOTH)]
+    assert assigned_units(mapping, 2, 2) == []  # a group beyond the active ones trains nothing
+    assert assigned_units([3, 3, 5], 1, 3) == [(5, BOTH)] and assigned_units([3, 3, 5], 2, 3) == []
     assert groups_needed(mapping, 3) == 3 and groups_needed(mapping, 8) == 4 and groups_needed([2, 2, 2], 4) == 1
+
+
+def test_critic_learners_take_the_critics_in_groups_of_their_own():
+    six = list(range(6))
+    assert assigned_units(six, 0, 3, True) == [(0, POLICY), (2, POLICY), (4, POLICY)]  # 2 policy groups, 1 critic group
+    assert assigned_units(six, 1, 3, True) == [(1, POLICY), (3, POLICY), (5, POLICY)]
+    assert assigned_units(six, 2, 3, True) == [(p, CRITIC) for p in six]
+    assert [assigned_units([0, 4], g, 4, True) for g in range(4)] == [[(0, POLICY)], [(4, POLICY)], [(0, CRITIC)],
+                                                                      [(4, CRITIC)]]
+    assert groups_needed([0, 0, 0], 6, True) == 2 and groups_needed([0, 4], 6, True) == 4 and groups_needed(six, 6, True) == 6
 
 
 def test_config_refuses_policy_learners_with_one_group_or_on_policy_actors():
@@ -54,35 +65,37 @@ def test_config_refuses_policy_learners_with_one_group_or_on_policy_actors():
         build_config({**base, "learners": {"groups": 2}, "actors": {"on_policy": True}})
     cfg = build_config({**base, "learners": {"groups": 2}, "algo": {**base["algo"], "train_batch_size": 4800}})
     assert cfg.group_batch_size == 4800 and cfg.fragments_to_every_group  # every group sees every step
+    with pytest.raises(ConfigError, match="critic_learners: needs algo.policy_learners"):
+        build_config({**base, "algo": {"name": "ippo", "agents": 6, "critic_learners": True}})
 
 
+@pytest.mark.parametrize("critic_learners", [False, True])
 @pytest.mark.parametrize("action_space", [spaces.Discrete(4), spaces.Box(-1, 1, (2,), np.float32)])
-def test_slot_blocks_are_disjoint_and_cover_every_trained_parameter(action_space):
-    algo = _algo()
-    model = algo.make_model(OBS, action_space)
-    blocks = slot_blocks(model)
-    assert len(blocks) == 3
-    allidx = np.concatenate(blocks)
+def test_unit_blocks_are_disjoint_and_cover_every_trained_parameter(action_space, critic_learners):
+    model = _algo().make_model(OBS, action_space)
+    blocks = unit_blocks(model, critic_learners)
+    assert len(blocks) == 3 * (2 if critic_learners else 1)
+    allidx = np.concatenate([b.indices for b in blocks])
     assert len(np.unique(allidx)) == len(allidx)
-    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert len(allidx) == trained
-    with torch.no_grad():  # each slot's block is exactly its own parameters
+    assert len(allidx) == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    with torch.no_grad():  # a critic's block is exactly its critic network
         model.flat.params.zero_()
-        for p in model.policy_parameters(1):
+        for p in model.vfs[1].parameters():
             p.fill_(1.0)
-    assert model.flat.params[torch.as_tensor(blocks[1])].sum() == sum(p.numel() for p in model.policy_parameters(1))
+    critic = [b for b in blocks if b.slot == 1 and b.part in (CRITIC, BOTH)][0]
+    assert model.flat.params[torch.as_tensor(critic.indices)].sum() == sum(p.numel() for p in model.vfs[1].parameters())
 
 
-def test_each_slots_block_is_averaged_over_the_gradients_that_carry_it():
+def test_each_block_is_averaged_over_the_gradients_that_carry_it():
     model = _algo().make_model(OBS, spaces.Discrete(4))
-    blocks = slot_blocks(model)
+    blocks = [b.indices for b in unit_blocks(model)]
     n = model.flat.num_params
     g0, g1, g2 = np.zeros(n), np.zeros(n), np.zeros(n)
     g0[blocks[0]] = 1.0  # group 0 carries slot 0
     g1[blocks[1]] = 2.0  # group 1 carries slot 1
     g2[blocks[1]] = 4.0  # another gradient for slot 1
     step = [(_record(g0), 1.0), (_record(g1, 1), 1.0), (_record(g2, 1), 0.5)]
-    out = aggregate_by_slot(step, blocks)
+    out = aggregate_by_block(step, unit_blocks(model))
     np.testing.assert_allclose(out[blocks[0]], 1.0)  # not the step mean's 1/3
     np.testing.assert_allclose(out[blocks[1]], (2.0 + 0.5 * 4.0) / 2)
     np.testing.assert_allclose(out[blocks[2]], 0.0)
@@ -90,19 +103,20 @@ def test_each_slots_block_is_averaged_over_the_gradients_that_carry_it():
 
 
 @pytest.mark.parametrize("action_space", [spaces.Discrete(4), spaces.Box(-1, 1, (2,), np.float32)])
-def test_only_the_slots_a_gradient_carries_take_an_optimizer_step(action_space):
+def test_only_the_blocks_a_gradient_carries_take_an_optimizer_step(action_space):
     algo = _algo()
     model = algo.make_model(OBS, action_space)
     start = model.flat.params.clone()
     opt = algo.make_optimizer(model)
-    blocks = slot_blocks(model)
+    units = unit_blocks(model)
+    blocks = [b.indices for b in units]
     warm = np.ones(model.flat.num_params, np.float32)
     algo.apply(model, opt, warm)  # every slot has Adam momentum now
     before = model.flat.params.clone()
     moments = {k: v.clone() for k, v in opt.state[model.log_std].items()} if not model.discrete else None
     g = np.zeros(model.flat.num_params, np.float32)
     g[blocks[0]] = 1.0
-    assert apply_to_carried_slots(model, opt, g, blocks) == [1, 2]
+    assert [b.slot for b in apply_to_carried_blocks(model, opt, g, units)] == [1, 2]
     block = [torch.as_tensor(b) for b in blocks]
     assert not torch.equal(model.flat.params[block[0]], before[block[0]])
     for s in (1, 2):
@@ -121,17 +135,23 @@ def test_only_the_slots_a_gradient_carries_take_an_optimizer_step(action_space):
     assert not torch.equal(plain.flat.params[block[1]], before[block[1]])
 
 
-def test_a_groups_minibatches_hold_its_policies_rows_and_as_many_minibatches_as_one_group_makes():
-    algo = _algo(agents=3, policies="per_agent")
-    model = algo.make_model(OBS, spaces.Discrete(4))
+def _fragment(T=8, N=6):
     rng = np.random.default_rng(0)
-    T, N = 8, 6  # 2 copies x 3 agents = 48 rows
-    frag = {"obs": rng.normal(size=(T, N, 3)).astype(np.float32), "actions": rng.integers(4, size=(T, N)),
+    return {"obs": rng.normal(size=(T, N, 3)).astype(np.float32), "actions": rng.integers(4, size=(T, N)),
             "rewards": rng.normal(size=(T, N)).astype(np.float32), "terminated": np.zeros((T, N), np.int8),
             "truncated": np.zeros((T, N), np.int8), "behaviour_logp": np.full((T, N), -np.log(4), np.float32),
             "values": np.zeros((T, N), np.float32), "final_values": np.zeros((T, N), np.float32),
             "last_value": np.zeros(N, np.float32)}
-    batch = algo.prepare([frag], model)
+
+
+def _carried(grad, blocks):
+    return {(b.slot, b.part) for b in blocks if grad[torch.as_tensor(b.indices)].abs().sum() > 0}
+
+
+def test_a_groups_minibatches_hold_its_policies_rows_and_as_many_minibatches_as_one_group_makes():
+    algo = _algo(agents=3, policies="per_agent")
+    model = algo.make_model(OBS, spaces.Discrete(4))
+    batch = algo.prepare([_fragment()], model)  # 8 steps x 2 copies x 3 agents = 48 rows
     gen = torch.Generator().manual_seed(0)
     for group, policies in ((0, {0, 2}), (1, {1})):
         algo.assign_learner(group, 2)
@@ -140,11 +160,27 @@ def test_a_groups_minibatches_hold_its_policies_rows_and_as_many_minibatches_as_
         rows = torch.cat([mb["slot"] for mb in mbs])
         assert set(rows.tolist()) == policies and len(rows) == 16 * len(policies)
         grad, _ = algo.compute_gradient(mbs[0], model)
-        blocks = slot_blocks(model)
-        carried = {s for s in range(3) if grad[torch.as_tensor(blocks[s])].abs().sum() > 0}
-        assert carried == policies & set(mbs[0]["slot"].tolist())
+        assert _carried(grad, algo.blocks) == {(p, BOTH) for p in set(mbs[0]["slot"].tolist())}
     algo.assign_learner(2, 2)
     assert list(algo.minibatches(batch, gen)) == []
+
+
+def test_policy_and_critic_learners_push_only_their_networks_gradients():
+    algo = _algo(agents=3, policies="per_agent", critic_learners=True)
+    model = algo.make_model(OBS, spaces.Discrete(4))
+    batch = algo.prepare([_fragment()], model)
+    gen = torch.Generator().manual_seed(0)
+    algo.assign_learner(0, 2)  # 2 active: group 0 trains the 3 policy networks, group 1 the 3 critics
+    mb = next(iter(algo.minibatches(batch, gen)))
+    assert mb["train_policy"].all() and not mb["train_critic"].any()
+    grad, stats = algo.compute_gradient(mb, model)
+    assert _carried(grad, algo.blocks) == {(s, POLICY) for s in range(3)} and stats["value_loss"] == 0.0
+    algo.assign_learner(1, 2)
+    mb = next(iter(algo.minibatches(batch, gen)))
+    assert mb["train_critic"].all() and not mb["train_policy"].any()
+    grad, stats = algo.compute_gradient(mb, model)
+    assert _carried(grad, algo.blocks) == {(s, CRITIC) for s in range(3)} and stats["policy_loss"] == 0.0
+    assert stats["value_loss"] > 0
 
 
 # W = 3 rounds and a gamma no slope reaches: sharing toggles every time the window fills (6 -> 2 -> 6 policies)
@@ -183,3 +219,18 @@ def test_mpi_run_parks_the_group_of_merged_policies(tmp_path):
                           "mpi", *args], cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     _check_groups_follow_the_policies(run_dir)
+
+
+def test_serial_run_with_critic_learners_parks_the_groups_of_merged_policies(tmp_path):
+    """6 groups: 6 policies -> 3 policy + 3 critic groups; merged to 2 -> 2 + 2, groups 4 and 5 park."""
+    run_dir = tmp_path / "run"
+    over = [o for o in RUN if not o.startswith("learners.groups")] + ["learners.groups=6", "algo.critic_learners=true"]
+    args = [a for o in [*over, f"io.run_dir={run_dir}"] for a in ("-o", o)]
+    assert cli_main(["run", str(CONFIGS / "mpe_spread_mappo.yaml"), "--runner", "serial", *args]) == 0
+    ev = read_table(run_dir / "run.h5", "elastic_events")
+    decided = ev["action"] != ELASTIC_ACTIONS.index("parked")
+    parks = ev["group"][decided & (ev["reason"] == ELASTIC_REASONS.index("policies_merged"))]
+    assert sorted(parks.tolist()[:2]) == [4, 5]
+    assert (ev["reason"][decided] == ELASTIC_REASONS.index("policies_split")).any()
+    grads = read_table(run_dir / "run.h5", "gradients")
+    assert set(grads["group"].tolist()) == set(range(6))

@@ -151,11 +151,14 @@ class MultiPolicyActorCritic(AgentMapped):
         obs = self.obs(obs)
         return self.critic(self.critic_obs(obs), self.agent_ids(obs.shape[0]))
 
+    def policy_terms(self, obs, actions, agent: Tensor) -> tuple[Tensor, Tensor]:
+        """(log pi(a|s), entropy) [B] each, with gradients, for rows of any order."""
+        d = self.dist(obs, agent)
+        return self.log_prob(d, actions), d.entropy() if self.discrete else d.entropy().sum(-1)
+
     def evaluate(self, obs, actions, agent: Tensor, critic_in: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(log pi(a|s), entropy, V) [B] each, with gradients, for rows of any order."""
-        d = self.dist(obs, agent)
-        ent = d.entropy() if self.discrete else d.entropy().sum(-1)
-        return self.log_prob(d, actions), ent, self.critic(critic_in, agent)
+        return (*self.policy_terms(obs, actions, agent), self.critic(critic_in, agent))
 
     @torch.no_grad()
     def act(self, obs) -> tuple[Tensor, Tensor, Tensor]:

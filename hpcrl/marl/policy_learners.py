@@ -1,20 +1,26 @@
-"""MARLess' policy learners (section 4.2): one learner group per policy, on the parameter rank and the learners.
+"""MARLess' policy and critic learners (section 4.2, Fig. 5) as learner groups, on the parameter rank and the learners.
 
 With ``algo.policy_learners`` every active learner group gets every fragment and trains only the
-policies assigned to it: the distinct policies of the current agent -> policy map, in slot order,
-the k-th to group k mod active (:func:`assigned_policies`). One group per policy is active (at most
-``learners.groups``), so when learner sharing merges policies the groups left without one park,
-and when it splits them they are activated again (the parameter rank records both in
+units assigned to it. A unit is one policy of the current agent -> policy map with its critic
+(``both``), or with ``algo.critic_learners`` the policy network (``policy``) and the critic
+(``critic``) as two units. Units are dealt out in turn (:func:`assigned_units`): the k-th
+policy unit to group k mod P and the k-th critic unit to group P + k mod C, where P policy
+groups and C critic groups share the active groups (without critic learners every active group
+is a policy group and trains its policies' critics too). One group per unit is active, at most ``learners.groups``
+(:func:`groups_needed`), so when learner sharing merges policies the groups left without a unit
+park, and when it splits them they are activated again (the parameter rank records both in
 ``elastic_events``).
 
-A group's gradient then carries only its policies' blocks (each slot's policy and critic, and its
-row of a shared log-std). The parameter rank averages each slot's block over the gradients of a
-step that carry it (:func:`aggregate_by_slot`: Stellaris' mean would halve a block that one of two
-groups carries) and steps only the slots a gradient carries (:func:`apply_to_carried_slots`: Adam
-on a zero block would still move it by its momentum), as separate per-policy optimizers would.
+A group's gradient then carries only its units' blocks (:func:`unit_blocks`: a policy network and
+its row of a shared log-std, a critic network). The parameter rank averages each block over the
+gradients of a step that carry it (:func:`aggregate_by_block`: Stellaris' mean would halve a block
+that one of two groups carries) and steps only the blocks a gradient carries
+(:func:`apply_to_carried_blocks`: Adam on a zero block would still move it by its momentum), as
+separate per-unit optimizers would.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -22,62 +28,104 @@ import torch
 
 from hpcrl.staleness import Step, aggregate
 
-
-def assigned_policies(mapping: Sequence[int], group: int, active: int) -> list[int]:
-    """The policies learner group ``group`` trains while ``active`` groups are: the k-th distinct policy
-    of the map (in slot order) belongs to group k mod active; none for a group at or beyond ``active``."""
-    return [p for k, p in enumerate(sorted(set(int(x) for x in mapping))) if k % max(active, 1) == group]
+POLICY, CRITIC, BOTH = "policy", "critic", "both"
 
 
-def groups_needed(mapping: Sequence[int], groups: int) -> int:
-    """One active group per policy of the map, at most ``groups``."""
-    return min(groups, len(set(int(x) for x in mapping)))
+@dataclass(frozen=True)
+class Block:
+    """One unit's trained parameters: flat-buffer indices, its own parameters, its row of a shared log-std."""
+
+    slot: int
+    part: str
+    indices: np.ndarray
+    params: tuple
+    log_std_row: int | None
 
 
-def slot_blocks(model) -> list[np.ndarray]:
-    """Flat-buffer indices of each policy slot's trained parameters: its policy and critic networks,
-    and its row of a shared log-std (Box actions)."""
-    flat, blocks = model.flat, []
+def split_groups(active: int, critic_learners: bool) -> tuple[int, int]:
+    """(policy groups, critic groups) among ``active`` groups: half each (the odd one to policies) with
+    critic learners, else every group a policy group."""
+    if not critic_learners:
+        return active, 0
+    return -(-active // 2), active // 2
+
+
+def assigned_units(mapping: Sequence[int], group: int, active: int, critic_learners: bool = False
+                   ) -> list[tuple[int, str]]:
+    """The (policy slot, part) units learner group ``group`` trains while ``active`` groups are: the map's
+    distinct policies in slot order dealt out in turn to the policy groups (and their critics to the
+    critic groups); none for a group at or beyond ``active``."""
+    used = sorted(set(int(x) for x in mapping))
+    n_pol, n_cri = split_groups(max(active, 1), critic_learners)
+    if group < n_pol:
+        return [(p, POLICY if critic_learners else BOTH) for k, p in enumerate(used) if k % n_pol == group]
+    if group < n_pol + n_cri:
+        return [(p, CRITIC) for k, p in enumerate(used) if k % n_cri == group - n_pol]
+    return []
+
+
+def groups_needed(mapping: Sequence[int], groups: int, critic_learners: bool = False) -> int:
+    """One active group per unit of the map (a policy, or a policy and a critic), at most ``groups``;
+    at least two with critic learners (one of each kind)."""
+    units = len(set(int(x) for x in mapping)) * (2 if critic_learners else 1)
+    return min(groups, units)
+
+
+def unit_blocks(model, critic_learners: bool = False) -> list[Block]:
+    """Every slot's units as blocks of the flat buffer: its policy network with its row of a shared
+    log-std (Box actions) and its critic, as one block or (critic learners) two."""
+    flat, log_std = model.flat, getattr(model, "log_std", None)
+
+    def block(slot, part, params, row):
+        idx = [np.arange(flat.slice_of(p).start, flat.slice_of(p).stop) for p in params]
+        if row is not None:
+            start = flat.slice_of(log_std).start + row * model.out
+            idx.append(np.arange(start, start + model.out))
+        return Block(slot, part, np.concatenate(idx), tuple(params), row)
+
+    out = []
     for s in range(model.slots):
-        parts = [np.arange(flat.slice_of(p).start, flat.slice_of(p).stop) for p in model.policy_parameters(s)]
-        if getattr(model, "log_std", None) is not None:
-            start = flat.slice_of(model.log_std).start + s * model.out
-            parts.append(np.arange(start, start + model.out))
-        blocks.append(np.concatenate(parts))
-    return blocks
-
-
-def aggregate_by_slot(step: Step, blocks: list[np.ndarray]) -> np.ndarray:
-    """The step's gradient: each slot's block is (1/H_s) sum_c scale_c g_c over the H_s gradients that
-    carry it (a non-zero block); everything else Stellaris' mean (:func:`hpcrl.staleness.aggregate`)."""
-    out = aggregate(step)
-    for idx in blocks:
-        carriers = [(rec.grad[idx], scale) for rec, scale in step if np.any(rec.grad[idx])]
-        if carriers:
-            out[idx] = sum(np.float32(scale / len(carriers)) * g for g, scale in carriers)
+        row = s if log_std is not None else None
+        pi, vf = list(model.pis[s].parameters()), list(model.vfs[s].parameters())
+        if critic_learners:
+            out += [block(s, POLICY, pi, row), block(s, CRITIC, vf, None)]
+        else:
+            out.append(block(s, BOTH, pi + vf, row))
     return out
 
 
-def apply_to_carried_slots(model, optimizer, gradient: np.ndarray, blocks: list[np.ndarray]) -> list[int]:
-    """One optimizer step for the slots ``gradient`` carries (non-zero blocks); returns the idle slots.
+def aggregate_by_block(step: Step, blocks: list[Block]) -> np.ndarray:
+    """The step's gradient: each block is (1/H_b) sum_c scale_c g_c over the H_b gradients that carry it
+    (a non-zero block); everything else Stellaris' mean (:func:`hpcrl.staleness.aggregate`)."""
+    out = aggregate(step)
+    for b in blocks:
+        carriers = [(rec.grad[b.indices], scale) for rec, scale in step if np.any(rec.grad[b.indices])]
+        if carriers:
+            out[b.indices] = sum(np.float32(scale / len(carriers)) * g for g, scale in carriers)
+    return out
 
-    Idle slots' own parameters get no gradient (the optimizer skips them); their row of a shared
+
+def apply_to_carried_blocks(model, optimizer, gradient: np.ndarray, blocks: list[Block]) -> list[Block]:
+    """One optimizer step for the blocks ``gradient`` carries (non-zero); returns the idle blocks.
+
+    Idle blocks' own parameters get no gradient (the optimizer skips them); their rows of a shared
     log-std and its Adam moments are put back after the step."""
     flat = model.flat
     flat.grads.copy_(torch.as_tensor(gradient, device=flat.grads.device))
-    idle = [s for s, idx in enumerate(blocks) if not np.any(gradient[idx])]
-    for s in idle:
-        for p in model.policy_parameters(s):
+    idle = [b for b in blocks if not np.any(gradient[b.indices])]
+    for b in idle:
+        for p in b.params:
             p.grad = None
-    log_std = getattr(model, "log_std", None)
+    rows = [b.log_std_row for b in idle if b.log_std_row is not None]
     kept = []
-    if idle and log_std is not None:
-        rows = torch.as_tensor(idle, device=log_std.device)
+    if rows:
+        log_std = model.log_std
+        rows_t = torch.as_tensor(rows, device=log_std.device)
         state = getattr(optimizer, "state", {}).get(log_std, {})
-        kept = [(t, t[rows].clone()) for t in [log_std.data, *(v for k, v in state.items() if k != "step")]]
+        kept = [(t, t[rows_t].clone()) for t in [log_std.data, *(v for k, v in state.items() if k != "step")]]
     optimizer.step()
     with torch.no_grad():
         for t, saved in kept:
-            t[rows] = saved
+            t[rows_t] = saved
     flat.zero_grad()  # every grad back on its view of the buffer
     return idle

@@ -48,13 +48,13 @@ class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
         self._setup_sharing()
         self._setup_scaling()
         self.learner_group = (0, 1)  # (this group, active groups): what assign_learner last said
-        self.slot_blocks: list[np.ndarray] = []
+        self.blocks: list[policy_learners.Block] = []
 
     def make_model(self, obs_space, action_space, device="cpu") -> MultiPolicyActorCritic:
         model = MultiPolicyActorCritic(obs_space, action_space, self.model_cfg, self.cfg.agents,
                                        initial_map(self.cfg.policies, self.cfg.agents), self.central_critic, device,
                                        slots=slot_count(self.cfg))
-        self.slot_blocks = policy_learners.slot_blocks(model)
+        self.blocks = policy_learners.unit_blocks(model, self.cfg.critic_learners)
         return model
 
     # ---- learner: post-processing ---------------------------------------------------------
@@ -77,14 +77,24 @@ class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
         self.learner_group = (group, active_groups)
 
     def minibatches(self, batch, generator):
-        """``num_sgd_iter`` shuffled passes. Policy learners keep their policies' rows and split them into as
-        many minibatches as the whole batch makes (so each policy takes as many steps as with one group)."""
+        """``num_sgd_iter`` shuffled passes. Policy learners keep the rows of their units' policies (marked
+        ``train_policy`` / ``train_critic``: which of the two losses each row enters) and split them into
+        as many minibatches as the whole batch makes (so each unit takes as many steps as with one group)."""
         size = self.cfg.minibatch_size
         if self.cfg.policy_learners:
             slot = batch["slot"]  # every agent has rows in a batch: its distinct slots are the map's policies
-            mine = policy_learners.assigned_policies(torch.unique(slot).tolist(), *self.learner_group)
-            keep = torch.isin(slot, torch.as_tensor(mine, dtype=slot.dtype, device=slot.device))
-            batch = {k: v[keep] for k, v in batch.items()}
+            units = policy_learners.assigned_units(torch.unique(slot).tolist(), *self.learner_group,
+                                                   critic_learners=self.cfg.critic_learners)
+
+            def rows_of(parts):
+                mine = [p for p, part in units if part in parts]
+                return torch.isin(slot, torch.as_tensor(mine, dtype=slot.dtype, device=slot.device))
+
+            train_policy = rows_of((policy_learners.POLICY, policy_learners.BOTH))
+            train_critic = rows_of((policy_learners.CRITIC, policy_learners.BOTH))
+            keep = train_policy | train_critic
+            batch = {**{k: v[keep] for k, v in batch.items()}, "train_policy": train_policy[keep],
+                     "train_critic": train_critic[keep]}
             rows, count = int(keep.sum()), -(-self.cfg.train_batch_size // size)
             if rows == 0:
                 return
@@ -94,33 +104,42 @@ class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
 
     # ---- learner: policy and critic losses ------------------------------------------------
     def loss(self, mb, model: MultiPolicyActorCritic, window=None) -> tuple[torch.Tensor, dict]:
-        """Clipped surrogate + vf_coeff value loss - entropy bonus, every row through its policy."""
-        critic_in = mb["critic_obs"] if self.central_critic else model.obs(mb["obs"])
-        logp, entropy, value = model.evaluate(mb["obs"], mb["actions"], mb["agent"], critic_in)
-        policy_loss, _ = ppo_maths.clipped_surrogate(logp, mb["behaviour_logp"], mb["advantages"], self.cfg,
-                                                     window, self.ratio_fn)
-        value_loss = 0.5 * (value - mb["returns"]).square().mean()
-        ent = entropy.mean()
+        """Clipped surrogate + vf_coeff value loss - entropy bonus, every row through its policy. A policy
+        learner's minibatch marks which rows enter the policy terms (``train_policy``) and which the value
+        loss (``train_critic``); a term without rows is 0."""
+        zero = torch.zeros((), device=model.device)
+        policy_loss = ent = kl = value_loss = zero
+        pol, cri = _rows(mb, "train_policy"), _rows(mb, "train_critic")
+        if len(pol["agent"]):
+            logp, entropy = model.policy_terms(pol["obs"], pol["actions"], pol["agent"])
+            if window is not None and "train_policy" in mb:
+                window = window[:, mb["train_policy"]]
+            policy_loss, _ = ppo_maths.clipped_surrogate(logp, pol["behaviour_logp"], pol["advantages"], self.cfg,
+                                                         window, self.ratio_fn)
+            ent = entropy.mean()
+            log_r = logp - pol["behaviour_logp"]
+            kl = (torch.exp(log_r) - 1 - log_r).mean()
+        if len(cri["agent"]):
+            critic_in = cri["critic_obs"] if self.central_critic else model.obs(cri["obs"])
+            value_loss = 0.5 * (model.critic(critic_in, cri["agent"]) - cri["returns"]).square().mean()
         loss = policy_loss + self.cfg.vf_coeff * value_loss - self.cfg.entropy_coeff * ent
-        log_r = logp - mb["behaviour_logp"]
-        kl = (torch.exp(log_r) - 1 - log_r).mean()
         return loss, dict(zip(STATS, (loss, policy_loss, value_loss, ent, kl)))
 
     # ---- parameter rank: policy learners ---------------------------------------------------
     def learner_groups_needed(self, model, groups):
         if not self.cfg.policy_learners:
             return None
-        return policy_learners.groups_needed(model.mapping().tolist(), groups)
+        return policy_learners.groups_needed(model.mapping().tolist(), groups, self.cfg.critic_learners)
 
     def aggregate(self, step):
         if not self.cfg.policy_learners:
             return super().aggregate(step)
-        return policy_learners.aggregate_by_slot(step, self.slot_blocks)
+        return policy_learners.aggregate_by_block(step, self.blocks)
 
     def apply(self, model, optimizer, gradient):
         if not self.cfg.policy_learners:
             return super().apply(model, optimizer, gradient)
-        policy_learners.apply_to_carried_slots(model, optimizer, gradient, self.slot_blocks)
+        policy_learners.apply_to_carried_blocks(model, optimizer, gradient, self.blocks)
 
     def compute_gradient(self, minibatch, model, window=None):
         model.flat.zero_grad()
@@ -155,6 +174,14 @@ class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
     @torch.no_grad()
     def logps(self, model, minibatch):
         return model.log_prob(model.dist(minibatch["obs"], minibatch["agent"]), minibatch["actions"])
+
+
+def _rows(mb: dict, mask_key: str) -> dict:
+    """The minibatch rows a policy learner's mask keeps (all of them when the minibatch has no mask)."""
+    if mask_key not in mb:
+        return mb
+    mask = mb[mask_key]
+    return {k: v[mask] for k, v in mb.items()}
 
 
 class IPPO(MultiAgentPPO):

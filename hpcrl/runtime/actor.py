@@ -10,8 +10,9 @@ group; append the fragment to ``traj/actor-NNNNN.h5``; report the episodes and t
 parameter rank in one small message. With ``actors.on_policy`` the actor first reserves a
 place in a group's backlog (waiting while there is none), then pulls the weights and samples:
 the group frees its places only once the batch they held is trained and its gradients taken
-by the parameter rank, so each batch is sampled with the weights the previous one made. The
-actor acts with ``job.algo.act``. The last actor also
+by the parameter rank, so each batch is sampled with the weights the previous one made. With MARL
+policy learners (``RunConfig.fragments_to_every_group``) the fragment goes to every active group,
+once each has room. The actor acts with ``job.algo.act``. The last actor also
 runs the evaluation episodes the parameter rank requests (:mod:`hpcrl.runtime.evaluation`).
 
 Parking (actor scaling, MARLess section 4.4): an actor whose index is not below the ACTIVE_ACTORS
@@ -77,8 +78,8 @@ class Actor:
                 continue
             t = time.perf_counter()
             if on_policy:  # a place first, then the weights the learners made since it was freed
-                group = self._wait_for_room(G, reserve=True)
-                if group is None:  # stopping
+                groups = self._wait_for_room(G, reserve=True)
+                if groups is None:  # stopping
                     break
                 t_wait = time.perf_counter() - t
                 t = time.perf_counter()
@@ -88,14 +89,12 @@ class Actor:
             t_sample = time.perf_counter() - t
             if not on_policy:
                 t = time.perf_counter()
-                groups = self._wait_for_rooms(G) if self.cfg.fragments_to_every_group else [self._wait_for_room(G)]
-                if None in groups:  # stopping
+                groups = self._wait_for_every_group(G) if self.cfg.fragments_to_every_group else self._wait_for_room(G)
+                if groups is None:  # stopping
                     break
                 t_wait = time.perf_counter() - t
                 for g in groups:
                     counters.add(control.BACKLOG + g, 1)
-            else:
-                groups = [group]
             fragment["policy_version"] = self.version
             fragment["fragment"] = self.fragments
             for g in groups:
@@ -161,11 +160,33 @@ class Actor:
             "cpu_seconds": time.thread_time() - cpu, "active_actors": int(words[control.ACTIVE_ACTORS]),
             "reason": PARK_REASONS.index(reason)}})
 
-    def _wait_for_room(self, G: int, reserve: bool = False) -> int | None:
-        """The least-backlogged active group with room, waiting (sleeping) while there is none.
+    def _wait_for_room(self, G: int, reserve: bool = False) -> list[int] | None:
+        """[the least-backlogged active group with room], waiting (sleeping) while there is none.
 
         ``reserve`` (actors.on_policy): take the place at once (the backlog counter counts it from
         now), so actors that see the same free place do not all sample for it."""
+        def least_backlogged(backlog: np.ndarray, cap: int) -> list[int] | None:
+            active = len(backlog)
+            # ties rotate (by actor and fragment), so equal backlogs do not all send to group 0
+            order = (np.arange(active) + self.fragments + self.index) % active
+            g = int(order[np.argmin(backlog[order])])
+            if backlog[g] >= cap:
+                return None
+            if not reserve or self.job.counters.add(control.BACKLOG + g, 1) < cap:
+                return [g]
+            self.job.counters.add(control.BACKLOG + g, -1)  # another actor took it first
+            return None
+
+        return self._wait_until(G, least_backlogged)
+
+    def _wait_for_every_group(self, G: int) -> list[int] | None:
+        """Every active group, once each has room (MARL policy learners: each trains its own policies on
+        every fragment), waiting (sleeping) while one has none."""
+        return self._wait_until(G, lambda backlog, cap: list(range(len(backlog))) if (backlog < cap).all() else None)
+
+    def _wait_until(self, G: int, choose) -> list[int] | None:
+        """Read the counters until the sender can take a fragment and ``choose(backlogs of the active groups,
+        cap)`` names the groups to send it to, sleeping between reads; None when the run stops."""
         backoff = Backoff(5e-5, 5e-3)
         cap = self.job.max_backlog
         while True:
@@ -174,31 +195,8 @@ class Actor:
             if words[control.STOP]:
                 return None
             active = int(min(max(words[control.ACTIVE], 1), G))
-            backlog = words[control.BACKLOG:control.BACKLOG + active]
-            # ties rotate (by actor and fragment), so equal backlogs do not all send to group 0
-            order = (np.arange(active) + self.fragments + self.index) % active
-            g = int(order[np.argmin(backlog[order])])
-            if backlog[g] < cap and self.sender.can_send():
-                if not reserve:
-                    return g
-                if self.job.counters.add(control.BACKLOG + g, 1) < cap:
-                    return g
-                self.job.counters.add(control.BACKLOG + g, -1)  # another actor took it first
-            backoff.sleep()
-
-    def _wait_for_rooms(self, G: int) -> list[int | None]:
-        """Every active group, once each has room (MARL policy learners: each trains its policies on every
-        fragment), waiting (sleeping) while one has none; [None] when the run stops."""
-        backoff = Backoff(5e-5, 5e-3)
-        cap = self.job.max_backlog
-        while True:
-            self.heartbeat.beat()
-            words = self.job.counters.read_all()
-            if words[control.STOP]:
-                return [None]
-            active = int(min(max(words[control.ACTIVE], 1), G))
-            if (words[control.BACKLOG:control.BACKLOG + active] < cap).all() and self.sender.can_send():
-                return list(range(active))
+            if self.sender.can_send() and (groups := choose(words[control.BACKLOG:control.BACKLOG + active], cap)):
+                return groups
             backoff.sleep()
 
     def _report(self, fragment_row: dict, episodes: list[dict]) -> None:

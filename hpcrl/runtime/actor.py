@@ -11,8 +11,8 @@ parameter rank in one small message. With ``actors.on_policy`` the actor first r
 place in a group's backlog (waiting while there is none), then pulls the weights and samples:
 the group frees its places only once the batch they held is trained and its gradients taken
 by the parameter rank, so each batch is sampled with the weights the previous one made. With MARL
-policy learners (``RunConfig.fragments_to_every_group``) the fragment goes to every active group,
-once each has room. The actor acts with ``job.algo.act``. The last actor also
+policy learners (``RunConfig.fragments_to_every_group``) the fragment goes to every active group
+that has room. The actor acts with ``job.algo.act``. The last actor also
 runs the evaluation episodes the parameter rank requests (:mod:`hpcrl.runtime.evaluation`).
 
 Parking (actor scaling, MARLess section 4.4): an actor whose index is not below the ACTIVE_ACTORS
@@ -180,9 +180,11 @@ class Actor:
         return self._wait_until(G, least_backlogged)
 
     def _wait_for_every_group(self, G: int) -> list[int] | None:
-        """Every active group, once each has room (MARL policy learners: each trains its own policies on
-        every fragment), waiting (sleeping) while one has none."""
-        return self._wait_until(G, lambda backlog, cap: list(range(len(backlog))) if (backlog < cap).all() else None)
+        """Every active group with room (MARL policy learners: each trains its own policies on every
+        fragment), waiting (sleeping) while none has any. A full group misses the fragment rather than
+        hold the others back: under sync admission a group just activated waits for fragments while the
+        others wait for its first gradient, with their backlogs full."""
+        return self._wait_until(G, lambda backlog, cap: np.flatnonzero(backlog < cap).tolist() or None)
 
     def _wait_until(self, G: int, choose) -> list[int] | None:
         """Read the counters until the sender can take a fragment and ``choose(backlogs of the active groups,

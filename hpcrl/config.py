@@ -354,6 +354,11 @@ class MARLQFields(Section):
     """Joint transitions per minibatch."""
     updates_per_fragment: int = Field(4, ge=1)
     """Minibatches (gradient pushes) drawn from the replay buffer for each fragment received."""
+    policy_learners: bool = False
+    """IQL only: MARLess' policy learners (section 4.2): learner group g takes the TD errors of the agents
+    whose policies are assigned to it (the k-th distinct policy of the map to group k mod active); every
+    active group keeps every fragment in its replay; one group per policy is active, so the groups left
+    without one park. Needs learners.groups >= 2 (VDN's team TD error couples every agent: refused)."""
     target_tau: float = Field(0.01, gt=0, le=1)
     """Soft update of the target networks after each applied gradient (theta' <- tau theta + (1 - tau) theta')."""
     epsilon_start: float = Field(1.0, ge=0, le=1)
@@ -526,6 +531,9 @@ class RunConfig(Section):
                 raise ValueError(f"algo.actor_scaling_min={lo} exceeds I_max={hi} (algo.actor_scaling_max, at most "
                                  f"actors.count={self.actors.count})")
         if getattr(self.algo, "policy_learners", False):
+            if self.algo.name == "vdn":
+                raise ValueError("algo.policy_learners: vdn's team TD error couples every agent's Q-value, so one "
+                                 "learner must see them all; use iql, ippo or mappo")
             if self.learners.groups < 2:
                 raise ValueError("algo.policy_learners: needs learners.groups >= 2 (one group per policy); "
                                  f"got learners.groups={self.learners.groups}")

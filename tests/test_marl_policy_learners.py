@@ -246,3 +246,44 @@ def test_serial_run_with_critic_learners_parks_the_groups_of_merged_policies(tmp
     assert (ev["reason"][decided] == ELASTIC_REASONS.index("policies_split")).any()
     grads = read_table(run_dir / "run.h5", "gradients")
     assert set(grads["group"].tolist()) == set(range(6))
+
+
+def test_iql_groups_take_their_agents_td_errors_and_vdn_refuses_policy_learners():
+    with pytest.raises(ConfigError, match="vdn's team TD error"):
+        build_config({"env": {"id": "hpcrl/MPESimpleSpread-v3"}, "learners": {"groups": 2},
+                      "algo": {"name": "vdn", "agents": 6, "policy_learners": True}})
+    cfg = build_config({"env": {"id": "hpcrl/MPESimpleSpread-v3", "kwargs": {"N": 3}}, "learners": {"groups": 2},
+                        "algo": {"name": "iql", "agents": 3, "policy_learners": True, "batch_size": 16,
+                                 "updates_per_fragment": 2}})
+    algo = make_algorithm(cfg.algo, ModelConfig(hidden_sizes=[8]), cfg.aggregation)
+    model = algo.make_model(OBS, spaces.Discrete(4))
+    frag = {**_fragment(), "last_obs": np.zeros((6, 3), np.float32)}
+    gen = torch.Generator().manual_seed(0)
+    for group, agents in ((0, {0, 2}), (1, {1})):
+        algo.assign_learner(group, 2)
+        mbs = list(algo.minibatches(algo.prepare([frag], model), gen))
+        assert len(mbs) == 2 and mbs[0]["train_agent"].shape == (16, 3)
+        assert set(np.flatnonzero(mbs[0]["train_agent"][0].numpy())) == agents
+        grad, _ = algo.compute_gradient(mbs[0], model)
+        assert _carried(grad, algo.blocks) == {(a, BOTH) for a in agents}  # per_agent: agent j's policy is slot j
+    algo.assign_learner(2, 2)
+    assert list(algo.minibatches(algo.prepare([frag], model), gen)) == []
+    opt = algo.make_optimizer(model)
+    before = model.flat.params.clone()
+    g = np.zeros(model.flat.num_params, np.float32)
+    g[algo.blocks[1].indices] = 1.0
+    algo.apply(model, opt, g)  # slot 1's Q-network steps; the others (and every target but by tau) do not
+    moved = {b.slot for b in algo.blocks if not torch.equal(model.flat.params[torch.as_tensor(b.indices)],
+                                                             before[torch.as_tensor(b.indices)])}
+    assert moved == {1}
+
+
+def test_serial_iql_run_parks_the_group_of_merged_policies(tmp_path):
+    run_dir = tmp_path / "run"
+    over = ["env.num_envs=2", "actors.fragment_length=25", "algo.sharing=true", "algo.sharing_window=3",
+            "algo.sharing_gamma=100", "algo.sharing_samples_per_agent=24", "algo.sharing_lanczos_steps=6",
+            "algo.updates_per_fragment=2", "learners.groups=3", "algo.policy_learners=true", "stop.max_rounds=8",
+            "stop.total_env_steps=1000000", f"io.run_dir={run_dir}"]
+    assert cli_main(["run", str(CONFIGS / "mpe_spread_iql.yaml"), "--runner", "serial",
+                     *[a for o in over for a in ("-o", o)]]) == 0
+    _check_groups_follow_the_policies(run_dir)

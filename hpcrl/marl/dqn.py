@@ -11,6 +11,11 @@ policy, epsilon in the published weights). MARLess' decomposition maps onto the 
   theta' <- tau theta + (1 - tau) theta' after every applied gradient (:meth:`apply`), and the
   linear epsilon schedule once per round (:meth:`end_round`).
 
+IQL with ``algo.policy_learners`` (:mod:`hpcrl.marl.policy_learners`): each learner group keeps
+every fragment in its replay and takes the TD errors of the agents whose policies it trains
+(``train_agent``), so its gradient carries only their Q-networks. VDN refuses it: its team TD
+error couples every agent's Q-value.
+
 IQL (Tan 1993; Tampuu et al. 2017): each agent's own TD error,
     y_i = r_i + gamma alive_i max_a Q'_i(o'_i, a),   L = mean_i (y_i - Q_i(o_i, a_i))^2.
 VDN (Sunehag et al. 2018): one team TD error on the sum of the agents' values,
@@ -27,7 +32,9 @@ from torch import Tensor
 import numpy as np
 
 from hpcrl.algos.base import Algorithm
+from hpcrl.marl import policy_learners
 from hpcrl.marl.model import MultiPolicyQ, initial_map, slot_count
+from hpcrl.marl.policy_learners import PolicyLearnerHooks
 from hpcrl.marl.replay import KEYS, ReplayBuffer, joint_transitions
 from hpcrl.marl.scaling_rank import ScalingHooks
 from hpcrl.marl.sharing_rank import SharingHooks
@@ -45,7 +52,7 @@ def vdn_loss(q_taken: Tensor, target: Tensor) -> Tensor:
     return (target - q_taken.sum(dim=1)).square().mean()
 
 
-class MultiAgentDQN(ScalingHooks, SharingHooks, Algorithm):
+class MultiAgentDQN(PolicyLearnerHooks, ScalingHooks, SharingHooks, Algorithm):
     """cfg: IQLConfig or VDNConfig; ``team`` picks VDN. ``algo.sharing``: dynamic learner sharing
     (:mod:`hpcrl.marl.sharing_rank`)."""
 
@@ -59,19 +66,32 @@ class MultiAgentDQN(ScalingHooks, SharingHooks, Algorithm):
         self._setup_scaling()
 
     def make_model(self, obs_space, action_space, device="cpu") -> MultiPolicyQ:
-        return MultiPolicyQ(obs_space, action_space, self.model_cfg, self.cfg.agents,
-                            initial_map(self.cfg.policies, self.cfg.agents), self.cfg.epsilon_start, device,
-                            slots=slot_count(self.cfg))
+        model = MultiPolicyQ(obs_space, action_space, self.model_cfg, self.cfg.agents,
+                             initial_map(self.cfg.policies, self.cfg.agents), self.cfg.epsilon_start, device,
+                             slots=slot_count(self.cfg))
+        self.blocks = policy_learners.unit_blocks(model)
+        return model
 
     # ---- learner --------------------------------------------------------------------------
     def prepare(self, fragments, model):
         for frag in fragments:
             self.replay.add(joint_transitions(frag, model.agents))
-        return {"replay_size": torch.tensor(len(self.replay))}
+        batch = {"replay_size": torch.tensor(len(self.replay))}
+        if self.cfg.policy_learners:  # the agents whose policies this group trains, by the current map
+            slot = model.mapping().cpu()
+            mine = [p for p, _ in policy_learners.assigned_units(slot.tolist(), *self.learner_group)]
+            batch["train_agent"] = torch.isin(slot, torch.as_tensor(mine, dtype=slot.dtype))
+        return batch
 
     def minibatches(self, batch, generator):
+        mine = batch.get("train_agent")
+        if mine is not None and not mine.any():
+            return
         for _ in range(self.cfg.updates_per_fragment):
-            yield self.replay.sample(self.cfg.batch_size, generator, "cpu")
+            mb = self.replay.sample(self.cfg.batch_size, generator, "cpu")
+            if mine is not None:  # per row, so a group's ranks can split the minibatch by rows
+                mb["train_agent"] = mine.expand(mb["actions"].shape[0], -1)
+            yield mb
 
     def td_targets(self, mb, model: MultiPolicyQ) -> tuple[Tensor, Tensor]:
         """(Q_i(o_i, a_i) [B, A] with gradients, per-agent bootstrapped targets parts (r_i, boot_i) summed
@@ -90,7 +110,12 @@ class MultiAgentDQN(ScalingHooks, SharingHooks, Algorithm):
     def td_loss(self, mb, model: MultiPolicyQ) -> tuple[Tensor, Tensor]:
         """(VDN's team loss or IQL's mean per-agent squared TD error, Q(o, a) [B, A])."""
         q, y = self.td_targets(mb, model)
-        return (vdn_loss(q, y) if self.team else (y - q).square().mean()), q
+        if self.team:
+            return vdn_loss(q, y), q
+        err = (y - q).square()
+        if "train_agent" in mb:  # policy learners: this group's agents only
+            err = err[mb["train_agent"].to(err.device)]
+        return err.mean(), q
 
     def compute_gradient(self, minibatch, model, window=None):
         model.flat.zero_grad()
@@ -103,7 +128,7 @@ class MultiAgentDQN(ScalingHooks, SharingHooks, Algorithm):
 
     # ---- parameter rank -------------------------------------------------------------------
     def apply(self, model, optimizer, gradient) -> None:
-        super().apply(model, optimizer, gradient)
+        super().apply(model, optimizer, gradient)  # policy learners: the carried Q-networks only
         targets, online = model.pairs()
         with torch.no_grad():
             torch._foreach_lerp_(targets, online, self.cfg.target_tau)

@@ -2,8 +2,8 @@
 
 With ``algo.policy_learners`` every active learner group gets every fragment and trains only the
 units assigned to it. A unit is one policy of the current agent -> policy map with its critic
-(``both``), or with ``algo.critic_learners`` the policy network (``policy``) and the critic
-(``critic``) as two units. Units are dealt out in turn (:func:`assigned_units`): the k-th
+(``both``; IQL: its Q-network), or with ``algo.critic_learners`` the policy network (``policy``)
+and the critic (``critic``) as two units. Units are dealt out in turn (:func:`assigned_units`): the k-th
 policy unit to group k mod P and the k-th critic unit to group P + k mod C, where P policy
 groups and C critic groups share the active groups (without critic learners every active group
 is a policy group and trains its policies' critics too). One group per unit is active, at most ``learners.groups``
@@ -86,11 +86,11 @@ def unit_blocks(model, critic_learners: bool = False) -> list[Block]:
     out = []
     for s in range(model.slots):
         row = s if log_std is not None else None
-        pi, vf = list(model.pis[s].parameters()), list(model.vfs[s].parameters())
         if critic_learners:
-            out += [block(s, POLICY, pi, row), block(s, CRITIC, vf, None)]
-        else:
-            out.append(block(s, BOTH, pi + vf, row))
+            out += [block(s, POLICY, list(model.pis[s].parameters()), row),
+                    block(s, CRITIC, list(model.vfs[s].parameters()), None)]
+        else:  # the slot's trained networks: policy and critic, or a Q-network
+            out.append(block(s, BOTH, model.policy_parameters(s), row))
     return out
 
 
@@ -129,3 +129,31 @@ def apply_to_carried_blocks(model, optimizer, gradient: np.ndarray, blocks: list
             t[rows_t] = saved
     flat.zero_grad()  # every grad back on its view of the buffer
     return idle
+
+
+class PolicyLearnerHooks:
+    """The contract hooks of a MARL algorithm whose ``cfg.policy_learners`` may be on (mixed in before
+    :class:`~hpcrl.algos.base.Algorithm`); each passes to the default when it is off. ``make_model``
+    must set :attr:`blocks` (:func:`unit_blocks`)."""
+
+    learner_group: tuple[int, int] = (0, 1)
+    """(this learner group, active groups), as ``assign_learner`` last said."""
+    blocks: list[Block] = []
+
+    def assign_learner(self, group: int, active_groups: int) -> None:
+        self.learner_group = (group, active_groups)
+
+    def learner_groups_needed(self, model, groups: int) -> int | None:
+        if not self.cfg.policy_learners:
+            return None
+        return groups_needed(model.mapping().tolist(), groups, getattr(self.cfg, "critic_learners", False))
+
+    def aggregate(self, step: Step) -> np.ndarray:
+        if not self.cfg.policy_learners:
+            return super().aggregate(step)
+        return aggregate_by_block(step, self.blocks)
+
+    def apply(self, model, optimizer, gradient: np.ndarray) -> None:
+        if not self.cfg.policy_learners:
+            return super().apply(model, optimizer, gradient)
+        apply_to_carried_blocks(model, optimizer, gradient, self.blocks)

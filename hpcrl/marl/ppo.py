@@ -26,6 +26,7 @@ import torch
 from hpcrl.algos import ppo as ppo_maths
 from hpcrl.algos.base import Algorithm
 from hpcrl.marl import policy_learners
+from hpcrl.marl.policy_learners import PolicyLearnerHooks
 from hpcrl.marl.model import MultiPolicyActorCritic, initial_map, slot_count
 from hpcrl.marl.scaling_rank import ScalingHooks
 from hpcrl.marl.sharing_rank import SharingHooks, spread_rows
@@ -34,7 +35,7 @@ from hpcrl.marl.similarity import observation_action_samples
 STATS = ("loss", "policy_loss", "value_loss", "entropy", "kl")
 
 
-class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
+class MultiAgentPPO(PolicyLearnerHooks, ScalingHooks, SharingHooks, Algorithm):
     """cfg: IPPOConfig or MAPPOConfig; ``central_critic`` picks MAPPO. ``algo.sharing``: dynamic learner
     sharing (:mod:`hpcrl.marl.sharing_rank`)."""
 
@@ -47,8 +48,6 @@ class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
         self.uses_window = self.ratio_fn is not None
         self._setup_sharing()
         self._setup_scaling()
-        self.learner_group = (0, 1)  # (this group, active groups): what assign_learner last said
-        self.blocks: list[policy_learners.Block] = []
 
     def make_model(self, obs_space, action_space, device="cpu") -> MultiPolicyActorCritic:
         model = MultiPolicyActorCritic(obs_space, action_space, self.model_cfg, self.cfg.agents,
@@ -72,9 +71,6 @@ class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
                 b["slot"] = model.mapping()[b["agent"]]
             parts.append(b)
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-
-    def assign_learner(self, group: int, active_groups: int) -> None:
-        self.learner_group = (group, active_groups)
 
     def minibatches(self, batch, generator):
         """``num_sgd_iter`` shuffled passes. Policy learners keep the rows of their units' policies (marked
@@ -124,22 +120,6 @@ class MultiAgentPPO(ScalingHooks, SharingHooks, Algorithm):
             value_loss = 0.5 * (model.critic(critic_in, cri["agent"]) - cri["returns"]).square().mean()
         loss = policy_loss + self.cfg.vf_coeff * value_loss - self.cfg.entropy_coeff * ent
         return loss, dict(zip(STATS, (loss, policy_loss, value_loss, ent, kl)))
-
-    # ---- parameter rank: policy learners ---------------------------------------------------
-    def learner_groups_needed(self, model, groups):
-        if not self.cfg.policy_learners:
-            return None
-        return policy_learners.groups_needed(model.mapping().tolist(), groups, self.cfg.critic_learners)
-
-    def aggregate(self, step):
-        if not self.cfg.policy_learners:
-            return super().aggregate(step)
-        return policy_learners.aggregate_by_block(step, self.blocks)
-
-    def apply(self, model, optimizer, gradient):
-        if not self.cfg.policy_learners:
-            return super().apply(model, optimizer, gradient)
-        policy_learners.apply_to_carried_blocks(model, optimizer, gradient, self.blocks)
 
     def compute_gradient(self, minibatch, model, window=None):
         model.flat.zero_grad()

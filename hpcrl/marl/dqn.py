@@ -12,8 +12,8 @@ policy, epsilon in the published weights). MARLess' decomposition maps onto the 
   linear epsilon schedule once per round (:meth:`end_round`).
 
 IQL with ``algo.policy_learners`` (:mod:`hpcrl.marl.policy_learners`): each learner group keeps
-every fragment in its replay and takes the TD errors of the agents whose policies it trains
-(``train_agent``), so its gradient carries only their Q-networks. VDN refuses it: its team TD
+every fragment in its replay and computes Q-values and TD errors only for the agents whose
+policies it trains (``train_agent``), so its gradient carries only their Q-networks. VDN refuses it: its team TD
 error couples every agent's Q-value.
 
 IQL (Tan 1993; Tampuu et al. 2017): each agent's own TD error,
@@ -95,10 +95,14 @@ class MultiAgentDQN(PolicyLearnerHooks, ScalingHooks, SharingHooks, Algorithm):
 
     def td_targets(self, mb, model: MultiPolicyQ) -> tuple[Tensor, Tensor]:
         """(Q_i(o_i, a_i) [B, A] with gradients, per-agent bootstrapped targets parts (r_i, boot_i) summed
-        as the algorithm needs: IQL [B, A], VDN [B])."""
+        as the algorithm needs: IQL [B, A], VDN [B]); A is the group's own agents under policy learners."""
         mb = {k: v.to(model.device) for k, v in mb.items()}
+        agents = torch.arange(mb["actions"].shape[1], device=model.device)
+        if "train_agent" in mb:  # policy learners (IQL): the Q-values of this group's agents only
+            agents = agents[mb.pop("train_agent")[0]]
+            mb = {k: mb[k][:, agents] for k in KEYS}
         B, A = mb["actions"].shape
-        agent = torch.arange(A, device=model.device).repeat(B)
+        agent = agents.repeat(B)
         q = model.q(mb["obs"].reshape(B * A, -1), agent).gather(1, mb["actions"].reshape(-1, 1))
         with torch.no_grad():
             next_max = model.q(mb["next_obs"].reshape(B * A, -1), agent, target=True).max(dim=1).values.view(B, A)
@@ -112,10 +116,7 @@ class MultiAgentDQN(PolicyLearnerHooks, ScalingHooks, SharingHooks, Algorithm):
         q, y = self.td_targets(mb, model)
         if self.team:
             return vdn_loss(q, y), q
-        err = (y - q).square()
-        if "train_agent" in mb:  # policy learners: this group's agents only
-            err = err[mb["train_agent"].to(err.device)]
-        return err.mean(), q
+        return (y - q).square().mean(), q
 
     def compute_gradient(self, minibatch, model, window=None):
         model.flat.zero_grad()

@@ -88,6 +88,9 @@ class LearnersConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where learners compute (and, for ha2c/hddpg, where the batched envs and the whole loop run):
     auto = the GPU given by the node-local rank when CUDA is available, else the CPU."""
+    cuda_graphs: bool = True
+    """On a CUDA learner, replay each minibatch gradient from a CUDA graph (runtime/cuda_graph.py) when the
+    algorithm offers one (PPO) and no IS window is used: small networks are bound by kernel launches."""
 
     @model_validator(mode="after")
     def _active_bounds(self) -> "LearnersConfig":

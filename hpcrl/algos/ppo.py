@@ -152,16 +152,12 @@ LOSS_STATS = ("loss", "policy_loss", "value_loss", "kl", "entropy", "clip_fracti
 """What :func:`ppo_loss` reports per (mini)batch, in this order."""
 
 
-def ppo_loss(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | None = None,
-             ratio_fn: RatioFn | None = None, kl_coeff: float | None = None,
-             vf_clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
-    """Clipped surrogate + vf_coeff value loss + KL penalty - entropy bonus (cfg: PPOConfig).
-
-    ``window_logps`` [K-1, B]: log-probs of the batch actions under the other learner policies of
-    the aggregation window (detached); with ``ratio_fn`` (see :func:`ratio_fn_for`) the ratio is
-    ``ratio_fn([logp; window_logps], behaviour_logp)``, else pi/mu. ``vf_clip``: clip V around
-    the old values by this much (None: unclipped). ``kl_coeff`` overrides cfg.kl_coeff.
-    """
+def ppo_loss_terms(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | None = None,
+                   ratio_fn: RatioFn | None = None, kl_coeff: float | Tensor | None = None,
+                   vf_clip: float | None = None) -> tuple[Tensor, Tensor]:
+    """The loss of :func:`ppo_loss` and its :data:`LOSS_STATS` as one tensor on the batch's device
+    (no host copy, so a CUDA graph can capture it). ``kl_coeff`` may be a 0-dim tensor (the model's
+    constant: read on the device, it follows the adaptive coefficient without a host round trip)."""
     logp, entropy, value = policy.evaluate(batch["obs"], batch["actions"])
     mu_logp = batch["behaviour_logp"]
     log_r = logp - mu_logp
@@ -178,30 +174,56 @@ def ppo_loss(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | No
     coeff = cfg.kl_coeff if kl_coeff is None else kl_coeff
     ent = entropy.mean()
     loss = policy_loss + cfg.vf_coeff * value_loss + coeff * kl - cfg.entropy_coeff * ent
-    with torch.no_grad():  # one host copy for all of them (each .item() is a sync on a GPU)
-        values = torch.stack([loss, policy_loss, value_loss, kl, ent, ((ratio - 1.0).abs() > cfg.clip).float().mean(),
-                              ratio.mean(), (ratio < raw_ratio - 1e-6).float().mean()]).tolist()
-    return loss, dict(zip(LOSS_STATS, values))
+    with torch.no_grad():
+        stats = torch.stack([loss, policy_loss, value_loss, kl, ent, ((ratio - 1.0).abs() > cfg.clip).float().mean(),
+                             ratio.mean(), (ratio < raw_ratio - 1e-6).float().mean()])
+    return loss, stats
+
+
+def ppo_loss(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | None = None,
+             ratio_fn: RatioFn | None = None, kl_coeff: float | Tensor | None = None,
+             vf_clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Clipped surrogate + vf_coeff value loss + KL penalty - entropy bonus (cfg: PPOConfig).
+
+    ``window_logps`` [K-1, B]: log-probs of the batch actions under the other learner policies of
+    the aggregation window (detached); with ``ratio_fn`` (see :func:`ratio_fn_for`) the ratio is
+    ``ratio_fn([logp; window_logps], behaviour_logp)``, else pi/mu. ``vf_clip``: clip V around
+    the old values by this much (None: unclipped). ``kl_coeff`` overrides cfg.kl_coeff.
+    """
+    loss, stats = ppo_loss_terms(batch, policy, cfg, window_logps, ratio_fn, kl_coeff, vf_clip)
+    return loss, dict(zip(LOSS_STATS, stats.tolist()))  # one host copy for all of them
+
+
+GRADIENT_STATS = (*LOSS_STATS, "grad_norm")
+"""What :func:`gradient_and_stats` reports, in this order."""
+
+
+def gradient_and_stats(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | None = None,
+                       ratio_fn: RatioFn | None = None, kl_coeff: float | Tensor | None = None,
+                       vf_clip: float | None = None) -> tuple[Tensor, Tensor]:
+    """:func:`compute_gradient` without leaving the device: the clipped flat gradient and the
+    :data:`GRADIENT_STATS` as one tensor (``grad_norm`` before clipping)."""
+    flat = policy.flat
+    flat.zero_grad()
+    loss, stats = ppo_loss_terms(batch, policy, cfg, window_logps, ratio_fn, kl_coeff, vf_clip)
+    loss.backward()
+    if not flat.grads_attached():
+        raise RuntimeError("compute_gradient: parameter grads were detached from the flat buffer")
+    norm = torch.linalg.vector_norm(flat.grads)
+    flat.grads.mul_(torch.clamp(cfg.max_grad_norm / (norm + 1e-6), max=1.0))
+    return flat.grads, torch.cat([stats, norm.reshape(1)])
 
 
 def compute_gradient(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tensor | None = None,
-                     ratio_fn: RatioFn | None = None, kl_coeff: float | None = None,
+                     ratio_fn: RatioFn | None = None, kl_coeff: float | Tensor | None = None,
                      vf_clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """Flat float32 gradient of :func:`ppo_loss` on one (mini)batch, norm-clipped to cfg.max_grad_norm.
 
     Returns ``policy.flat.grads`` itself (valid until the next call: copy it to keep it) and the
     loss stats plus ``grad_norm`` (before clipping). The policy's parameters are not changed.
     """
-    flat = policy.flat
-    flat.zero_grad()
-    loss, stats = ppo_loss(batch, policy, cfg, window_logps, ratio_fn, kl_coeff, vf_clip)
-    loss.backward()
-    if not flat.grads_attached():
-        raise RuntimeError("compute_gradient: parameter grads were detached from the flat buffer")
-    norm = torch.linalg.vector_norm(flat.grads)
-    stats["grad_norm"] = norm.item()
-    flat.grads.mul_(torch.clamp(cfg.max_grad_norm / (norm + 1e-6), max=1.0))
-    return flat.grads, stats
+    grad, stats = gradient_and_stats(batch, policy, cfg, window_logps, ratio_fn, kl_coeff, vf_clip)
+    return grad, dict(zip(GRADIENT_STATS, stats.tolist()))  # one host copy (a sync on a GPU)
 
 
 @torch.no_grad()
@@ -242,7 +264,12 @@ class PPO(Algorithm):
 
     def compute_gradient(self, minibatch, model, window=None):
         return compute_gradient(minibatch, model, self.cfg, window_logps=window, ratio_fn=self.ratio_fn,
-                                kl_coeff=float(model.constants["kl_coeff"]))
+                                kl_coeff=model.constants["kl_coeff"])
+
+    gradient_stat_names = GRADIENT_STATS
+
+    def gradient_tensors(self, minibatch, model):
+        return gradient_and_stats(minibatch, model, self.cfg, ratio_fn=self.ratio_fn, kl_coeff=model.constants["kl_coeff"])
 
     def end_round(self, model, round_stats):
         coeff = float(model.constants["kl_coeff"])

@@ -13,7 +13,11 @@ per repetition and their geometric means, and, for this tree, the
 learner cycle per gradient by phase (run.h5 ``learner_cycles``) and the parameter rank's
 absorption rate (``parameter_load``).
 
-    hpcrl bench cycle-compare [--ref main] [--config FILE] [--reps 2] [--steps 100000] [-o KEY=VALUE ...]
+    hpcrl bench cycle-compare [--ref main | --ref-tree DIR] [--config FILE] [--reps 2] [--steps 100000]
+                              [-o KEY=VALUE ...]
+
+``--ref-tree`` takes a reference tree already unpacked (``git archive REF | tar -x -C DIR``), for a
+machine that has the working tree but not its git history.
 """
 from __future__ import annotations
 
@@ -82,6 +86,7 @@ def cycle_table(run_dir: Path) -> list[str]:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="hpcrl bench cycle-compare", description=__doc__.splitlines()[0])
     p.add_argument("--ref", default="main", help="git revision to compare against (default main)")
+    p.add_argument("--ref-tree", help="an unpacked reference tree to compare against instead of --ref")
     p.add_argument("--reps", type=int, default=2, help="runs per tree, alternating (default 2)")
     p.add_argument("--steps", type=int, default=100_000, help="env steps per run (default 100000)")
     p.add_argument("--new", default=str(ROOT), help="source tree to measure (default: this one)")
@@ -93,7 +98,11 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hpcrl-cycle-compare-") as tmp:
         out = Path(args.out) if args.out else Path(tmp)
-        trees = {"old": unpack(args.ref, Path(tmp) / "ref"), "new": Path(args.new)}
+        old = Path(args.ref_tree).resolve() if args.ref_tree else unpack(args.ref, Path(tmp) / "ref")
+        if not (old / "hpcrl" / "__init__.py").is_file():
+            p.error(f"--ref-tree {args.ref_tree}: no hpcrl package in it (expected DIR/hpcrl/__init__.py)")
+        trees = {"old": old, "new": Path(args.new)}
+        ref_name = args.ref_tree or args.ref
         rows, ratios, cpu_ratios = [], [], []
         for rep in range(args.reps):
             got = {}
@@ -109,7 +118,7 @@ def main(argv: list[str]) -> int:
                   f"{r['gradients'] / r['wall']:8.1f} {1e3 * r['cpu'] / r['env_steps']:9.3f}")
         gm = lambda x: float(np.exp(np.mean(np.log(x))))  # noqa: E731
         print(f"ratio new/old env steps/s per rep: {', '.join(f'{x:.2f}' for x in ratios)}; geometric mean "
-              f"{gm(ratios):.2f} (old = {args.ref})")
+              f"{gm(ratios):.2f} (old = {ref_name})")
         print(f"ratio new/old CPU seconds per env step: {', '.join(f'{x:.2f}' for x in cpu_ratios)}; geometric mean "
               f"{gm(cpu_ratios):.2f}")
         last_new = [r for name, _, r in rows if name == "new"][-1]

@@ -9,7 +9,9 @@ cycle as far as the record holds it). Parallel efficiency is the per-actor rate 
 with the fewest actors (1 by default) at the same G. The env's per-core ceiling is measured in
 this process before the runs: Gymnasium ``env.step`` on one env, and the actors' own env backend
 (``env.num_envs`` envs in lock-step) with random actions, no policy. Hopper runs pipelined
-(``THROUGHPUT`` below), not with the shipped config's on-policy sampling.
+(``THROUGHPUT`` below), not with the shipped config's on-policy sampling. With G groups the round is G
+times the config's ``algo.train_batch_size``, so every group trains the batch one group would (the same
+minibatches and gradients per env step at every G).
 
     hpcrl bench scaling [--envs cartpole,hopper] [--actors 1,2,4] [--groups 1,2] [--steps 30000]
                         [--hopper-steps 20000] [--oversubscribe] [-o KEY=VALUE ...]
@@ -78,7 +80,8 @@ def run_point(config: Path, actors: int, groups: int, steps: int, run_dir: Path,
     """One ``hpcrl run`` of the grid; its rates from run.h5."""
     sets = [f"actors.count={actors}", f"learners.groups={groups}", f"learners.min_active={groups}",
             f"stop.total_env_steps={steps}", "stop.target_return=null", "io.log_seconds=60",
-            f"io.run_dir={run_dir}", *THROUGHPUT.get(config.stem, []), *overrides]
+            f"io.run_dir={run_dir}", *THROUGHPUT.get(config.stem, []), *overrides,
+            *([f"algo.train_batch_size={groups * train_batch_size(config, overrides)}"] if groups > 1 else [])]
     cmd = [sys.executable, "-m", "hpcrl", "run", str(config), *[a for o in sets for a in ("-o", o)],
            *(["--oversubscribe"] if oversubscribe else [])]
     start = time.perf_counter()
@@ -88,6 +91,14 @@ def run_point(config: Path, actors: int, groups: int, steps: int, run_dir: Path,
         raise RuntimeError(f"{config.name} N={actors} G={groups}: hpcrl run failed ({res.returncode}):\n"
                            f"{res.stdout[-2000:]}{res.stderr[-2000:]}")
     return {"actors": actors, "groups": groups, "wall": wall, **record_rates(run_dir / "run.h5", actors)}
+
+
+def train_batch_size(config: Path, overrides: list[str]) -> int:
+    """The one-group job's ``algo.train_batch_size`` (G groups get G times it: each its batch, as one group has)."""
+    from hpcrl.config import load_config
+
+    cfg = load_config(config, [*THROUGHPUT.get(config.stem, []), *overrides])
+    return cfg.algo.train_batch_size
 
 
 def record_rates(run_h5: Path, actors: int) -> dict:
@@ -135,6 +146,7 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", file=sys.stderr, flush=True)
+    failed: list[str] = []
     try:
         for env in envs:
             ceiling = env_ceiling(ENVS[env])
@@ -143,13 +155,20 @@ def main(argv: list[str]) -> int:
             for G in args.groups:
                 for N in args.actors:
                     print(f"{env}: {N} actor(s), {G} learner group(s), {steps} steps ...", file=sys.stderr, flush=True)
-                    points.append(run_point(ENVS[env], N, G, steps, out / f"{env}-N{N}-G{G}", args.overrides,
-                                            args.oversubscribe, args.timeout))
-            print_table(env, ceiling, points, cores, steps)
+                    try:
+                        points.append(run_point(ENVS[env], N, G, steps, out / f"{env}-N{N}-G{G}", args.overrides,
+                                                args.oversubscribe, args.timeout))
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:  # the other points still count
+                        failed.append(f"{env} N={N} G={G}: {str(e).strip().splitlines()[-1]}")
+                        print(f"  failed: {failed[-1]}", file=sys.stderr, flush=True)
+            if points:
+                print_table(env, ceiling, points, cores, steps)
     finally:
         if not args.out:
             shutil.rmtree(out, ignore_errors=True)
-    return 0
+    for line in failed:
+        print(f"not measured: {line}")
+    return 1 if failed else 0
 
 
 def print_table(env: str, ceiling: dict, points: list[dict], cores: int, steps: int) -> None:

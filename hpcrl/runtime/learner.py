@@ -32,6 +32,7 @@ import torch
 
 from hpcrl.runtime import control
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.cuda_graph import GraphedGradient
 from hpcrl.runtime.cycle_profile import CycleRecord
 from hpcrl.runtime.elastic import ACTION, REASON
 from hpcrl.runtime.push import PushAbandoned
@@ -67,6 +68,9 @@ class LearnerGroup:
         self.last_base: int | None = None
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
+        self.graphed = (GraphedGradient(self.algo, self.model)
+                        if (self.model.device.type == "cuda" and self.cfg.learners.cuda_graphs and not self.window
+                            and hasattr(self.algo, "gradient_tensors")) else None)
 
     # ---- group root ----------------------------------------------------------------------
     def run(self) -> None:
@@ -255,6 +259,11 @@ class LearnerGroup:
 
     def _local_gradient(self, mb: dict, window, lap=None) -> tuple[np.ndarray, dict]:
         lap = lap or _no_lap
+        if self.graphed is not None and window is None and self.reducer is None:
+            got = self.graphed(mb)  # one graph replay and one host copy (None: a shape it has no graph for)
+            if got is not None:
+                lap("gradient")
+                return got
         wl = None if window is None else torch.as_tensor(np.stack(window), device=self.model.device)
         grad, stats = self.algo.compute_gradient(mb, self.model, wl)
         lap("gradient")

@@ -11,6 +11,9 @@ inside them::
     learner    prepare(fragments, model) -> batch                     post-processing (e.g. GAE)
                minibatches(batch, generator) -> iterator              one gradient push each
                compute_gradient(minibatch, model, window) -> (flat gradient, stats)
+               gradient_tensors(minibatch, model) -> (flat gradient, stats tensor)   no host sync: a CUDA
+                                                                      learner replays it from a graph (optional;
+                                                                      stats named by gradient_stat_names)
                learner_report(batch) -> dict or None                  a small summary for end_round (optional)
                assign_learner(group, active_groups)                   which group this is, before each batch (optional)
     parameter  make_optimizer(model)

@@ -101,6 +101,21 @@ def train_batch_size(config: Path, overrides: list[str]) -> int:
     return cfg.algo.train_batch_size
 
 
+def learner_device(config: Path, overrides: list[str]) -> str:
+    """Where the runs' learners compute: ``learners.device``, with auto resolved as the learner ranks do."""
+    import torch
+
+    from hpcrl.config import load_config
+
+    learners = load_config(config, [*THROUGHPUT.get(config.stem, []), *overrides]).learners
+    device = learners.device
+    if device == "auto":
+        device = f"cuda (auto: {torch.cuda.get_device_name()})" if torch.cuda.is_available() else "cpu (auto)"
+    if device.startswith("cuda"):
+        device += ", CUDA graphs" if learners.cuda_graphs else ", eager"
+    return device
+
+
 def record_rates(run_h5: Path, actors: int) -> dict:
     """Env steps/s, actor busy share, gradients/s and the mean of each *_seconds gradient column (ms)."""
     from hpcrl.io import read_table
@@ -162,7 +177,7 @@ def main(argv: list[str]) -> int:
                         failed.append(f"{env} N={N} G={G}: {str(e).strip().splitlines()[-1]}")
                         print(f"  failed: {failed[-1]}", file=sys.stderr, flush=True)
             if points:
-                print_table(env, ceiling, points, cores, steps)
+                print_table(env, ceiling, points, cores, steps, learner_device(ENVS[env], args.overrides))
     finally:
         if not args.out:
             shutil.rmtree(out, ignore_errors=True)
@@ -171,9 +186,9 @@ def main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-def print_table(env: str, ceiling: dict, points: list[dict], cores: int, steps: int) -> None:
-    print(f"\n{env}: {ceiling['env_id']}, {steps} env steps per run, {cores} cores on this machine (load average "
-          f"now {os.getloadavg()[0]:.1f}). Env ceiling on "
+def print_table(env: str, ceiling: dict, points: list[dict], cores: int, steps: int, device: str = "cpu") -> None:
+    print(f"\n{env}: {ceiling['env_id']}, {steps} env steps per run, learners on {device}, {cores} cores on this "
+          f"machine (load average now {os.getloadavg()[0]:.1f}). Env ceiling on "
           f"one core: gym env.step {ceiling['single']:,.0f} steps/s; actor backend ({ceiling['num_envs']} envs, "
           f"random actions, no policy) {ceiling['backend']:,.0f} steps/s")
     print(f"{'actors':>6} {'groups':>6} {'ranks':>6} {'env steps/s':>12} {'efficiency':>10} {'% of N x ceiling':>16} "

@@ -327,6 +327,12 @@ class MARLPPOFields(Section):
     """With policy_learners: each policy's critic trains in a critic learner group of its own (MARLess'
     critic learners): half of the active groups (the odd one to policies) train policy networks, the others
     critics, each kind dealt out in turn; one group per policy network and per critic is active."""
+    postprocess_learner: bool = False
+    """With policy_learners: learner group 0 is MARLess' post-processing learner (section 4.2): actors send
+    every fragment to it alone, it computes the batch's returns and advantages (MAPPO: the critics' joint
+    observations too) with the newest weights and sends the prepared batch to every active policy and
+    critic group (groups 1...), which train on it. It computes no gradient; its seconds are charged as a
+    learner's. Needs learners.groups >= 2."""
 
 
 class IPPOConfig(MARLScalingFields, MARLSharingFields, MARLPPOFields):
@@ -542,6 +548,14 @@ class RunConfig(Section):
                                  f"got learners.groups={self.learners.groups}")
             if self.actors.on_policy:
                 raise ValueError("algo.policy_learners: actors.on_policy is not supported with it; set actors.on_policy=false")
+            if getattr(self.algo, "postprocess_learner", False):  # (groups >= 2 is checked above)
+                if self.aggregation.policy == "ssp":
+                    raise ValueError("algo.postprocess_learner: aggregation.policy ssp keeps a clock per learner group "
+                                     "and the post-processing group pushes no gradient; use sync, stellaris, "
+                                     "stellaris_code, pure_async or softsync")
+        elif getattr(self.algo, "postprocess_learner", False):
+            raise ValueError("algo.postprocess_learner: needs algo.policy_learners=true (the post-processing learner "
+                             "feeds policy and critic learner groups)")
         elif getattr(self.algo, "critic_learners", False):
             raise ValueError("algo.critic_learners: needs algo.policy_learners=true (critic learners are policy learners' "
                              "other half)")
@@ -564,14 +578,21 @@ class RunConfig(Section):
         IPPO and MAPPO, else one fragment (ha2c, hddpg: one update each, seed 003; iql, vdn: replay updates)."""
         if self.algo.name not in BATCH_ALGOS:
             return self.fragment_steps
-        if self.fragments_to_every_group:
+        if self.fragments_to_every_group or self.postprocess_groups:
             return self.algo.train_batch_size
         return max(1, self.algo.train_batch_size // self.learners.groups)
 
     @property
     def fragments_to_every_group(self) -> bool:
-        """MARL policy learners: every active group gets every fragment (each trains its own policies on it)."""
-        return bool(getattr(self.algo, "policy_learners", False))
+        """MARL policy learners: every active group gets every fragment (each trains its own policies on it),
+        unless a post-processing learner takes them all and passes the prepared batches on."""
+        return bool(getattr(self.algo, "policy_learners", False)) and not self.postprocess_groups
+
+    @property
+    def postprocess_groups(self) -> int:
+        """Learner groups at the front of the rank map that post-process fragments for the others (MARL
+        ``algo.postprocess_learner``: group 0), 0 when every group takes fragments itself."""
+        return int(bool(getattr(self.algo, "postprocess_learner", False)))
 
     @property
     def actor_scaling_range(self) -> tuple[int, int]:

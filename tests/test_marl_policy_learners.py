@@ -287,3 +287,56 @@ def test_serial_iql_run_parks_the_group_of_merged_policies(tmp_path):
     assert cli_main(["run", str(CONFIGS / "mpe_spread_iql.yaml"), "--runner", "serial",
                      *[a for o in over for a in ("-o", o)]]) == 0
     _check_groups_follow_the_policies(run_dir)
+
+
+def test_postprocess_learner_config_and_the_groups_it_needs():
+    base = {"env": {"id": "hpcrl/MPESimpleSpread-v3"}, "learners": {"groups": 4},
+            "algo": {"name": "mappo", "agents": 6, "policy_learners": True, "postprocess_learner": True,
+                     "train_batch_size": 4800}}
+    cfg = build_config(base)
+    assert cfg.postprocess_groups == 1 and not cfg.fragments_to_every_group and cfg.group_batch_size == 4800
+    with pytest.raises(ConfigError, match="postprocess_learner: needs algo.policy_learners"):
+        build_config({**base, "algo": {"name": "ippo", "agents": 6, "postprocess_learner": True}})
+    with pytest.raises(ConfigError, match="ssp keeps a clock per learner group"):
+        build_config({**base, "aggregation": {"policy": "ssp"}})
+    with pytest.raises(ConfigError, match="postprocess_learner"):  # not an IQL field
+        build_config({**base, "algo": {"name": "iql", "agents": 6, "policy_learners": True, "postprocess_learner": True}})
+    algo = make_algorithm(cfg.algo, ModelConfig(hidden_sizes=[8]), cfg.aggregation)
+    model = algo.make_model(spaces.Box(-1, 1, (18,), np.float32), spaces.Discrete(5))
+    # 6 per-agent policies: group 0 post-processes, groups 1-3 take two policies each
+    assert algo.learner_groups_needed(model, 4) == 4 and algo.learner_groups_needed(model, 8) == 7
+
+
+def _check_postprocess_run(run_dir: Path) -> None:
+    """Group 0 post-processed every fragment and pushed no gradient; groups 1-3 trained; group 3 parked at the merge."""
+    h5 = run_dir / "run.h5"
+    assert set(read_table(h5, "actors", ["group"])["group"].tolist()) == {0}  # actors send to group 0 alone
+    grads = read_table(h5, "gradients")
+    assert set(grads["group"].tolist()) == {1, 2, 3}
+    la = read_table(h5, "learner_activity")
+    assert {0, 1, 2, 3} <= set(la["group"].tolist()) and la["compute_seconds"][la["group"] == 0].sum() > 0
+    ev = read_table(h5, "elastic_events")
+    decided = ev["action"] != ELASTIC_ACTIONS.index("parked")
+    assert [(int(g), ELASTIC_REASONS[r]) for g, r in zip(ev["group"][decided], ev["reason"][decided])][:2] == [
+        (3, "policies_merged"), (3, "policies_split")]
+    updates = read_table(h5, "updates")
+    assert updates["round"].max() >= 6  # the rounds went on: post-processed batches counted their env steps
+
+
+def test_serial_run_with_a_postprocess_learner(tmp_path):
+    run_dir = tmp_path / "run"
+    over = [o for o in RUN if not o.startswith("learners.groups")] + ["learners.groups=4", "algo.postprocess_learner=true"]
+    args = [a for o in [*over, f"io.run_dir={run_dir}"] for a in ("-o", o)]
+    assert cli_main(["run", str(CONFIGS / "mpe_spread_mappo.yaml"), "--runner", "serial", *args]) == 0
+    _check_postprocess_run(run_dir)
+
+
+@pytest.mark.mpi
+def test_mpi_run_with_a_postprocess_learner(tmp_path):
+    run_dir = tmp_path / "run"
+    over = [o for o in RUN if not o.startswith("learners.groups")] + [
+        "learners.groups=4", "algo.postprocess_learner=true", "actors.count=2", f"io.run_dir={run_dir}"]
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(CONFIGS / "mpe_spread_ippo.yaml"), "--runner", "mpi",
+                          *[a for o in over for a in ("-o", o)]], cwd=tmp_path, capture_output=True, text=True, timeout=150)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    _check_postprocess_run(run_dir)

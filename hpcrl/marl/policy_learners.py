@@ -141,12 +141,16 @@ class PolicyLearnerHooks:
     blocks: list[Block] = []
 
     def assign_learner(self, group: int, active_groups: int) -> None:
+        """(group, active groups) among the policy and critic groups (the runtime counts a post-processing
+        group out of both)."""
         self.learner_group = (group, active_groups)
 
     def learner_groups_needed(self, model, groups: int) -> int | None:
+        """One group per unit, after the post-processing group when there is one (group 0, always active)."""
         if not self.cfg.policy_learners:
             return None
-        return groups_needed(model.mapping().tolist(), groups, getattr(self.cfg, "critic_learners", False))
+        pp = int(getattr(self.cfg, "postprocess_learner", False))
+        return pp + groups_needed(model.mapping().tolist(), groups - pp, getattr(self.cfg, "critic_learners", False))
 
     def aggregate(self, step: Step) -> np.ndarray:
         if not self.cfg.policy_learners:

@@ -12,7 +12,7 @@ place in a group's backlog (waiting while there is none), then pulls the weights
 the group frees its places only once the batch they held is trained and its gradients taken
 by the parameter rank, so each batch is sampled with the weights the previous one made. With MARL
 policy learners (``RunConfig.fragments_to_every_group``) the fragment goes to every active group
-that has room. The actor acts with ``job.algo.act``. The last actor also
+that has room, or with a post-processing learner (``RunConfig.postprocess_groups``) to it alone. The actor acts with ``job.algo.act``. The last actor also
 runs the evaluation episodes the parameter rank requests (:mod:`hpcrl.runtime.evaluation`).
 
 Parking (actor scaling, MARLess section 4.4): an actor whose index is not below the ACTIVE_ACTORS
@@ -61,7 +61,7 @@ class Actor:
                                            flush_seconds=flush)
     def run(self) -> None:
         self.fragments = self.job.startup["fragment_next"][self.index]  # numbering goes on after a resume
-        G = self.cfg.learners.groups
+        G = self.cfg.postprocess_groups or self.cfg.learners.groups  # a post-processing group takes every fragment
         counters = self.job.counters
         T = self.cfg.actors.fragment_length
         on_policy = self.cfg.actors.on_policy

@@ -10,6 +10,11 @@ each computes ``algo.compute_gradient`` on its share, the group averages them wi
 and the root pushes the average into the mailbox. The policy version can advance between
 two pushes of one batch: that is the asynchrony Stellaris' admission governs.
 
+Post-processing learner (MARL ``algo.postprocess_learner``, ``cfg.postprocess_groups``): group 0
+takes every fragment, runs ``algo.prepare`` and sends the prepared batch to the active groups behind
+it (``fragments.batch_sender``) instead of computing gradients; those groups train each prepared
+batch as it comes, without preparing it again.
+
 IS truncation window (Stellaris Eq. 2, when ``algo.uses_window``): the other active groups
 publish the base version they are computing with; this group reads those versions from the
 weight board's history and evaluates the minibatch under them (``algo.logps``), so
@@ -38,6 +43,9 @@ from hpcrl.runtime.elastic import ACTION, REASON
 from hpcrl.runtime.push import PushAbandoned
 
 
+BATCHES_HELD = 2
+"""Prepared batches a policy/critic group may hold (one training, one waiting) before the post-processing
+group skips it."""
 PARK = "park"
 """Group root -> its other ranks (TAG_WORK): the group is parked, wait with long naps."""
 
@@ -61,6 +69,11 @@ class LearnerGroup:
         self.generator = torch.Generator().manual_seed(self.cfg.env.seed + 7919 * (self.g + 1))
         self.receiver = job.fragments.learner_link(self.g) if self.is_root else None
         self.frags: list[dict] = []
+        # MARL post-processing learner (algo.postprocess_learner): group 0 prepares every batch, the others train
+        self.pp = self.cfg.postprocess_groups
+        self.batch_out = job.fragments.batch_sender() if self.is_root and self.pp and self.g < self.pp else None
+        self.batch_in = job.fragments.batch_receiver(self.g) if self.is_root and self.pp and self.g >= self.pp else None
+        self.prepared: list[dict] = []
         self.reducer = (make_reducer(self.cfg.learners.allreduce, job.topo.group_comm, self.model.device)
                         if self.size > 1 else None)
         self.lockstep = self.cfg.aggregation.policy == "sync"
@@ -85,14 +98,14 @@ class LearnerGroup:
             self.fault.check()
             self.heartbeat.beat()
             lap("control")
-            self.frags += self.receiver.poll()
+            self._receive()
             lap("receive")
             words = counters.read_all()
             lap("control")
             if words[control.STOP]:
                 break
             need = self.cfg.group_batch_size_for(int(words[control.ACTIVE_ACTORS]))  # actor scaling shrinks it
-            if sum(f["rewards"].size for f in self.frags) < need:
+            if not (self.prepared if self.batch_in is not None else sum(f["rewards"].size for f in self.frags) >= need):
                 if self.g >= words[control.ACTIVE]:  # parked, nothing left to train: block until activated
                     if not self._park():
                         break
@@ -101,6 +114,15 @@ class LearnerGroup:
                 lap("idle")
                 continue
             backoff.reset()
+            if self.batch_in is not None:  # a batch the post-processing group prepared
+                item = self.prepared.pop(0)
+                counters.add(control.BACKLOG + self.g, -1)
+                lap("control")
+                self.algo.assign_learner(self.g - self.pp, int(words[control.ACTIVE]) - self.pp)
+                trained = self._train(None, item["steps"], item["new_steps"], prepared=item["batch"])
+                if not trained:
+                    break
+                continue
             taken, steps = [], 0
             while steps < need:
                 f = self.frags.pop(0)
@@ -109,6 +131,10 @@ class LearnerGroup:
             if not self.on_policy:  # free the places now: actors sample the next batch while this one trains
                 counters.add(control.BACKLOG + self.g, -len(taken))
             lap("control")
+            if self.batch_out is not None:  # the post-processing group: prepare, pass on, no gradient
+                if not self._postprocess(taken, steps):
+                    break
+                continue
             self.algo.assign_learner(self.g, int(words[control.ACTIVE]))
             # every group gets every fragment (MARL policy learners): group 0 alone counts their steps
             new_steps = 0 if self.cfg.fragments_to_every_group and self.g else steps
@@ -136,7 +162,7 @@ class LearnerGroup:
         awake = lambda w: bool(w[control.STOP]) or g < w[control.ACTIVE]  # noqa: E731
         while True:
             self.heartbeat.beat()
-            self.frags += self.receiver.poll()
+            self._receive()
             words = counters.read_all()
             if awake(words):
                 break
@@ -149,17 +175,21 @@ class LearnerGroup:
         self.cycles.clock.restart()  # parked time belongs to no gradient's cycle
         return woken
 
-    def _train(self, fragments: list[dict], steps: int, new_steps: int) -> bool:
+    def _train(self, fragments: list[dict] | None, steps: int, new_steps: int, prepared: dict | None = None) -> bool:
         """One gradient push per minibatch of one batch (the first one reports ``new_steps`` env steps
-        consumed); False when the run is stopping."""
+        consumed); False when the run is stopping. ``prepared``: a batch the post-processing group made
+        from the fragments (it sent their report)."""
         start_unix, compute = time.time(), 0.0
         lap = self.cycles.lap
         if self._pull_weights() is None:
             return False
         lap("weights")
-        batch = self.algo.prepare(fragments, self.model)
+        if prepared is None:
+            batch = self.algo.prepare(fragments, self.model)
+            report = self.algo.learner_report(batch)  # reaches algo.end_round on the parameter rank
+        else:
+            batch, report = {k: torch.as_tensor(v, device=self.model.device) for k, v in prepared.items()}, None
         compute += lap("prepare")
-        report = self.algo.learner_report(batch)  # reaches algo.end_round on the parameter rank
         completed = False
         for mb in self.algo.minibatches(batch, self.generator):
             lap("minibatch")
@@ -188,6 +218,45 @@ class LearnerGroup:
             completed = True
         self._activity(start_unix, compute, steps, report)
         return completed
+
+    def _postprocess(self, fragments: list[dict], steps: int) -> bool:
+        """The post-processing group: prepare the batch with the newest weights and send it to every active
+        policy/critic group that has room (the first of them counts its env steps), waiting while none has
+        any; False when the run is stopping."""
+        start_unix = time.time()
+        lap = self.cycles.lap
+        if self._pull_weights() is None:
+            return False
+        lap("weights")
+        batch = self.algo.prepare(fragments, self.model)
+        host = {k: v.detach().cpu().numpy() for k, v in batch.items()}
+        report = self.algo.learner_report(batch)
+        compute = lap("prepare")
+        counters, backoff = self.job.counters, Backoff(5e-5, 2e-3)
+        while True:  # a full group misses the batch rather than hold the others back (as actors do with fragments)
+            words = counters.read_all()
+            targets = [g for g in range(self.pp, max(int(words[control.ACTIVE]), self.pp + 1))
+                       if words[control.BACKLOG + g] < BATCHES_HELD]
+            if targets:
+                break
+            self.heartbeat.beat()
+            if words[control.STOP]:
+                return False
+            self._receive()
+            backoff.sleep()
+            lap("push_wait")
+        for i, g in enumerate(targets):
+            counters.add(control.BACKLOG + g, 1)
+            self.batch_out.send(g, {"batch": host, "steps": steps, "new_steps": steps if i == 0 else 0})
+        lap("push")
+        self._activity(start_unix, compute, steps, report)
+        return True
+
+    def _receive(self) -> None:
+        """Take what has arrived: fragments from actors, prepared batches from the post-processing group."""
+        self.frags += self.receiver.poll()
+        if self.batch_in is not None:
+            self.prepared += self.batch_in.poll()
 
     def _pull_weights(self) -> int | None:
         """Newest weights into the model (copied only when a newer version was published); their
@@ -220,7 +289,7 @@ class LearnerGroup:
             if self._stopping():
                 return False
             lap("control")
-            self.frags += self.receiver.poll()
+            self._receive()
             lap("receive")
             backoff.sleep()
             lap("idle")
@@ -287,7 +356,7 @@ class LearnerGroup:
 
         def abandon() -> bool:
             self.heartbeat.beat()
-            self.frags += self.receiver.poll()
+            self._receive()
             return self._stopping()
 
         try:
@@ -312,13 +381,17 @@ class LearnerGroup:
         for r in range(1, self.size):
             self.topo.group_comm.send(None, dest=r, tag=control.TAG_WORK)
         backoff = Backoff(5e-5, 5e-3)
-        while True:  # every actor's last send must be matched before it can finish
+        while True:  # every actor's last send (and the post-processing group's) must be matched before it can finish
             self.heartbeat.beat()
             self.receiver.poll()
-            if self.receiver.finished():
+            if self.batch_in is not None:
+                self.batch_in.poll()
+            if self.receiver.finished() and (self.batch_in is None or self.batch_in.finished()):
                 break
             backoff.sleep()
         self.receiver.close()
+        if self.batch_out is not None:  # no batch follows; wait until the others took every one
+            self.batch_out.close(range(self.pp, self.cfg.learners.groups), self.heartbeat.beat)
         self.job.reports.close()
         if self.reducer is not None:
             self.reducer.close()

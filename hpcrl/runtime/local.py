@@ -205,6 +205,7 @@ class LocalFragments:
         self.layout, self.abort = layout, abort
         self.max_in_flight = max_in_flight
         self._queues = [deque() for _ in range(num_groups)]
+        self._batches = LocalBatches(num_groups, abort)
         self._in_flight = [0] * num_actors
         self._closed = [False] * num_actors
         self._lock = threading.Lock()
@@ -214,6 +215,50 @@ class LocalFragments:
 
     def learner_link(self, group: int) -> "LocalLearnerLink":
         return LocalLearnerLink(self, group)
+
+    def batch_sender(self) -> "LocalBatches":
+        return self._batches
+
+    def batch_receiver(self, group: int, source_group: int = 0) -> "LocalBatchReceiver":
+        return LocalBatchReceiver(self._batches, group)
+
+
+class LocalBatches:
+    """The post-processing group's prepared batches to the other groups (twin of ``transport.BatchSender``):
+    a queue per group."""
+
+    def __init__(self, num_groups: int, abort: threading.Event):
+        self.abort = abort
+        self._queues = [deque() for _ in range(num_groups)]
+        self._ended = [False] * num_groups
+        self._lock = threading.Lock()
+
+    def send(self, group: int, message: dict) -> None:
+        with self._lock:
+            self._queues[group].append(message)
+
+    def close(self, groups, beat) -> None:
+        with self._lock:
+            for g in groups:
+                self._ended[g] = True
+
+
+class LocalBatchReceiver:
+    def __init__(self, hub: LocalBatches, group: int):
+        self.hub, self.group = hub, group
+
+    def poll(self) -> list[dict]:
+        with self.hub._lock:
+            q = self.hub._queues[self.group]
+            out = list(q)
+            q.clear()
+        return out
+
+    def finished(self) -> bool:
+        if self.hub.abort.is_set():
+            raise RunAborted("another role of this run failed")
+        with self.hub._lock:
+            return self.hub._ended[self.group] and not self.hub._queues[self.group]
 
 
 class LocalActorLink:

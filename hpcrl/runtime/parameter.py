@@ -312,7 +312,8 @@ class ParameterRank:
 
     def _admit(self) -> None:
         lap = self.lap
-        while (adm := self.policy.admit(self.queue, self.version, self.active)) is not None:
+        pushing = self.active - self.cfg.postprocess_groups  # a post-processing group pushes no gradient
+        while (adm := self.policy.admit(self.queue, self.version, pushing)) is not None:
             lap("admit")
             for step in adm.steps:
                 if self._lr_anneal:

@@ -3,7 +3,9 @@
 Fragments are packed with :func:`hpcrl.runtime.layout.fragment_layout`. The actor asks :meth:`ActorLink.can_send` before
 sampling the next send (``max_in_flight`` unmatched synchronous sends at most), and
 :meth:`ActorLink.close` ends with the channel's stop convention, so a learner root knows
-when every actor is done (:meth:`LearnerLink.finished`). :class:`MpiReports` carries the
+when every actor is done (:meth:`LearnerLink.finished`). A post-processing learner group (MARL
+``algo.postprocess_learner``) passes prepared batches to the other group roots with
+:class:`BatchSender` / :class:`BatchReceiver`. :class:`MpiReports` carries the
 small pickled messages to the parameter rank (episodes, learner activity).
 
 The serial runner's in-memory twins with the same methods are in :mod:`hpcrl.runtime.local`.
@@ -15,6 +17,9 @@ from mpi4py import MPI
 from hpcrl.runtime import control
 from hpcrl.runtime.channels import FragmentReceiver, FragmentSender
 from hpcrl.runtime.layout import FragmentLayout
+
+TAG_BATCH = 103
+"""Post-processing group root -> policy/critic group root: one prepared batch (pickled), or None: no more."""
 
 REPORT_TAGS = {"episodes": control.TAG_EPISODES, "activity": control.TAG_ACTIVITY, "eval": control.TAG_EVAL}
 """Report kinds and their message tags (to the parameter rank)."""
@@ -82,6 +87,55 @@ class MpiReports:
         self._pending = []
 
 
+class BatchSender:
+    """The post-processing group root's prepared batches to the other group roots (synchronous-mode sends:
+    one completes once its group has taken it; how many a group may hold is the BACKLOG counter's job)."""
+
+    def __init__(self, comm, roots: list[int]):
+        self.comm, self.roots = comm, roots
+        self._pending: dict[int, list] = {g: [] for g in range(len(roots))}
+
+    def send(self, group: int, message: dict) -> None:
+        self._pending[group] = [r for r in self._pending[group] if not r.Test()]
+        self._pending[group].append(self.comm.issend(message, dest=self.roots[group], tag=TAG_BATCH))
+
+    def close(self, groups, beat) -> None:
+        """Tell each of ``groups`` that no batch follows (after those sent: same pair, same tag), then wait
+        until every send was taken, calling ``beat()`` while waiting."""
+        def keep_beating() -> bool:
+            beat()
+            return False
+
+        for g in groups:
+            self._pending[g].append(self.comm.issend(None, dest=self.roots[g], tag=TAG_BATCH))
+        for reqs in self._pending.values():
+            for r in reqs:
+                control.wait_request(r, abandon=keep_beating)
+
+
+class BatchReceiver:
+    """A policy/critic group root's prepared batches from the post-processing group root."""
+
+    def __init__(self, comm, source: int):
+        self.comm, self.source = comm, source
+        self.ended = False
+
+    def poll(self) -> list[dict]:
+        """Every batch that has arrived (possibly none)."""
+        out = []
+        while self.comm.Iprobe(source=self.source, tag=TAG_BATCH):
+            message = self.comm.recv(source=self.source, tag=TAG_BATCH)
+            if message is None:
+                self.ended = True
+            else:
+                out.append(message)
+        return out
+
+    def finished(self) -> bool:
+        """True once the post-processing group said no batch follows (every batch before it was polled)."""
+        return self.ended
+
+
 class MpiFragments:
     """Builds the MPI fragment links of one job (the twin of :class:`hpcrl.runtime.local.LocalFragments`)."""
 
@@ -94,3 +148,9 @@ class MpiFragments:
 
     def learner_link(self, group: int) -> LearnerLink:
         return LearnerLink(self.comm, self.layout, self.actor_ranks)
+
+    def batch_sender(self) -> BatchSender:
+        return BatchSender(self.comm, self.roots)
+
+    def batch_receiver(self, group: int, source_group: int = 0) -> BatchReceiver:
+        return BatchReceiver(self.comm, self.roots[source_group])

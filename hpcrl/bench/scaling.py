@@ -93,21 +93,23 @@ def run_point(config: Path, actors: int, groups: int, steps: int, run_dir: Path,
     return {"actors": actors, "groups": groups, "wall": wall, **record_rates(run_dir / "run.h5", actors)}
 
 
-def train_batch_size(config: Path, overrides: list[str]) -> int:
-    """The one-group job's ``algo.train_batch_size`` (G groups get G times it: each its batch, as one group has)."""
+def one_group_config(config: Path, overrides: list[str]):
+    """The config every run of ``config`` starts from (THROUGHPUT, then the user's overrides)."""
     from hpcrl.config import load_config
 
-    cfg = load_config(config, [*THROUGHPUT.get(config.stem, []), *overrides])
-    return cfg.algo.train_batch_size
+    return load_config(config, [*THROUGHPUT.get(config.stem, []), *overrides])
+
+
+def train_batch_size(config: Path, overrides: list[str]) -> int:
+    """The one-group job's ``algo.train_batch_size`` (G groups get G times it: each its batch, as one group has)."""
+    return one_group_config(config, overrides).algo.train_batch_size
 
 
 def learner_device(config: Path, overrides: list[str]) -> str:
     """Where the runs' learners compute: ``learners.device``, with auto resolved as the learner ranks do."""
     import torch
 
-    from hpcrl.config import load_config
-
-    learners = load_config(config, [*THROUGHPUT.get(config.stem, []), *overrides]).learners
+    learners = one_group_config(config, overrides).learners
     device = learners.device
     if device == "auto":
         device = f"cuda (auto: {torch.cuda.get_device_name()})" if torch.cuda.is_available() else "cpu (auto)"

@@ -81,9 +81,9 @@ class LearnerGroup:
         self.last_base: int | None = None
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
-        self.graphed = (GraphedGradient(self.algo, self.model)
-                        if (self.model.device.type == "cuda" and self.cfg.learners.cuda_graphs and not self.window
-                            and hasattr(self.algo, "gradient_tensors")) else None)
+        self.graphed = (GraphedGradient(self.algo, self.model)  # single-rank groups (no allreduce), no IS window
+                        if (self.model.device.type == "cuda" and self.cfg.learners.cuda_graphs and self.size == 1
+                            and not self.window and hasattr(self.algo, "gradient_tensors")) else None)
 
     # ---- group root ----------------------------------------------------------------------
     def run(self) -> None:
@@ -105,7 +105,7 @@ class LearnerGroup:
             if words[control.STOP]:
                 break
             need = self.cfg.group_batch_size_for(int(words[control.ACTIVE_ACTORS]))  # actor scaling shrinks it
-            if not (self.prepared if self.batch_in is not None else sum(f["rewards"].size for f in self.frags) >= need):
+            if not self._holds_a_batch(need):
                 if self.g >= words[control.ACTIVE]:  # parked, nothing left to train: block until activated
                     if not self._park():
                         break
@@ -252,6 +252,12 @@ class LearnerGroup:
         self._activity(start_unix, compute, steps, report)
         return True
 
+    def _holds_a_batch(self, need: int) -> bool:
+        """A prepared batch waits (behind a post-processing group), or ``need`` env steps of fragments do."""
+        if self.batch_in is not None:
+            return bool(self.prepared)
+        return sum(f["rewards"].size for f in self.frags) >= need
+
     def _receive(self) -> None:
         """Take what has arrived: fragments from actors, prepared batches from the post-processing group."""
         self.frags += self.receiver.poll()
@@ -328,7 +334,7 @@ class LearnerGroup:
 
     def _local_gradient(self, mb: dict, window, lap=None) -> tuple[np.ndarray, dict]:
         lap = lap or _no_lap
-        if self.graphed is not None and window is None and self.reducer is None:
+        if self.graphed is not None:
             got = self.graphed(mb)  # one graph replay and one host copy (None: a shape it has no graph for)
             if got is not None:
                 lap("gradient")

@@ -219,7 +219,7 @@ class LocalFragments:
     def batch_sender(self) -> "LocalBatches":
         return self._batches
 
-    def batch_receiver(self, group: int, source_group: int = 0) -> "LocalBatchReceiver":
+    def batch_receiver(self, group: int) -> "LocalBatchReceiver":
         return LocalBatchReceiver(self._batches, group)
 
 

@@ -152,5 +152,5 @@ class MpiFragments:
     def batch_sender(self) -> BatchSender:
         return BatchSender(self.comm, self.roots)
 
-    def batch_receiver(self, group: int, source_group: int = 0) -> BatchReceiver:
-        return BatchReceiver(self.comm, self.roots[source_group])
+    def batch_receiver(self, group: int) -> BatchReceiver:
+        return BatchReceiver(self.comm, self.roots[0])  # group 0 post-processes

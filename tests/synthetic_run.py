@@ -69,6 +69,10 @@ def write_synthetic_run(run_dir: Path, policy: str = "stellaris", seed: int = 0,
                                          "samples": 64, "loss": loss, "admitted": int(admitted),
                                          "reason": 0 if admitted else 1, "queue_seconds": 0.02,
                                          "compute_seconds": compute, "mailbox_wait_seconds": 0.005})
+                phases = {"receive_seconds": 0.002, "weights_seconds": 0.001, "gradient_seconds": compute,
+                          "push_seconds": 0.003}
+                run.append("learner_cycles", {"time": t, "group": g, "seq": seq[g], "base_version": version,
+                                              "cycle_seconds": sum(phases.values()), **phases})
                 seq[g] += 1
                 if admitted:
                     version += 1
@@ -80,6 +84,11 @@ def write_synthetic_run(run_dir: Path, policy: str = "stellaris", seed: int = 0,
                                            "loss_max": loss, "active_groups": active, "aggregate_seconds": 0.003,
                                            "publish_seconds": 0.001})
         t += 0.05
+        run.append("parameter_load", {"time": t, "interval_seconds": 0.1 * active + 0.05, "gradients": active,
+                                      "applied": active, "updates": active, "receive_seconds": 0.001 * active,
+                                      "admit_seconds": 0.0005, "apply_seconds": 0.002 * active,
+                                      "publish_seconds": 0.001 * active, "record_seconds": 0.001, "idle_seconds": 0.05,
+                                      "other_seconds": 0.001, "absorption_rate": 1 / 0.0045, "arrival_rate": 10.0})
         st, rt = np.asarray(stale_all, float), np.asarray(ret_all, float)
 
         def agg(a, fn):

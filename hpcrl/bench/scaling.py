@@ -4,8 +4,8 @@ For every env config and every (actors N, learner groups G) of the grid this run
 ``hpcrl run CONFIG -o actors.count=N -o learners.groups=G -o learners.min_active=G`` for a fixed
 step budget (no target return) and reads its run.h5: env steps/s over the sampling span (first
 fragment's start to last fragment, start-up excluded), the actors' busy share, gradients/s over
-the gradient span, and the mean of every ``*_seconds`` column of the gradients table (the learner
-cycle as far as the record holds it). Parallel efficiency is the per-actor rate against the run
+the gradient span, the learner cycle by phase (``learner_cycles``: ms per gradient) and the parameter
+rank's work by phase per gradient received (``parameter_load``). Parallel efficiency is the per-actor rate against the run
 with the fewest actors (1 by default) at the same G. The env's per-core ceiling is measured in
 this process before the runs: Gymnasium ``env.step`` on one env, and the actors' own env backend
 (``env.num_envs`` envs in lock-step) with random actions, no policy. Hopper runs pipelined
@@ -119,23 +119,27 @@ def learner_device(config: Path, overrides: list[str]) -> str:
 
 
 def record_rates(run_h5: Path, actors: int) -> dict:
-    """Env steps/s, actor busy share, gradients/s and the mean of each *_seconds gradient column (ms)."""
+    """Env steps/s, actor busy share, gradients/s, the learner cycle (mean ms per gradient by phase, from
+    ``learner_cycles``) and the parameter rank's work per gradient received (ms by phase, ``parameter_load``)."""
     from hpcrl.io import read_table
-    from hpcrl.io.schema import TABLES
+    from hpcrl.runtime.cycle_profile import LEARNER_PHASES, PARAMETER_PHASES
 
     a = read_table(run_h5, "actors", ["time", "steps", "sample_seconds", "transport_wait_seconds"])
     began = a["time"] - a["sample_seconds"] - a["transport_wait_seconds"]
     span = float(a["time"].max() - began.min())
-    spec = TABLES["gradients"]
-    cycle_cols = [c.name for c in spec.columns if c.name.endswith("_seconds")]
-    g = read_table(run_h5, "gradients", ["time", *cycle_cols])
+    g = read_table(run_h5, "gradients", ["time"])
     g_span = float(g["time"].max() - g["time"].min()) if g["time"].size > 1 else float("nan")
-    cycle = {c: float(np.nanmean(g[c])) * 1e3 if g[c].size and np.isfinite(g[c]).any() else float("nan")
-             for c in cycle_cols}
+    c = read_table(run_h5, "learner_cycles", ["cycle_seconds", *(f"{p}_seconds" for p in LEARNER_PHASES)])
+    cycle = {p: 1e3 * float(np.mean(c[f"{p}_seconds"])) if c["cycle_seconds"].size else float("nan")
+             for p in ("cycle", *LEARNER_PHASES)}
+    load = read_table(run_h5, "parameter_load", ["gradients", *(f"{p}_seconds" for p in PARAMETER_PHASES)])
+    received = int(load["gradients"].sum())
+    parameter = {p: 1e3 * float(load[f"{p}_seconds"].sum()) / received if received else float("nan")
+                 for p in PARAMETER_PHASES}
     return {"env_steps": int(a["steps"].sum()), "steps_per_s": float(a["steps"].sum()) / span,
             "busy": float(a["sample_seconds"].sum()) / (actors * span),
             "grads": int(g["time"].size), "grads_per_s": (g["time"].size - 1) / g_span if g_span > 0 else float("nan"),
-            "cycle_ms": cycle}
+            "cycle_ms": cycle, "parameter_ms": parameter}
 
 
 def ints(text: str) -> list[int]:
@@ -206,13 +210,21 @@ def print_table(env: str, ceiling: dict, points: list[dict], cores: int, steps: 
         ceil = 100 * pt["steps_per_s"] / (pt["actors"] * ceiling["backend"])
         print(f"{pt['actors']:>6} {pt['groups']:>6} {ranks:>6} {pt['steps_per_s']:>12,.0f} {eff:>10.2f} {ceil:>15.1f}% "
               f"{100 * pt['busy']:>9.0f}% {pt['grads_per_s']:>8.1f} {pt['wall']:>7.1f}  {note}")
-    cols = list(points[0]["cycle_ms"]) if points else []
-    if cols:
-        print("learner cycle, mean ms per gradient (gradients table of run.h5):")
-        print(f"{'actors':>6} {'groups':>6} " + " ".join(f"{c.removesuffix('_seconds'):>22}" for c in cols))
-        for pt in points:
-            print(f"{pt['actors']:>6} {pt['groups']:>6} " + " ".join(f"{pt['cycle_ms'][c]:>22.2f}" for c in cols))
+    print_phases("learner cycle, mean ms per gradient by phase (learner_cycles; phases add up to cycle)",
+                 points, "cycle_ms")
+    print_phases("parameter rank, ms per gradient received by phase (parameter_load; idle is waiting)",
+                 points, "parameter_ms")
 
+
+def print_phases(title: str, points: list[dict], key: str) -> None:
+    """A table of ms per phase, one row per point; phases zero at every point are left out."""
+    cols = [p for p in points[0][key] if any(pt[key][p] > 5e-4 for pt in points)] if points else []
+    if not cols:
+        return
+    print(title + ":")
+    print(f"{'actors':>6} {'groups':>6} " + " ".join(f"{c:>9}" for c in cols))
+    for pt in points:
+        print(f"{pt['actors']:>6} {pt['groups']:>6} " + " ".join(f"{pt[key][c]:>9.3f}" for c in cols))
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -119,10 +119,13 @@ class Admission:
 
 
 def aggregate(step: Step, out: np.ndarray | None = None) -> np.ndarray:
-    """The step's gradient (1/H) sum_c scale_c g_c (Stellaris Section V-C), float32."""
+    """The step's gradient (1/H) sum_c scale_c g_c (Stellaris Section V-C), float32: in ``out`` when given, else
+    a new array, or the record's own gradient when the step is one gradient at scale 1 (read it, do not write it)."""
     if not step:
         raise ValueError("aggregate: empty step")
     first = step[0][0].grad
+    if len(step) == 1 and step[0][1] == 1.0 and out is None and first.dtype == np.float32:
+        return first  # one gradient at full rate (most steps): it is the step's gradient, no copy
     if out is None:
         out = np.zeros_like(first, dtype=np.float32)
     else:

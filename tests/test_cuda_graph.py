@@ -75,3 +75,16 @@ def test_graph_replay_matches_eager_across_new_weights_and_shapes(kind):
     got, _ = graphed(short)
     np.testing.assert_allclose(got, algo.compute_gradient(short, model)[0].cpu().numpy(), rtol=1e-4, atol=1e-6)
     assert len(graphed.graphs) == 2
+
+
+@CUDA
+def test_graph_copies_the_same_tensors_again_after_an_in_place_change():
+    algo, model, mb, _ = setup("discrete", "cuda")
+    graphed = GraphedGradient(algo, model)
+    first = graphed(mb)[0].copy()
+    again = graphed(mb)[0].copy()  # the same tensors: not copied again, the same gradient
+    np.testing.assert_array_equal(first, again)
+    mb["advantages"].mul_(-1.0)  # the same tensor, new values: must be copied
+    flipped = graphed(mb)[0].copy()
+    np.testing.assert_allclose(flipped, algo.compute_gradient(mb, model)[0].cpu().numpy(), rtol=1e-4, atol=1e-6)
+    assert not np.allclose(first, flipped)

@@ -186,3 +186,38 @@ def test_ppo_algorithm_adapts_kl_coeff_on_the_parameter_side_and_publishes_it_in
     assert len(list(algo.minibatches({"advantages": torch.zeros(8)}, torch.Generator()))) == 3 * 2
     off = make_algorithm(PPOConfig(kl_coeff=0.0), MODEL, AggregationConfig())
     assert off.uses_window and off.end_round(off.make_model(OBS, spaces.Discrete(2)), {"kl": 1.0}) == {}
+
+
+def test_prepare_batch_recomputes_each_fragments_values_from_one_forward():
+    torch.manual_seed(4)
+    policy = ActorCritic(OBS, spaces.Discrete(2), MODEL)
+    cfg = PPOConfig(gamma=0.5, gae_lambda=1.0)
+
+    def fragment(T, N, with_last_obs):
+        zeros = torch.zeros(T, N)
+        f = {"obs": torch.rand(T, N, 4), "actions": torch.zeros(T, N, dtype=torch.long), "rewards": torch.ones(T, N),
+             "terminated": zeros.bool(), "truncated": zeros.bool(), "behaviour_logp": zeros,
+             "values": torch.full((T, N), 7.0), "final_values": zeros, "last_value": torch.full((N,), 9.0)}
+        if with_last_obs:
+            f["last_obs"] = torch.rand(N, 4)
+        return f
+
+    frags = [fragment(4, 3, True), fragment(2, 5, False), fragment(3, 2, True)]  # shapes differ; the middle keeps its values
+    batch = prepare_batch(frags, cfg, policy=policy)
+    one_by_one = [prepare_batch(f, cfg, policy=policy) for f in frags]
+    for k in batch:
+        torch.testing.assert_close(batch[k], torch.cat([b[k] for b in one_by_one]))
+    torch.testing.assert_close(one_by_one[1]["values"], torch.full((10,), 7.0))
+    with torch.no_grad():
+        torch.testing.assert_close(one_by_one[2]["values"], policy.value(frags[2]["obs"].reshape(-1, 4)))
+        torch.testing.assert_close(one_by_one[2]["returns"][-2:], 1.0 + 0.5 * policy.value(frags[2]["last_obs"]))
+
+
+def test_a_whole_batch_minibatch_is_the_batch_itself():
+    batch = {"advantages": torch.arange(6.0), "obs": torch.rand(6, 4)}
+    g = torch.Generator().manual_seed(0)
+    state = g.get_state()
+    (mb,) = list(minibatches(batch, 6, g))
+    assert all(mb[k] is batch[k] for k in batch)  # no gather, no copy: a CUDA graph copies it in once
+    assert torch.equal(g.get_state(), state)  # and no shuffle drawn
+    assert len(list(minibatches(batch, 4, g))) == 2

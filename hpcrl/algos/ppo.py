@@ -85,26 +85,27 @@ def _tensor(x, device, dtype=None) -> Tensor:
 
 def prepare_batch(fragments: Mapping | Sequence[Mapping], cfg, device: str | torch.device = "cpu",
                   policy=None) -> dict[str, Tensor]:
-    """Fragments (keys above) -> one flat batch with GAE advantages and returns (cfg: PPOConfig).
+    """Fragments (keys above) -> one flat batch on ``device`` with GAE advantages and returns (cfg: PPOConfig).
 
-    With ``policy`` (an ActorCritic) and a ``last_obs`` [N, ...] key in the fragment, ``values``
-    and ``last_value`` are recomputed by the learner's policy; ``final_values`` always come
-    from the actor (the final observation is gone after the reset).
+    With ``policy`` (an ActorCritic on ``device``) and a ``last_obs`` [N, ...] key in a fragment, its
+    ``values`` and ``last_value`` are recomputed by the learner's policy; ``final_values`` always come
+    from the actor (the final observation is gone after the reset). The arithmetic runs on the host:
+    GAE's recursion is T small steps, each a few kernel launches on a GPU (measured on an H200 with
+    CartPole's 2 x 16 x 8-step batch: 4.4 ms on the GPU, 1.3 ms on a CPU core). Only the value forward,
+    one for all fragments, runs on ``device``, and the batch moves there once.
     """
     if isinstance(fragments, Mapping):
         fragments = [fragments]
-    parts: list[dict[str, Tensor]] = []
     for frag in fragments:
         missing = [k for k in FRAGMENT_KEYS if k not in frag]
         if missing:
             raise ValueError(f"prepare_batch: fragment lacks {missing}")
-        f = {k: _tensor(frag[k], device) for k in FRAGMENT_KEYS}
+    relearned = _learner_values(policy, fragments, device) if policy is not None else {}
+    parts: list[dict[str, Tensor]] = []
+    for i, frag in enumerate(fragments):
+        f = {k: _tensor(frag[k], "cpu") for k in FRAGMENT_KEYS}
         T, N = f["rewards"].shape
-        values, last_value = f["values"].float(), f["last_value"].float()
-        if policy is not None and "last_obs" in frag:
-            with torch.no_grad():
-                values = policy.value(f["obs"].reshape(T * N, *f["obs"].shape[2:])).reshape(T, N).to(device)
-                last_value = policy.value(_tensor(frag["last_obs"], device)).to(device)
+        values, last_value = relearned.get(i, (f["values"].float(), f["last_value"].float()))
         nxt = next_values_from(values, last_value, f["truncated"], f["final_values"].float())
         adv, ret = generalized_advantage_estimate(f["rewards"].float(), values, nxt, f["terminated"],
                                                   f["truncated"], cfg.gamma, cfg.gae_lambda)
@@ -112,14 +113,36 @@ def prepare_batch(fragments: Mapping | Sequence[Mapping], cfg, device: str | tor
         parts.append({"obs": flat(f["obs"]), "actions": flat(f["actions"]),
                       "behaviour_logp": flat(f["behaviour_logp"]).float(), "values": flat(values),
                       "advantages": flat(adv), "returns": flat(ret)})
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    return {k: torch.cat([p[k] for p in parts]).to(device) for k in parts[0]}
+
+
+@torch.no_grad()
+def _learner_values(policy, fragments: Sequence[Mapping], device) -> dict[int, tuple[Tensor, Tensor]]:
+    """{fragment index: (values [T, N], last_value [N]) on the host} under ``policy``, for the fragments
+    that carry ``last_obs``: every observation of them in one forward on ``device``."""
+    which = [i for i, f in enumerate(fragments) if "last_obs" in f]
+    if not which:
+        return {}
+    obs = [_tensor(fragments[i]["obs"], "cpu") for i in which]
+    last = [_tensor(fragments[i]["last_obs"], "cpu") for i in which]
+    rows = [o.reshape(-1, *o.shape[2:]) for o in obs] + last
+    values = policy.value(torch.cat(rows).to(device)).float().cpu()
+    sizes = [r.shape[0] for r in rows]
+    pieces = values.split(sizes)
+    k = len(which)
+    return {i: (pieces[j].reshape(obs[j].shape[:2]), pieces[k + j].reshape(-1)) for j, i in enumerate(which)}
 
 
 def minibatches(batch: Mapping[str, Tensor], size: int, generator: torch.Generator | None = None
                 ) -> Iterator[dict[str, Tensor]]:
     """Shuffled minibatches of ``size`` rows (the last one may be smaller): the batch gathered once in
-    a random order, then consecutive slices of it (views: one gather per key a pass, not a minibatch)."""
+    a random order, then consecutive slices of it (views: one gather per key a pass, not a minibatch).
+    A minibatch of the whole batch is the batch itself, unshuffled: the loss is a mean over rows, so
+    the order changes nothing but the rounding, and every pass hands over the same tensors."""
     n = len(batch["advantages"])
+    if size >= n:
+        yield dict(batch)
+        return
     order = torch.randperm(n, generator=generator).to(batch["advantages"].device)
     shuffled = {k: v[order] for k, v in batch.items()}
     for start in range(0, n, size):

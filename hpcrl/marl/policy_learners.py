@@ -97,7 +97,7 @@ def unit_blocks(model, critic_learners: bool = False) -> list[Block]:
 def aggregate_by_block(step: Step, blocks: list[Block]) -> np.ndarray:
     """The step's gradient: each block is (1/H_b) sum_c scale_c g_c over the H_b gradients that carry it
     (a non-zero block); everything else Stellaris' mean (:func:`hpcrl.staleness.aggregate`)."""
-    out = aggregate(step)
+    out = aggregate(step, np.empty(step[0][0].grad.shape, dtype=np.float32))  # written below: never a record's own
     for b in blocks:
         carriers = [(rec.grad[b.indices], scale) for rec, scale in step if np.any(rec.grad[b.indices])]
         if carriers:

@@ -46,6 +46,10 @@ from hpcrl.runtime.push import PushAbandoned
 BATCHES_HELD = 2
 """Prepared batches a policy/critic group may hold (one training, one waiting) before the post-processing
 group skips it."""
+SHORT_WAIT_CAP = 1e-4
+"""Longest nap while waiting for the parameter rank to apply this group's own push (sync admission's
+lockstep, on-policy batches): the wait is a few hundred microseconds, so a nap doubling up to 1 ms would
+add up to half of it again to every gradient."""
 PARK = "park"
 """Group root -> its other ranks (TAG_WORK): the group is parked, wait with long naps."""
 
@@ -141,7 +145,7 @@ class LearnerGroup:
             trained = self._train(taken, steps, new_steps)
             if self.on_policy:  # actors.on_policy: the next batch is sampled with the weights this one made
                 taken_word = control.taken_word(self.cfg.learners.groups, self.g)
-                trained = trained and self._wait_while(lambda: counters.read(taken_word) < self.seq)
+                trained = trained and self._wait_while(lambda: counters.read(taken_word) < self.seq, cap=SHORT_WAIT_CAP)
                 counters.add(control.BACKLOG + self.g, -len(taken))
             if not trained:
                 break
@@ -272,7 +276,7 @@ class LearnerGroup:
         its last base version (lockstep), so every applied gradient has staleness 0.
         """
         if self.lockstep and self.last_base is not None:
-            if not self._wait_while(lambda: self.job.board.latest_version() <= self.last_base):
+            if not self._wait_while(lambda: self.job.board.latest_version() <= self.last_base, cap=SHORT_WAIT_CAP):
                 return None
         if self.cfg.aggregation.policy == "ssp":  # too far ahead of the slowest group: wait (Ho et al. 2013)
             held = control.held_word(self.cfg.learners.groups, self.g)
@@ -286,9 +290,10 @@ class LearnerGroup:
             self.loaded = version
         return self.loaded
 
-    def _wait_while(self, condition) -> bool:
-        """Sleep (still receiving fragments, still beating) while ``condition()``; False if the run stops."""
-        backoff = Backoff(5e-5, 1e-3)
+    def _wait_while(self, condition, cap: float = 1e-3) -> bool:
+        """Sleep (still receiving fragments, still beating) while ``condition()``, naps doubling from 50 us to
+        ``cap``; False if the run stops."""
+        backoff = Backoff(5e-5, cap)
         lap = self.cycles.lap
         while condition():
             self.heartbeat.beat()

@@ -9,7 +9,8 @@ back is a host-device sync. Replayed as one graph, the same kernels cost one lau
 gradient with no host sync; the algorithm lists the stats it returns in
 ``algo.gradient_stat_names``) once per minibatch shape, with the minibatch in static device
 tensors. A call copies the minibatch in, replays, and brings the flat gradient and the stats
-back in one copy to pinned host memory. The model's parameters and gradient buffer are the same
+back in one copy to pinned host memory (:meth:`GraphedGradient.launch` returns before that copy is done,
+so the learner can push the previous gradient meanwhile: ``learners.overlap_push``). The model's parameters and gradient buffer are the same
 tensors every call (``FlatParameters`` loads new weights in place), so the graph always reads the
 newest weights. Used by the learner when ``learners.cuda_graphs`` is true on a CUDA learner, the
 algorithm offers ``gradient_tensors`` and no IS window is needed (the window's snapshot count
@@ -35,21 +36,31 @@ class GraphedGradient:
         self.graphs: dict[tuple, _Captured] = {}
 
     def __call__(self, minibatch: dict) -> tuple[np.ndarray, dict[str, float]] | None:
-        """The flat gradient (a host array, valid until the next call) and the stats; None when this
+        """The flat gradient (a host array, valid until the next call but one) and the stats; None when this
         minibatch's shape has no graph and no room is left for one (the caller goes eager)."""
+        launched = self.launch(minibatch)
+        return None if launched is None else launched.result()
+
+    def launch(self, minibatch: dict) -> "_Captured | None":
+        """Start the minibatch's replay and the copy of its result to the host, without waiting; ``.result()``
+        of the returned graph waits and gives what :meth:`__call__` gives. The host can work meanwhile, but
+        must not load new weights into the model before ``result()`` (the graph reads them)."""
         key = tuple((k, tuple(v.shape), v.dtype) for k, v in minibatch.items())
         captured = self.graphs.get(key)
         if captured is None:
             if len(self.graphs) >= MAX_SHAPES:
                 return None
-            captured = self.graphs[key] = _Captured(self.algo, self.model, minibatch)
-        return captured.replay(minibatch, self.names)
+            captured = self.graphs[key] = _Captured(self.algo, self.model, minibatch, self.names)
+        captured.launch(minibatch)
+        return captured
 
 
 class _Captured:
-    """One graph: static inputs, the captured step, one output (gradient then stats) and its pinned host copy."""
+    """One graph: static inputs, the captured step, one output (gradient then stats) and two pinned host copies
+    (taken in turn, so a gradient still being pushed is not overwritten by the next replay's copy)."""
 
-    def __init__(self, algo, model, minibatch: dict) -> None:
+    def __init__(self, algo, model, minibatch: dict, names: tuple[str, ...]) -> None:
+        self.names = names
         self.inputs = {k: v.detach().clone() for k, v in minibatch.items()}
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -62,11 +73,12 @@ class _Captured:
             grad, stats = algo.gradient_tensors(self.inputs, model)
             self.output = torch.cat([grad.reshape(-1), stats.reshape(-1).to(grad.dtype)])
         self.num_params = grad.numel()
-        self.host = torch.empty(self.output.shape, dtype=self.output.dtype, pin_memory=True)
+        self.hosts = [torch.empty(self.output.shape, dtype=self.output.dtype, pin_memory=True) for _ in range(2)]
+        self.turn = 0
         self.stream = torch.cuda.current_stream()
         self.copied: dict[str, tuple[torch.Tensor, int]] = {}  # input -> (source tensor, its version) last copied
 
-    def replay(self, minibatch: dict, names: tuple[str, ...]) -> tuple[np.ndarray, dict[str, float]]:
+    def launch(self, minibatch: dict) -> None:
         for k, v in minibatch.items():
             # a pass over the same unshuffled batch hands over the same tensors: copied once, not per pass
             # (held here, so `is` cannot meet a new tensor at a freed one's address; _version counts in-place writes)
@@ -75,7 +87,10 @@ class _Captured:
                 self.inputs[k].copy_(v, non_blocking=True)
                 self.copied[k] = (v, v._version)
         self.graph.replay()
-        self.host.copy_(self.output, non_blocking=True)
+        self.turn ^= 1
+        self.hosts[self.turn].copy_(self.output, non_blocking=True)
+
+    def result(self) -> tuple[np.ndarray, dict[str, float]]:
         self.stream.synchronize()
-        out = self.host.numpy()
-        return out[:self.num_params], dict(zip(names, out[self.num_params:].tolist()))
+        out = self.hosts[self.turn].numpy()
+        return out[:self.num_params], dict(zip(self.names, out[self.num_params:].tolist()))

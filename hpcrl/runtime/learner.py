@@ -88,6 +88,8 @@ class LearnerGroup:
         self.graphed = (GraphedGradient(self.algo, self.model)  # single-rank groups (no allreduce), no IS window
                         if (self.model.device.type == "cuda" and self.cfg.learners.cuda_graphs and self.size == 1
                             and not self.window and hasattr(self.algo, "gradient_tensors")) else None)
+        # push each gradient while the GPU computes the next (not in lockstep: there the next needs this one applied)
+        self.overlap = self.graphed is not None and self.cfg.learners.overlap_push and not self.lockstep
 
     # ---- group root ----------------------------------------------------------------------
     def run(self) -> None:
@@ -194,7 +196,7 @@ class LearnerGroup:
         else:
             batch, report = {k: torch.as_tensor(v, device=self.model.device) for k, v in prepared.items()}, None
         compute += lap("prepare")
-        completed = False
+        completed, pending = False, None  # pending: the push of the previous minibatch's gradient (overlap)
         for mb in self.algo.minibatches(batch, self.generator):
             lap("minibatch")
             self.fault.check()
@@ -207,6 +209,16 @@ class LearnerGroup:
             lap("weights")
             if version is None:
                 break
+            if self.overlap:
+                got = self._overlapped_gradient(mb, pending)
+                if got is None:
+                    pending = None
+                    break
+                grad, stats, dt = got
+                compute += dt
+                pending = (grad, version, len(next(iter(mb.values()))), stats, dt, new_steps)
+                new_steps = 0
+                continue
             t = time.perf_counter()
             window = self._window_logps(mb, version, words)
             lap("window")
@@ -220,8 +232,31 @@ class LearnerGroup:
             new_steps = 0
         else:
             completed = True
+        if pending is not None and not self._push(*pending):
+            completed = False
         self._activity(start_unix, compute, steps, report)
         return completed
+
+    def _overlapped_gradient(self, mb: dict, pending: tuple | None) -> tuple[np.ndarray, dict, float] | None:
+        """The minibatch's gradient from its CUDA graph, with the previous gradient (``pending``: the arguments
+        of its ``_push``) pushed while the GPU computes: (gradient, stats, compute seconds), or None when that
+        push was abandoned (the run is stopping). A shape without a graph is computed eagerly after the push."""
+        lap = self.cycles.lap
+        t = time.perf_counter()
+        launched = self.graphed.launch(mb)
+        launch_seconds = time.perf_counter() - t
+        lap("gradient")
+        if pending is not None and not self._push(*pending):
+            return None
+        t = time.perf_counter()
+        if launched is None:
+            grad, stats = self.algo.compute_gradient(mb, self.model)
+            grad, stats = grad.detach().cpu().numpy(), {k: float(v) for k, v in stats.items()}
+        else:
+            grad, stats = launched.result()
+        self.fault.slow_down()  # debug.learner_delay_seconds
+        lap("gradient")
+        return grad, stats, launch_seconds + time.perf_counter() - t
 
     def _postprocess(self, fragments: list[dict], steps: int) -> bool:
         """The post-processing group: prepare the batch with the newest weights and send it to every active

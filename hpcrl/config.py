@@ -91,9 +91,10 @@ class LearnersConfig(Section):
     cuda_graphs: bool = True
     """On a CUDA learner, replay each minibatch gradient from a CUDA graph (runtime/cuda_graph.py) when the
     algorithm offers one (PPO) and no IS window is used: small networks are bound by kernel launches."""
-    overlap_push: bool = True
+    overlap_push: bool = False
     """With CUDA graphs: push each minibatch gradient while the GPU computes the next one, so the next one's
-    weights lack the gradient just pushed (staleness at least 1). Not under sync admission (lockstep)."""
+    weights lack the gradient just pushed (staleness at least 1): about 1.1x the gradients/s, more env steps
+    to a target (docs/runtime.md). Not under sync admission (lockstep)."""
 
     @model_validator(mode="after")
     def _active_bounds(self) -> "LearnersConfig":

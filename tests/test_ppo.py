@@ -202,7 +202,8 @@ def test_prepare_batch_recomputes_each_fragments_values_from_one_forward():
             f["last_obs"] = torch.rand(N, 4)
         return f
 
-    frags = [fragment(4, 3, True), fragment(2, 5, False), fragment(3, 2, True)]  # shapes differ; the middle keeps its values
+    # shapes differ; the middle one has no last_obs and keeps the actor's values
+    frags = [fragment(4, 3, True), fragment(2, 5, False), fragment(3, 2, True)]
     batch = prepare_batch(frags, cfg, policy=policy)
     one_by_one = [prepare_batch(f, cfg, policy=policy) for f in frags]
     for k in batch:

@@ -4,8 +4,8 @@ For every env config and every (actors N, learner groups G) of the grid this run
 ``hpcrl run CONFIG -o actors.count=N -o learners.groups=G -o learners.min_active=G`` for a fixed
 step budget (no target return) and reads its run.h5: env steps/s over the sampling span (first
 fragment's start to last fragment, start-up excluded), the actors' busy share, gradients/s over
-the gradient span, the learner cycle by phase (``learner_cycles``: ms per gradient) and the parameter
-rank's work by phase per gradient received (``parameter_load``). Parallel efficiency is the per-actor rate against the run
+the gradient span, the learner cycle by phase (``learner_cycles``: ms per gradient) and the
+parameter rank's work by phase per gradient received (``parameter_load``). Parallel efficiency is the per-actor rate against the run
 with the fewest actors (1 by default) at the same G. The env's per-core ceiling is measured in
 this process before the runs: Gymnasium ``env.step`` on one env, and the actors' own env backend
 (``env.num_envs`` envs in lock-step) with random actions, no policy. Hopper runs pipelined

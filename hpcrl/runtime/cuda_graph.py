@@ -9,10 +9,10 @@ back is a host-device sync. Replayed as one graph, the same kernels cost one lau
 gradient with no host sync; the algorithm lists the stats it returns in
 ``algo.gradient_stat_names``) once per minibatch shape, with the minibatch in static device
 tensors. A call copies the minibatch in, replays, and brings the flat gradient and the stats
-back in one copy to pinned host memory (:meth:`GraphedGradient.launch` returns before that copy is done,
-so the learner can push the previous gradient meanwhile: ``learners.overlap_push``). The model's parameters and gradient buffer are the same
-tensors every call (``FlatParameters`` loads new weights in place), so the graph always reads the
-newest weights. Used by the learner when ``learners.cuda_graphs`` is true on a CUDA learner, the
+back in one copy to pinned host memory (:meth:`GraphedGradient.launch` returns before that copy
+is done, so the learner can push the previous gradient meanwhile: ``learners.overlap_push``). The
+model's parameters and gradient buffer are the same tensors every call (``FlatParameters`` loads
+new weights in place), so the graph always reads the newest weights. Used by the learner when ``learners.cuda_graphs`` is true on a CUDA learner, the
 algorithm offers ``gradient_tensors`` and no IS window is needed (the window's snapshot count
 varies); any other minibatch takes the eager path.
 """

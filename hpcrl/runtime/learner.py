@@ -8,7 +8,9 @@ minibatch of ``algo.minibatches`` (PPO: ``num_sgd_iter`` shuffled passes). For e
 version is the gradient's base version), split the minibatch across the group's ranks,
 each computes ``algo.compute_gradient`` on its share, the group averages them with an allreduce,
 and the root pushes the average into the mailbox. The policy version can advance between
-two pushes of one batch: that is the asynchrony Stellaris' admission governs.
+two pushes of one batch: that is the asynchrony Stellaris' admission governs. With
+``learners.overlap_push`` a CUDA-graph learner pushes each gradient while the GPU computes the next
+(whose base version then lacks it).
 
 Post-processing learner (MARL ``algo.postprocess_learner``, ``cfg.postprocess_groups``): group 0
 takes every fragment, runs ``algo.prepare`` and sends the prepared batch to the active groups behind

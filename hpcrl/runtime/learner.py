@@ -251,11 +251,7 @@ class LearnerGroup:
         if pending is not None and not self._push(*pending):
             return None
         t = time.perf_counter()
-        if launched is None:
-            grad, stats = self.algo.compute_gradient(mb, self.model)
-            grad, stats = grad.detach().cpu().numpy(), {k: float(v) for k, v in stats.items()}
-        else:
-            grad, stats = launched.result()
+        grad, stats = launched.result() if launched is not None else self._local_gradient(mb, None)
         self.fault.slow_down()  # debug.learner_delay_seconds
         lap("gradient")
         return grad, stats, launch_seconds + time.perf_counter() - t

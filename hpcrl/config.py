@@ -155,6 +155,8 @@ class PPOConfig(Section):
     """Each minibatch gradient is clipped to this global norm before it is pushed."""
     normalize_advantages: bool = True
     """Standardise advantages within each minibatch."""
+    vf_clip: float | None = Field(None, gt=0)
+    """Value clipping: the value loss takes the larger of the errors of V and of V clipped to within this of the acting policy's value (CleanRL's clip_vloss uses the surrogate's clip); null: plain squared error."""
     train_batch_size: int = Field(4096, ge=1)
     """Environment steps that make one round (Stellaris/RLlib training iteration)."""
     minibatch_size: int = Field(512, ge=1)

@@ -287,12 +287,13 @@ class PPO(Algorithm):
 
     def compute_gradient(self, minibatch, model, window=None):
         return compute_gradient(minibatch, model, self.cfg, window_logps=window, ratio_fn=self.ratio_fn,
-                                kl_coeff=model.constants["kl_coeff"])
+                                kl_coeff=model.constants["kl_coeff"], vf_clip=self.cfg.vf_clip)
 
     gradient_stat_names = GRADIENT_STATS
 
     def gradient_tensors(self, minibatch, model):
-        return gradient_and_stats(minibatch, model, self.cfg, ratio_fn=self.ratio_fn, kl_coeff=model.constants["kl_coeff"])
+        return gradient_and_stats(minibatch, model, self.cfg, ratio_fn=self.ratio_fn, kl_coeff=model.constants["kl_coeff"],
+                                  vf_clip=self.cfg.vf_clip)
 
     def end_round(self, model, round_stats):
         coeff = float(model.constants["kl_coeff"])

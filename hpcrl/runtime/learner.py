@@ -136,6 +136,9 @@ class LearnerGroup:
                 f = self.frags.pop(0)
                 taken.append(f)
                 steps += f["rewards"].size
+            # a batch in actor order, not arrival order: the same fragments make the same batch whatever the
+            # timing (on-policy runs repeat themselves, and a batch can be rebuilt from the trajectory files)
+            taken.sort(key=lambda f: (f.get("actor", 0), f.get("fragment", 0)))
             if not self.on_policy:  # free the places now: actors sample the next batch while this one trains
                 counters.add(control.BACKLOG + self.g, -len(taken))
             lap("control")

@@ -1,0 +1,185 @@
+"""Hopper: hpcrl's shipped config against CleanRL's ppo_continuous_action.py, side by side, same seeds.
+
+CleanRL is run as it is published: its script file, unmodified, in a Python environment of its own
+with the versions CleanRL pins (gymnasium 0.29.1, tyro, tensorboard; ``scripts/cleanrl_env.sh``
+makes one). hpcrl runs ``hpcrl/configs/hopper.yaml`` with only the env id, the seed and the step
+budget overridden. Both train on the same env id (Hopper-v4 by default: CleanRL's gymnasium has no
+v5), one core each (``OMP_NUM_THREADS=1``), ``--jobs`` runs at a time.
+
+Return at a mark M: the mean return of the last 20 episodes that ended at or before M env steps,
+for both. Welch's t-test compares the two at each mark over the seeds. Each finished run is
+appended to ``OUT/results.jsonl`` at once, so an interrupted bench loses at most the runs in
+flight; ``--out`` on an existing directory keeps its results and runs only what is missing.
+
+    hpcrl bench hopper-vs-cleanrl --cleanrl-script ppo_continuous_action.py --cleanrl-python VENV/bin/python \
+        --seeds 5 [--first-seed 0] [--steps 1000000] [--env Hopper-v4] [--runner serial] [--jobs 2] \
+        [--out DIR] [--only hpcrl|cleanrl] [-o KEY=VALUE ...]
+
+The hpcrl runs use ``--runner serial`` by default: the same role objects as an MPI job in one
+process, so both sides cost one core (``tests/test_exactness.py`` checks that both runners make
+the same weights from the same batches).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "hopper.yaml"
+LAST = 20
+"""Episodes averaged at each mark."""
+CLEANRL_EPISODE = re.compile(r"global_step=(\d+), episodic_return=\[?([-+0-9.eE]+)\]?")
+"""The line CleanRL's script prints for every finished episode."""
+
+
+def return_at(steps: np.ndarray, returns: np.ndarray, mark: int, last: int = LAST) -> float:
+    """Mean return of the ``last`` episodes that ended at or before ``mark`` env steps (NaN if none)."""
+    sel = returns[steps <= mark]
+    return float(np.mean(sel[-last:])) if sel.size else float("nan")
+
+
+def cleanrl_episodes(stdout: str) -> tuple[np.ndarray, np.ndarray]:
+    """(env steps at the end, return) of every episode CleanRL printed, in order."""
+    rows = [(int(m.group(1)), float(m.group(2))) for m in CLEANRL_EPISODE.finditer(stdout)]
+    arr = np.array(rows, dtype=np.float64).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]
+
+
+def run_cleanrl(args, seed: int, out: Path) -> dict:
+    work = out / f"cleanrl-seed{seed}"
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = [args.cleanrl_python, str(Path(args.cleanrl_script).resolve()), "--env-id", args.env, "--seed", str(seed),
+           "--total-timesteps", str(args.steps), "--no-cuda"]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall = time.perf_counter() - start
+    (work / "stdout.txt").write_text(done.stdout)
+    (work / "stderr.txt").write_text(done.stderr)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no stderr)"]
+        raise RuntimeError(f"CleanRL seed {seed} failed with exit code {done.returncode}: {tail[0]} ({work}/stderr.txt)")
+    steps, returns = cleanrl_episodes(done.stdout)
+    return {"impl": "cleanrl", "seed": seed, "wall_seconds": wall, "steps": steps.tolist(), "returns": returns.tolist()}
+
+
+def run_hpcrl(args, seed: int, out: Path) -> dict:
+    from hpcrl.io import read_table
+
+    run_dir = out / f"hpcrl-seed{seed}"
+    overrides = [f"env.id={args.env}", f"env.seed={seed}", f"stop.total_env_steps={args.steps}", f"io.run_dir={run_dir}",
+                 "io.log_seconds=60", *args.overrides]
+    cmd = [sys.executable, "-m", "hpcrl", "run", str(CONFIG), "--runner", args.runner,
+           *[a for o in overrides for a in ("-o", o)]]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall = time.perf_counter() - start
+    out.joinpath(f"hpcrl-seed{seed}.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no stderr)"]
+        raise RuntimeError(f"hpcrl seed {seed} failed with exit code {done.returncode}: {tail[0]}")
+    ep = read_table(run_dir / "run.h5", "episodes", ["env_steps", "return"])
+    return {"impl": "hpcrl", "seed": seed, "wall_seconds": wall, "steps": ep["env_steps"].tolist(),
+            "returns": ep["return"].tolist()}
+
+
+def load_results(path: Path) -> dict[tuple[str, int], dict]:
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {(r["impl"], r["seed"]): r for r in rows}
+
+
+def welch(a: list[float], b: list[float]) -> float:
+    """Two-sided p-value of Welch's t-test (NaN with fewer than two values a side)."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return float("nan")
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def report(results: dict[tuple[str, int], dict], seeds: list[int], marks: list[int]) -> bool:
+    """Print the side-by-side table; True when hpcrl's mean at the last mark >= CleanRL's."""
+    cols = "".join(f"{m // 1000:>8d}K" for m in marks)
+    print(f"\n{'impl':<8} {'seed':>4}{cols} {'wall s':>8}")
+    table: dict[str, list[list[float]]] = {"cleanrl": [], "hpcrl": []}
+    for impl in ("cleanrl", "hpcrl"):
+        for s in seeds:
+            r = results.get((impl, s))
+            if r is None:
+                continue
+            vals = [return_at(np.asarray(r["steps"]), np.asarray(r["returns"]), m) for m in marks]
+            table[impl].append(vals)
+            print(f"{impl:<8} {s:>4}" + "".join(f"{v:>9.0f}" for v in vals) + f" {r['wall_seconds']:>8.0f}")
+    print()
+    for impl, rows in table.items():
+        if rows:
+            a = np.asarray(rows)
+            walls = [results[(impl, s)]["wall_seconds"] for s in seeds if (impl, s) in results]
+            print(f"{impl:<8} mean" + "".join(f"{v:>9.0f}" for v in a.mean(0)) + f" {np.mean(walls):>8.0f}")
+            print(f"{impl:<8}  std" + "".join(f"{v:>9.0f}" for v in a.std(0, ddof=1 if len(a) > 1 else 0)))
+    if not (table["cleanrl"] and table["hpcrl"]):
+        return False
+    c, h = np.asarray(table["cleanrl"]), np.asarray(table["hpcrl"])
+    print("Welch p " + "".join(f"{welch(list(h[:, i]), list(c[:, i])):>9.3f}" for i in range(len(marks))))
+    ok = bool(h[:, -1].mean() >= c[:, -1].mean())
+    print(f"\nat {marks[-1]:,} env steps: hpcrl {h[:, -1].mean():.0f} vs CleanRL {c[:, -1].mean():.0f} over "
+          f"{len(h)} / {len(c)} seeds: hpcrl {'>=' if ok else '<'} CleanRL")
+    return ok
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="hpcrl bench hopper-vs-cleanrl", description=__doc__.splitlines()[0])
+    p.add_argument("--cleanrl-script", help="CleanRL's cleanrl/ppo_continuous_action.py, unmodified")
+    p.add_argument("--cleanrl-python", default=sys.executable, help="the Python of CleanRL's environment")
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=1_000_000)
+    p.add_argument("--env", default="Hopper-v4")
+    p.add_argument("--runner", choices=("serial", "mpi"), default="serial")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (each takes one core)")
+    p.add_argument("--only", choices=("hpcrl", "cleanrl"), help="run one side only")
+    p.add_argument("--out", help="results directory (default: a new temporary one); existing results are kept")
+    p.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override of hpcrl's config")
+    args = p.parse_args(argv)
+    if args.only != "hpcrl" and not args.cleanrl_script:
+        p.error("--cleanrl-script is required (CleanRL's ppo_continuous_action.py; see scripts/cleanrl_env.sh)")
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="hpcrl-vs-cleanrl-"))
+    out.mkdir(parents=True, exist_ok=True)
+    results_file = out / "results.jsonl"
+    results = load_results(results_file)
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    marks = [args.steps // 4 * k for k in (1, 2, 3)] + [args.steps]
+    impls = [args.only] if args.only else ["cleanrl", "hpcrl"]
+    todo = [(impl, s) for s in seeds for impl in impls if (impl, s) not in results]
+    print(f"hopper-vs-cleanrl: {len(todo)} runs of {args.steps:,} env steps on {args.env} ({args.jobs} at a time), "
+          f"results in {results_file}", flush=True)
+
+    def one(task: tuple[str, int]) -> None:
+        impl, seed = task
+        try:
+            row = (run_cleanrl if impl == "cleanrl" else run_hpcrl)(args, seed, out)
+        except RuntimeError as exc:
+            print(f"  {exc}", file=sys.stderr, flush=True)
+            return
+        with results_file.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        results[task] = row
+        final = return_at(np.asarray(row["steps"]), np.asarray(row["returns"]), args.steps)
+        print(f"  {impl} seed {seed}: {final:.0f} at {args.steps:,} steps, {row['wall_seconds']:.0f} s", flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        list(pool.map(one, todo))
+    report(results, seeds, marks)
+    missing = [t for t in ((i, s) for s in seeds for i in impls) if t not in results]
+    return 1 if missing else 0

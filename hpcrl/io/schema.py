@@ -304,6 +304,9 @@ TRAJ_FIELDS = (
     TrajField("truncated", "i1", "", "1 if the episode was cut by a time limit after this step (bootstrap from values)"),
     TrajField("behaviour_logp", "f4", "nats", "log-probability of the action under the behaviour policy mu"),
     TrajField("values", "f4", "", "value estimate of obs by the behaviour policy's critic"),
+    TrajField("bootstrap_values", "f4", "", "behaviour critic's value of the observation after this step where the "
+              "next row does not continue from it: the final observation on a truncated step, the next fragment's "
+              "first observation on a fragment's last step; 0 elsewhere and after a terminal step; NaN: not recorded"),
     TrajField("policy_version", "i8", "", "policy version that chose the action"),
     TrajField("env_index", "i4", "", "environment instance within the actor"),
 )

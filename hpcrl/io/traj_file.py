@@ -16,9 +16,10 @@ API::
     w = TrajectoryWriter(path, layout: TrajLayout, compression="gzip", actor=0, flush_seconds=5.0)
     w = TrajectoryWriter.open_append(path, flush_seconds=5.0)        # resume: keeps growing
     w.append_fragment(obs, actions, rewards, terminated, truncated,
-                      behaviour_logp, values, policy_version) -> int  # steps added (T * N)
+                      behaviour_logp, values, policy_version,
+                      bootstrap_values=None) -> int  # steps added (T * N)
         # obs [T, N, *obs_shape], actions [T, N, *action_shape], the others [T, N];
-        # policy_version: an int, or [T] / [T, N]
+        # policy_version: an int, or [T] / [T, N]; bootstrap_values None: NaN (not recorded)
     w.num_steps       # steps written + buffered
     w.committed       # steps written and vouched for by committed_steps
     cut_trajectory(f: h5py.File, steps) -> int   # shorten an open (non-SWMR) file; returns steps removed
@@ -47,15 +48,27 @@ def _chunk_rows(dtype: np.dtype, shape: tuple[int, ...]) -> int:
     return int(min(65536, max(64, CHUNK_BYTES // row)))
 
 
+def _create_field(f: h5py.File, fld, layout: TrajLayout, rows: int, kw: dict) -> None:
+    """One dataset of ``fld`` with ``rows`` rows of its fill value (NaN or -1)."""
+    dtype, shape = layout.field_dtype(fld), layout.field_shape(fld)
+    fill = np.nan if dtype.kind == "f" else -1
+    d = f.create_dataset(fld.name, shape=(rows, *shape), maxshape=(None, *shape), dtype=dtype,
+                         chunks=(_chunk_rows(dtype, shape), *shape), fillvalue=fill, **kw)
+    d.attrs["units"] = fld.unit
+    d.attrs["description"] = fld.meaning
+
+
 def cut_trajectory(f: h5py.File, steps: int) -> int:
     """Shorten a trajectory file opened for writing (not in SWMR mode) to ``steps`` (never lengthens),
-    dropping uncommitted steps too; returns the committed steps removed."""
-    lengths = [f[name].shape[0] for name in WRITE_ORDER]
+    dropping uncommitted steps too; returns the committed steps removed. Fields an older file lacks
+    are left out."""
+    names = [name for name in WRITE_ORDER if name in f]
+    lengths = [f[name].shape[0] for name in names]
     have = committed_length(f, lengths, COMMITTED_STEPS)
     if COMMITTED_STEPS not in f.attrs:  # older file: trailing steps that never got their policy_version
         have = written_prefix({"policy_version": f["policy_version"][:have]})
     steps = min(steps, have)
-    for name in WRITE_ORDER:
+    for name in names:
         if f[name].shape[0] != steps:
             f[name].resize(steps, axis=0)
     f.attrs[COMMITTED_STEPS] = np.int64(steps)
@@ -78,12 +91,7 @@ class TrajectoryWriter(TimedFlushFile):
                     f.attrs[k] = v
                 f.attrs[COMMITTED_STEPS] = np.int64(0)
                 for fld in TRAJ_FIELDS:
-                    dtype, shape = layout.field_dtype(fld), layout.field_shape(fld)
-                    fill = np.nan if dtype.kind == "f" else -1
-                    d = f.create_dataset(fld.name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
-                                         chunks=(_chunk_rows(dtype, shape), *shape), fillvalue=fill, **kw)
-                    d.attrs["units"] = fld.unit
-                    d.attrs["description"] = fld.meaning
+                    _create_field(f, fld, layout, 0, kw)
                 f.flush()
                 f.swmr_mode = True  # see hpcrl.io.run_file for why SWMR
             except (OSError, RuntimeError) as exc:  # disk full at creation: one line, no destructor noise
@@ -108,6 +116,10 @@ class TrajectoryWriter(TimedFlushFile):
         try:
             layout = TrajLayout.from_attrs(f.attrs)
             cut_trajectory(f, f[WRITE_ORDER[0]].shape[0])  # drop what a killed writer left uncommitted
+            rows = int(f.attrs.get(COMMITTED_STEPS, f["policy_version"].shape[0]))
+            for fld in TRAJ_FIELDS:  # a field an older hpcrl did not write: NaN (not recorded) up to here
+                if fld.name not in f:
+                    _create_field(f, fld, layout, rows, filter_kwargs(f["rewards"].compression or "none"))
             f.swmr_mode = True
         except (OSError, RuntimeError) as exc:
             abandon_file(f)
@@ -124,7 +136,7 @@ class TrajectoryWriter(TimedFlushFile):
         return self._on_disk
 
     def append_fragment(self, obs, actions, rewards, terminated, truncated, behaviour_logp, values,
-                        policy_version) -> int:
+                        policy_version, bootstrap_values=None) -> int:
         """Buffer one [T, N, ...] fragment, flattened time-major; returns T * N."""
         self.check_writable()
         rewards = np.asarray(rewards)
@@ -135,6 +147,7 @@ class TrajectoryWriter(TimedFlushFile):
         pv = np.broadcast_to(pv.reshape(T, 1) if pv.ndim == 1 else pv, (T, N))
         given = {"obs": obs, "actions": actions, "rewards": rewards, "terminated": terminated,
                  "truncated": truncated, "behaviour_logp": behaviour_logp, "values": values,
+                 "bootstrap_values": np.full((T, N), np.nan) if bootstrap_values is None else bootstrap_values,
                  "policy_version": pv, "env_index": np.broadcast_to(np.arange(N), (T, N))}
         for fld in TRAJ_FIELDS:
             a = np.asarray(given[fld.name])

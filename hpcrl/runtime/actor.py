@@ -33,7 +33,7 @@ from hpcrl.io.schema import PARK_REASONS
 from hpcrl.runtime import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.evaluation import Evaluator
-from hpcrl.runtime.sampler import VectorSampler
+from hpcrl.runtime.sampler import VectorSampler, bootstrap_values
 
 
 class Actor:
@@ -104,7 +104,7 @@ class Actor:
             counters.add(control.ENV_STEPS, steps)
             self.writer.append_fragment(fragment["obs"], fragment["actions"], fragment["rewards"],
                                         fragment["terminated"], fragment["truncated"], fragment["behaviour_logp"],
-                                        fragment["values"], self.version)
+                                        fragment["values"], self.version, bootstrap_values(fragment))
             self.writer.maybe_flush()
             self._report({"time": time.time(), "actor": self.index, "fragment": self.fragments, "steps": steps,
                           "sample_seconds": t_sample, "transport_wait_seconds": t_wait,

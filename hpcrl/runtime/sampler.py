@@ -69,6 +69,16 @@ def rescale(raw: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """Policy output clipped to [-1, 1], mapped linearly onto [low, high]."""
     return low + (high - low) * (np.clip(raw, -1.0, 1.0) + 1.0) / 2.0
 
+def bootstrap_values(fragment: dict) -> np.ndarray:
+    """[T, N]: what GAE bootstraps from where the fragment's next row does not continue the episode:
+    ``final_values`` on truncated steps, ``last_value`` on the last step (unless it ended the episode),
+    0 elsewhere (the trajectory file's ``bootstrap_values``: with it the file alone rebuilds the batch)."""
+    boot = np.array(fragment["final_values"], dtype=np.float32)
+    goes_on = ~(np.asarray(fragment["terminated"], bool)[-1] | np.asarray(fragment["truncated"], bool)[-1])
+    boot[-1, goes_on] = np.asarray(fragment["last_value"], dtype=np.float32)[goes_on]
+    return boot
+
+
 class RunningMeanStd:
     """Running mean and variance over batches (parallel Welford / Chan et al.)."""
 

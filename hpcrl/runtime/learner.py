@@ -187,7 +187,7 @@ class LearnerGroup:
         return woken
 
     def _train(self, fragments: list[dict] | None, steps: int, new_steps: int, prepared: dict | None = None) -> bool:
-        """One gradient push per minibatch of one batch (the first one reports ``new_steps`` env steps
+        """One gradient push per minibatch of one batch (the last one reports ``new_steps`` env steps
         consumed); False when the run is stopping. ``prepared``: a batch the post-processing group made
         from the fragments (it sent their report)."""
         start_unix, compute = time.time(), 0.0
@@ -202,7 +202,10 @@ class LearnerGroup:
             batch, report = {k: torch.as_tensor(v, device=self.model.device) for k, v in prepared.items()}, None
         compute += lap("prepare")
         completed, pending = False, None  # pending: the push of the previous minibatch's gradient (overlap)
-        for mb in self.algo.minibatches(batch, self.generator):
+        # the batch's env steps count as consumed with its last gradient, so the parameter rank's round, stop rule
+        # and lr schedule move on when the batch is done (RLlib's iteration), not one gradient into it
+        for mb, last in _with_last(self.algo.minibatches(batch, self.generator)):
+            consumed = new_steps if last else 0
             lap("minibatch")
             self.fault.check()
             self.heartbeat.beat()
@@ -221,8 +224,7 @@ class LearnerGroup:
                     break
                 grad, stats, dt = got
                 compute += dt
-                pending = (grad, version, len(next(iter(mb.values()))), stats, dt, new_steps)
-                new_steps = 0
+                pending = (grad, version, len(next(iter(mb.values()))), stats, dt, consumed)
                 continue
             t = time.perf_counter()
             window = self._window_logps(mb, version, words)
@@ -232,9 +234,8 @@ class LearnerGroup:
             lap("gradient")
             dt = time.perf_counter() - t
             compute += dt
-            if not self._push(grad, version, len(next(iter(mb.values()))), stats, dt, new_steps):
+            if not self._push(grad, version, len(next(iter(mb.values()))), stats, dt, consumed):
                 break
-            new_steps = 0
         else:
             completed = True
         if pending is not None and not self._push(*pending):
@@ -528,6 +529,19 @@ class GroupReducer:
     def close(self) -> None:
         if self.nccl and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _with_last(items):
+    """(item, whether it is the last) for each item of an iterator, looking one item ahead."""
+    it = iter(items)
+    item = next(it, _END)
+    while item is not _END:
+        following = next(it, _END)
+        yield item, following is _END
+        item = following
+
+
+_END = object()
 
 
 def _no_lap(_phase: str) -> float:

@@ -72,7 +72,7 @@ class LearnerGroup:
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
         self.heartbeat = control.Heartbeat(job.counters, self.cfg.learners.groups, job.rank)
         self.seq = 0  # continues the parameter rank's count on resume (set in run)
-        self.generator = torch.Generator().manual_seed(self.cfg.env.seed + 7919 * (self.g + 1))
+        self.generator = minibatch_generator(self.cfg.env.seed, self.g)
         self.receiver = job.fragments.learner_link(self.g) if self.is_root else None
         self.frags: list[dict] = []
         # MARL post-processing learner (algo.postprocess_learner): group 0 prepares every batch, the others train
@@ -529,6 +529,11 @@ class GroupReducer:
     def close(self) -> None:
         if self.nccl and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def minibatch_generator(seed: int, group: int) -> torch.Generator:
+    """The generator a learner group draws its minibatch order from (its own stream per group)."""
+    return torch.Generator().manual_seed(seed + 7919 * (group + 1))
 
 
 def _with_last(items):

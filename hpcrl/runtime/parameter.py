@@ -281,16 +281,19 @@ class ParameterRank:
             rec = self._arrived(header, grad)
             stats = rec.stats
             new_steps = int(stats.get("new_env_steps", 0))
-            self.consumed += new_steps
             self.elastic.gradient(time.monotonic(), new_steps, float(stats.get("busy_seconds", math.nan)))
             self._round_stats["env_steps"] += new_steps
             self._round_stats["learner_seconds"] += float(stats.get("compute_seconds", 0.0))
             if not np.isfinite(grad).all():
+                self.consumed += new_steps
                 self._gradient_row(rec, admitted=False, reason="nonfinite")
                 continue
             self.queue.append(rec)
             self.lap("admit")
             self._admit()
+            # counted after the step it came with: a batch's last gradient (the one that reports its steps)
+            # is applied at the batch's own annealed lr, not the next batch's
+            self.consumed += new_steps
             while self.consumed >= self.round_end and self.stop_reason is None:
                 self._end_round()
                 if self.cfg.stop.max_rounds is not None and self.round >= self.cfg.stop.max_rounds:

@@ -34,17 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcrl.bench import curves
+from hpcrl.bench.curves import return_at
+
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "hopper.yaml"
-LAST = 20
-"""Episodes averaged at each mark."""
 CLEANRL_EPISODE = re.compile(r"global_step=(\d+), episodic_return=\[?([-+0-9.eE]+)\]?")
 """The line CleanRL's script prints for every finished episode."""
-
-
-def return_at(steps: np.ndarray, returns: np.ndarray, mark: int, last: int = LAST) -> float:
-    """Mean return of the ``last`` episodes that ended at or before ``mark`` env steps (NaN if none)."""
-    sel = returns[steps <= mark]
-    return float(np.mean(sel[-last:])) if sel.size else float("nan")
 
 
 def cleanrl_episodes(stdout: str) -> tuple[np.ndarray, np.ndarray]:
@@ -72,23 +67,11 @@ def run_cleanrl(args, seed: int, out: Path) -> dict:
 
 
 def run_hpcrl(args, seed: int, out: Path) -> dict:
-    from hpcrl.io import read_table
-
     run_dir = out / f"hpcrl-seed{seed}"
-    overrides = [f"env.id={args.env}", f"env.seed={seed}", f"stop.total_env_steps={args.steps}", f"io.run_dir={run_dir}",
-                 "io.log_seconds=60", *args.overrides]
-    cmd = [sys.executable, "-m", "hpcrl", "run", str(CONFIG), "--runner", args.runner,
-           *[a for o in overrides for a in ("-o", o)]]
-    start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    wall = time.perf_counter() - start
-    out.joinpath(f"hpcrl-seed{seed}.log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or ["(no stderr)"]
-        raise RuntimeError(f"hpcrl seed {seed} failed with exit code {done.returncode}: {tail[0]}")
-    ep = read_table(run_dir / "run.h5", "episodes", ["env_steps", "return"])
-    return {"impl": "hpcrl", "seed": seed, "wall_seconds": wall, "steps": ep["env_steps"].tolist(),
-            "returns": ep["return"].tolist()}
+    overrides = [f"env.id={args.env}", f"env.seed={seed}", f"stop.total_env_steps={args.steps}", *args.overrides]
+    wall = curves.run_hpcrl(CONFIG, run_dir, args.runner, overrides, out / f"hpcrl-seed{seed}.log")
+    steps, returns = curves.episodes(run_dir)
+    return {"impl": "hpcrl", "seed": seed, "wall_seconds": wall, "steps": steps.tolist(), "returns": returns.tolist()}
 
 
 def load_results(path: Path) -> dict[tuple[str, int], dict]:

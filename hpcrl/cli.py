@@ -1,4 +1,4 @@
-"""`hpcrl run | submit | analyze | bench | info`.
+"""`hpcrl run | submit | analyze | bench | info | convert`.
 
 Each subcommand lives in its own module under ``hpcrl.commands`` with two
 functions: ``add_arguments(parser)`` and ``main(args) -> int``. The module is
@@ -21,6 +21,7 @@ COMMANDS = {
     "analyze": ("hpcrl.commands.analyze", "post-hoc analysis of run directories: figures, CSV, HTML report"),
     "bench": ("hpcrl.commands.bench", "run a benchmark and print its table"),
     "info": ("hpcrl.commands.info", "versions, MPI library, devices, registered environments"),
+    "convert": ("hpcrl.commands.convert", "rewrite run directories' HDF5 files in HDF5 1.10's format (older readers)"),
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from hpcrl.io import (RunFile, RunFileError, TrajectoryWriter, read_table, read_trajectory, record_counts,
                       traj_filename, truncate_record)
-from hpcrl.io.schema import TABLES
+from hpcrl.io.schema import TABLES, TRAJ_FIELD_NAMES
 
 sys.path.insert(0, str(Path(__file__).parent))
 from synthetic_run import LAYOUT, write_synthetic_run  # noqa: E402
@@ -52,7 +52,7 @@ def test_truncate_record_cuts_back_to_the_checkpoint_counts(tmp_path):
     added_rows, added_steps, counts_mid = _grow(run_dir, np.random.default_rng(0))
     assert counts_mid["tables"]["episodes"] == at_checkpoint["tables"]["episodes"] + 5
     with h5py.File(run_dir / traj_filename(1), "a", locking=False) as f:  # actor 1 was killed mid-flush
-        for k in f:
+        for k in TRAJ_FIELD_NAMES:
             f[k].resize(f[k].shape[0] + 8, axis=0)
 
     removed = truncate_record(run_dir, at_checkpoint["tables"], at_checkpoint["traj_steps"])

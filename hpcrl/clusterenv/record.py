@@ -8,13 +8,14 @@ import h5py
 import numpy as np
 
 from hpcrl.clusterenv.schema import AAPS, EPISODES, KIND, SCHEMA_VERSION
+from hpcrl.io.h5format import WRITE_LIBVER
 from hpcrl.io.tables import FlushTimer, Table
 
 
 class AAPSRecorder:
     def __init__(self, path: str | Path, opts, counts: list[int], flush_seconds: float = 2.0):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.file = h5py.File(path, "w", locking=False)
+        self.file = h5py.File(path, "w", libver=WRITE_LIBVER, locking=False)
         a = self.file.attrs
         a["kind"], a["schema_version"], a["env_id"] = KIND, SCHEMA_VERSION, opts.env_id
         a["num_envs"], a["workers"] = opts.num_envs, opts.workers

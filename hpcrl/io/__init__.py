@@ -8,6 +8,8 @@ from importlib import import_module
 
 _WHERE = {
     "RecordWriteError": "errors", "RunFileError": "errors",
+    "follow": "follow", "follow_trajectory": "follow",
+    "convert_file": "convert", "convert_run": "convert",
     "open_run_file": "readers", "read_attrs": "readers", "read_table": "readers",
     "read_trajectories": "readers", "read_trajectory": "readers",
     "record_counts": "rollback", "truncate_record": "rollback",

@@ -1,6 +1,6 @@
 """Reopen an HDF5 file whose SWMR writer was killed: clear the superblock's "open for write" flags.
 
-A SWMR writer (libver 'latest', superblock version 2 or 3) marks the superblock's file
+A SWMR writer (libver v110 or later, superblock version 3) marks the superblock's file
 consistency flags while it has the file open; a writer that is killed leaves them set and
 HDF5 then refuses to open the file for writing ("file is already open for write ... may use
 <h5clear file>"). SWMR readers are not affected. To resume into the same file without the
@@ -82,6 +82,14 @@ def is_truncated(path: str | Path) -> bool:
     base = int.from_bytes(head[at + 12: at + 12 + o], "little")
     eof = int.from_bytes(head[at + 12 + 2 * o: at + 12 + 3 * o], "little")
     return base + eof > path.stat().st_size
+
+
+def writer_has_open(path: str | Path) -> bool:
+    """True while a v3 superblock's "open for write" flags are set: a writer has the file open, or was killed
+    with it open (a writer that closes clears them). False for other superblock versions."""
+    with open(Path(path), "rb") as fh:
+        at, head = _superblock(fh)
+    return head[at + 8] == 3 and head[at + 11] != 0
 
 
 def clear_write_flags(path: str | Path) -> bool:

@@ -22,6 +22,7 @@ from pathlib import Path
 import h5py
 
 from hpcrl.io.errors import RunFileError
+from hpcrl.io.h5format import APPEND_LIBVER
 from hpcrl.io.readers import read_row_counts, read_trajectory_steps
 from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.run_file import RunFile
@@ -94,6 +95,6 @@ def truncate_record(run_dir: str | Path, counts: Mapping[str, int], traj_steps: 
 def _open_for_cutting(path: Path) -> h5py.File:
     try:
         clear_write_flags(path)  # a killed writer left them; nobody writes the file now
-        return h5py.File(path, "a", libver="latest", locking=False)
+        return h5py.File(path, "a", libver=APPEND_LIBVER, locking=False)
     except (OSError, ValueError) as exc:
         raise RunFileError(f"{path}: cannot open to truncate ({str(exc).splitlines()[0]})") from None

@@ -12,7 +12,7 @@ refuses a file whose writer is running or was killed ("file is already open for 
 so scripts should pass ``swmr=True`` too. Each table's ``committed_rows`` attribute says how
 many rows are fully written (see :mod:`hpcrl.io.tables`). A failed write (disk full ...)
 raises :class:`~hpcrl.io.errors.RecordWriteError` once and ends the writer. Resuming after
-a kill clears the superblock's write flags first (:mod:`hpcrl.io.recovery`). The file format is HDF5 1.10+ ('latest').
+a kill clears the superblock's write flags first (:mod:`hpcrl.io.recovery`). The file format is HDF5 1.10's (:mod:`hpcrl.io.h5format`).
 SWMR needs POSIX write ordering: local disks, Lustre and GPFS give it; NFS does not (keep
 run directories off NFS home directories). Writers open with ``locking=False`` too: on
 Lustre and NFS, HDF5's file locks fail with "unable to lock file"; setting
@@ -57,6 +57,7 @@ import numpy as np
 
 import hpcrl
 from hpcrl.io.errors import RunFileError, record_write_error
+from hpcrl.io.h5format import APPEND_LIBVER, WRITE_LIBVER
 from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.schema import SCHEMA_VERSION, TABLES, TRAJ_FIELDS, TrajLayout, fill_value, traj_filename
 from hpcrl.io.tables import FlushTimer, TimedFlushFile, Table, abandon_file, filter_kwargs
@@ -81,7 +82,7 @@ class RunFile(TimedFlushFile):
         filter_kwargs(compression)  # validate before creating anything
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        f = h5py.File(path, "w", libver="latest", locking=False)
+        f = h5py.File(path, "w", libver=WRITE_LIBVER, locking=False)
         try:
             now = time.time()
             f.attrs["schema_version"] = SCHEMA_VERSION
@@ -126,7 +127,7 @@ class RunFile(TimedFlushFile):
             raise RunFileError(f"{path}: no such run file to resume")
         try:
             clear_write_flags(path)  # a killed writer left them; nobody else writes this file
-            f = h5py.File(path, "a", libver="latest", locking=False)
+            f = h5py.File(path, "a", libver=APPEND_LIBVER, locking=False)
         except (OSError, ValueError) as exc:
             raise RunFileError(f"{path}: cannot reopen for appending ({str(exc).splitlines()[0]})") from None
         version = f.attrs.get("schema_version")

@@ -369,6 +369,15 @@ def render_markdown() -> str:
         "started (`start_unix` attribute of run.h5). Optional columns that a writer did not fill hold "
         "NaN (floats) or -1 (integers).",
         "",
+        "## File format and readers",
+        "",
+        "Every file is written in HDF5 1.10's format (h5py `libver=(\"v110\", \"v110\")`, "
+        "`hpcrl/io/h5format.py`): SWMR and the virtual `trajectories/` view need no newer format, and HDF5 "
+        "1.10, 1.12, 1.14 and 2.0 tools open it (h5dump/h5ls, h5py, PyTables, HDFView; tested: Debian's "
+        "hdf5-tools 1.10.8, h5py 3.7 on HDF5 1.10.8, h5py 3.16 on HDF5 2.0). Runs written by hpcrl before "
+        "this (`libver=\"latest\"`: HDF5 2.0's format under the h5py 3.16 wheel) still resume and analyse; "
+        "`hpcrl convert RUN_DIR` rewrites them in 1.10's format for older readers.",
+        "",
         "## run.h5 attributes",
         "",
         "| attribute | meaning |",
@@ -389,7 +398,8 @@ def render_markdown() -> str:
         "Every table is a group of equal-length, resizable, chunked, compressed 1-D datasets, one per "
         "column; each dataset has `units` and `description` attributes, code columns also `codes`. "
         "The group's `columns` attribute lists the column order and its `committed_rows` attribute how many "
-        "rows are fully written: use no more (see the last section).",
+        "rows are fully written: use no more (see the last section). The same count is the one-element "
+        "dataset `committed/<table>` at the root, for readers that keep the file open.",
         "",
     ]
     for t in TABLE_LIST:
@@ -405,7 +415,8 @@ def render_markdown() -> str:
         "One file per actor. Each dataset is `[steps, *per_step_shape]`, resizable along axis 0. A fragment "
         "`[T, N, ...]` (T time steps of N environments) is flattened time-major: step `t * N + n` holds "
         "time `t` of environment `n`. Root attributes: `schema_version`, `actor`, `obs_shape`, `action_shape`, "
-        "`obs_dtype`, `action_dtype`, `num_envs`, `committed_steps` (steps fully written: use no more). "
+        "`obs_dtype`, `action_dtype`, `num_envs`, `committed_steps` (steps fully written: use no more; also the one-element dataset "
+        "`committed/steps`). "
         "`policy_version` is written last, so `policy_version >= 0` marks a step whose datasets all hold data.",
         "",
         "| dataset | dtype | per-step shape | unit | meaning |",
@@ -433,7 +444,8 @@ def render_markdown() -> str:
         "The writers (one per file: the parameter rank for run.h5, each actor for its traj file) create every "
         "dataset first and then switch to HDF5 SWMR mode; rows are buffered in memory and written every "
         "`io.flush_seconds` and at close: every column is resized and written, flushed to the file, and only "
-        "then is `committed_rows` (`committed_steps`) raised. A killed job leaves each file as of its last flush. "
+        "then is the committed count raised (the `committed/<table>` dataset, then the `committed_rows` "
+        "attribute; `committed/steps` and `committed_steps` in a trajectory file). A killed job leaves each file as of its last flush. "
         "A write that fails (disk full, quota, I/O error) stops the job with one line (`RecordWriteError`: "
         "\"disk full at PATH ...\"); the files keep everything flushed before.",
         "",
@@ -447,7 +459,17 @@ def render_markdown() -> str:
         "and the shortest dataset for a trajectory file): a reader can catch the writer between resizing one "
         "column and the next, and a flush cut short leaves columns longer than `committed_rows`, holding fill "
         "values. Files written before these attributes existed: the shortest column, without trailing rows "
-        "whose required columns hold fill values.",
+        "whose required columns hold fill values. This rule holds for a file opened afresh for each read: "
+        "h5py never re-reads an attribute of an open file.",
+        "",
+        "A reader that keeps the file open (an SWMR reader polling a running job) calls `refresh()` on the "
+        "one-element dataset `committed/<table>` (`committed/steps` in a trajectory file), reads its value `n`, "
+        "then calls `refresh()` on the columns and reads their rows below `n`: the writer raises that count only "
+        "after every column's rows reached the file, so no row a resume later cuts back as unfinished is ever "
+        "read. `hpcrl.io.follow(run_dir, table)` and `follow_trajectory(path)` do this and yield each batch "
+        "of new rows; they end when the writer closes the file (or after `idle_seconds` without a new row). "
+        "Rows past the last checkpoint were committed and are read; `hpcrl run --resume` rolls them back "
+        "and notes it in the `resumed` attribute.",
         "",
         "SWMR needs POSIX write ordering: local disk, Lustre and GPFS are fine, NFS is not. On Lustre and NFS, "
         "HDF5 file locking fails (\"unable to lock file\"): hpcrl opens every file with `locking=False`; set "

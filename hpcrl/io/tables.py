@@ -2,8 +2,11 @@
 
 Rows are buffered in memory by :meth:`Table.append` and reach the file only in
 :meth:`Table.flush`: every column is resized and written, each column is flushed to the
-file, and only then does the group's ``committed_rows`` attribute grow to vouch for the new
-rows. A job killed (or a disk filled) mid-flush can leave columns longer than
+file, and only then does the table's committed count grow to vouch for the new rows: the
+one-element dataset ``committed/<table>`` beside the table (a reader that keeps the file open sees
+it change after ``Dataset.refresh()``, which h5py does not offer for attributes), then the group's
+``committed_rows`` attribute (for readers of a closed file; files from before the dataset have
+only the attribute). A job killed (or a disk filled) mid-flush can leave columns longer than
 ``committed_rows``, holding fill values; readers and :meth:`Table.open` use
 ``min(committed_rows, shortest column)`` rows.
 
@@ -22,6 +25,7 @@ API::
     table.flush()          # write the buffer (h5py-level; RunFile.flush also flushes the file)
     table.read() -> dict[str, np.ndarray]   # disk + buffer
     committed_length(node, lengths) -> int  # rows a reader may use (committed_rows attribute, shortest column)
+    set_live_count(parent, key, value)      # parent/committed/<key>, the one-element count (created if missing)
 """
 from __future__ import annotations
 
@@ -44,6 +48,24 @@ COMMITTED_ROWS = "committed_rows"
 """Attribute of a table group: rows known to be fully written (readers use no more)."""
 COMMITTED_STEPS = "committed_steps"
 """Root attribute of a trajectory file: steps known to be fully written."""
+LIVE_GROUP = "committed"
+"""Group of one-element int64 datasets: ``committed/<table>`` (run.h5), ``committed/steps`` (a trajectory file)."""
+
+
+def set_live_count(parent: h5py.Group, key: str, value: int) -> h5py.Dataset:
+    """Write ``value`` into ``parent/committed/<key>`` and flush it. Created when missing (only possible
+    before SWMR starts: at creation, resume and rollback). A reader that keeps the file open sees the
+    new value after ``refresh()``; the caller sets the matching attribute after this."""
+    d = parent.get(f"{LIVE_GROUP}/{key}")
+    if d is None:
+        group = parent.require_group(LIVE_GROUP)
+        group.attrs["description"] = ("rows (steps) fully written per table (trajectory file: 'steps'); "
+                                      "a reader that keeps the file open refreshes these datasets")
+        d = group.create_dataset(key, data=np.array([value], np.int64))
+    else:
+        d[0] = value
+    d.flush()
+    return d
 
 
 def committed_length(node: h5py.Group, lengths: Iterable[int], attr: str = COMMITTED_ROWS) -> int:
@@ -189,6 +211,8 @@ class Table:
         self._buffer: dict[str, list[np.ndarray]] = {c.name: [] for c in spec.columns}
         self.pending = 0
         self._on_disk = committed_length(group, (d.shape[0] for d in self._columns.values()))
+        self._live = group.parent.get(f"{LIVE_GROUP}/{spec.name}")
+        """The one-element count dataset (None in a file from before it, until open() adds it)."""
 
     @classmethod
     def create(cls, parent: h5py.Group, spec: TableSpec, compression: str = "gzip") -> "Table":
@@ -203,6 +227,7 @@ class Table:
             d.attrs["description"] = c.meaning
             if c.codes:
                 d.attrs["codes"] = _text_list(c.codes)
+        set_live_count(parent, spec.name, 0)
         group.attrs[COMMITTED_ROWS] = np.int64(0)
         return cls(group, spec)
 
@@ -228,6 +253,7 @@ class Table:
         for d in self._columns.values():
             if d.shape[0] != rows:
                 d.resize(rows, axis=0)
+        self._live = set_live_count(self.group.parent, self.spec.name, rows)
         self.group.attrs[COMMITTED_ROWS] = np.int64(rows)
         self._on_disk, self.pending = rows, 0
         self._buffer = {c.name: [] for c in self.spec.columns}
@@ -293,6 +319,9 @@ class Table:
             d[start:stop] = data[name]
         for d in self._columns.values():
             d.flush()  # the rows reach the file before the count that vouches for them
+        if self._live is not None:
+            self._live[0] = stop
+            self._live.flush()
         self.group.attrs.modify(COMMITTED_ROWS, np.int64(stop))
         self._on_disk = stop
         self.pending = 0

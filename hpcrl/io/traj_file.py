@@ -6,7 +6,8 @@ flattened **time-major**: step ``t * N + n`` is time ``t`` of environment ``n``;
 ``env_index`` dataset repeats ``0..N-1`` accordingly. Fragments are buffered in memory and
 written on :meth:`flush`: all datasets resized and written (``policy_version`` last, so
 ``policy_version >= 0`` marks a step whose fields all reached the file), flushed, and then
-the root attribute ``committed_steps`` raised; a killed actor leaves the file as it was at
+the committed count raised (the one-element dataset ``committed/steps``, for readers that keep the
+file open, then the root attribute ``committed_steps``); a killed actor leaves the file as it was at
 its last flush, and readers use ``min(committed_steps, shortest dataset)`` steps. A failed
 write raises :class:`~hpcrl.io.errors.RecordWriteError` once and ends the writer (see
 :mod:`hpcrl.io.tables`).
@@ -33,12 +34,15 @@ import h5py
 import numpy as np
 
 from hpcrl.io.errors import record_write_error
+from hpcrl.io.h5format import APPEND_LIBVER, WRITE_LIBVER
 from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.schema import SCHEMA_VERSION, TRAJ_FIELDS, TrajLayout
-from hpcrl.io.tables import (COMMITTED_STEPS, FlushTimer, TimedFlushFile, abandon_file, committed_length, filter_kwargs,
-                             written_prefix)
+from hpcrl.io.tables import (COMMITTED_STEPS, LIVE_GROUP, FlushTimer, TimedFlushFile, abandon_file, committed_length,
+                             filter_kwargs, set_live_count, written_prefix)
 
 CHUNK_BYTES = 1 << 18
+LIVE_STEPS = "steps"
+"""The trajectory file's live count: dataset ``committed/steps``."""
 # policy_version is written last: a step whose policy_version is on disk has all its fields there
 WRITE_ORDER = tuple(f.name for f in TRAJ_FIELDS if f.name != "policy_version") + ("policy_version",)
 
@@ -71,6 +75,7 @@ def cut_trajectory(f: h5py.File, steps: int) -> int:
     for name in names:
         if f[name].shape[0] != steps:
             f[name].resize(steps, axis=0)
+    set_live_count(f, LIVE_STEPS, steps)
     f.attrs[COMMITTED_STEPS] = np.int64(steps)
     return have - steps
 
@@ -83,12 +88,13 @@ class TrajectoryWriter(TimedFlushFile):
         if _file is None:
             kw = filter_kwargs(compression)
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            f = h5py.File(self.path, "w", libver="latest", locking=False)
+            f = h5py.File(self.path, "w", libver=WRITE_LIBVER, locking=False)
             try:
                 f.attrs["schema_version"] = SCHEMA_VERSION
                 f.attrs["actor"] = actor
                 for k, v in layout.to_attrs().items():
                     f.attrs[k] = v
+                set_live_count(f, LIVE_STEPS, 0)
                 f.attrs[COMMITTED_STEPS] = np.int64(0)
                 for fld in TRAJ_FIELDS:
                     _create_field(f, fld, layout, 0, kw)
@@ -103,6 +109,7 @@ class TrajectoryWriter(TimedFlushFile):
         self.actor = int(self.file.attrs["actor"])
         # kept open: a temporary h5py object closed in its destructor would swallow a failed write
         self._datasets = {name: self.file[name] for name in WRITE_ORDER}
+        self._live = self.file[f"{LIVE_GROUP}/{LIVE_STEPS}"]
         self._on_disk = committed_length(self.file, (d.shape[0] for d in self._datasets.values()), COMMITTED_STEPS)
         self._buffer: dict[str, list[np.ndarray]] = {f.name: [] for f in TRAJ_FIELDS}
         self._pending = 0
@@ -112,7 +119,7 @@ class TrajectoryWriter(TimedFlushFile):
     def open_append(cls, path: str | Path, flush_seconds: float = 5.0) -> "TrajectoryWriter":
         path = Path(path)
         clear_write_flags(path)  # left set by a killed writer
-        f = h5py.File(path, "a", libver="latest", locking=False)
+        f = h5py.File(path, "a", libver=APPEND_LIBVER, locking=False)
         try:
             layout = TrajLayout.from_attrs(f.attrs)
             cut_trajectory(f, f[WRITE_ORDER[0]].shape[0])  # drop what a killed writer left uncommitted
@@ -172,6 +179,8 @@ class TrajectoryWriter(TimedFlushFile):
                     d[start:stop] = np.concatenate(self._buffer[name])
                 for d in self._datasets.values():
                     d.flush()  # the steps reach the file before the count that vouches for them
+                self._live[0] = stop
+                self._live.flush()
                 self.file.attrs.modify(COMMITTED_STEPS, np.int64(stop))
                 self._buffer = {f.name: [] for f in TRAJ_FIELDS}
                 self._on_disk, self._pending = stop, 0

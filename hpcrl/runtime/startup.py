@@ -44,13 +44,15 @@ def record_startup(run_dir: str | Path, command_unix: float) -> float | None:
     """Add ``command_unix`` and ``startup_seconds`` to RUN_DIR/run.h5; the seconds, or None without a fragment."""
     import h5py
 
+    from hpcrl.io.h5format import APPEND_LIBVER
+
     path = Path(run_dir) / "run.h5"
     try:
         first = first_step_unix(path, after=command_unix)
         if first is None:
             return None
         seconds = max(0.0, first - command_unix)
-        with h5py.File(path, "r+", locking=False) as f:
+        with h5py.File(path, "r+", libver=APPEND_LIBVER, locking=False) as f:
             f.attrs["command_unix"] = command_unix
             f.attrs["startup_seconds"] = seconds
     except (OSError, KeyError, ValueError):  # no record (a failed job): nothing to add

@@ -14,9 +14,6 @@ episode, after which every agent is truncated at once.
 """
 from __future__ import annotations
 
-import numpy as np
-from gymnasium import spaces
-
 COMPETITIVE = frozenset({"hpcrl/MPESimpleAdversary-v3"})
 """Env ids whose agents do not share one goal (value-decomposition methods refuse them)."""
 
@@ -32,44 +29,6 @@ def simple_adversary(N: int = 5, max_cycles: int = 25, **kwargs):
     """mpe2's simple_adversary_v3 (N good agents + 1 adversary), observations padded to one space."""
     from mpe2 import simple_adversary_v3
 
+    from hpcrl.envs.padded_observations import PaddedObservations
+
     return PaddedObservations(simple_adversary_v3.parallel_env(N=N, max_cycles=max_cycles, **kwargs))
-
-
-class PaddedObservations:
-    """A ParallelEnv whose agents' 1-D Box observations are zero-padded to the longest one."""
-
-    def __init__(self, env) -> None:
-        self.env = env
-        self.possible_agents = list(env.possible_agents)
-        self.metadata = getattr(env, "metadata", {})
-        width = max(int(np.prod(env.observation_space(a).shape)) for a in self.possible_agents)
-        self._space = spaces.Box(-np.inf, np.inf, (width,), np.float32)
-
-    @property
-    def agents(self) -> list:
-        return self.env.agents
-
-    def observation_space(self, agent):
-        return self._space
-
-    def action_space(self, agent):
-        return self.env.action_space(agent)
-
-    def _pad(self, obs: dict) -> dict:
-        out = {}
-        for a, o in obs.items():
-            row = np.zeros(self._space.shape, np.float32)
-            row[: o.size] = o
-            out[a] = row
-        return out
-
-    def reset(self, seed=None, options=None):
-        obs, infos = self.env.reset(seed=seed, options=options)
-        return self._pad(obs), infos
-
-    def step(self, actions):
-        obs, rewards, terminated, truncated, infos = self.env.step(actions)
-        return self._pad(obs), rewards, terminated, truncated, infos
-
-    def close(self) -> None:
-        self.env.close()

@@ -1,6 +1,10 @@
 """hpcrl: distributed reinforcement learning on MPI. ``import hpcrl`` imports nothing heavy (no torch,
-gymnasium, MPI, not even importlib.metadata): every rank of a job starts with it."""
+gymnasium, MPI, not even importlib.metadata): every rank of a job starts with it. It registers hpcrl's
+env ids with Gymnasium when Gymnasium is imported (now or later: :mod:`hpcrl.gymnasium_hook`)."""
+from hpcrl.gymnasium_hook import register_on_gymnasium_import as _register_on_gymnasium_import
+
 __all__ = ["ClusterEnv", "__version__"]
+_register_on_gymnasium_import()
 
 
 def __getattr__(name: str):

@@ -193,6 +193,8 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
     queue = check_name("--queue", queue) if queue else site.default_queue
     time = check_time("--time", time or site.default_time)
     limits = site.queues.get(queue) if queue else None
+    if site.only_listed_queues and limits is None:
+        raise ConfigError(f"--queue: {site.name} has no partition {queue!r}; it has {', '.join(site.queues)}")
     if limits is not None:
         if seconds(time) > seconds(limits.max_time):
             raise ConfigError(f"--time: {time} exceeds the {site.name} {queue} limit of {limits.max_time}")

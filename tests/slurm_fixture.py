@@ -1,4 +1,4 @@
-"""The session fixture for tests that need Slurm: use the one answering sinfo, or start the local one."""
+"""The session fixture for tests that need Slurm: use the one answering sinfo, or start the local cluster."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "local_slurm.sh"
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "local_cluster.sh"
 
 
 def sinfo_ok() -> bool:
@@ -22,15 +22,15 @@ def sinfo_ok() -> bool:
 
 @pytest.fixture(scope="session")
 def slurm():
-    """A running Slurm; started here (and stopped at the end) only if none was running."""
+    """A running Slurm; the local cluster (3 nodes) is started here, and stopped at the end, only if none was running."""
     if sinfo_ok():
         yield
         return
     if os.geteuid() != 0:
-        pytest.skip("no Slurm running and not root: start one with `sudo scripts/local_slurm.sh start`")
+        pytest.skip("no Slurm running and not root: start one with `sudo scripts/local_cluster.sh start`")
     start = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=900)
     if start.returncode != 0:
-        pytest.skip(f"scripts/local_slurm.sh start failed: {start.stderr.strip().splitlines()[-1:]}")
+        pytest.skip(f"scripts/local_cluster.sh start failed: {start.stderr.strip().splitlines()[-1:]}")
     conf = subprocess.run(["bash", str(SCRIPT), "env"], capture_output=True, text=True).stdout.split("=", 1)[1].strip()
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = conf  # in case /etc/slurm/slurm.conf belongs to someone else

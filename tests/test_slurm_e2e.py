@@ -1,7 +1,8 @@
 """End to end through a real Slurm: hpcrl submit, the Parsl workflow, and requeue on the walltime warning.
 
-The session fixture uses the Slurm that answers ``sinfo``, or starts the local one-node cluster with
-scripts/local_slurm.sh (as root) and stops it afterwards; it never stops a Slurm it did not start.
+The session fixture uses the Slurm that answers ``sinfo``, or starts the local cluster with
+scripts/local_cluster.sh (as root) and stops it afterwards; it never stops a Slurm it did not start.
+These jobs run on one node (site local-slurm); tests/test_local_cluster.py spans nodes.
 Training budgets are tiny: these tests check the plumbing, not the learning.
 """
 from __future__ import annotations

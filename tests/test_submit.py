@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from slurm_fixture import slurm  # noqa: F401 - the session fixture (starts scripts/local_slurm.sh if needed)
+from slurm_fixture import slurm  # noqa: F401 - the session fixture (starts scripts/local_cluster.sh if needed)
 
 from hpcrl.cli import main as cli_main
 from hpcrl.config import build_config, load_config
@@ -25,6 +25,7 @@ PYTHON = "/opt/hpcrl/bin/python"
 # name -> (site, plan_job keyword arguments, config overrides)
 CASES = {
     "local-slurm": ("local-slurm", {"run_dir": "/tmp/hpcrl-golden/cartpole"}, []),
+    "local-cluster": ("local-cluster", {"run_dir": "/tmp/hpcrl-golden/cartpole", "nodes": 2}, []),
     "slurm": ("slurm", {"run_dir": "/home/me/runs/cartpole", "account": "myproject", "time": "02:00:00"}, []),
     "perlmutter-gpu": ("perlmutter-gpu", {"run_dir": "/pscratch/sd/m/me/runs/cartpole", "account": "m1234",
                                           "queue": "debug"},
@@ -204,7 +205,7 @@ def test_job_ids_are_parsed():
         parse_job_id("slurm", "sbatch: error: Batch job submission failed")
 
 
-# -- against the real local Slurm (scripts/local_slurm.sh start) -------------------------------------------
+# -- against the real local Slurm (scripts/local_cluster.sh start) -----------------------------------------
 
 SITE_ONLY = re.compile(r"^#SBATCH --(constraint|qos|account|gpus-per-node|image)=.*\n", re.M)
 
@@ -214,7 +215,7 @@ SITE_ONLY = re.compile(r"^#SBATCH --(constraint|qos|account|gpus-per-node|image)
 def test_slurm_scripts_pass_sbatch_test_only(case, tmp_path, slurm):
     text = rendered(case)
     extra = []
-    if case != "local-slurm":
+    if case not in {"local-slurm", "local-cluster"}:
         # The local node has neither the site's features, QOS and GPUs nor its cores: drop those lines and
         # let the ranks share the node's cores. Every other directive must parse and be schedulable.
         text = SITE_ONLY.sub("", text)

@@ -55,6 +55,8 @@ class Site(BaseModel):
     default_time: str = Field("00:30:00", pattern=r"^\d{1,3}:[0-5]\d:[0-5]\d$")
     queues: dict[str, Queue] = Field(default_factory=dict)
     """Known queues with their limits; empty: any queue name is passed through."""
+    only_listed_queues: bool = False
+    """True: ``queues`` names every queue there is; any other is refused before a script is written."""
     constraint: str | None = None
     """Slurm --constraint (Perlmutter: gpu / cpu)."""
     filesystems: str | None = None

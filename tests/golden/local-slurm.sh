@@ -11,7 +11,7 @@
 #SBATCH --signal=B:USR1@120
 #SBATCH --requeue
 #
-# hpcrl job "cartpole": 4 MPI ranks on 1 node(s) of one-node test cluster from scripts/local_slurm.sh.
+# hpcrl job "cartpole": 4 MPI ranks on 1 node(s) of the test cluster from scripts/local_cluster.sh (jobs on one node).
 # Rendered by `hpcrl submit --site local-slurm`. The same script starts the run, or resumes it
 # from its last checkpoint whenever the job runs again (requeue after the walltime warning, node failure).
 set -uo pipefail

@@ -1,0 +1,71 @@
+#!/bin/bash
+#SBATCH --job-name=cartpole
+#SBATCH --nodes=2
+#SBATCH --ntasks=4
+# more ranks than cores; Slurm then refuses any --ntasks-per-node above the core count, so none is given
+#SBATCH --overcommit
+#SBATCH --time=00:10:00
+#SBATCH --partition=debug
+#SBATCH --output=/tmp/hpcrl-golden/cartpole.job/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
+#
+# hpcrl job "cartpole": 4 MPI ranks on 2 node(s) of the test cluster of namespaced nodes from scripts/local_cluster.sh.
+# Rendered by `hpcrl submit --site local-cluster`. The same script starts the run, or resumes it
+# from its last checkpoint whenever the job runs again (requeue after the walltime warning, node failure).
+set -uo pipefail
+
+RUN_DIR=/tmp/hpcrl-golden/cartpole
+JOB_DIR=/tmp/hpcrl-golden/cartpole.job
+CONFIG="$JOB_DIR/config.yaml"
+RESTART=${SLURM_RESTART_COUNT:-0}
+MAX_RESTARTS=10
+cd "$JOB_DIR" || exit 1
+export HDF5_USE_FILE_LOCKING=FALSE
+export OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+export UCX_LOG_LEVEL=error
+
+# start, or resume from the last checkpoint
+if [ -f "$RUN_DIR/checkpoints/latest.pt" ]; then
+    echo "hpcrl: resuming $RUN_DIR from its last checkpoint (restart $RESTART)"
+    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.main /tmp/hpcrl-golden/cartpole --progress=plain --resume)
+else
+    if [ -e "$RUN_DIR" ]; then  # an earlier attempt stopped before its first checkpoint
+        mv "$RUN_DIR" "$RUN_DIR.incomplete-$(date +%Y%m%d-%H%M%S)"
+    fi
+    echo "hpcrl: starting $RUN_DIR"
+    mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.yaml" || exit 1  # the ranks read the resolved config there
+    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.main /tmp/hpcrl-golden/cartpole --progress=plain)
+fi
+
+# The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on
+# to the ranks, whose parameter rank writes a checkpoint before the job ends.
+REQUEUE=0
+LAUNCHER_PID=
+forward() { if [ -n "$LAUNCHER_PID" ]; then kill -s "$1" "$LAUNCHER_PID" 2>/dev/null; fi; }
+trap 'REQUEUE=1; echo "hpcrl: walltime warning: checkpoint and requeue"; forward USR1' USR1
+trap 'echo "hpcrl: terminated: checkpoint and stop"; forward TERM' TERM
+
+srun --ntasks=4 --overcommit --mpi=pmi2 \
+    "${RANK_ARGS[@]}" &
+LAUNCHER_PID=$!
+while :; do
+    wait "$LAUNCHER_PID"
+    RC=$?
+    kill -0 "$LAUNCHER_PID" 2>/dev/null || break  # wait was cut short by a signal: the ranks still run
+done
+echo "hpcrl: ranks exited with code $RC"
+
+if [ "$REQUEUE" = 1 ]; then
+    if [ ! -f "$RUN_DIR/checkpoints/latest.pt" ]; then
+        echo "hpcrl: no checkpoint in $RUN_DIR; not requeueing"
+    elif [ "$RESTART" -ge "$MAX_RESTARTS" ]; then
+        echo "hpcrl: $MAX_RESTARTS restarts done; not requeueing (submit this script again to go on)"
+    else
+        echo "hpcrl: requeueing job $SLURM_JOB_ID (restart $((RESTART + 1)) of $MAX_RESTARTS)"
+        scontrol requeue "$SLURM_JOB_ID"
+    fi
+fi
+exit "$RC"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -132,7 +132,31 @@ class AggregationConfig(Section):
     """softsync: gradients averaged into one step (None: the number of active learner groups)."""
 
 
-class PPOConfig(Section):
+class AlgoSection(Section):
+    """Base of every algorithm's config: the facts it declares for the runtime's Plan (hpcrl.runtime.plan)."""
+
+    round_regime: ClassVar[str] = "fragment"
+    """batch: a round is algo.train_batch_size env steps, split over the learner groups; fragment: a round is one
+    fragment of every actor, and a learner group trains each fragment it gets."""
+
+    def instances_per_copy(self) -> int:
+        """Instances in one env copy (a fragment's steps are fragment_length x num_envs x this)."""
+        return 1
+
+    def routing(self) -> str:
+        """Where actors send fragments: own_group, every_group or postprocess_first (hpcrl.runtime.plan)."""
+        return "own_group"
+
+    def lr_schedule(self, horizon_steps: int):
+        """The rate rank 0 sets before each step (hpcrl.algos.schedules), or None: the optimiser's constant lr."""
+        return None
+
+    def reward_discount(self) -> float:
+        """The discount of the return whose std normalises rewards (env.normalize_reward)."""
+        return self.gamma
+
+
+class PPOConfig(AlgoSection):
     name: Literal["ppo"] = "ppo"
     """PPO with Stellaris' IS truncation (runs on the runtime's roles, either runner)."""
     lr: float = Field(3e-4, gt=0)
@@ -168,8 +192,15 @@ class PPOConfig(Section):
     lr_anneal: bool = False
     """Anneal the learning rate linearly from lr to 0 over stop.total_env_steps (CleanRL's PPO); the parameter rank sets it before each step from the env steps the learners have consumed."""
 
+    round_regime: ClassVar[str] = "batch"
 
-class HA2CConfig(Section):
+    def lr_schedule(self, horizon_steps: int):
+        from hpcrl.algos.schedules import LinearAnneal
+
+        return LinearAnneal(self.lr, horizon_steps) if self.lr_anneal else None
+
+
+class HA2CConfig(AlgoSection):
     """Seed 003, Algorithm 1: A2C over N batched environments, one update per rollout."""
 
     name: Literal["ha2c"] = "ha2c"
@@ -192,7 +223,7 @@ class HA2CConfig(Section):
     """Fused loop: iterations between fetches of episode statistics and losses from the device (none in between)."""
 
 
-class HDDPGConfig(Section):
+class HDDPGConfig(AlgoSection):
     """Seed 003, Algorithm 2: DDPG on an on-policy FIFO buffer, n-step returns, no replay."""
 
     name: Literal["hddpg"] = "hddpg"
@@ -220,7 +251,7 @@ class HDDPGConfig(Section):
     """Fused loop: iterations between fetches of episode statistics and losses from the device (none in between)."""
 
 
-class IMPACTConfig(Section):
+class IMPACTConfig(AlgoSection):
     """IMPACT (Luo et al. 2020) as Stellaris trains it; defaults from Stellaris Table III. One learner batch is
     one actor fragment (reused num_sgd_iter times); a round is one fragment of every actor."""
 
@@ -293,9 +324,24 @@ class MARLScalingFields(Section):
     """I_min, the fewest active actors (default: I_max / agents rounded up, as the seed's section 6.1)."""
 
 
-class MARLPPOFields(Section):
+class MARLAgents(AlgoSection):
+    """What every MARL algorithm's config declares for the Plan: an env copy's agents are its instances, and
+    policy (and post-processing) learners route the fragments."""
+
+    def instances_per_copy(self) -> int:
+        return self.agents
+
+    def routing(self) -> str:
+        if not getattr(self, "policy_learners", False):
+            return "own_group"
+        return "postprocess_first" if getattr(self, "postprocess_learner", False) else "every_group"
+
+
+class MARLPPOFields(MARLAgents):
     """MARLess' actor-critic learners (seed 001, section 6.2.1): PPO per policy with GAE and the clipped
     surrogate; the policies of the agents are the sub-networks of one model (hpcrl.marl.model)."""
+
+    round_regime: ClassVar[str] = "batch"
 
     agents: int = Field(ge=1)
     """Agents per env copy (must equal the env's number of agents; instance k * agents + j is agent j)."""
@@ -351,7 +397,7 @@ class MAPPOConfig(MARLScalingFields, MARLSharingFields, MARLPPOFields):
     """MAPPO: PPO policies with centralised critics over the joint observation of the env copy (+ agent id)."""
 
 
-class MARLQFields(Section):
+class MARLQFields(MARLAgents):
     """MARLess' value-based learners (seed 001, section 6.2.1): DQN per policy with a replay buffer on the
     learner side, target networks in the published weights and an epsilon-greedy schedule."""
 
@@ -396,13 +442,9 @@ class VDNConfig(MARLScalingFields, MARLSharingFields, MARLQFields):
     """VDN: Q_tot = sum of the agents' Q-values, one TD loss on the team reward (cooperative envs only)."""
 
 
-MARL_ALGOS = ("ippo", "mappo", "iql", "vdn")
-BATCH_ALGOS = ("ppo", "ippo", "mappo")
-"""Algorithms whose round is algo.train_batch_size environment steps (the others: one fragment per actor)."""
-
-
-AlgoConfig = Annotated[Union[PPOConfig, HA2CConfig, HDDPGConfig, IMPACTConfig, IPPOConfig, MAPPOConfig, IQLConfig,
-                             VDNConfig], Field(discriminator="name")]
+ALGO_CONFIGS = (PPOConfig, HA2CConfig, HDDPGConfig, IMPACTConfig, IPPOConfig, MAPPOConfig, IQLConfig, VDNConfig)
+ALGO_NAMES = tuple(c.model_fields["name"].default for c in ALGO_CONFIGS)
+AlgoConfig = Annotated[Union[ALGO_CONFIGS], Field(discriminator="name")]
 
 
 class IOConfig(Section):
@@ -540,7 +582,7 @@ class RunConfig(Section):
             if self.env.id in COMPETITIVE:
                 raise ValueError(f"algo.name: vdn needs a cooperative env; {self.env.id} is competitive "
                                  "(adversary vs agents); use iql, ippo or mappo")
-        if self.algo.name in MARL_ALGOS and self.algo.actor_scaling:
+        if getattr(self.algo, "actor_scaling", False):
             lo, hi = self.actor_scaling_range
             if lo > hi:
                 raise ValueError(f"algo.actor_scaling_min={lo} exceeds I_max={hi} (algo.actor_scaling_max, at most "
@@ -565,9 +607,11 @@ class RunConfig(Section):
         elif getattr(self.algo, "critic_learners", False):
             raise ValueError("algo.critic_learners: needs algo.policy_learners=true (critic learners are policy learners' "
                              "other half)")
-        if self.algo.name not in BATCH_ALGOS:
+        if self.algo.round_regime != "batch":
             return self
-        per_group = self.group_batch_size
+        from hpcrl.runtime.plan import make_plan
+
+        per_group = make_plan(self).group_batch_size
         if self.algo.minibatch_size > per_group:
             raise ValueError(
                 f"algo.minibatch_size={self.algo.minibatch_size} exceeds the per-group batch "
@@ -579,28 +623,6 @@ class RunConfig(Section):
         return self
 
     @property
-    def group_batch_size(self) -> int:
-        """Environment steps one learner group gathers before it trains: train_batch_size / G for PPO,
-        IPPO and MAPPO, else one fragment (ha2c, hddpg: one update each, seed 003; iql, vdn: replay updates)."""
-        if self.algo.name not in BATCH_ALGOS:
-            return self.fragment_steps
-        if self.fragments_to_every_group or self.postprocess_groups:
-            return self.algo.train_batch_size
-        return max(1, self.algo.train_batch_size // self.learners.groups)
-
-    @property
-    def fragments_to_every_group(self) -> bool:
-        """MARL policy learners: every active group gets every fragment (each trains its own policies on it),
-        unless a post-processing learner takes them all and passes the prepared batches on."""
-        return bool(getattr(self.algo, "policy_learners", False)) and not self.postprocess_groups
-
-    @property
-    def postprocess_groups(self) -> int:
-        """Learner groups at the front of the rank map that post-process fragments for the others (MARL
-        ``algo.postprocess_learner``: group 0), 0 when every group takes fragments itself."""
-        return int(bool(getattr(self.algo, "postprocess_learner", False)))
-
-    @property
     def actor_scaling_range(self) -> tuple[int, int]:
         """(I_min, I_max) of MARL actor scaling: I_max = algo.actor_scaling_max capped at actors.count (default
         actors.count), I_min = algo.actor_scaling_min (default I_max / agents rounded up, MARLess section 6.1)."""
@@ -608,31 +630,6 @@ class RunConfig(Section):
 
         return scaling_bounds(self.algo.actor_scaling_max, self.algo.actor_scaling_min, self.actors.count,
                               self.algo.agents)
-
-    def round_steps_for(self, active_actors: int) -> int:
-        """Environment steps of a round while ``active_actors`` of the actor ranks sample (actor scaling): the
-        round's data shrinks with the actors, as each MARLess actor function samples a fixed share."""
-        A = self.actors.count
-        return max(1, -(-self.round_steps * min(active_actors, A) // A))
-
-    def group_batch_size_for(self, active_actors: int) -> int:
-        """A learner group's batch while ``active_actors`` of the actor ranks sample (it takes whole fragments)."""
-        A = self.actors.count
-        return max(1, -(-self.group_batch_size * min(active_actors, A) // A))
-
-    @property
-    def round_steps(self) -> int:
-        """Environment steps the learners consume per round (Stellaris k, an RLlib training iteration):
-        train_batch_size for PPO, IPPO and MAPPO, else one fragment of every actor."""
-        if self.algo.name not in BATCH_ALGOS:
-            return self.fragment_steps * self.actors.count
-        return self.algo.train_batch_size
-
-    @property
-    def fragment_steps(self) -> int:
-        """Environment steps in one actor fragment (fragment_length x num_envs; x algo.agents for the MARL
-        algorithms, whose instances are the agents of num_envs env copies)."""
-        return self.actors.fragment_length * self.env.num_envs * (self.algo.agents if self.algo.name in MARL_ALGOS else 1)
 
     @property
     def uses_mpi(self) -> bool:
@@ -652,7 +649,7 @@ def _one_line(exc: ValidationError, source: str) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     # discriminated unions put the tag in the location: algo.ppo.lr -> algo.lr
-    for tag in ("ppo", "ha2c", "hddpg", "impact", *MARL_ALGOS):
+    for tag in ALGO_NAMES:
         loc = loc.replace(f"algo.{tag}.", "algo.").replace(f"algo.{tag}", "algo")
     if err["type"] == "extra_forbidden":
         parent = loc.rsplit(".", 1)[0] if "." in loc else ""

@@ -393,6 +393,13 @@ POLICIES: dict[str, Callable[[Any], AdmissionPolicy]] = {
 }
 
 
+POLICY_PACING = {"stellaris": "free", "stellaris_code": "free", "pure_async": "free", "sync": "lockstep", "ssp": "held",
+                 "softsync": "free"}
+"""How each policy paces a learner group (read through hpcrl.runtime.plan): free; lockstep (a gradient waits
+until the group's previous one is applied: sync admits nothing stale); held (a group waits while rank 0
+holds one of its gradients back: SSP's bound on the clock gap)."""
+
+
 def make_policy(aggregation_cfg: Any) -> AdmissionPolicy:
     """The admission policy named by ``aggregation.policy`` (an AggregationConfig)."""
     name = aggregation_cfg.policy

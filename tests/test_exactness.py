@@ -24,6 +24,7 @@ import torch
 
 from hpcrl.algos import make_algorithm
 from hpcrl.config import load_config
+from hpcrl.io import read_trajectory
 from hpcrl.io.schema import traj_filename
 from hpcrl.runtime.checkpoint import load_checkpoint
 from hpcrl.runtime.learner import minibatch_generator
@@ -61,8 +62,9 @@ def run_job(tmp_path: Path, job: str, runner: str) -> Path:
 
 def recorded_fragments(run_dir: Path, actor: int, T: int) -> list[dict[str, np.ndarray]]:
     """The actor's fragments as its learner received them ([T, N] arrays), from its trajectory file alone."""
-    with h5py.File(run_dir / traj_filename(actor), "r", locking=False) as f:
-        data = {name: f[name][:] for name in f}
+    path = run_dir / traj_filename(actor)
+    data = read_trajectory(path)
+    with h5py.File(path, "r", locking=False) as f:
         N = int(f.attrs["num_envs"])
     steps = len(data["rewards"]) // (T * N)
     frags = []

@@ -15,6 +15,7 @@ from hpcrl.config import build_config, load_config
 from hpcrl.errors import ConfigError
 from hpcrl.io import read_table
 from hpcrl.io.schema import PARK_REASONS
+from hpcrl.runtime.plan import make_plan
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
 # 3 actor ranks of 2 env copies x 6 agents, 25-step fragments (300 agent steps): a round is 3 fragments
@@ -66,7 +67,7 @@ def test_serial_run_parks_actors_beyond_the_demand_and_records_every_round(tmp_p
     assert all(r.startswith(b"0:") for r in sc["policy_demands"][1:])  # one policy, slot 0
     # the round after a decision holds round_steps_for(active) env steps (3 fragments x active / 3), give or take
     # the batch a learner had already taken when the count changed
-    assert sum(rounds["env_steps"]) >= sum(cfg.round_steps_for(int(a)) for a in [3, *sc["active"][:-1]])
+    assert sum(rounds["env_steps"]) >= sum(make_plan(cfg).round_steps_for(int(a)) for a in [3, *sc["active"][:-1]])
     parks = read_table(h5, "actor_parks")
     assert 2 in parks["actor"].tolist()
     (start, end, reason), = _park_intervals(parks, 2)  # one park, ended by the stop

@@ -12,6 +12,7 @@ from hpcrl.errors import ConfigError
 from hpcrl.marl.dqn import epsilon_at, vdn_loss
 from hpcrl.marl.model import MultiPolicyActorCritic
 from hpcrl.marl.replay import joint_transitions
+from hpcrl.runtime.plan import make_plan
 
 OBS, ACT = spaces.Box(-np.inf, np.inf, (3,), np.float32), spaces.Discrete(4)
 
@@ -129,7 +130,8 @@ def test_vdn_refuses_a_competitive_env_in_one_line():
 def test_marl_rounds_count_agent_steps():
     cfg = build_config({"env": {"id": "hpcrl/MPESimpleSpread-v3", "num_envs": 8}, "actors": {"fragment_length": 25,
                         "count": 2}, "algo": {"name": "iql", "agents": 6}})
-    assert cfg.round_steps == 2 * 25 * 8 * 6 and cfg.group_batch_size == 25 * 8 * 6
+    plan = make_plan(cfg)
+    assert plan.round_steps == 2 * 25 * 8 * 6 and plan.group_batch_size == 25 * 8 * 6
 
 
 @pytest.mark.parametrize("name", ["ippo", "mappo", "iql", "vdn"])

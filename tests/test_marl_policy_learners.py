@@ -20,6 +20,7 @@ from hpcrl.io import read_table
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
 from hpcrl.marl.policy_learners import (BOTH, CRITIC, POLICY, aggregate_by_block, apply_to_carried_blocks,
                                         assigned_units, groups_needed, unit_blocks)
+from hpcrl.runtime.plan import make_plan
 from hpcrl.staleness import GradientRecord, aggregate
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
@@ -64,7 +65,7 @@ def test_config_refuses_policy_learners_with_one_group_or_on_policy_actors():
     with pytest.raises(ConfigError, match="on_policy"):
         build_config({**base, "learners": {"groups": 2}, "actors": {"on_policy": True}})
     cfg = build_config({**base, "learners": {"groups": 2}, "algo": {**base["algo"], "train_batch_size": 4800}})
-    assert cfg.group_batch_size == 4800 and cfg.fragments_to_every_group  # every group sees every step
+    assert make_plan(cfg).group_batch_size == 4800 and make_plan(cfg).fragments_to_every_group  # every group sees every step
     with pytest.raises(ConfigError, match="critic_learners: needs algo.policy_learners"):
         build_config({**base, "algo": {"name": "ippo", "agents": 6, "critic_learners": True}})
 
@@ -294,7 +295,8 @@ def test_postprocess_learner_config_and_the_groups_it_needs():
             "algo": {"name": "mappo", "agents": 6, "policy_learners": True, "postprocess_learner": True,
                      "train_batch_size": 4800}}
     cfg = build_config(base)
-    assert cfg.postprocess_groups == 1 and not cfg.fragments_to_every_group and cfg.group_batch_size == 4800
+    plan = make_plan(cfg)
+    assert plan.postprocess_groups == 1 and not plan.fragments_to_every_group and plan.group_batch_size == 4800
     with pytest.raises(ConfigError, match="postprocess_learner: needs algo.policy_learners"):
         build_config({**base, "algo": {"name": "ippo", "agents": 6, "postprocess_learner": True}})
     with pytest.raises(ConfigError, match="ssp keeps a clock per learner group"):

@@ -13,6 +13,7 @@ import torch
 
 from hpcrl.config import load_config
 from hpcrl.runtime.job import fragment_layout_for, role_parts
+from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.sampler import VectorSampler, describe_env
 from hpcrl.runtime.serial import run_serial, topologies
 
@@ -41,7 +42,7 @@ def test_twelve_configs_with_table_ii_and_iii_settings():
         assert (impact.algo.lr, impact.algo.clip, impact.algo.kl_coeff, impact.algo.entropy_coeff,
                 impact.algo.target_update_frequency) == (5e-4, 0.4, 1.0, 0.01, 1)
         batch = 256 if w in ATARI else 4096  # Table III: one round's steps, both algorithms
-        assert ppo.round_steps == impact.round_steps == batch
+        assert make_plan(ppo).round_steps == make_plan(impact).round_steps == batch
         for cfg in (ppo, impact):
             assert (cfg.aggregation.d, cfg.aggregation.v, cfg.aggregation.rho) == (0.96, 3.0, 1.0)
             assert cfg.stop.total_env_steps == 50 * batch  # 50 rounds

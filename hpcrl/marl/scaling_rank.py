@@ -8,7 +8,7 @@ report's rows, as sharing does) and feeds them to :class:`~hpcrl.marl.actor_scal
 per-policy windows of ``sharing_window`` rounds, S^j, I^j = clip(S^j I_max, I_min, I_max) and the
 beta rule for the total I_t. ``end_round`` returns ``{"active_actors": I_t}``: the runtime lets
 actor ranks 0 .. I_t-1 sample the next round, parks the others and shrinks the round's data to
-I_t / actors.count of its size (``RunConfig.round_steps_for``). Before the first learner report
+I_t / actors.count of its size (``Plan.round_steps_for``). Before the first learner report
 every actor stays active.
 
 Every round becomes one ``actor_scaling`` row of run.h5 (``records``): round, demanded I_t,

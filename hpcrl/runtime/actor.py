@@ -11,8 +11,8 @@ parameter rank in one small message. With ``actors.on_policy`` the actor first r
 place in a group's backlog (waiting while there is none), then pulls the weights and samples:
 the group frees its places only once the batch they held is trained and its gradients taken
 by the parameter rank, so each batch is sampled with the weights the previous one made. With MARL
-policy learners (``RunConfig.fragments_to_every_group``) the fragment goes to every active group
-that has room, or with a post-processing learner (``RunConfig.postprocess_groups``) to it alone. The actor acts with ``job.algo.act``. The last actor also
+policy learners (the plan's ``every_group`` routing) the fragment goes to every active group
+that has room, or with a post-processing learner (``postprocess_first``) to it alone. The actor acts with ``job.algo.act``. The last actor also
 runs the evaluation episodes the parameter rank requests (:mod:`hpcrl.runtime.evaluation`).
 
 Parking (actor scaling, MARLess section 4.4): an actor whose index is not below the ACTIVE_ACTORS
@@ -38,10 +38,10 @@ from hpcrl.runtime.sampler import VectorSampler, bootstrap_values
 
 class Actor:
     def __init__(self, job) -> None:
-        self.job, self.cfg = job, job.cfg
+        self.job, self.cfg, self.plan = job, job.cfg, job.plan
         self.model, self.algo = job.model, job.algo
         self.index = job.topo.actor_index
-        self.sampler = VectorSampler(self.cfg.env, self.index, gamma=getattr(self.cfg.algo, "gamma", 0.99))
+        self.sampler = VectorSampler(self.cfg.env, self.index, gamma=self.plan.reward_gamma)
         self.sender = job.fragments.actor_link(self.index)
         self.version = -1
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
@@ -61,7 +61,7 @@ class Actor:
                                            flush_seconds=flush)
     def run(self) -> None:
         self.fragments = self.job.startup["fragment_next"][self.index]  # numbering goes on after a resume
-        G = self.cfg.postprocess_groups or self.cfg.learners.groups  # a post-processing group takes every fragment
+        G = self.plan.postprocess_groups or self.cfg.learners.groups  # a post-processing group takes every fragment
         counters = self.job.counters
         T = self.cfg.actors.fragment_length
         on_policy = self.cfg.actors.on_policy
@@ -89,7 +89,7 @@ class Actor:
             t_sample = time.perf_counter() - t
             if not on_policy:
                 t = time.perf_counter()
-                groups = self._wait_for_every_group(G) if self.cfg.fragments_to_every_group else self._wait_for_room(G)
+                groups = self._wait_for_every_group(G) if self.plan.fragments_to_every_group else self._wait_for_room(G)
                 if groups is None:  # stopping
                     break
                 t_wait = time.perf_counter() - t

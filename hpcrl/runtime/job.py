@@ -19,6 +19,7 @@ from hpcrl.algos import make_algorithm
 from hpcrl.algos.base import Algorithm
 from hpcrl.config import RunConfig
 from hpcrl.io import TrajLayout
+from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.sampler import EnvInfo
 from hpcrl.runtime.topology import Topology
 
@@ -28,6 +29,8 @@ class Job:
     """One role's view of the run."""
 
     cfg: RunConfig
+    plan: Plan
+    """What the loops read instead of the config tree (hpcrl.runtime.plan)."""
     topo: Topology
     run_dir: Path
     resume: bool
@@ -72,7 +75,7 @@ class Job:
     @property
     def max_backlog(self) -> int:
         """Fragments a group may hold before actors wait: one batch's worth (one batch queued while one trains)."""
-        per_batch = -(-self.cfg.group_batch_size // (self.cfg.actors.fragment_length * self.env.num_envs))
+        per_batch = -(-self.plan.group_batch_size // (self.cfg.actors.fragment_length * self.env.num_envs))
         return max(per_batch, 1)
 
 

@@ -12,7 +12,7 @@ two pushes of one batch: that is the asynchrony Stellaris' admission governs. Wi
 ``learners.overlap_push`` a CUDA-graph learner pushes each gradient while the GPU computes the next
 (whose base version then lacks it).
 
-Post-processing learner (MARL ``algo.postprocess_learner``, ``cfg.postprocess_groups``): group 0
+Post-processing learner (MARL ``algo.postprocess_learner``, ``plan.postprocess_groups``): group 0
 takes every fragment, runs ``algo.prepare`` and sends the prepared batch to the active groups behind
 it (``fragments.batch_sender``) instead of computing gradients; those groups train each prepared
 batch as it comes, without preparing it again.
@@ -58,7 +58,7 @@ PARK = "park"
 
 class LearnerGroup:
     def __init__(self, job) -> None:
-        self.job, self.cfg = job, job.cfg
+        self.job, self.cfg, self.plan = job, job.cfg, job.plan
         self.model, self.algo = job.model, job.algo
         self.topo = job.topo
         self.g = job.topo.group
@@ -76,14 +76,15 @@ class LearnerGroup:
         self.receiver = job.fragments.learner_link(self.g) if self.is_root else None
         self.frags: list[dict] = []
         # MARL post-processing learner (algo.postprocess_learner): group 0 prepares every batch, the others train
-        self.pp = self.cfg.postprocess_groups
+        self.pp = self.plan.postprocess_groups
         self.batch_out = job.fragments.batch_sender() if self.is_root and self.pp and self.g < self.pp else None
         self.batch_in = job.fragments.batch_receiver(self.g) if self.is_root and self.pp and self.g >= self.pp else None
         self.prepared: list[dict] = []
         self.reducer = (make_reducer(self.cfg.learners.allreduce, job.topo.group_comm, self.model.device)
                         if self.size > 1 else None)
-        self.lockstep = self.cfg.aggregation.policy == "sync"
-        self.on_policy = self.cfg.actors.on_policy
+        self.lockstep = self.plan.pacing == "lockstep"
+        self.held = self.plan.pacing == "held"
+        self.on_policy = self.plan.on_policy
         self.last_base: int | None = None
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
@@ -112,7 +113,7 @@ class LearnerGroup:
             lap("control")
             if words[control.STOP]:
                 break
-            need = self.cfg.group_batch_size_for(int(words[control.ACTIVE_ACTORS]))  # actor scaling shrinks it
+            need = self.plan.group_batch_size_for(int(words[control.ACTIVE_ACTORS]))  # actor scaling shrinks it
             if not self._holds_a_batch(need):
                 if self.g >= words[control.ACTIVE]:  # parked, nothing left to train: block until activated
                     if not self._park():
@@ -148,7 +149,7 @@ class LearnerGroup:
                 continue
             self.algo.assign_learner(self.g, int(words[control.ACTIVE]))
             # every group gets every fragment (MARL policy learners): group 0 alone counts their steps
-            new_steps = 0 if self.cfg.fragments_to_every_group and self.g else steps
+            new_steps = 0 if self.plan.fragments_to_every_group and self.g else steps
             trained = self._train(taken, steps, new_steps)
             if self.on_policy:  # actors.on_policy: the next batch is sampled with the weights this one made
                 taken_word = control.taken_word(self.cfg.learners.groups, self.g)
@@ -315,7 +316,7 @@ class LearnerGroup:
         if self.lockstep and self.last_base is not None:
             if not self._wait_while(lambda: self.job.board.latest_version() <= self.last_base, cap=SHORT_WAIT_CAP):
                 return None
-        if self.cfg.aggregation.policy == "ssp":  # too far ahead of the slowest group: wait (Ho et al. 2013)
+        if self.held:  # SSP: too far ahead of the slowest group, wait (Ho et al. 2013)
             held = control.held_word(self.cfg.learners.groups, self.g)
             if not self._wait_while(lambda: self.job.counters.read(held)):
                 return None

@@ -118,6 +118,7 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     """This rank's Job over MPI: rank map, env spaces (from rank 0), model, windows (collective)."""
     from hpcrl.runtime import control
     from hpcrl.runtime.job import Job, fragment_layout_for, role_parts, roll_back_record
+    from hpcrl.runtime.plan import make_plan
     from hpcrl.runtime.progress import ProgressEmitter
     from hpcrl.runtime.sampler import describe_env
     from hpcrl.runtime.topology import Topology
@@ -138,7 +139,7 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     P, G = model.flat.num_params, cfg.learners.groups
     layout = fragment_layout_for(cfg, env, model)
     return Job(
-        cfg=cfg, topo=topo, run_dir=run_dir, resume=resume, runner="mpi", algo=algo, model=model, env=env,
+        cfg=cfg, plan=make_plan(cfg), topo=topo, run_dir=run_dir, resume=resume, runner="mpi", algo=algo, model=model, env=env,
         traj_layout=traj_layout, probe=probe, rolled_back=rolled_back,
         counters=CounterWindow(comm, 0, control.num_counters(G, topo.size), initial=0),
         mailbox=GradientMailbox(comm, 0, G, cfg.aggregation.mailbox_slots, P, stats_capacity=len(control.GRAD_STATS)),

@@ -15,14 +15,14 @@ estimates are those of the gradients actually applied (see hpcrl.staleness for w
 normalisation does to a shared scale).
 
 Rounds (Stellaris k, RLlib training iterations) end each time the learners have consumed
-another ``cfg.round_steps`` environment steps; ``policy.end_round`` and ``algo.end_round``
+another ``plan.round_steps`` environment steps; ``policy.end_round`` and ``algo.end_round``
 (e.g. PPO's adaptive KL coefficient) are called then, the latter with the round's episodes and
 the learners' ``algo.learner_report`` results; rows from ``algo.records()`` go to run.h5.
 
 Active actors: ``algo.end_round`` may return ``active_actors`` (MARLess actor scaling). Actor ranks
 0 .. n-1 then sample and the others park (the ACTIVE_ACTORS counter word; a parked actor blocks in
 ``counters.wait_until`` and reports its park, table ``actor_parks``), and the next round holds
-``RunConfig.round_steps_for(n)`` environment steps: the round's data shrinks with its actors.
+``plan.round_steps_for(n)`` environment steps: the round's data shrinks with its actors.
 """
 from __future__ import annotations
 
@@ -70,12 +70,12 @@ class ParameterRank:
     """Owns the policy, the optimizer, the admission policy and run.h5."""
 
     def __init__(self, job) -> None:
-        self.job, self.cfg = job, job.cfg
+        self.job, self.cfg, self.plan = job, job.cfg, job.plan
         self.model, self.algo = job.model, job.algo
         self.flat = self.model.flat
         self._optimizer = None  # built on first use (see optimizer)
-        self._lr_anneal = bool(getattr(self.cfg.algo, "lr_anneal", False))  # a PPO field (algo.lr_anneal)
-        self._postprocess_groups = self.cfg.postprocess_groups  # read per gradient: a config property costs 20 us
+        self._lr_schedule = self.plan.lr_schedule  # the algorithm's (PPO: algo.lr_anneal), None: constant
+        self._postprocess_groups = self.plan.postprocess_groups
         self.policy = make_policy(self.cfg.aggregation)
         self.counters, self.mailbox, self.board = job.counters, job.mailbox, job.board
         G = self.cfg.learners.groups
@@ -96,7 +96,7 @@ class ParameterRank:
         self.active = self.cfg.learners.active_range[0]
         self.algo_sets_groups = False  # algo.learner_groups_needed decides them (MARL policy learners)
         self.active_actors = self.cfg.actors.count  # actor ranks 0 .. active_actors-1 sample (algo.end_round)
-        self.round_end = self.cfg.round_steps  # consumed env steps at which the current round ends
+        self.round_end = self.plan.round_steps  # consumed env steps at which the current round ends
         lcfg = self.cfg.learners
         self.elastic = elastic.ElasticRule(*lcfg.active_range, lcfg.elastic_headroom, lcfg.elastic_seconds)
         self.stop_reason: str | None = None
@@ -212,7 +212,7 @@ class ParameterRank:
         self.active = min(max(s["active"], self.cfg.learners.active_range[0]), self.cfg.learners.active_range[1])
         A, before = self.cfg.actors.count, len(kept)  # all of the old actors active: all of the new ones too
         self.active_actors = A if s.get("active_actors", before) >= before else min(max(s["active_actors"], 1), A)
-        self.round_end = s.get("round_end", (self.round + 1) * self.cfg.round_steps)
+        self.round_end = s.get("round_end", (self.round + 1) * self.plan.round_steps)
         self.wall_before = s["wall_seconds"]
         restore_rng(s["rng"])
 
@@ -320,8 +320,8 @@ class ParameterRank:
         while (adm := self.policy.admit(self.queue, self.version, pushing)) is not None:
             lap("admit")
             for step in adm.steps:
-                if self._lr_anneal:
-                    self._anneal_lr()
+                if self._lr_schedule is not None:
+                    self._set_lr()
                 self.algo.apply(self.model, self.optimizer, self.algo.aggregate(step))
                 self.version += 1
                 t_agg = lap("apply")
@@ -331,19 +331,18 @@ class ParameterRank:
                 lap("record")
             adm.remove_from(self.queue)
         lap("admit")
-        if self.cfg.aggregation.policy == "ssp":  # a group with a held gradient waits before computing more
+        if self.plan.pacing == "held":  # SSP: a group with a held gradient waits before computing more
             held = {rec.group for rec in self.queue}
             for g in range(self.cfg.learners.groups):
                 if g in held or self._held.get(g):
                     self._held[g] = g in held
                     self.counters.set(control.held_word(self.cfg.learners.groups, g), int(g in held))
 
-    def _anneal_lr(self) -> None:
-        """algo.lr_anneal: lr * (1 - consumed / stop.total_env_steps), from the env steps consumed so far
-        (so a resumed run goes on where it stopped)."""
-        frac = max(0.0, 1.0 - self.consumed / self.cfg.stop.total_env_steps)
+    def _set_lr(self) -> None:
+        """The algorithm's schedule at the env steps consumed so far (so a resumed run goes on where it stopped)."""
+        lr = self._lr_schedule.at(self.consumed)
         for group in self.optimizer.param_groups:
-            group["lr"] = group.setdefault("initial_lr", group["lr"]) * frac
+            group["lr"] = lr
 
     def _publish(self) -> None:
         probe = self.job.probe_outputs(self.model) if self.job.probe_size else None
@@ -427,7 +426,7 @@ class ParameterRank:
             for a in range(self.active_actors, self.cfg.actors.count):  # parked actors supply nothing
                 self.elastic.actor_rate.pop(a, None)
         self._groups_from_algo(record=True)
-        self.round_end += self.cfg.round_steps_for(self.active_actors)
+        self.round_end += self.plan.round_steps_for(self.active_actors)
         for table, rows in self.algo.records().items():
             for row in rows:
                 self.run_file.append(table, row)

@@ -24,6 +24,7 @@ from hpcrl.runtime import control
 from hpcrl.runtime.job import Job, fragment_layout_for, role_parts, roll_back_record
 from hpcrl.runtime.local import (LocalBoard, LocalCounters, LocalFragments, LocalMailbox, LocalReports,
                                  RunAborted)
+from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.sampler import describe_env
 from hpcrl.runtime.topology import Topology, plan_roles
 
@@ -73,9 +74,9 @@ def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort
     board = LocalBoard(P, history=max(2, cfg.aggregation.weight_history), probe_size=probe_size)
     reports = LocalReports()
     fragments = LocalFragments(fragment_layout_for(cfg, env, model0), G, A, cfg.actors.max_in_flight, abort)
-    jobs = []
+    jobs, plan = [], make_plan(cfg)
     for topo, (algo, model, traj_layout), probe in zip(topos, parts, probes):
-        jobs.append(Job(cfg=cfg, topo=topo, run_dir=run_dir, resume=resume, runner="serial", algo=algo,
+        jobs.append(Job(cfg=cfg, plan=plan, topo=topo, run_dir=run_dir, resume=resume, runner="serial", algo=algo,
                         model=model, env=env, traj_layout=traj_layout, counters=counters, mailbox=mailbox,
                         board=board, reports=reports, fragments=fragments, probe=probe, rolled_back=rolled_back,
                         progress=ProgressEmitter(progress, cfg.io.log_seconds) if topo.role == "parameter"

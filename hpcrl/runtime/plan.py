@@ -1,0 +1,86 @@
+"""The frozen Plan: what the role loops read instead of working it out from the config tree.
+
+Built once from a resolved :class:`~hpcrl.config.RunConfig` (no torch, no MPI: ``hpcrl run``
+builds it before anything is written), by every runner, and handed to every role in its Job.
+Each fact comes from the component that owns it, never from a test of another component's name:
+
+- **pacing** (how a learner group paces its gradients) from the admission policy class
+  (``hpcrl.staleness``: ``free``; ``lockstep``: each gradient waits until the previous one is
+  applied, so every gradient has staleness 0 (sync); ``held``: a group waits while rank 0 holds
+  one of its gradients back (SSP));
+- **the learning-rate schedule** from the algorithm's config (``lr_schedule``: PPO's linear
+  anneal; None: constant);
+- **the reward discount** the actors' reward normalisation uses (the algorithm's ``gamma``);
+- **round length, per-group batch and fragment size** from the algorithm's round regime: a
+  batch algorithm's round is ``train_batch_size`` env steps split over the groups, any other's
+  one fragment of every actor (a group trains each fragment it gets);
+- **fragment routing**: an actor sends each fragment to one group with room (``own_group``),
+  to every active group (MARL policy learners: ``every_group``) or to the post-processing group
+  (``postprocess_first``), which prepares it for the others.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hpcrl.algos.schedules import LinearAnneal
+from hpcrl.staleness import POLICY_PACING
+
+Pacing = Literal["free", "lockstep", "held"]
+Routing = Literal["own_group", "every_group", "postprocess_first"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    actors: int
+    """Actor ranks."""
+    groups: int
+    """Learner groups."""
+    fragment_steps: int
+    """Env steps in one fragment (fragment_length x num_envs, x agents for MARL instances)."""
+    round_steps: int
+    """Env steps the learners consume per round with every actor sampling (Stellaris k, an RLlib iteration)."""
+    group_batch_size: int
+    """Env steps a learner group gathers before it trains, with every actor sampling."""
+    routing: Routing
+    pacing: Pacing
+    on_policy: bool
+    """Each batch is sampled with the weights the previous batch made (actors.on_policy)."""
+    lr_schedule: LinearAnneal | None
+    """The rate rank 0 sets before each step from the env steps consumed; None: the optimiser's own."""
+    reward_gamma: float
+    """Discount of the discounted return whose std normalises rewards (env.normalize_reward)."""
+
+    @property
+    def postprocess_groups(self) -> int:
+        """Groups at the front of the rank map that prepare batches for the others (0 or 1)."""
+        return int(self.routing == "postprocess_first")
+
+    @property
+    def fragments_to_every_group(self) -> bool:
+        return self.routing == "every_group"
+
+    def round_steps_for(self, active_actors: int) -> int:
+        """Env steps of a round while ``active_actors`` of the actor ranks sample (MARL actor scaling)."""
+        return max(1, -(-self.round_steps * min(active_actors, self.actors) // self.actors))
+
+    def group_batch_size_for(self, active_actors: int) -> int:
+        """A group's batch while ``active_actors`` of the actor ranks sample (it takes whole fragments)."""
+        return max(1, -(-self.group_batch_size * min(active_actors, self.actors) // self.actors))
+
+
+def make_plan(cfg: Any) -> Plan:
+    """The Plan of a resolved RunConfig."""
+    algo = cfg.algo
+    fragment_steps = cfg.actors.fragment_length * cfg.env.num_envs * algo.instances_per_copy()
+    routing = algo.routing()
+    if algo.round_regime == "batch":
+        round_steps = algo.train_batch_size
+        whole = routing != "own_group"  # every group (or the post-processing group) takes the whole batch
+        group_batch = algo.train_batch_size if whole else max(1, algo.train_batch_size // cfg.learners.groups)
+    else:
+        round_steps, group_batch = fragment_steps * cfg.actors.count, fragment_steps
+    return Plan(actors=cfg.actors.count, groups=cfg.learners.groups, fragment_steps=fragment_steps,
+                round_steps=round_steps, group_batch_size=group_batch, routing=routing,
+                pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
+                lr_schedule=algo.lr_schedule(cfg.stop.total_env_steps), reward_gamma=algo.reward_discount())

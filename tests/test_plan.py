@@ -1,0 +1,53 @@
+"""The Plan: each fact from its owner, no test of another component's name in the role loops."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpcrl.algos.schedules import LinearAnneal
+from hpcrl.config import build_config, load_config
+from hpcrl.runtime.plan import make_plan
+from hpcrl.staleness import POLICIES, POLICY_PACING
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "hpcrl" / "configs"
+
+
+def test_every_admission_policy_declares_its_pacing():
+    assert set(POLICY_PACING) == set(POLICIES)
+    paces = {name: make_plan(build_config({"aggregation": {"policy": name}})).pacing for name in POLICIES}
+    assert paces == {"stellaris": "free", "stellaris_code": "free", "pure_async": "free", "sync": "lockstep",
+                     "ssp": "held", "softsync": "free"}
+
+
+def test_sizes_follow_the_algorithms_round_regime():
+    ppo = make_plan(build_config({"env": {"num_envs": 4}, "actors": {"count": 3, "fragment_length": 16},
+                                  "learners": {"groups": 2}, "algo": {"train_batch_size": 512, "minibatch_size": 64}}))
+    assert (ppo.fragment_steps, ppo.round_steps, ppo.group_batch_size, ppo.routing) == (64, 512, 256, "own_group")
+    assert ppo.round_steps_for(1) == 171 and ppo.group_batch_size_for(1) == 86  # actor scaling: a third, rounded up
+    impact = make_plan(build_config({"env": {"num_envs": 4}, "actors": {"count": 3, "fragment_length": 16},
+                                     "algo": {"name": "impact"}}))
+    assert (impact.round_steps, impact.group_batch_size) == (3 * 64, 64)  # one fragment of every actor
+    marl = make_plan(build_config({"env": {"id": "hpcrl/MPESimpleSpread-v3", "num_envs": 8},
+                                   "actors": {"fragment_length": 25}, "learners": {"groups": 3},
+                                   "algo": {"name": "ippo", "agents": 6, "policy_learners": True}}))
+    assert marl.fragment_steps == 25 * 8 * 6 and marl.routing == "every_group" and marl.group_batch_size == 4800
+
+
+def test_lr_schedule_and_reward_discount_come_from_the_algorithm():
+    hopper = make_plan(load_config(CONFIGS / "hopper.yaml"))
+    assert hopper.lr_schedule == LinearAnneal(3e-4, 1_000_000) and hopper.reward_gamma == 0.99
+    assert hopper.lr_schedule.at(0) == 3e-4 and hopper.lr_schedule.at(500_000) == pytest.approx(1.5e-4)
+    assert hopper.lr_schedule.at(2_000_000) == 0.0
+    default = make_plan(load_config(CONFIGS / "cartpole.yaml"))
+    assert default.lr_schedule is None and default.reward_gamma == 0.98
+
+
+def test_role_loops_read_no_other_components_config_by_name():
+    found = subprocess.run(["git", "grep", "-nE", r"aggregation\.policy ==|getattr\((self\.)?(cfg\.)?algo",
+                            "hpcrl/runtime"], cwd=ROOT, capture_output=True, text=True)
+    if found.returncode not in (0, 1):
+        pytest.skip(f"git grep unavailable: {found.stderr.strip()}")
+    assert found.stdout == "", found.stdout

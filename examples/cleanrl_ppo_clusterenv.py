@@ -32,6 +32,8 @@ def parse_args(argv=None):
     p.add_argument("--env-id", default="CartPole-v1")
     p.add_argument("--env-backend", choices=("gym", "cluster"), default="gym")
     p.add_argument("--workers", type=int, default=2, help="cluster: MPI worker ranks")
+    p.add_argument("--head-threads", type=lambda v: v if v in ("auto", "none") else int(v), default="auto",
+                   help="cluster: ClusterEnv's head_threads (auto, none: leave torch's, or a count)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--total-timesteps", type=int, default=500_000)
     p.add_argument("--target-return", type=float, default=475.0)
@@ -46,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--ent-coef", type=float, default=0.01)
     p.add_argument("--vf-coef", type=float, default=0.5)
     p.add_argument("--max-grad-norm", type=float, default=0.5)
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="torch.set_num_threads before anything else (default: torch's own, as CleanRL leaves it)")
     args = p.parse_args(argv)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
@@ -57,7 +61,8 @@ def make_envs(args):
     if args.env_backend == "cluster":
         import hpcrl
 
-        envs = hpcrl.ClusterEnv(args.env_id, args.num_envs, workers=args.workers)
+        envs = hpcrl.ClusterEnv(args.env_id, args.num_envs, workers=args.workers,
+                                head_threads=None if args.head_threads == "none" else args.head_threads)
     else:
         envs = gym.make_vec(args.env_id, args.num_envs, vectorization_mode="sync",
                             vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
@@ -91,7 +96,8 @@ class Agent(nn.Module):
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    torch.set_num_threads(1)
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
     envs = make_envs(args)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     agent = Agent(obs_dim, int(envs.single_action_space.n))

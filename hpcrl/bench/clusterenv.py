@@ -6,9 +6,12 @@ the baseline) and ClusterEnv (``--workers`` MPI ranks started with mpiexec, each
 in one batch); env steps/s, ratios to AsyncVectorEnv, and ClusterEnv's overhead per vector step
 over stepping the same envs in process (its transport cost). Part 2 (``--learning``): the
 CleanRL-style example (examples/cleanrl_ppo_clusterenv.py) to a mean return of 475 on CartPole-v1
-with ``--env-backend gym`` and ``cluster``, same seed, same script.
+with ``--env-backend gym`` and ``cluster``, same seed, same script. Part 3 (on unless ``--cleanrl-steps 0``):
+the unmodified-CleanRL case, the example's whole loop with torch's default threads against SyncVectorEnv
+(:mod:`hpcrl.bench.clusterenv_cleanrl`).
 
     hpcrl bench clusterenv [--envs CartPole-v1,Hopper-v5] [--num-envs 8] [--workers 2] [--steps 2000] [--learning]
+                           [--cleanrl-steps 16384] [--cleanrl-repeats 3]
 """
 from __future__ import annotations
 
@@ -84,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2000, help="vector steps per measurement")
     p.add_argument("--wait", default="socket,poll", help="ClusterEnv wait modes to measure (socket: doorbell; poll)")
     p.add_argument("--learning", action="store_true", help="also time the PPO example to 475 (minutes)")
+    p.add_argument("--cleanrl-steps", type=int, default=16384,
+                   help="env steps per run of the unmodified-CleanRL loop (0: skip that part)")
+    p.add_argument("--cleanrl-repeats", type=int, default=3, help="runs per case of the unmodified-CleanRL loop")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per example run")
     args = p.parse_args(argv)
@@ -100,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             if name.startswith("ClusterEnv"):
                 print(f"{env_id:<14} {name}: overhead per vector step over in-process stepping "
                       f"{us - rows['sync (in process)'][1]:.0f} us")
+    if args.cleanrl_steps > 0:
+        from hpcrl.bench import clusterenv_cleanrl
+
+        clusterenv_cleanrl.report(args.cleanrl_steps, args.workers, args.cleanrl_repeats, args.seed, args.timeout)
     if args.learning:
         print(f"\n# {EXAMPLE.name}: CartPole-v1 to a mean return of 475 (last 20 episodes), seed {args.seed}")
         print(f"{'backend':<10} {'reached':>8} {'env steps':>10} {'s to 475':>9} {'script s':>9} {'ratio':>6}")

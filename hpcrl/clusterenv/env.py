@@ -143,6 +143,9 @@ class ClusterEnv(VectorEnv):
             raise ConfigError(f"ClusterEnv: worker {i} (host {r['host']}, pid {r['pid']}) could not build "
                               f"{o.env_id}: {r['error']}")
         self.single_observation_space, self.single_action_space = obs_space, act_space
+        from hpcrl.clusterenv.threads import HeadThreads
+
+        self.head_threads = HeadThreads(o.head_threads, reports)  # workers on the head's cores: no spinning pool
         self.observation_space = batch_space(obs_space, o.num_envs)
         self.action_space = batch_space(act_space, o.num_envs)
         self.pool = WorkerPool(self.link, counts, reports, obs_space, act_space, width, doorbell=o.wait == "socket")
@@ -279,6 +282,8 @@ class ClusterEnv(VectorEnv):
                 fn()
             if getattr(self, "recorder", None) is not None:
                 self.recorder.close()
+            if getattr(self, "head_threads", None) is not None:
+                self.head_threads.restore()
             self.link = None
 
     def _check_open(self) -> None:

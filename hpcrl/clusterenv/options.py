@@ -48,6 +48,9 @@ class ClusterOptions:
     """Path of an HDF5 file recording per-worker syncs, KL estimates and episodes (worker-side inference)."""
     torch_threads: int = 1
     """Worker-side inference: torch threads per worker."""
+    head_threads: int | str | None = "auto"
+    """The head's torch threads: "auto" (max(1, cores - workers on the head's host) when workers share it,
+    else unchanged), an int, or None (leave torch's setting); restored at close (:mod:`hpcrl.clusterenv.threads`)."""
     wait: str = "socket"
     """How head and workers wait for each other: "socket" (sleep in select() on the lifeline until a one-byte
     doorbell: best where ranks share cores) or "poll" (poll MPI with short sleeps)."""
@@ -75,6 +78,12 @@ class ClusterOptions:
             raise ConfigError(f"kl_threshold: {self.kl_threshold} must be >= 0")
         if int(self.kl_window) < 1:
             raise ConfigError(f"kl_window: {self.kl_window} must be >= 1")
+        if not (self.head_threads in (None, "auto") or (isinstance(self.head_threads, int)
+                                                          and not isinstance(self.head_threads, bool)
+                                                          and self.head_threads >= 1)):
+            raise ConfigError(f"head_threads: {self.head_threads!r}; allowed: 'auto', an int >= 1, or None")
+        if int(self.torch_threads) < 1:
+            raise ConfigError(f"torch_threads: {self.torch_threads} must be >= 1")
         if self.wait not in ("socket", "poll"):
             raise ConfigError(f"wait: {self.wait!r}; allowed: socket, poll")
         if self.record is not None and self.policy is None:

@@ -300,3 +300,27 @@ def test_on_policy_actors_sample_with_the_weights_of_the_last_trained_batch(tmp_
     # fragment i is sampled with the weights after batch i-1: 4 i versions or more
     assert len(on) >= 10 and all(v >= 4 * i for i, v in enumerate(on)), on
     assert off[1] == 0, off  # pipelined: fragment 1 was sampled while fragment 0 trained
+
+
+def test_normalisation_statistics_go_on_across_a_resume(tmp_path):
+    # the actors' running observation and reward statistics are in each checkpoint and a resumed actor
+    # continues them: their sample count keeps growing instead of restarting from the resumed steps alone
+    run_dir = tmp_path / "run"
+    over = ["env.id=Pendulum-v1", "env.normalize_obs=true", "env.normalize_reward=true", "actors.on_policy=true",
+            "aggregation.policy=sync", "stop.max_rounds=4", f"io.run_dir={run_dir}"]
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny(run_dir)))
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(path), *[a for o in over for a in ("-o", o)]],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    before = load_checkpoint(run_dir)["normalizers"]
+    assert len(before) == 2 and all(n["obs"]["count"] > 4 * 16 for n in before)  # 4 batches: 2 fragments of 32 each
+    assert all(n["reward"]["count"] > 4 * 16 for n in before)
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--resume", str(run_dir), "-o", "stop.max_rounds=5"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    after = load_checkpoint(run_dir)["normalizers"]
+    for a, b in zip(before, after):  # one more batch: one more fragment (16 steps x 2 envs) per actor
+        assert b["obs"]["count"] == pytest.approx(a["obs"]["count"] + 32, abs=3)
+        assert b["reward"]["count"] == pytest.approx(a["reward"]["count"] + 32, abs=3)
+        assert not np.allclose(b["obs"]["mean"], 0.0)

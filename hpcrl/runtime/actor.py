@@ -59,8 +59,12 @@ class Actor:
         else:
             self.writer = TrajectoryWriter(path, job.traj_layout, self.cfg.io.compression, actor=self.index,
                                            flush_seconds=flush)
+
     def run(self) -> None:
         self.fragments = self.job.startup["fragment_next"][self.index]  # numbering goes on after a resume
+        saved = self.job.startup.get("normalizers") or []
+        if self.index < len(saved) and saved[self.index] is not None:  # a resume: the statistics go on
+            self.sampler.load_normalizer_state(saved[self.index])
         G = self.plan.postprocess_groups or self.cfg.learners.groups  # a post-processing group takes every fragment
         counters = self.job.counters
         T = self.cfg.actors.fragment_length
@@ -202,7 +206,8 @@ class Actor:
             backoff.sleep()
 
     def _report(self, fragment_row: dict, episodes: list[dict]) -> None:
-        self.job.reports.send("episodes", {"fragment": fragment_row, "episodes": episodes})
+        self.job.reports.send("episodes", {"fragment": fragment_row, "episodes": episodes,
+                                           "normalizer": self.sampler.normalizer_state()})
 
     def _finish(self) -> None:
         """Complete every pending send (the learners drain until all actors are done), then say so."""

@@ -90,6 +90,7 @@ class ParameterRank:
         self.stop_rule = StopRule(self.cfg.stop)
         self.seq_next = [0] * G
         self.fragment_next = [0] * self.cfg.actors.count  # each actor's next fragment number (kept on resume)
+        self.normalizers: list[dict | None] = [None] * self.cfg.actors.count  # each actor's newest statistics
         self._held: dict[int, bool] = {}  # ssp: groups told to wait
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
@@ -163,7 +164,7 @@ class ParameterRank:
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.main)."""
         return {"start_unix": self.run_file.start_unix, "version": self.version, "seq_next": list(self.seq_next),
-                "fragment_next": list(self.fragment_next)}
+                "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers)}
 
     def publish_initial(self) -> None:
         self._groups_from_algo(record=False)
@@ -189,7 +190,7 @@ class ParameterRank:
             "queue": list(self.queue),
             "active_actors": self.active_actors, "round_end": self.round_end,
             "wall_seconds": self.wall_before + time.monotonic() - self.t0,
-            "rng": rng_state(), "fragment_next": list(self.fragment_next),
+            "rng": rng_state(), "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
             "record": record_counts(self.job.run_dir, run_file=self.run_file),
         }
@@ -204,6 +205,9 @@ class ParameterRank:
         self.env_steps_start = sum(s["record"]["traj_steps"].values()) if "record" in s else s["env_steps"]
         kept = list(s.get("fragment_next", []))  # a resume may bring more actors: they start at 0
         self.fragment_next = kept + [0] * max(self.cfg.actors.count - len(kept), 0)
+        saved = list(s.get("normalizers", []))[:self.cfg.actors.count]  # an actor added by the resume starts from
+        self.normalizers = [saved[i] if i < len(saved) else saved[i % len(saved)] if saved else None  # another's
+                            for i in range(self.cfg.actors.count)]
         self.episodes, self.updates = s["episodes"], s["updates"]
         self.gradients, self.admitted = s["gradients"], s["admitted"]
         self.stop_rule.add_returns(s["returns"])
@@ -475,6 +479,8 @@ class ParameterRank:
         a = msg["fragment"]["actor"]
         self.elastic.fragment(a, msg["fragment"]["steps"], msg["fragment"]["sample_seconds"])
         self.fragment_next[a] = max(self.fragment_next[a], msg["fragment"]["fragment"] + 1)
+        if msg.get("normalizer") is not None:
+            self.normalizers[a] = msg["normalizer"]
         r["actors"].add(msg["fragment"]["actor"])
         self.rows.add("actors", self._times(msg["fragment"], ("time",)))
         episodes = msg["episodes"]

@@ -14,7 +14,9 @@ observations are standardised with this actor's running mean and variance, train
 are divided by the running std of the discounted return (as Gymnasium's NormalizeReward);
 both are clipped to ``env.clip``. The statistics are per actor rank (not synchronised), and
 episode returns are always recorded from the raw rewards (one record per instance and episode:
-``env_index`` is the instance, for a parallel env copy * agents + agent).
+``env_index`` is the instance, for a parallel env copy * agents + agent). The statistics travel with
+each fragment report to rank 0, which keeps them in every checkpoint (:meth:`VectorSampler.normalizer_state`);
+a resumed actor goes on from them instead of from zero.
 """
 from __future__ import annotations
 
@@ -94,6 +96,15 @@ class RunningMeanStd:
         self.var = (self.var * self.count + v * n + delta ** 2 * self.count * n / total) / total
         self.count = total
 
+    def state(self) -> dict:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": float(self.count)}
+
+    def load(self, state: dict) -> None:
+        mean, var = np.asarray(state["mean"], np.float64), np.asarray(state["var"], np.float64)
+        if mean.shape != self.mean.shape:
+            raise ValueError(f"normalisation statistics of shape {mean.shape}, the env's observations are {self.mean.shape}")
+        self.mean, self.var, self.count = mean.copy(), var.copy(), float(state["count"])
+
 
 class VectorSampler:
     """The N instances of ``env_cfg`` on one actor rank; :meth:`sample` returns one [T, N] fragment."""
@@ -140,6 +151,21 @@ class VectorSampler:
         self.ret_rms.update(self.disc_return.reshape(-1, 1)[:, 0])
         self.disc_return[done] = 0.0
         return np.clip(r / np.sqrt(self.ret_rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
+
+    def normalizer_state(self) -> dict | None:
+        """The running statistics of env.normalize_obs / env.normalize_reward (None without either)."""
+        if self.obs_rms is None and self.ret_rms is None:
+            return None
+        return {"obs": None if self.obs_rms is None else self.obs_rms.state(),
+                "reward": None if self.ret_rms is None else self.ret_rms.state()}
+
+    def load_normalizer_state(self, state: dict) -> None:
+        """Go on from saved statistics (a resume); the current observation is normalised again with them."""
+        if self.obs_rms is not None and state.get("obs") is not None:
+            self.obs_rms.load(state["obs"])
+            self.obs = self._norm_obs(self.raw_obs, update=False)
+        if self.ret_rms is not None and state.get("reward") is not None:
+            self.ret_rms.load(state["reward"])
 
     def policy_obs(self, raw: np.ndarray) -> np.ndarray:
         """Observations of other env copies as this actor's policy sees them (statistics not updated)."""

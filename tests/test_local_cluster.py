@@ -150,3 +150,23 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(flags, message, tmp_pa
     out = hpcrl("submit", "--site", "local-cluster", "--run-dir", str(run_dir), *flags)
     assert out.returncode == 2 and out.stderr.strip() == f"hpcrl submit: error: {message}", out.stderr
     assert out.stdout == "" and not list(tmp_path.iterdir())  # no job directory, no script: nothing to submit
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_parsl_workflow_on_two_nodes(cluster, tmp_path):
+    """workflows/train.py --site local-cluster: a 2-node Parsl block, the app's srun step across both nodes."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, str(ROOT / "workflows" / "train.py"), "--site", "local-cluster",
+                          "--nodes", "2", "--run-dir", str(run_dir), *BUDGET],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    app_out = tmp_path / "run.job" / "app.out"
+    log = app_out.read_text() if app_out.exists() else ""
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:] + log[-2000:]
+    assert "4 ranks on 2 node(s)" in out.stdout, out.stdout
+    assert f"stop.total_env_steps={STEPS} reached" in log, log[-3000:]
+    nodes = {n.decode() for n in read_table(run_dir / "run.h5", "rank_map")["node"]}
+    assert nodes == {"node1", "node2"}
+    parsl_log = next((tmp_path / "run.job").glob("parsl/*/parsl.log")).read_text()
+    assert "Creating process with command 'sbatch " in parsl_log  # the block really was a Slurm job

@@ -19,7 +19,7 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value for every run (repeatable)")
     parser.add_argument("--account", help="project to charge (cluster sites)")
-    parser.add_argument("--queue", help="PBS queue, Perlmutter QOS, or local-slurm partition")
+    parser.add_argument("--queue", help="PBS queue, Perlmutter QOS, or local-cluster partition")
     parser.add_argument("--walltime", help="walltime of each Parsl block, HH:MM:SS")
     parser.add_argument("--address", help="address of this machine that the compute nodes reach (cluster sites)")
 
@@ -32,9 +32,13 @@ def site_settings(args: argparse.Namespace, nodes_per_block: int, parallel_runs:
         return kw
     if args.walltime:
         kw["walltime"] = args.walltime
-    if args.site == "local-slurm":
+    if args.site in ("local-slurm", "local-cluster"):
         if args.queue:
             kw["partition"] = args.queue
+        if args.address:
+            kw["address"] = args.address
+        if args.site == "local-cluster":
+            kw["nodes_per_block"] = nodes_per_block
         return kw
     kw.update(nodes_per_block=nodes_per_block, parallel_runs=parallel_runs)
     if args.account:

@@ -16,15 +16,16 @@ from hpcrl.errors import ConfigError
 
 SITES = {
     "local": "local",
-    "local-slurm": "local_slurm",
+    "local-slurm": "local_cluster",
+    "local-cluster": "local_cluster",
     "perlmutter": "perlmutter",
     "polaris": "polaris",
     "aurora": "aurora",
 }
 """Workflow --site name -> module in this package."""
 
-BATCH_SITE = {"local": None, "local-slurm": "local-slurm", "perlmutter": "perlmutter-gpu",
-              "polaris": "polaris", "aurora": "aurora"}
+BATCH_SITE = {"local": None, "local-slurm": "local-slurm", "local-cluster": "local-cluster",
+              "perlmutter": "perlmutter-gpu", "polaris": "polaris", "aurora": "aurora"}
 """Workflow site -> its facts, hpcrl/sites/NAME.yaml: the rank layout, launcher options, rank environment
 and container setup of its apps (None: all ranks on this machine)."""
 

@@ -1,4 +1,4 @@
-"""The one-node Slurm of scripts/local_slurm.sh: a Slurm job is the block, each app an srun step."""
+"""The Slurm of scripts/local_cluster.sh: a Slurm job of N nodes is the block, each app an srun step."""
 from __future__ import annotations
 
 import sys
@@ -10,24 +10,27 @@ from parsl.launchers import SimpleLauncher
 
 from hpcrl.sites.parsl_configs._slurm import DeferredSlurmProvider
 
+HEAD_ADDRESS = "10.213.0.1"
+"""This machine on the cluster's bridge (scripts/local_cluster.sh, default HPCRL_CLUSTER_NET=10.213.0)."""
+
 
 def config(*, run_dir: str = "runinfo", partition: str = "debug", walltime: str = "00:10:00",
-           python_bin_dir: str | None = None) -> Config:
+           nodes_per_block: int = 1, address: str = HEAD_ADDRESS, python_bin_dir: str | None = None) -> Config:
     python_bin_dir = python_bin_dir or str(Path(sys.executable).parent)
     return Config(
         executors=[
             MPIExecutor(
                 label="mpi",
-                address="127.0.0.1",  # the compute node is this machine
+                address=address,  # the nodes are namespaces: they reach this machine on the bridge only
                 max_workers_per_block=1,
                 mpi_launcher="srun",
                 provider=DeferredSlurmProvider(
                     partition=partition,
-                    nodes_per_block=1,
+                    nodes_per_block=nodes_per_block,
                     init_blocks=1,
                     max_blocks=1,
                     walltime=walltime,
-                    exclusive=False,  # the test node is shared with other jobs and tests
+                    exclusive=False,  # the test nodes are shared with other jobs and tests
                     launcher=SimpleLauncher(),
                     worker_init=f"export PATH={python_bin_dir}:$PATH",  # the worker pool is started by name
                 ),

@@ -51,14 +51,23 @@ def test_follow_never_yields_rows_a_resume_cuts_back(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, "writer did not start"
             time.sleep(0.05)
         time.sleep(0.2)  # the writer creates its tables before it turns SWMR on
-        batches = list(follow(path, "episodes", poll_seconds=0.01, idle_seconds=2.0, columns=["time", "return"]))
-        assert proc.stdout.readline().strip() == "UNFINISHED"
+        batches, rows = [], 0
+        live = follow(path, "episodes", poll_seconds=0.01, idle_seconds=30, columns=["time", "return"])
+        for batch in live:  # while the writer commits
+            batches.append(batch)
+            rows += len(batch["time"])
+            if rows >= 280:
+                break
+        live.close()
         assert len(batches) > 1, "the follower should have seen the table grow in several batches"
+        assert proc.stdout.readline().strip() == "UNFINISHED"  # 120 more rows in every column, not committed
+        after = _concat(list(follow(path, "episodes", poll_seconds=0.01, idle_seconds=0.5, columns=["time"])))
     finally:
         proc.kill()
         proc.wait()
     seen = _concat(batches)
-    assert seen["time"].tolist() == list(range(280))  # every committed row once, in order, none of the 120 unfinished
+    assert seen["time"].tolist() == list(range(280))  # every committed row once, in order
+    assert after["time"].tolist() == list(range(280))  # none of the 120 unfinished
     with RunFile.open_append(path):  # the resume cuts the unfinished rows
         pass
     final = read_table(path, "episodes", ["time", "return"])

@@ -18,6 +18,7 @@ from pathlib import Path
 import h5py
 import pytest
 
+from hpcrl.commands.analyze import load_analysis
 from hpcrl.io import read_table, read_trajectories
 from hpcrl.io.convert import convert_file
 from hpcrl.io.rollback import trajectory_files
@@ -114,6 +115,7 @@ def test_a_run_in_hdf5_2_format_resumes_and_converts(tmp_path):
         convert_file(path, libver="latest")  # what hpcrl wrote before the v110 bound
     assert h5dump("-H", str(old / "run.h5")).returncode != 0  # the problem: HDF5 1.10 cannot decode it
     episodes = len(read_table(old, "episodes")["time"])
+    assert len(load_analysis().load_run(old).tables["episodes"]["time"]) == episodes  # what hpcrl analyze reads
     _run(old, "--resume", str(old), steps=3000)  # --resume reads and appends to the 2.0-format files
     assert len(read_table(old, "episodes")["time"]) > episodes
     res = subprocess.run([sys.executable, "-m", "hpcrl", "convert", str(old)], capture_output=True, text=True, timeout=60)

@@ -190,14 +190,16 @@ class PPOConfig(AlgoSection):
     optimizer: Literal["adam", "sgd"] = "adam"
     """Optimizer on the parameter rank."""
     lr_anneal: bool = False
-    """Anneal the learning rate linearly from lr to 0 over stop.total_env_steps (CleanRL's PPO); the parameter rank sets it before each step from the env steps the learners have consumed."""
+    """Anneal the learning rate linearly from lr to 0 over lr_anneal_steps (CleanRL's PPO); the parameter rank sets it before each step from the env steps the learners have consumed."""
+    lr_anneal_steps: int | None = Field(None, ge=1)
+    """Env steps over which lr_anneal takes the rate to 0; null: the run's stop.total_env_steps, written into the run's config.yaml, so a resume that changes the budget keeps the schedule."""
 
     round_regime: ClassVar[str] = "batch"
 
     def lr_schedule(self, horizon_steps: int):
         from hpcrl.algos.schedules import LinearAnneal
 
-        return LinearAnneal(self.lr, horizon_steps) if self.lr_anneal else None
+        return LinearAnneal(self.lr, self.lr_anneal_steps or horizon_steps) if self.lr_anneal else None
 
 
 class HA2CConfig(AlgoSection):
@@ -573,6 +575,24 @@ class RunConfig(Section):
         if isinstance(data, dict) and isinstance(data.get("algo"), dict) and "name" not in data["algo"]:
             data = {**data, "algo": {"name": "ppo", **data["algo"]}}
         return data
+
+    @model_validator(mode="after")
+    def _lr_anneal_horizon_fixed(self) -> "RunConfig":
+        if getattr(self.algo, "lr_anneal", False) and self.algo.lr_anneal_steps is None:
+            self.algo.lr_anneal_steps = self.stop.total_env_steps
+        return self
+
+    @model_validator(mode="after")
+    def _fields_the_admission_policy_reads(self) -> "RunConfig":
+        from hpcrl.staleness import POLICY_FIELDS
+
+        agg = self.aggregation
+        for name in ("d", "v", "ssp_s", "softsync_c"):
+            if name not in POLICY_FIELDS[agg.policy] and getattr(agg, name) != AggregationConfig.model_fields[name].default:
+                users = [p for p, used in POLICY_FIELDS.items() if name in used]
+                raise ValueError(f"aggregation.{name}={getattr(agg, name)!r} does nothing under aggregation.policy="
+                                 f"{agg.policy}; it is read by {', '.join(users)} (remove it or pick one of those)")
+        return self
 
     @model_validator(mode="after")
     def _ppo_batch_sizes(self) -> "RunConfig":

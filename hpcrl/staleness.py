@@ -400,6 +400,11 @@ until the group's previous one is applied: sync admits nothing stale); held (a g
 holds one of its gradients back: SSP's bound on the clock gap)."""
 
 
+POLICY_FIELDS = {"stellaris": ("d", "v"), "stellaris_code": ("d",), "pure_async": (), "sync": (), "ssp": ("ssp_s",),
+                 "softsync": ("softsync_c",)}
+"""The aggregation fields each policy reads (a value set for one it does not read is refused: it would do nothing)."""
+
+
 def make_policy(aggregation_cfg: Any) -> AdmissionPolicy:
     """The admission policy named by ``aggregation.policy`` (an AggregationConfig)."""
     name = aggregation_cfg.policy

@@ -98,7 +98,7 @@ def replay(run_dir: Path, batches: int) -> torch.Tensor:
         fragments = [frags[k] for frags in actors]  # the learner's order: by actor
         for f in fragments:  # on-policy: batch k was sampled with the weights batch k - 1 made
             assert (f["policy_version"] == k * versions_per_batch).all()
-        lr = cfg.algo.lr * max(0.0, 1.0 - k * cfg.algo.train_batch_size / cfg.stop.total_env_steps)
+        lr = cfg.algo.lr * max(0.0, 1.0 - k * cfg.algo.train_batch_size / cfg.algo.lr_anneal_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = algo.prepare(fragments, model)

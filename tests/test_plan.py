@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hpcrl.algos.schedules import LinearAnneal
 from hpcrl.config import build_config, load_config
@@ -51,3 +52,24 @@ def test_role_loops_read_no_other_components_config_by_name():
     if found.returncode not in (0, 1):
         pytest.skip(f"git grep unavailable: {found.stderr.strip()}")
     assert found.stdout == "", found.stdout
+
+
+def test_an_aggregation_field_the_policy_does_not_read_is_refused_in_one_line():
+    from hpcrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"aggregation.d=0.5 does nothing under aggregation.policy=sync; it is read by "
+                                          r"stellaris, stellaris_code") as e:
+        build_config({"aggregation": {"policy": "sync", "d": 0.5}})
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="aggregation.ssp_s=1 does nothing under aggregation.policy=stellaris"):
+        build_config({"aggregation": {"ssp_s": 1}})
+    assert build_config({"aggregation": {"policy": "ssp", "ssp_s": 1}}).aggregation.ssp_s == 1
+    resolved = build_config({"aggregation": {"policy": "sync"}})  # a resolved config.yaml holds every default
+    assert build_config(yaml.safe_load(resolved.to_yaml())).aggregation.policy == "sync"
+
+
+def test_the_lr_anneal_horizon_is_fixed_when_the_run_is_made():
+    cfg = load_config(CONFIGS / "hopper.yaml", ["stop.total_env_steps=5000"])
+    assert cfg.algo.lr_anneal_steps == 5000  # written into the run's config.yaml
+    resumed = build_config(yaml.safe_load(cfg.to_yaml()), ["stop.total_env_steps=9000"])  # a resume with a new budget
+    assert resumed.algo.lr_anneal_steps == 5000 and make_plan(resumed).lr_schedule.horizon == 5000

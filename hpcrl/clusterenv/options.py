@@ -47,7 +47,7 @@ class ClusterOptions:
     record: str | None = None
     """Path of an HDF5 file recording per-worker syncs, KL estimates and episodes (worker-side inference)."""
     torch_threads: int = 1
-    """Worker-side inference: torch threads per worker."""
+    """Torch threads per worker (worker-side inference, and envs that run on torch)."""
     head_threads: int | str | None = "auto"
     """The head's torch threads: "auto" (max(1, cores - workers on the head's host) when workers share it,
     else unchanged), an int, or None (leave torch's setting); restored at close (:mod:`hpcrl.clusterenv.threads`)."""

@@ -7,8 +7,8 @@ scraps: an unmodified CleanRL loop on 2 shared cores stepped 101-136 env steps/s
 1,271-1,987 with one head thread (issue 29). So when ``w`` workers run on the head's host, the head
 gets ``max(1, cores - w)`` torch threads (``cores``: the CPUs this process may run on), and its old
 setting comes back at ``close()``. Workers get one thread each: local workers start with
-``OMP_NUM_THREADS=1`` (:data:`hpcrl.launch.RANK_ENV`), and worker-side inference calls
-``torch.set_num_threads(torch_threads)``.
+``OMP_NUM_THREADS=1`` (:data:`hpcrl.launch.RANK_ENV`), and a worker whose policy or envs use torch
+calls ``torch.set_num_threads(torch_threads)`` (:mod:`hpcrl.clusterenv.worker`).
 
 ``ClusterEnv(..., head_threads=...)``: ``"auto"`` (the rule above; nothing changes when no worker
 shares the head's host), an int (that many threads, always), or ``None`` (leave torch alone). The

@@ -201,6 +201,8 @@ def serve(comm, lifeline) -> None:
         worker = Worker(comm, setup, lifeline.ring if doorbell else None)
     except BaseException as exc:  # reported to the head, which raises it with this worker's name
         error = f"{type(exc).__name__}: {exc}"
+    if torch_threads and "torch" in sys.modules:  # envs that run on torch (hpcrl's batched ones): no spinning pool
+        sys.modules["torch"].set_num_threads(torch_threads)
     report = {"host": socket.gethostname(), "pid": os.getpid(), "error": error,
               "spaces": worker.spaces if worker else None}
     comm.gather(report, root=0)

@@ -94,7 +94,7 @@ class LearnersConfig(Section):
     overlap_push: bool = False
     """With CUDA graphs: push each minibatch gradient while the GPU computes the next one, so the next one's
     weights lack the gradient just pushed (staleness at least 1): about 1.1x the gradients/s, more env steps
-    to a target (docs/runtime.md). Not under sync admission (lockstep)."""
+    to a target (docs/results/runtime.md). Not under sync admission (lockstep)."""
 
     @model_validator(mode="after")
     def _active_bounds(self) -> "LearnersConfig":

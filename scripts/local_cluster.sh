@@ -100,6 +100,7 @@ check_subnet_free() {
 
 write_hosts() {  # the /etc/hosts every node sees
     local n=$1 k dir
+    [[ -d /etc/netns ]] || { mkdir /etc/netns && touch "$STATE/run/made-etc-netns"; }
     for k in $(seq "$n"); do
         dir=/etc/netns/$(node_ns "$k")
         mkdir -p "$dir"
@@ -189,12 +190,16 @@ EOF
     mv "$CONF.tmp" "$CONF"
     # The nodes share this machine's memory, and UCX (the mpich wheel's default netmod) would use it
     # between them (measured: 0 bytes of a 100 MB node1->node2 transfer crossed the bridge). Real nodes
-    # share none: point MPICH at its OFI netmod over TCP unless the job chose a transport itself.
+    # share none: every task uses MPICH's OFI netmod over TCP on the node's eth0, unless the job chose a
+    # netmod or provider itself. A process on this machine that joins a job by MPI ports (a ClusterEnv
+    # head) uses the same with FI_TCP_IFACE=hpcrl-br0; exported into the job, that name is replaced here.
     cat >"$STATE/etc/task_prolog.sh" <<'EOF'
 #!/bin/sh
 # Written by hpcrl scripts/local_cluster.sh: Slurm's TaskProlog; "export NAME=value" lines set the task's environment.
 [ -n "${MPIR_CVAR_CH4_NETMOD:-}" ] || echo "export MPIR_CVAR_CH4_NETMOD=ofi"
 [ -n "${FI_PROVIDER:-}" ] || echo "export FI_PROVIDER=tcp"
+# /proc/sys/net shows this node's network namespace: keep an interface the node has, else its eth0
+[ -n "${FI_TCP_IFACE:-}" ] && [ -d "/proc/sys/net/ipv4/conf/$FI_TCP_IFACE" ] || echo "export FI_TCP_IFACE=eth0"
 EOF
     chmod 755 "$STATE/etc/task_prolog.sh"
     if [[ ! -s $STATE/etc/db.pass ]]; then
@@ -383,7 +388,10 @@ cmd_stop() {
         rm -f "/etc/netns/$ns/hosts"
         rmdir "/etc/netns/$ns" 2>/dev/null || true
     done
-    rmdir /etc/netns 2>/dev/null || true  # only if empty (nothing of anyone else's is there)
+    if [[ -e $STATE/run/made-etc-netns ]]; then  # ours, and empty unless someone else put things there since
+        rmdir /etc/netns 2>/dev/null || true
+        rm -f "$STATE/run/made-etc-netns"
+    fi
     if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
     rm -f "$STATE/run/"*.pid "$STATE/run/nodes"
     if [[ $(readlink "$SYSTEM_CONF" 2>/dev/null || true) == "$CONF" ]]; then

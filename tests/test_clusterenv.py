@@ -24,13 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
 
-def run_head(tmp_path: Path, code: str, timeout: float = 90, mpiexec_n: int | None = None) -> subprocess.Popen:
+def run_head(tmp_path: Path, code: str, timeout: float = 90, mpiexec_n: int | None = None,
+             env: dict[str, str] | None = None) -> subprocess.Popen:
     script = tmp_path / "head.py"
     script.write_text(textwrap.dedent(code))
     cmd = [sys.executable, str(script)]
     if mpiexec_n:
         cmd = [MPIEXEC, "-n", str(mpiexec_n)] + cmd
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
 
@@ -339,7 +340,11 @@ def test_head_submits_a_slurm_worker_job_and_its_workers_connect(tmp_path, slurm
     env.close()
     print("BATCH OK")
     """
-    out = finish(run_head(tmp_path, code), timeout=180)
+    # scripts/local_cluster.sh's nodes are network namespaces: its workers speak MPICH's OFI netmod over
+    # TCP (the cluster's TaskProlog), so the head on this machine does too, on the bridge (docs/local-cluster.md)
+    bridge = Path("/sys/class/net/hpcrl-br0").exists()
+    env = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "hpcrl-br0"} if bridge else None
+    out = finish(run_head(tmp_path, code, env=env), timeout=180)
     assert "BATCH OK" in out
 
 

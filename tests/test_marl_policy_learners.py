@@ -336,8 +336,10 @@ def test_serial_run_with_a_postprocess_learner(tmp_path):
 @pytest.mark.mpi
 def test_mpi_run_with_a_postprocess_learner(tmp_path):
     run_dir = tmp_path / "run"
-    over = [o for o in RUN if not o.startswith("learners.groups")] + [
-        "learners.groups=4", "algo.postprocess_learner=true", "actors.count=2", f"io.run_dir={run_dir}"]
+    # 10 rounds, not RUN's 8: a round ends with its batch's last gradient, and under MPI timing on a loaded machine
+    # the merge and the split came a round or two later than 8 rounds allow (2 of 3 runs failed with 8, 3 of 3 passed with 10)
+    over = [o for o in RUN if not o.startswith(("learners.groups", "stop.max_rounds"))] + [
+        "learners.groups=4", "algo.postprocess_learner=true", "actors.count=2", "stop.max_rounds=10", f"io.run_dir={run_dir}"]
     res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(CONFIGS / "mpe_spread_ippo.yaml"), "--runner", "mpi",
                           *[a for o in over for a in ("-o", o)]], cwd=tmp_path, capture_output=True, text=True, timeout=150)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

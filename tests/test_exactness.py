@@ -118,3 +118,12 @@ def test_job_weights_equal_the_fused_update_on_its_recorded_batches(tmp_path, jo
     # the check can fail: the same replay one batch short is far off
     short = float((trained - replay(run_dir, ROUNDS - 1)).abs().max())
     assert short > 100 * TOLERANCE, f"one batch fewer moves the weights by only {short:.3g}"
+
+
+def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(tmp_path):
+    # every rank's randomness is seeded and a learner orders its batch by actor, so arrival timing changes nothing
+    first, second = run_job(tmp_path / "a", "hopper", "mpi"), run_job(tmp_path / "b", "hopper", "mpi")
+    assert torch.equal(load_checkpoint(first)["params"], load_checkpoint(second)["params"])
+    for actor in range(2):
+        a, b = read_trajectory(first / traj_filename(actor)), read_trajectory(second / traj_filename(actor))
+        assert np.array_equal(a["actions"], b["actions"]) and np.array_equal(a["rewards"], b["rewards"])

@@ -21,7 +21,7 @@ COMMANDS = {
     "analyze": ("hpcrl.commands.analyze", "post-hoc analysis of run directories: figures, CSV, HTML report"),
     "bench": ("hpcrl.commands.bench", "run a benchmark and print its table"),
     "info": ("hpcrl.commands.info", "versions, MPI library, devices, registered environments"),
-    "convert": ("hpcrl.commands.convert", "rewrite run directories' HDF5 files in HDF5 1.10's format (older readers)"),
+    "convert": ("hpcrl.commands.convert", "rewrite run directories' (or single) HDF5 files in HDF5 1.10's format (older readers)"),
 }
 
 

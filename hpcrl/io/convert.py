@@ -119,6 +119,8 @@ def convert_run(run_dir: str | Path) -> list[Path]:
     from hpcrl.io.run_lock import RunLock
 
     run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise RunFileError(f"{run_dir}: no such run directory or file")
     if not (run_dir / RUN_FILE).is_file():
         raise RunFileError(f"{run_dir}: not a run directory (no {RUN_FILE})")
     files = [run_dir / RUN_FILE, *trajectory_files(run_dir).values()]

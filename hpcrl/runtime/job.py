@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -19,7 +17,10 @@ from hpcrl.algos import make_algorithm
 from hpcrl.algos.base import Algorithm
 from hpcrl.config import RunConfig
 from hpcrl.io import TrajLayout
+from hpcrl.runtime.aaps import Probe
 from hpcrl.runtime.plan import Plan
+from hpcrl.runtime.progress import ProgressEmitter
+from hpcrl.runtime.protocols import Board, Counters, Fragments, Mailbox, Reports
 from hpcrl.runtime.sampler import EnvInfo
 from hpcrl.runtime.topology import Topology
 
@@ -40,20 +41,20 @@ class Job:
     model: nn.Module
     env: EnvInfo
     traj_layout: TrajLayout
-    counters: Any
-    """CounterWindow or LocalCounters: add, set, read, read_all (words in hpcrl.runtime.control)."""
-    mailbox: Any
-    """GradientMailbox or LocalMailbox: try_push, push, poll."""
-    board: Any
-    """WeightBoard or LocalBoard: publish, latest_version, read_latest, read_version, read_probe."""
-    reports: Any
-    """MpiReports or LocalReports: send(kind, message), drain(kind), close()."""
-    fragments: Any
-    """MpiFragments or LocalFragments: actor_link(actor), learner_link(group)."""
-    probe: Any = None
-    """AAPS probe (hpcrl.runtime.aaps.Probe) when actors.weight_sync is aaps."""
-    progress: Any = None
-    """ProgressEmitter on the parameter role, None elsewhere."""
+    counters: Counters
+    """CounterWindow or LocalCounters (words in hpcrl.runtime.control)."""
+    mailbox: Mailbox
+    """GradientMailbox or LocalMailbox."""
+    board: Board
+    """WeightBoard or LocalBoard."""
+    reports: Reports
+    """MpiReports or LocalReports."""
+    fragments: Fragments
+    """MpiFragments or LocalFragments."""
+    probe: Probe | None = None
+    """AAPS probe when actors.weight_sync is aaps."""
+    progress: ProgressEmitter | None = None
+    """On the parameter role, None elsewhere."""
     rolled_back: dict | None = None
     """--resume: what was cut from the record back to the checkpoint (rows per table, steps per actor)."""
     startup: dict = field(default_factory=dict)

@@ -50,6 +50,7 @@ for setting, expected in (("auto", max(1, cores - 2)), (None, cores)):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_the_head_gets_fewer_threads_while_local_workers_run_and_its_own_back_at_close(tmp_path):
     cores = usable_cores()
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}

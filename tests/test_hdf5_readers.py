@@ -105,6 +105,7 @@ def test_an_h5py_on_an_older_hdf5_reads_the_run(run_dir):
     assert tuple(seen["view"]) == policy_version.shape and seen["real"] == int((policy_version >= 0).sum())
 
 
+@pytest.mark.slow
 @needs_h5dump
 @pytest.mark.skipif(h5py.version.hdf5_version_tuple < (2, 0), reason="only HDF5 2.0 writes the format older "
                     "hpcrl runs have (libver='latest' under HDF5 2.0)")

@@ -5,7 +5,8 @@ default CartPole job, Hopper (hpcrl/configs/hopper.yaml, CleanRL's PPO) at 150K 
 MPE simple-spread with IPPO. At each mark the return is the mean of the last 20 episodes ended
 by then (hpcrl/bench/curves.py); a case passes when its mean over the seeds is at least the
 reference mean minus the band, ``max(2 x reference std over seeds, 5 % of |reference mean|)``, at
-every mark. A mean above the band is reported (time to refresh), not failed. Exit status: 0 when
+every mark (with 3 seeds a side, 2 std is about 2.5 standard errors of the difference of two means:
+the guard catches a real loss of learning, not a shift within the seeds' spread). A mean above the band is reported (time to refresh), not failed. Exit status: 0 when
 every case passes, 1 otherwise.
 
 The reference (hpcrl/bench/learning_reference.json) holds each case's settings, seeds, marks and
@@ -55,7 +56,8 @@ class Case:
 CASES = {
     "cartpole": Case("cartpole.yaml", "mpi", 40_000, (10_000, 20_000, 30_000, 40_000), ("stop.target_return=null",)),
     "hopper": Case("hopper.yaml", "serial", 150_000, (50_000, 100_000, 150_000)),
-    "mpe-spread": Case("mpe_spread_ippo.yaml", "serial", 144_000, (48_000, 96_000, 144_000), ("algo.policies=shared",)),
+    # 100 rounds: over fewer, IPPO's gain on simple-spread is within its seed spread (-38.8 random, -37.0 +- 1.8 at 144K)
+    "mpe-spread": Case("mpe_spread_ippo.yaml", "serial", 480_000, (160_000, 320_000, 480_000), ("algo.policies=shared",)),
 }
 
 

@@ -143,7 +143,7 @@ def validate(cfg: RunConfig) -> None:
             check_agent_count(cfg, info)  # a wrong count that divides the real one would pass silently
     plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
     if cfg.learners.allreduce == "horovod":
-        from hpcrl.runtime.horovod_reducer import horovod_available
+        from hpcrl.runtime.group_reduce import horovod_available
 
         if not horovod_available():
             raise ConfigError("learners.allreduce: horovod is not installed in this Python (docs/runtime.md shows "

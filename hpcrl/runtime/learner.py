@@ -31,7 +31,6 @@ length and the CPU it used (elastic_events). Only the seconds spent computing ar
 """
 from __future__ import annotations
 
-import socket
 import time
 
 import numpy as np
@@ -42,6 +41,7 @@ from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.cuda_graph import GraphedGradient
 from hpcrl.runtime.cycle_profile import CycleRecord
 from hpcrl.runtime.elastic import ACTION, REASON
+from hpcrl.runtime.group_reduce import make_reducer
 from hpcrl.runtime.push import PushAbandoned
 
 
@@ -471,65 +471,6 @@ class LearnerGroup:
 
     def close_on_error(self) -> None:
         pass
-
-
-def make_reducer(backend: str, group_comm, device: torch.device):
-    """The group's gradient averaging for ``learners.allreduce``: GroupReducer (auto) or HorovodReducer."""
-    if backend == "horovod":
-        from hpcrl.runtime.horovod_reducer import HorovodReducer
-
-        return HorovodReducer(group_comm, device)
-    return GroupReducer(group_comm, device)
-
-
-class GroupReducer:
-    """Average a flat gradient over the learner group: NCCL via torch.distributed for CUDA
-    tensors (one process group per learner group, rendezvous address sent by the group root
-    over MPI), else an MPI Allreduce on the CPU buffer. Returns a float32 numpy array.
-
-    NCCL refuses two ranks of one communicator on the same GPU, which happens when a node has
-    fewer GPUs than learner ranks (a laptop, one lent GPU): such a group averages over MPI."""
-
-    def __init__(self, group_comm, device: torch.device) -> None:
-        self.comm = group_comm
-        self.size = group_comm.Get_size()
-        self.nccl = (device.type == "cuda" and self.size > 1 and torch.distributed.is_available()
-                     and torch.distributed.is_nccl_available())
-        if self.nccl:
-            gpus = group_comm.allgather((socket.gethostname(), device.index))
-            if len(set(gpus)) < len(gpus):
-                self.nccl = False
-                if group_comm.Get_rank() == 0:
-                    print(f"hpcrl: learner group shares GPUs {sorted(set(gpus))} between {self.size} ranks; "
-                          "averaging gradients with MPI instead of NCCL", flush=True)
-        self._sum = None
-        if self.nccl:
-            addr = None
-            if group_comm.Get_rank() == 0:
-                with socket.socket() as s:
-                    s.bind(("", 0))
-                    addr = f"tcp://{socket.gethostbyname(socket.gethostname())}:{s.getsockname()[1]}"
-            addr = group_comm.bcast(addr, root=0)
-            torch.distributed.init_process_group("nccl", init_method=addr, rank=group_comm.Get_rank(),
-                                                 world_size=self.size)
-
-    def average(self, grad: torch.Tensor) -> np.ndarray:
-        if self.size == 1:
-            return grad.detach().cpu().numpy()
-        if self.nccl:
-            torch.distributed.all_reduce(grad)
-            return (grad / self.size).cpu().numpy()
-        from mpi4py import MPI
-
-        g = grad.detach().cpu().numpy()
-        if self._sum is None:
-            self._sum = np.empty_like(g)
-        self.comm.Allreduce(g, self._sum, op=MPI.SUM)
-        return self._sum / self.size
-
-    def close(self) -> None:
-        if self.nccl and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
 
 
 def minibatch_generator(seed: int, group: int) -> torch.Generator:

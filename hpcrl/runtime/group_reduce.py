@@ -1,0 +1,110 @@
+"""A learner group's gradient average: one function picks the backend, each backend two methods.
+
+``make_reducer(learners.allreduce, group_comm, device)`` returns an object with ``average(grad) ->
+float32 numpy`` (the group's mean gradient, on every rank of the group) and ``close()``:
+
+- :class:`GroupReducer` (``auto``): NCCL through torch.distributed for CUDA tensors (one process
+  group per learner group, its rendezvous address sent by the group root over MPI), else an MPI
+  Allreduce of the host buffer. NCCL refuses two ranks of one communicator on the same GPU (a node
+  with fewer GPUs than learner ranks): such a group averages over MPI.
+- :class:`HorovodReducer` (``horovod``): ``horovod.torch.allreduce(op=Average)`` with Horovod
+  initialised on the group's communicator (``hvd.init(comm=group_comm)``), so each group is a
+  Horovod world of its own and the parameter and actor ranks never join one. Horovod 0.28.1 (its
+  last release, 2023) compiles as C++14 and PyTorch 2.x headers need C++17: docs/runtime.md gives
+  the build.
+"""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import torch
+
+def make_reducer(backend: str, group_comm, device: torch.device):
+    """The group's gradient averaging for ``learners.allreduce``: GroupReducer (auto) or HorovodReducer."""
+    if backend == "horovod":
+        return HorovodReducer(group_comm, device)
+    return GroupReducer(group_comm, device)
+
+
+class GroupReducer:
+    """NCCL for CUDA tensors where every rank of the group has a GPU of its own, else MPI Allreduce."""
+
+    def __init__(self, group_comm, device: torch.device) -> None:
+        self.comm = group_comm
+        self.size = group_comm.Get_size()
+        self.nccl = (device.type == "cuda" and self.size > 1 and torch.distributed.is_available()
+                     and torch.distributed.is_nccl_available())
+        if self.nccl:
+            gpus = group_comm.allgather((socket.gethostname(), device.index))
+            if len(set(gpus)) < len(gpus):
+                self.nccl = False
+                if group_comm.Get_rank() == 0:
+                    print(f"hpcrl: learner group shares GPUs {sorted(set(gpus))} between {self.size} ranks; "
+                          "averaging gradients with MPI instead of NCCL", flush=True)
+        self._sum = None
+        if self.nccl:
+            addr = None
+            if group_comm.Get_rank() == 0:
+                with socket.socket() as s:
+                    s.bind(("", 0))
+                    addr = f"tcp://{socket.gethostbyname(socket.gethostname())}:{s.getsockname()[1]}"
+            addr = group_comm.bcast(addr, root=0)
+            torch.distributed.init_process_group("nccl", init_method=addr, rank=group_comm.Get_rank(),
+                                                 world_size=self.size)
+
+    def average(self, grad: torch.Tensor) -> np.ndarray:
+        if self.size == 1:
+            return grad.detach().cpu().numpy()
+        if self.nccl:
+            torch.distributed.all_reduce(grad)
+            return (grad / self.size).cpu().numpy()
+        from mpi4py import MPI
+
+        g = grad.detach().cpu().numpy()
+        if self._sum is None:
+            self._sum = np.empty_like(g)
+        self.comm.Allreduce(g, self._sum, op=MPI.SUM)
+        return self._sum / self.size
+
+    def close(self) -> None:
+        if self.nccl and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+TENSOR_NAME = "hpcrl.group_gradient"
+"""One name for every call: Horovod matches the ranks' tensors by name, and the calls are sequential."""
+
+
+def horovod_available() -> bool:
+    """True when ``horovod.torch`` can be found in this Python (without importing it)."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec("horovod") is not None and find_spec("horovod.torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class HorovodReducer:
+    """Average a flat gradient over one learner group with ``horovod.torch.allreduce(op=Average)``."""
+
+    def __init__(self, group_comm, device: torch.device) -> None:
+        import horovod.torch as hvd
+
+        hvd.init(comm=group_comm)
+        self.hvd = hvd
+        self.size = hvd.size()
+        # a CPU-only Horovod build reduces host tensors; one with NCCL takes CUDA tensors as they are
+        self.on_host = device.type != "cuda" or not hvd.nccl_built()
+
+    def average(self, grad: torch.Tensor) -> np.ndarray:
+        grad = grad.detach()
+        if self.size == 1:
+            return grad.cpu().numpy()
+        if self.on_host:
+            grad = grad.cpu()
+        return self.hvd.allreduce(grad, op=self.hvd.Average, name=TENSOR_NAME).cpu().numpy()
+
+    def close(self) -> None:
+        self.hvd.shutdown()

@@ -341,14 +341,14 @@ cmd_start() {
 }
 
 stop_pid() {  # pid name
-    local pid=$1 name=$2 i
+    local pid=$1 name=$2 i t0=$EPOCHREALTIME
     kill -TERM "$pid" 2>/dev/null || true
     for i in $(seq 100); do
         [[ -d /proc/$pid ]] || break
         sleep 0.1
     done
     [[ -d /proc/$pid ]] && kill -KILL "$pid" 2>/dev/null || true
-    log "stopped $name (pid $pid)"
+    log "stopped $name (pid $pid, $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}') s)"
 }
 
 stop_daemon() {  # pidfile program-name
@@ -371,7 +371,9 @@ cmd_stop() {
             done
         fi
     fi
-    for k in $(seq "${n:-0}"); do stop_daemon "$STATE/run/slurmd-node$k.pid" slurmd; done
+    # the nodes' slurmds together (each takes a second or two to go)
+    for k in $(seq "${n:-0}"); do stop_daemon "$STATE/run/slurmd-node$k.pid" slurmd & done
+    wait
     stop_daemon "$STATE/run/slurmctld.pid" slurmctld
     stop_daemon "$STATE/run/slurmdbd.pid" slurmdbd
     stop_daemon "$STATE/run/mariadb.pid" mariadbd

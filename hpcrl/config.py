@@ -1,25 +1,33 @@
 """One typed config tree for every hpcrl run, loaded from YAML.
 
 Each component receives its own section (``cfg.actors``, ``cfg.aggregation``...), never the
-whole tree. Derived sizes (rank count, per-group batch) are computed here and nowhere else.
-Every bad value becomes one :class:`hpcrl.errors.ConfigError` line naming the field.
+whole tree. Each algorithm's section is its own config class, next to the algorithm
+(:mod:`hpcrl.algos.registry` lists them); the sizes derived from the tree (round length, per-group
+batch) are the runtime's Plan (:mod:`hpcrl.runtime.plan`). Every bad value becomes one
+:class:`hpcrl.errors.ConfigError` line naming the field.
 """
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from hpcrl.algos.ha2c_config import HA2CConfig
+from hpcrl.algos.hddpg_config import HDDPGConfig
+from hpcrl.algos.impact_config import IMPACTConfig
+from hpcrl.algos.ppo_config import PPOConfig
+from hpcrl.algos.registry import ALGO_CONFIGS
+from hpcrl.config_base import AlgoSection, Section
 from hpcrl.errors import ConfigError
+from hpcrl.marl.config import IPPOConfig, IQLConfig, MAPPOConfig, VDNConfig
 
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, strict=True,
-                              allow_inf_nan=False)
+__all__ = ["RunConfig", "Section", "AlgoSection", "EnvConfig", "ModelConfig", "ActorsConfig", "LearnersConfig",
+           "AggregationConfig", "PPOConfig", "IMPACTConfig", "HA2CConfig", "HDDPGConfig", "IPPOConfig", "MAPPOConfig",
+           "IQLConfig", "VDNConfig", "IOConfig", "LaunchConfig", "StopConfig", "EvalConfig", "DebugConfig",
+           "build_config", "load_config", "ConfigError"]
 
 
 class EnvConfig(Section):
@@ -132,321 +140,9 @@ class AggregationConfig(Section):
     """softsync: gradients averaged into one step (None: the number of active learner groups)."""
 
 
-class AlgoSection(Section):
-    """Base of every algorithm's config: the facts it declares for the runtime's Plan (hpcrl.runtime.plan)."""
-
-    round_regime: ClassVar[str] = "fragment"
-    """batch: a round is algo.train_batch_size env steps, split over the learner groups; fragment: a round is one
-    fragment of every actor, and a learner group trains each fragment it gets."""
-
-    def instances_per_copy(self) -> int:
-        """Instances in one env copy (a fragment's steps are fragment_length x num_envs x this)."""
-        return 1
-
-    def routing(self) -> str:
-        """Where actors send fragments: own_group, every_group or postprocess_first (hpcrl.runtime.plan)."""
-        return "own_group"
-
-    def lr_schedule(self, horizon_steps: int):
-        """The rate rank 0 sets before each step (hpcrl.algos.schedules), or None: the optimiser's constant lr."""
-        return None
-
-    def reward_discount(self) -> float:
-        """The discount of the return whose std normalises rewards (env.normalize_reward)."""
-        return self.gamma
-
-
-class PPOConfig(AlgoSection):
-    name: Literal["ppo"] = "ppo"
-    """PPO with Stellaris' IS truncation (runs on the runtime's roles, either runner)."""
-    lr: float = Field(3e-4, gt=0)
-    """Base learning rate alpha_0 (Stellaris Eq. 4 scales it per gradient)."""
-    gamma: float = Field(0.99, gt=0, le=1)
-    """Discount factor."""
-    gae_lambda: float = Field(0.95, ge=0, le=1)
-    """GAE lambda."""
-    clip: float = Field(0.2, gt=0)
-    """Clip range of the PPO surrogate ratio (1 +- clip)."""
-    kl_coeff: float = Field(0.0, ge=0)
-    """Initial KL penalty coefficient; > 0 turns on RLlib's adaptive rule (x1.5 / x0.5 per round)."""
-    kl_target: float = Field(0.01, gt=0)
-    """Target KL for the adaptive coefficient."""
-    entropy_coeff: float = Field(0.0, ge=0)
-    """Weight of the entropy bonus."""
-    vf_coeff: float = Field(0.5, ge=0)
-    """Weight of the value loss."""
-    max_grad_norm: float = Field(0.5, gt=0)
-    """Each minibatch gradient is clipped to this global norm before it is pushed."""
-    normalize_advantages: bool = True
-    """Standardise advantages within each minibatch."""
-    vf_clip: float | None = Field(None, gt=0)
-    """Value clipping: the value loss takes the larger of the errors of V and of V clipped to within this of the acting policy's value (CleanRL's clip_vloss uses the surrogate's clip); null: plain squared error."""
-    train_batch_size: int = Field(4096, ge=1)
-    """Environment steps that make one round (Stellaris/RLlib training iteration)."""
-    minibatch_size: int = Field(512, ge=1)
-    """Rows per minibatch; one gradient push each."""
-    num_sgd_iter: int = Field(4, ge=1)
-    """Passes over each learner batch."""
-    optimizer: Literal["adam", "sgd"] = "adam"
-    """Optimizer on the parameter rank."""
-    lr_anneal: bool = False
-    """Anneal the learning rate linearly from lr to 0 over lr_anneal_steps (CleanRL's PPO); the parameter rank sets it before each step from the env steps the learners have consumed."""
-    lr_anneal_steps: int | None = Field(None, ge=1)
-    """Env steps over which lr_anneal takes the rate to 0; null: the run's stop.total_env_steps, written into the run's config.yaml, so a resume that changes the budget keeps the schedule."""
-
-    round_regime: ClassVar[str] = "batch"
-
-    def lr_schedule(self, horizon_steps: int):
-        from hpcrl.algos.schedules import LinearAnneal
-
-        return LinearAnneal(self.lr, self.lr_anneal_steps or horizon_steps) if self.lr_anneal else None
-
-
-class HA2CConfig(AlgoSection):
-    """Seed 003, Algorithm 1: A2C over N batched environments, one update per rollout."""
-
-    name: Literal["ha2c"] = "ha2c"
-    """HA2C (batched envs, one process, learners.device)."""
-    lr: float = Field(1e-3, gt=0)
-    """Adam learning rate."""
-    gamma: float = Field(0.99, gt=0, le=1)
-    """Discount factor."""
-    gae_lambda: float = Field(0.95, ge=0, le=1)
-    """GAE lambda (1: the discounted returns of Algorithm 1)."""
-    entropy_coeff: float = Field(0.01, ge=0)
-    """Weight of the entropy bonus."""
-    vf_coeff: float = Field(0.5, ge=0)
-    """Weight of the value loss."""
-    max_grad_norm: float = Field(0.5, gt=0)
-    """Gradient norm clip."""
-    normalize_advantages: bool = True
-    """Scale the batch's advantages to zero mean and unit variance before the policy gradient."""
-    stats_every: int = Field(10, ge=1)
-    """Fused loop: iterations between fetches of episode statistics and losses from the device (none in between)."""
-
-
-class HDDPGConfig(AlgoSection):
-    """Seed 003, Algorithm 2: DDPG on an on-policy FIFO buffer, n-step returns, no replay."""
-
-    name: Literal["hddpg"] = "hddpg"
-    """HDDPG (batched envs, one process, learners.device)."""
-    n_step: int = Field(4, ge=1)
-    """n of the n-step returns."""
-    actor_lr: float = Field(1e-3, gt=0)
-    """Adam learning rate of the actor mu."""
-    critic_lr: float = Field(1e-3, gt=0)
-    """Adam learning rate of the critic Q."""
-    gamma: float = Field(0.99, gt=0, le=1)
-    """Discount factor."""
-    tau: float = Field(0.005, gt=0, le=1)
-    """Soft target update rate."""
-    exploration_noise: float = Field(0.1, ge=0)
-    """Gaussian action noise, as a fraction of half the action range."""
-    buffer_rollouts: int = Field(2, ge=1)
-    """Fragments held in the fused loop's FIFO buffer (current policy's data only); on the roles each
-    fragment is trained on once."""
-    minibatch_envs: int | None = Field(None, ge=1)
-    """Instances whose buffered steps make one update (drawn at random each time); None: all of them."""
-    critic_hidden_sizes: list[Annotated[int, Field(ge=1)]] | None = None
-    """Hidden widths of the critic Q(s, a) (None: model.hidden_sizes); the actor uses model.hidden_sizes."""
-    stats_every: int = Field(10, ge=1)
-    """Fused loop: iterations between fetches of episode statistics and losses from the device (none in between)."""
-
-
-class IMPACTConfig(AlgoSection):
-    """IMPACT (Luo et al. 2020) as Stellaris trains it; defaults from Stellaris Table III. One learner batch is
-    one actor fragment (reused num_sgd_iter times); a round is one fragment of every actor."""
-
-    name: Literal["impact"] = "impact"
-    """IMPACT: V-trace targets, a target network, a clipped surrogate against it (runs on the roles, either runner)."""
-    lr: float = Field(5e-4, gt=0)
-    """Base learning rate alpha_0 (Stellaris Eq. 4 scales it per gradient)."""
-    gamma: float = Field(0.99, gt=0, le=1)
-    """Discount factor."""
-    clip: float = Field(0.4, gt=0)
-    """Clip range of the ratio pi / pi_target in the surrogate (1 +- clip)."""
-    kl_coeff: float = Field(1.0, ge=0)
-    """Initial weight of KL(pi_target || pi); > 0 turns on RLlib's adaptive rule (x1.5 / x0.5 per round)."""
-    kl_target: float = Field(0.01, gt=0)
-    """Target KL for the adaptive coefficient."""
-    entropy_coeff: float = Field(0.01, ge=0)
-    """Weight of the entropy bonus."""
-    vf_coeff: float = Field(1.0, ge=0)
-    """Weight of the value loss (V-trace targets)."""
-    target_update_frequency: int = Field(1, ge=1)
-    """Rounds between copies of the policy into the target network."""
-    vtrace_rho_bar: float = Field(1.0, gt=0)
-    """V-trace truncation of pi_target / mu in the value targets and the policy-gradient advantages."""
-    vtrace_c_bar: float = Field(1.0, gt=0)
-    """V-trace truncation of the trace coefficients c."""
-    max_grad_norm: float = Field(40.0, gt=0)
-    """Each minibatch gradient is clipped to this global norm before it is pushed (RLlib IMPALA's grad_clip)."""
-    normalize_advantages: bool = False
-    """Standardise the V-trace advantages within each minibatch."""
-    minibatch_size: int = Field(512, ge=1)
-    """Rows per minibatch of a learner batch (a whole fragment when larger); one gradient push each."""
-    num_sgd_iter: int = Field(2, ge=1)
-    """Passes over each learner batch (IMPACT's circular-buffer reuse)."""
-    optimizer: Literal["adam", "sgd"] = "adam"
-    """Optimizer on the parameter rank."""
-
-
-class MARLSharingFields(Section):
-    """Dynamic learner sharing (MARLess section 4.3; hpcrl.marl.sharing_rank): the agent -> policy map
-    changes when the agents' rewards stop rising; each change is a row of run.h5's policy_map table."""
-
-    sharing: bool = False
-    """Toggle learner sharing during the run (starts from ``policies``; the model holds one slot per agent)."""
-    sharing_window: int = Field(10, ge=2)
-    """W: the tolerant window, in rounds of per-agent mean episodic returns (4.3.1)."""
-    sharing_gamma: float = 0.1
-    """Toggle when the window is full and the slope of the min-max normalised global reward is below this
-    (a linear rise over the window has slope 1 / (W - 1); the seed uses 0.1 for MPE)."""
-    sharing_samples_per_agent: int = Field(128, ge=3)
-    """(observation, action) rows per agent a learner reports per batch for the KDE similarity (4.3.2)."""
-    sharing_components: int = Field(3, ge=1)
-    """PCA components the samples are compressed to before the KDE (4.3.2)."""
-    sharing_lanczos_steps: int = Field(20, ge=2)
-    """Lanczos steps on Hessian-vector products for a policy's convexity ratio (4.3.4, Eq. 1)."""
-
-
-class MARLScalingFields(Section):
-    """Cost-aware actor scaling (MARLess section 4.4, Eq. 2; hpcrl.marl.scaling_rank): each round the
-    parameter rank turns every policy's window of convexity ratios into an actor demand and sets how many
-    actor ranks sample the next round; the others park (block, uncharged). Rows in run.h5's actor_scaling."""
-
-    actor_scaling: bool = False
-    """Scale the active actor ranks each round (the window is sharing_window rounds, as the seed reuses it)."""
-    actor_scaling_beta: float = Field(0.5, gt=0, le=1)
-    """beta of Eq. 2: the total is the largest policy demand when the average demand >= beta (I_max - I_min),
-    else the average (the seed uses 0.5)."""
-    actor_scaling_max: int | None = Field(None, ge=1)
-    """I_max, the most active actors (default and upper bound: actors.count; the seed uses 50)."""
-    actor_scaling_min: int | None = Field(None, ge=1)
-    """I_min, the fewest active actors (default: I_max / agents rounded up, as the seed's section 6.1)."""
-
-
-class MARLAgents(AlgoSection):
-    """What every MARL algorithm's config declares for the Plan: an env copy's agents are its instances, and
-    policy (and post-processing) learners route the fragments."""
-
-    def instances_per_copy(self) -> int:
-        return self.agents
-
-    def routing(self) -> str:
-        if not getattr(self, "policy_learners", False):
-            return "own_group"
-        return "postprocess_first" if getattr(self, "postprocess_learner", False) else "every_group"
-
-
-class MARLPPOFields(MARLAgents):
-    """MARLess' actor-critic learners (seed 001, section 6.2.1): PPO per policy with GAE and the clipped
-    surrogate; the policies of the agents are the sub-networks of one model (hpcrl.marl.model)."""
-
-    round_regime: ClassVar[str] = "batch"
-
-    agents: int = Field(ge=1)
-    """Agents per env copy (must equal the env's number of agents; instance k * agents + j is agent j)."""
-    policies: Literal["per_agent", "shared"] = "per_agent"
-    """per_agent: one policy (and critic) per agent; shared: one for all (parameter sharing)."""
-    lr: float = Field(5e-4, gt=0)
-    """Adam learning rate (fixed, as MARLess)."""
-    gamma: float = Field(0.99, gt=0, le=1)
-    """Discount factor."""
-    gae_lambda: float = Field(0.95, ge=0, le=1)
-    """GAE lambda."""
-    clip: float = Field(0.2, gt=0)
-    """Clip range of the surrogate ratio (1 +- clip)."""
-    entropy_coeff: float = Field(0.01, ge=0)
-    """Weight of the entropy bonus."""
-    vf_coeff: float = Field(0.5, ge=0)
-    """Weight of the value loss."""
-    max_grad_norm: float = Field(0.5, gt=0)
-    """Each minibatch gradient is clipped to this global norm before it is pushed."""
-    normalize_advantages: bool = True
-    """Standardise advantages within each minibatch."""
-    train_batch_size: int = Field(4800, ge=1)
-    """Agent steps (all agents' instances) that make one round."""
-    minibatch_size: int = Field(1200, ge=1)
-    """Rows (agent steps) per minibatch; one gradient push each."""
-    num_sgd_iter: int = Field(4, ge=1)
-    """Passes over each learner batch."""
-    policy_learners: bool = False
-    """MARLess' policy learners (section 4.2): learner group g trains only the policies assigned to it (the
-    distinct policies of the current agent -> policy map, the k-th to group k mod active) on every fragment,
-    which actors send to every active group; one group per policy is active (at most learners.groups), so
-    the groups that merged policies no longer fill park, and their time is not charged. Needs
-    learners.groups >= 2 and sets the active groups itself (no elastic rule)."""
-    critic_learners: bool = False
-    """With policy_learners: each policy's critic trains in a critic learner group of its own (MARLess'
-    critic learners): half of the active groups (the odd one to policies) train policy networks, the others
-    critics, each kind dealt out in turn; one group per policy network and per critic is active."""
-    postprocess_learner: bool = False
-    """With policy_learners: learner group 0 is MARLess' post-processing learner (section 4.2): actors send
-    every fragment to it alone, it computes the batch's returns and advantages (MAPPO: the critics' joint
-    observations too) with the newest weights and sends the prepared batch to every active policy and
-    critic group (groups 1...), which train on it. It computes no gradient; its seconds are charged as a
-    learner's. Needs learners.groups >= 2."""
-
-
-class IPPOConfig(MARLScalingFields, MARLSharingFields, MARLPPOFields):
-    name: Literal["ippo"] = "ippo"
-    """IPPO: independent PPO learners, each critic sees its agent's observation."""
-
-
-class MAPPOConfig(MARLScalingFields, MARLSharingFields, MARLPPOFields):
-    name: Literal["mappo"] = "mappo"
-    """MAPPO: PPO policies with centralised critics over the joint observation of the env copy (+ agent id)."""
-
-
-class MARLQFields(MARLAgents):
-    """MARLess' value-based learners (seed 001, section 6.2.1): DQN per policy with a replay buffer on the
-    learner side, target networks in the published weights and an epsilon-greedy schedule."""
-
-    agents: int = Field(ge=1)
-    """Agents per env copy (must equal the env's number of agents; instance k * agents + j is agent j)."""
-    policies: Literal["per_agent", "shared"] = "per_agent"
-    """per_agent: one Q-network per agent; shared: one for all (parameter sharing)."""
-    lr: float = Field(5e-4, gt=0)
-    """Adam learning rate (fixed, as MARLess)."""
-    gamma: float = Field(0.99, gt=0, le=1)
-    """Discount factor."""
-    buffer_size: int = Field(50_000, ge=1)
-    """Replay capacity of each learner group, in joint transitions (one env copy, one step)."""
-    batch_size: int = Field(128, ge=1)
-    """Joint transitions per minibatch."""
-    updates_per_fragment: int = Field(4, ge=1)
-    """Minibatches (gradient pushes) drawn from the replay buffer for each fragment received."""
-    policy_learners: bool = False
-    """IQL only: MARLess' policy learners (section 4.2): learner group g takes the TD errors of the agents
-    whose policies are assigned to it (the k-th distinct policy of the map to group k mod active); every
-    active group keeps every fragment in its replay; one group per policy is active, so the groups left
-    without one park. Needs learners.groups >= 2 (VDN's team TD error couples every agent: refused)."""
-    target_tau: float = Field(0.01, gt=0, le=1)
-    """Soft update of the target networks after each applied gradient (theta' <- tau theta + (1 - tau) theta')."""
-    epsilon_start: float = Field(1.0, ge=0, le=1)
-    """Exploration rate at round 0."""
-    epsilon_end: float = Field(0.05, ge=0, le=1)
-    """Exploration rate after epsilon_decay_rounds rounds."""
-    epsilon_decay_rounds: int = Field(50, ge=1)
-    """Rounds of the linear decay from epsilon_start to epsilon_end."""
-    max_grad_norm: float = Field(10.0, gt=0)
-    """Each minibatch gradient is clipped to this global norm before it is pushed."""
-
-
-class IQLConfig(MARLScalingFields, MARLSharingFields, MARLQFields):
-    name: Literal["iql"] = "iql"
-    """IQL: independent DQN learners (each agent's own reward and TD loss)."""
-
-
-class VDNConfig(MARLScalingFields, MARLSharingFields, MARLQFields):
-    name: Literal["vdn"] = "vdn"
-    """VDN: Q_tot = sum of the agents' Q-values, one TD loss on the team reward (cooperative envs only)."""
-
-
-ALGO_CONFIGS = (PPOConfig, HA2CConfig, HDDPGConfig, IMPACTConfig, IPPOConfig, MAPPOConfig, IQLConfig, VDNConfig)
 ALGO_NAMES = tuple(c.model_fields["name"].default for c in ALGO_CONFIGS)
 AlgoConfig = Annotated[Union[ALGO_CONFIGS], Field(discriminator="name")]
+"""The algo section: one of the registered algorithms' configs, chosen by its ``name``."""
 
 
 class IOConfig(Section):
@@ -596,37 +292,7 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _ppo_batch_sizes(self) -> "RunConfig":
-        if self.algo.name == "vdn":
-            from hpcrl.envs.mpe import COMPETITIVE
-
-            if self.env.id in COMPETITIVE:
-                raise ValueError(f"algo.name: vdn needs a cooperative env; {self.env.id} is competitive "
-                                 "(adversary vs agents); use iql, ippo or mappo")
-        if getattr(self.algo, "actor_scaling", False):
-            lo, hi = self.actor_scaling_range
-            if lo > hi:
-                raise ValueError(f"algo.actor_scaling_min={lo} exceeds I_max={hi} (algo.actor_scaling_max, at most "
-                                 f"actors.count={self.actors.count})")
-        if getattr(self.algo, "policy_learners", False):
-            if self.algo.name == "vdn":
-                raise ValueError("algo.policy_learners: vdn's team TD error couples every agent's Q-value, so one "
-                                 "learner must see them all; use iql, ippo or mappo")
-            if self.learners.groups < 2:
-                raise ValueError("algo.policy_learners: needs learners.groups >= 2 (one group per policy); "
-                                 f"got learners.groups={self.learners.groups}")
-            if self.actors.on_policy:
-                raise ValueError("algo.policy_learners: actors.on_policy is not supported with it; set actors.on_policy=false")
-            if getattr(self.algo, "postprocess_learner", False):  # (groups >= 2 is checked above)
-                if self.aggregation.policy == "ssp":
-                    raise ValueError("algo.postprocess_learner: aggregation.policy ssp keeps a clock per learner group "
-                                     "and the post-processing group pushes no gradient; use sync, stellaris, "
-                                     "stellaris_code, pure_async or softsync")
-        elif getattr(self.algo, "postprocess_learner", False):
-            raise ValueError("algo.postprocess_learner: needs algo.policy_learners=true (the post-processing learner "
-                             "feeds policy and critic learner groups)")
-        elif getattr(self.algo, "critic_learners", False):
-            raise ValueError("algo.critic_learners: needs algo.policy_learners=true (critic learners are policy learners' "
-                             "other half)")
+        self.algo.check_run(self)
         if self.algo.round_regime != "batch":
             return self
         from hpcrl.runtime.plan import make_plan
@@ -641,15 +307,6 @@ class RunConfig(Section):
                 f"algo.minibatch_size={self.algo.minibatch_size} is smaller than learners.ranks_per_group="
                 f"{self.learners.ranks_per_group} (each learner rank needs a share)")
         return self
-
-    @property
-    def actor_scaling_range(self) -> tuple[int, int]:
-        """(I_min, I_max) of MARL actor scaling: I_max = algo.actor_scaling_max capped at actors.count (default
-        actors.count), I_min = algo.actor_scaling_min (default I_max / agents rounded up, MARLess section 6.1)."""
-        from hpcrl.marl.actor_scaling import scaling_bounds
-
-        return scaling_bounds(self.algo.actor_scaling_max, self.algo.actor_scaling_min, self.actors.count,
-                              self.algo.agents)
 
     @property
     def uses_mpi(self) -> bool:

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from hpcrl import config as c
 
-ALGOS = (c.PPOConfig, c.IMPACTConfig, c.HA2CConfig, c.HDDPGConfig, c.IPPOConfig, c.MAPPOConfig, c.IQLConfig, c.VDNConfig)
+ALGOS = c.ALGO_CONFIGS  # the registry's order (hpcrl.algos.registry)
 
 
 def _type(annotation) -> str:

@@ -43,8 +43,8 @@ def _no_fragment_while_parked(h5: Path) -> None:
 def test_i_max_is_capped_at_the_actor_count_and_i_min_above_it_is_refused():
     base = {"env": {"id": "hpcrl/MPESimpleSpread-v3", "kwargs": {"N": 6}}, "actors": {"count": 4},
             "algo": {"name": "ippo", "agents": 6, "actor_scaling": True}}
-    assert build_config(base).actor_scaling_range == (1, 4)  # I_min = ceil(4 / 6)
-    assert build_config({**base, "algo": {**base["algo"], "actor_scaling_max": 50}}).actor_scaling_range == (1, 4)
+    assert build_config(base).algo.actor_scaling_range(4) == (1, 4)  # I_min = ceil(4 / 6)
+    assert build_config({**base, "algo": {**base["algo"], "actor_scaling_max": 50}}).algo.actor_scaling_range(4) == (1, 4)
     with pytest.raises(ConfigError, match="algo.actor_scaling_min=5 exceeds I_max=4"):
         build_config({**base, "algo": {**base["algo"], "actor_scaling_min": 5}})
 

@@ -1,8 +1,6 @@
 """The fused single-device loop (seed 003): :mod:`hpcrl.batched.runner`; :func:`fuses` says when it runs."""
 from __future__ import annotations
 
-FUSED_ALGOS = ("ha2c", "hddpg")
-
 
 def fuses(cfg) -> bool:
     """True when the serial runner fuses the roles into one device loop: algo ha2c or hddpg on a batched
@@ -11,6 +9,6 @@ def fuses(cfg) -> bool:
     from hpcrl.envs import registry
 
     spec = registry.spec(cfg.env.id)
-    return (cfg.launch.runner == "serial" and cfg.algo.name in FUSED_ALGOS and spec is not None
+    return (cfg.launch.runner == "serial" and cfg.algo.fused_loop and spec is not None
             and spec.kind == "batched" and cfg.actors.count == 1 and cfg.learners.groups == 1
             and cfg.eval.episodes == 0)

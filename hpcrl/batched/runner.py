@@ -27,7 +27,6 @@ import torch
 from hpcrl.algos import make_algorithm
 from hpcrl.algos.ha2c import no_argument_checks
 from hpcrl.algos.rollout import EpisodeLog, Rollout, collect
-from hpcrl.batched import FUSED_ALGOS
 from hpcrl.config import RunConfig
 from hpcrl.envs import registry
 from hpcrl.envs.classic.base import resolve_device
@@ -87,8 +86,11 @@ class FusedLoop:
 def check_config(cfg: RunConfig) -> None:
     """Raise ConfigError for what run_batched would reject (device, env id and kwargs, algo vs action space),
     using a one-instance env on the CPU: nothing is written or allocated on the device."""
-    if cfg.algo.name not in FUSED_ALGOS:
-        raise ConfigError(f"algo.name: the fused loop runs {', '.join(FUSED_ALGOS)}, got {cfg.algo.name!r}")
+    if not cfg.algo.fused_loop:
+        from hpcrl.algos.registry import ALGORITHMS
+
+        fused = [name for name, e in ALGORITHMS.items() if e.config.fused_loop]
+        raise ConfigError(f"algo.name: the fused loop runs {', '.join(fused)}, got {cfg.algo.name!r}")
     resolve_device(cfg.learners.device)
     cpu = torch.device("cpu")
     env = make_env(cfg, cpu, num_envs=1)

@@ -1,0 +1,41 @@
+"""The base classes of every config section, apart from the tree (:mod:`hpcrl.config`) so that each
+algorithm's config can live next to its algorithm without an import cycle."""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, strict=True,
+                              allow_inf_nan=False)
+
+
+class AlgoSection(Section):
+    """Base of every algorithm's config: the facts it declares for the runtime's Plan (hpcrl.runtime.plan)."""
+
+    round_regime: ClassVar[str] = "fragment"
+    """batch: a round is algo.train_batch_size env steps, split over the learner groups; fragment: a round is one
+    fragment of every actor, and a learner group trains each fragment it gets."""
+    fused_loop: ClassVar[bool] = False
+    """The serial runner may fuse the roles into one device loop for it (hpcrl.batched: HA2C, HDDPG)."""
+
+    def instances_per_copy(self) -> int:
+        """Instances in one env copy (a fragment's steps are fragment_length x num_envs x this)."""
+        return 1
+
+    def routing(self) -> str:
+        """Where actors send fragments: own_group, every_group or postprocess_first (hpcrl.runtime.plan)."""
+        return "own_group"
+
+    def lr_schedule(self, horizon_steps: int):
+        """The rate rank 0 sets before each step (hpcrl.algos.schedules), or None: the optimiser's constant lr."""
+        return None
+
+    def reward_discount(self) -> float:
+        """The discount of the return whose std normalises rewards (env.normalize_reward)."""
+        return self.gamma
+
+    def check_run(self, run: Any) -> None:
+        """Raise ValueError (one line) for a combination with the rest of the run this algorithm cannot train."""

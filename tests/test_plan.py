@@ -73,3 +73,13 @@ def test_the_lr_anneal_horizon_is_fixed_when_the_run_is_made():
     assert cfg.algo.lr_anneal_steps == 5000  # written into the run's config.yaml
     resumed = build_config(yaml.safe_load(cfg.to_yaml()), ["stop.total_env_steps=9000"])  # a resume with a new budget
     assert resumed.algo.lr_anneal_steps == 5000 and make_plan(resumed).lr_schedule.horizon == 5000
+
+
+def test_a_config_that_leaves_the_fused_loop_says_why():
+    from hpcrl.batched import fuses, why_not_fused
+
+    cfg = load_config(CONFIGS / "cartpole_ha2c.yaml")
+    assert fuses(cfg) and why_not_fused(cfg) == ""
+    evaluating = load_config(CONFIGS / "cartpole_ha2c.yaml", ["eval.episodes=5"])
+    assert not fuses(evaluating) and why_not_fused(evaluating).startswith("eval.episodes=5: the fused loop has no actor")
+    assert why_not_fused(load_config(CONFIGS / "cartpole_ha2c.yaml", ["launch.runner=mpi"])) == "launch.runner=mpi"

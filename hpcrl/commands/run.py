@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from hpcrl import launch
-from hpcrl.batched import fuses
+from hpcrl.batched import fuses, why_not_fused
 from hpcrl.config import RunConfig, load_config
 from hpcrl.errors import ConfigError
 from hpcrl.io.run_lock import RunLock
@@ -214,6 +214,8 @@ def main(args: argparse.Namespace) -> int:
             print("hpcrl run: no CONFIG given: the default job, hpcrl/configs/cartpole.yaml", flush=True)
         if fuses(cfg):
             return run_in_process(cfg)
+        if cfg.algo.fused_loop:  # never left silently: say why the roles run it
+            print(f"hpcrl run: {cfg.algo.name} runs on the roles, not the fused loop: {why_not_fused(cfg)}", flush=True)
         mpiexec = launch.find_mpiexec(cfg.launch) if cfg.uses_mpi else None
         if run_dir is None:
             run_dir = create_run_dir(cfg)

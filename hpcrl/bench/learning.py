@@ -133,9 +133,10 @@ def main(argv: list[str]) -> int:
         for name in names:
             print(f"{name}: {len(seeds)} seeds ...", flush=True)
             case = CASES[name]
-            reference["cases"][name] = {**asdict(case), "seeds": seeds, **run_case(name, case, seeds, out, args.jobs)}
-        reference.update({"machine": machine(), "date": datetime.date.today().isoformat(),
-                          "command": "hpcrl bench learning --refresh --seeds {} --cases {}".format(args.seeds, ",".join(names))})
+            reference["cases"][name] = {**asdict(case), "seeds": seeds, **run_case(name, case, seeds, out, args.jobs),
+                                        "refreshed": {"date": datetime.date.today().isoformat(), "machine": machine(),
+                                                      "command": f"hpcrl bench learning --refresh --seeds {args.seeds} "
+                                                                 f"--cases {','.join(names)}"}}
         ref_path.write_text(json.dumps(reference, indent=1) + "\n")
         print(f"reference written: {ref_path}")
         for name in names:
@@ -144,10 +145,12 @@ def main(argv: list[str]) -> int:
     missing = [n for n in names if n not in reference["cases"]]
     if missing:
         p.error(f"the reference {ref_path} has no case {', '.join(missing)}; make it with --refresh")
-    print(f"reference: {reference['machine']}, {reference['date']} ({reference['command']}); runs in {out}")
+    print(f"reference: {ref_path}; runs in {out}")
     ok = True
     for name in names:
         ref = reference["cases"][name]
+        made = ref.get("refreshed", {})
+        print(f"\n{name}: reference made {made.get('date', '?')} on {made.get('machine', '?')}")
         case = Case(ref["config"], ref["runner"], ref["steps"], tuple(ref["marks"]), tuple(ref["overrides"]))
         try:
             now = run_case(name, case, ref["seeds"], out, args.jobs)

@@ -106,7 +106,8 @@ def test_default_job_on_two_nodes(cluster, tmp_path):
     # the record is whole: run.h5 closed cleanly, its trajectory view holds every actor's steps
     assert not is_truncated(run_dir / "run.h5") and not writer_has_open(run_dir / "run.h5")
     view = read_trajectories(run_dir / "run.h5", ["policy_version"])["policy_version"]
-    assert view.shape[0] == len(actors) and int((view >= 0).sum()) == sum(steps.values()) >= STEPS
+    assert view.shape[0] == len(actors), (view.shape, actors)
+    assert int((view >= 0).sum()) == sum(steps.values()) >= STEPS, (int((view >= 0).sum()), steps)
     assert len(read_table(run_dir / "run.h5", "episodes")["return"]) > 0
 
     # MPI crossed the bridge: actors on another node than the learner sent their fragments over it, and

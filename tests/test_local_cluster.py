@@ -19,7 +19,7 @@ import pytest
 from slurm_fixture import slurm  # noqa: F401 - the session fixture
 
 from hpcrl.io import read_table, read_trajectories, read_trajectory, traj_filename
-from hpcrl.io.readers import read_trajectory_steps
+from hpcrl.io.readers import read_row_counts, read_trajectory_steps
 from hpcrl.io.recovery import is_truncated, writer_has_open
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,11 +135,13 @@ def test_default_job_on_two_nodes(cluster, tmp_path):
     node_seconds = 2 * int(rows[job_id]["ElapsedRaw"])
     assert 0 < node_seconds <= 2 * (wall + 5), (rows, wall)
 
-    # hpcrl analyze reads the record written from two nodes
+    # hpcrl analyze reads the record written from two nodes: every episode, and the updates
     out = hpcrl("analyze", str(run_dir), "--out", str(tmp_path / "analysis"), "--no-html", timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = (tmp_path / "analysis" / "summary.md").read_text()
-    assert f"| env steps | {sum(steps.values()):,} |" in summary, summary[:1500]
+    counts = read_row_counts(run_dir / "run.h5")
+    assert f"| episodes | {counts['episodes']:,} |" in summary, summary[:1500]
+    assert f"| updates | {counts['updates']:,} |" in summary and counts["updates"] > 0, summary[:1500]
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -30,7 +30,6 @@ import json
 import math
 import signal
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +37,15 @@ import numpy as np
 
 from hpcrl.io import RunFile
 from hpcrl.io.rollback import record_counts
-from hpcrl.io.schema import GRADIENT_REASONS, RUN_FILE, TRAJ_DIR
+from hpcrl.io.schema import RUN_FILE, TRAJ_DIR
 from hpcrl.runtime import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime import elastic
-from hpcrl.runtime.rows import RowBuffer
+from hpcrl.runtime.run_record import RunRecord
 from hpcrl.runtime.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, make_policy
-
-REASON = {name: i for i, name in enumerate(GRADIENT_REASONS)}
-
 
 class StopSignal:
     """SIGTERM / SIGUSR1 set a flag that the loop reads (checkpoint, then a clean stop). A signal that
@@ -83,10 +79,7 @@ class ParameterRank:
         self.round = 0
         self.consumed = 0  # env steps the learners trained on
         self.env_steps_start = 0  # env steps before this (resumed) job
-        self.episodes = 0
-        self.updates = 0
-        self.gradients = 0
-        self.admitted = 0
+        self._counts = {"episodes": 0, "updates": 0, "gradients": 0, "admitted": 0}  # a resume sets them
         self.stop_rule = StopRule(self.cfg.stop)
         self.seq_next = [0] * G
         self.fragment_next = [0] * self.cfg.actors.count  # each actor's next fragment number (kept on resume)
@@ -109,18 +102,13 @@ class ParameterRank:
         # RMA against this rank's windows progresses only while it is inside MPI (MPICH/UCX
         # active messages), so its idle naps stay short: a learner's push waits for them.
         self.backoff = Backoff(2e-5, 2e-4)
-        self._round_stats = self._new_round_stats()
-        self._staleness_recent: deque[int] = deque(maxlen=64)
-        self.run_file = self._open_run_file()
-        self.rows = RowBuffer(self.run_file)  # the frequent rows, appended a table at a time
+        self.record = RunRecord(self._open_run_file(), self.stop_rule, **self._counts)
         self.t0 = time.monotonic()
-        self._round_t0 = self.run_file.now()
-        self._last_ckpt_update = self.updates
+        self._last_ckpt_update = self.record.updates
         self._last_ckpt_time = time.monotonic()
         self._next_elastic = 0.0
         self.clock = PhaseClock(PARAMETER_PHASES)  # where this rank's time goes (parameter_load)
         self.lap = self.clock.lap
-        self._load_counts = (self.gradients, self.admitted, self.updates)
 
     @property
     def optimizer(self):
@@ -163,7 +151,7 @@ class ParameterRank:
 
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.main)."""
-        return {"start_unix": self.run_file.start_unix, "version": self.version, "seq_next": list(self.seq_next),
+        return {"start_unix": self.record.file.start_unix, "version": self.version, "seq_next": list(self.seq_next),
                 "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers)}
 
     def publish_initial(self) -> None:
@@ -182,8 +170,8 @@ class ParameterRank:
             "admission_policy": self.policy,
             "algo_state": self.algo.parameter_state(),
             "version": self.version, "round": self.round, "consumed": self.consumed,
-            "env_steps": self.env_steps(), "episodes": self.episodes, "updates": self.updates,
-            "gradients": self.gradients, "admitted": self.admitted, "returns": list(self.stop_rule.returns),
+            "env_steps": self.env_steps(), "episodes": self.record.episodes, "updates": self.record.updates,
+            "gradients": self.record.gradients, "admitted": self.record.admitted, "returns": list(self.stop_rule.returns),
             "seq_next": list(self.seq_next), "active": self.active,
             # received, counted in seq_next and consumed, not yet admitted: without them a resume
             # would leave a gap in their group's sequence numbers
@@ -192,7 +180,7 @@ class ParameterRank:
             "wall_seconds": self.wall_before + time.monotonic() - self.t0,
             "rng": rng_state(), "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
-            "record": record_counts(self.job.run_dir, run_file=self.run_file),
+            "record": record_counts(self.job.run_dir, run_file=self.record.file),
         }
 
     def _restore(self, s: dict[str, Any]) -> None:
@@ -208,8 +196,7 @@ class ParameterRank:
         saved = list(s.get("normalizers", []))[:self.cfg.actors.count]  # an actor added by the resume starts from
         self.normalizers = [saved[i] if i < len(saved) else saved[i % len(saved)] if saved else None  # another's
                             for i in range(self.cfg.actors.count)]
-        self.episodes, self.updates = s["episodes"], s["updates"]
-        self.gradients, self.admitted = s["gradients"], s["admitted"]
+        self._counts = {k: s[k] for k in ("episodes", "updates", "gradients", "admitted")}
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
@@ -221,10 +208,9 @@ class ParameterRank:
         restore_rng(s["rng"])
 
     def checkpoint(self) -> Path:
-        self.rows.flush()
-        self.run_file.flush()
+        self.record.flush()
         path = save_checkpoint(self.job.run_dir, self.state())
-        self._last_ckpt_update = self.updates
+        self._last_ckpt_update = self.record.updates
         self._last_ckpt_time = time.monotonic()
         return path
 
@@ -249,12 +235,12 @@ class ParameterRank:
                 self._check_stop()
                 progress.update(self.stats())
                 lap("other")
-                self._load_row()
-            if (self.updates - self._last_ckpt_update >= self.cfg.io.checkpoint_every
+                self.record.load(self.clock)
+            if (self.record.updates - self._last_ckpt_update >= self.cfg.io.checkpoint_every
                     and now - self._last_ckpt_time >= self.cfg.io.checkpoint_min_seconds):
                 self.checkpoint()
                 lap("other")
-            self.run_file.maybe_flush()
+            self.record.maybe_flush()
             lap("record")
             if busy:
                 self.backoff.reset()
@@ -262,21 +248,6 @@ class ParameterRank:
                 self.backoff.sleep()
                 lap("idle")
         self._shutdown()
-
-    def _load_row(self) -> None:
-        """One parameter_load row: the interval since the last one (gradients in, phases, absorption rate)."""
-        elapsed, sec = self.clock.take()
-        g0, a0, u0 = self._load_counts
-        self._load_counts = (self.gradients, self.admitted, self.updates)
-        n = self.gradients - g0
-        work = sec["receive"] + sec["admit"] + sec["apply"] + sec["publish"]
-        self.rows.flush()
-        self.run_file.append("parameter_load", {
-            "time": self.run_file.now(), "interval_seconds": elapsed, "gradients": n, "applied": self.admitted - a0,
-            "updates": self.updates - u0, **{f"{p}_seconds": sec[p] for p in PARAMETER_PHASES},
-            "absorption_rate": n / work if n and work > 0 else math.nan,
-            "arrival_rate": n / elapsed if elapsed > 0 else math.nan,
-        })
 
     def _receive_gradients(self) -> bool:
         got = self.mailbox.poll()
@@ -286,11 +257,10 @@ class ParameterRank:
             stats = rec.stats
             new_steps = int(stats.get("new_env_steps", 0))
             self.elastic.gradient(time.monotonic(), new_steps, float(stats.get("busy_seconds", math.nan)))
-            self._round_stats["env_steps"] += new_steps
-            self._round_stats["learner_seconds"] += float(stats.get("compute_seconds", 0.0))
+            self.record.consumed(new_steps, float(stats.get("compute_seconds", 0.0)))
             if not np.isfinite(grad).all():
                 self.consumed += new_steps
-                self._gradient_row(rec, admitted=False, reason="nonfinite")
+                self.record.gradient(rec, False, "nonfinite", self.version, self.round)
                 continue
             self.queue.append(rec)
             self.lap("admit")
@@ -313,8 +283,8 @@ class ParameterRank:
         """A gradient copied out of the mailbox, counted, as the admission policy's record."""
         rec = GradientRecord(group=header["group"], seq=header["seq"], base_version=header["base_version"],
                              samples=header["samples"], grad=grad, stats=dict(zip(control.GRAD_STATS, header["stats"])),
-                             received_at=self.run_file.now())
-        self.gradients += 1
+                             received_at=self.record.now())
+        self.record.arrived()
         self.seq_next[rec.group] = max(self.seq_next[rec.group], rec.seq + 1)
         return rec
 
@@ -331,7 +301,8 @@ class ParameterRank:
                 t_agg = lap("apply")
                 self._publish()
                 t_pub = lap("publish")
-                self._update_row(step, adm, t_agg, t_pub)
+                self.record.step(step, adm, self.version, self.round, self.optimizer.param_groups[0]["lr"], self.active,
+                                 t_agg, t_pub)
                 lap("record")
             adm.remove_from(self.queue)
         lap("admit")
@@ -352,75 +323,13 @@ class ParameterRank:
         probe = self.job.probe_outputs(self.model) if self.job.probe_size else None
         self.board.publish(self.version, self.flat.numpy(), probe)
 
-    def _update_row(self, step, adm, t_agg: float, t_pub: float) -> None:
-        now = self.run_file.now()
-        stale = [adm.staleness[rec.key] for rec, _ in step]
-        losses = [rec.stats.get("loss", math.nan) for rec, _ in step]
-        self.updates += 1
-        for rec, scale in step:
-            self._gradient_row(rec, True, "admitted", adm.staleness[rec.key], scale, now)
-        self._staleness_recent.extend(stale)
-        self._round_stats["staleness"].extend(stale)
-        self._round_stats["loss"].extend(losses)
-        self._round_stats["kl"].extend(rec.stats.get("kl", math.nan) for rec, _ in step)
-        self._round_stats["updates"] += 1
-        # most steps hold one gradient: plain floats then (numpy's reductions cost 5 us each, per update)
-        loss_mean, loss_min, loss_max = ((losses[0],) * 3 if len(losses) == 1
-                                         else (float(np.mean(losses)), float(np.min(losses)), float(np.max(losses))))
-        self.rows.add("updates", {
-            "time": now, "version": self.version, "round": self.round, "num_gradients": len(step),
-            "staleness_mean": sum(stale) / len(stale), "staleness_max": int(max(stale)),
-            "threshold": math.nan if adm.threshold is None else adm.threshold, "lr": self.optimizer.param_groups[0]["lr"],
-            "loss_mean": loss_mean, "loss_min": loss_min, "loss_max": loss_max,
-            "active_groups": self.active, "aggregate_seconds": t_agg, "publish_seconds": t_pub,
-        })
-
-    def _gradient_row(self, rec: GradientRecord, admitted: bool, reason: str, staleness: int | None = None,
-                      scale: float = math.nan, now: float | None = None) -> None:
-        now = self.run_file.now() if now is None else now
-        self.admitted += int(admitted)
-        self.rows.add("gradients", {
-            "time": rec.received_at, "group": rec.group, "seq": rec.seq, "base_version": rec.base_version,
-            "staleness": self.version - rec.base_version if staleness is None else staleness,
-            "round": self.round, "lr_scale": scale, "samples": rec.samples, "loss": rec.stats.get("loss", math.nan),
-            "admitted": int(admitted), "reason": REASON[reason], "queue_seconds": now - rec.received_at,
-            "compute_seconds": rec.stats.get("compute_seconds", math.nan),
-            "mailbox_wait_seconds": rec.stats.get("mailbox_wait_seconds", math.nan),
-        })
-
-    def _new_round_stats(self) -> dict[str, Any]:
-        return {"env_steps": 0, "episodes": 0, "updates": 0, "staleness": [], "loss": [], "kl": [], "returns": [],
-                "learner_seconds": 0.0, "actor_seconds": 0.0, "actors": set(), "active_max": 0,
-                "episode_rows": [], "reports": []}
-
     def _end_round(self) -> None:
-        r = self._round_stats
-        now = self.run_file.now()
-        st = np.asarray(r["staleness"], dtype=np.float64)
-        ret = np.asarray(r["returns"], dtype=np.float64)
-
-        def agg(a, fn):
-            return float(fn(a)) if a.size else math.nan
-
-        threshold = self.policy.threshold
-        self.run_file.append("rounds", {
-            "round": self.round, "start": self._round_t0, "duration": now - self._round_t0,
-            "env_steps": r["env_steps"], "env_steps_total": self.consumed, "episodes": r["episodes"],
-            "updates": r["updates"], "threshold": math.nan if threshold is None else threshold,
-            "staleness_mean": agg(st, np.mean), "staleness_max": agg(st, np.max), "staleness_min": agg(st, np.min),
-            "staleness_std": agg(st, np.std), "learner_seconds": r["learner_seconds"],
-            "actor_seconds": r["actor_seconds"], "active_actors": len(r["actors"]),
-            "active_groups": max(r["active_max"], self.active), "loss": agg(np.asarray(r["loss"], float), np.nanmean),
-            "reward_mean": agg(ret, np.mean), "reward_max": agg(ret, np.max), "reward_min": agg(ret, np.min),
-            "reward_std": agg(ret, np.std),
-        })
+        stats = self.record.end_round(self.round, self.consumed, self.policy.threshold, self.active)
         self.policy.end_round(self.round)
-        kl = np.asarray(r["kl"], float)
         # a changed setting (e.g. the KL coefficient) is in the flat buffer: it reaches the learners
         # with the next published version
         changed = self.algo.end_round(self.model, {
-            "kl": agg(kl[np.isfinite(kl)], np.mean), "round": self.round, "episodes": r["episode_rows"],
-            "reports": r["reports"], "actors": {"count": self.cfg.actors.count, "active": self.active_actors}})
+            **stats, "actors": {"count": self.cfg.actors.count, "active": self.active_actors}})
         schedule = self.cfg.debug.active_actors
         if schedule:  # tests of the parking machinery
             changed = {**(changed or {}), "active_actors": schedule[min(self.round, len(schedule) - 1)]}
@@ -431,14 +340,10 @@ class ParameterRank:
                 self.elastic.actor_rate.pop(a, None)
         self._groups_from_algo(record=True)
         self.round_end += self.plan.round_steps_for(self.active_actors)
-        for table, rows in self.algo.records().items():
-            for row in rows:
-                self.run_file.append(table, row)
+        self.record.algo_rows(self.algo.records())
         self.round += 1
         if self.cfg.eval.episodes and self.round % self.cfg.eval.every_rounds == 0:
             self.counters.set(control.EVAL, self.round)  # the last actor evaluates (runtime/evaluation.py)
-        self._round_t0 = now
-        self._round_stats = self._new_round_stats()
 
     def _drain_messages(self) -> bool:
         reports = self.job.reports
@@ -447,55 +352,23 @@ class ParameterRank:
             self._fragment_report(msg)
             busy = True
         for row in reports.drain("activity"):
-            cycles, parked = row.pop("cycles", None), row.pop("parked", None)
-            if (report := row.pop("algo_report", None)) is not None:  # algo.learner_report -> algo.end_round
-                self._round_stats["reports"].append(report)
-            if parked:
-                self.run_file.append("elastic_events", self._times(parked, ("time",)))
-            if "time_start" in row:
-                self.run_file.append("learner_activity", self._times(row, ("time_start", "time_end")))
-            if cycles and cycles["time"]:
-                self.run_file.append("learner_cycles", self._times(cycles, ("time",)))
+            self.record.activity(row)
             busy = True
         for msg in reports.drain("eval"):
-            head = {"time": msg["time"] - self.run_file.start_unix, "round": msg["round"],
-                    "policy_version": msg["policy_version"]}
-            for ep in msg["episodes"]:
-                self.run_file.append("eval_episodes", {**head, **ep})
+            self.record.evaluation(msg)
             busy = True
         return busy
 
-    def _times(self, row: dict, keys) -> dict:
-        """Rows from other ranks carry Unix times; the tables count from the run start."""
-        t0 = self.run_file.start_unix
-        return {k: (np.asarray(v, dtype=np.float64) - t0 if k in keys else v) for k, v in row.items()}
-
     def _fragment_report(self, msg: dict) -> None:
         if "park" in msg:  # an actor's park ended (runtime/actor.py)
-            self.run_file.append("actor_parks", self._times(msg["park"], ("time",)))
+            self.record.actor_park(msg["park"])
             return
-        r = self._round_stats
-        r["actor_seconds"] += msg["fragment"]["sample_seconds"]
         a = msg["fragment"]["actor"]
         self.elastic.fragment(a, msg["fragment"]["steps"], msg["fragment"]["sample_seconds"])
         self.fragment_next[a] = max(self.fragment_next[a], msg["fragment"]["fragment"] + 1)
         if msg.get("normalizer") is not None:
             self.normalizers[a] = msg["normalizer"]
-        r["actors"].add(msg["fragment"]["actor"])
-        self.rows.add("actors", self._times(msg["fragment"], ("time",)))
-        episodes = msg["episodes"]
-        if not episodes:
-            return
-        steps = self.env_steps()
-        for ep in episodes:
-            ep = self._times(ep, ("time",))
-            ep["env_steps"] = steps
-            self.rows.add("episodes", ep)
-            self.stop_rule.add_returns([ep["return"]])
-            r["returns"].append(ep["return"])
-            r["episode_rows"].append({k: ep[k] for k in ("actor", "env_index", "return")})
-        self.episodes += len(episodes)
-        r["episodes"] += len(episodes)
+        self.record.fragment(msg, self.env_steps() if msg["episodes"] else 0)
 
     def _watch(self) -> None:
         for line in self.watchdog.check(self.counters.read_all()):
@@ -516,10 +389,10 @@ class ParameterRank:
             self.version += 1
             self._publish()
         self.counters.set(control.ACTIVE, need)
-        self._round_stats["active_max"] = max(self._round_stats["active_max"], need)
+        self.record.current["active_max"] = max(self.record.current["active_max"], need)
         for g in changed if record else ():
-            self.run_file.append("elastic_events", {
-                "time": self.run_file.now(), "group": g, "action": elastic.ACTION["activate" if more else "park"],
+            self.record.group_event({
+                "group": g, "action": elastic.ACTION["activate" if more else "park"],
                 "reason": elastic.REASON["policies_split" if more else "policies_merged"], "active_groups": need,
                 "supply_rate": math.nan, "group_rate": math.nan, "load": math.nan, "fragments_waiting": -1})
 
@@ -536,9 +409,8 @@ class ParameterRank:
         group = self.active if d.action == "activate" else self.active - 1
         self.active = d.active
         self.counters.set(control.ACTIVE, self.active)
-        self._round_stats["active_max"] = max(self._round_stats["active_max"], self.active)
-        self.run_file.append("elastic_events", {
-            "time": self.run_file.now(), "group": group, "action": elastic.ACTION[d.action],
+        self.record.group_event({
+            "group": group, "action": elastic.ACTION[d.action],
             "reason": elastic.REASON[d.reason],
             "active_groups": self.active, "supply_rate": d.supply, "group_rate": d.capacity, "load": d.load,
             "fragments_waiting": waiting})
@@ -554,13 +426,8 @@ class ParameterRank:
         return self.stop_rule.mean_return()
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "env_steps": self.env_steps(), "total_steps": self.cfg.stop.total_env_steps, "episodes": self.episodes,
-            "mean_return": self.mean_return(), "version": self.version,
-            "staleness": float(np.mean(self._staleness_recent)) if self._staleness_recent else math.nan,
-            "active_groups": self.active, "groups": self.cfg.learners.groups, "round": self.round,
-            "elapsed": self.wall_before + time.monotonic() - self.t0,
-        }
+        return self.record.stats(self.env_steps(), self.cfg.stop.total_env_steps, self.version, self.active,
+                                 self.cfg.learners.groups, self.round, self.wall_before + time.monotonic() - self.t0)
 
     # ---- the end -------------------------------------------------------------------------
     def _shutdown(self) -> None:
@@ -581,22 +448,18 @@ class ParameterRank:
                 self._watch()
             backoff.reset() if busy else backoff.sleep()
         for rec in self.queue:
-            self._gradient_row(rec, admitted=False, reason="shutdown")
+            self.record.gradient(rec, False, "shutdown", self.version, self.round)
         self.queue.clear()
         ckpt = self.checkpoint()
         summary = {**self.stats(), "stop_reason": self.stop_reason, "run_dir": str(self.job.run_dir),
-                   "return_window": self.cfg.stop.return_window, "gradients": self.gradients,
-                   "admitted": self.admitted,
-                   "files": {"record": str(self.run_file.path),
+                   "return_window": self.cfg.stop.return_window, "gradients": self.record.gradients,
+                   "admitted": self.record.admitted,
+                   "files": {"record": str(self.record.file.path),
                              "trajectories": f"{self.job.run_dir / TRAJ_DIR}/actor-NNNNN.h5 ({self.cfg.actors.count} files)",
                              "checkpoint": str(ckpt), "config": str(self.job.run_dir / "config.yaml")}}
-        self.run_file.close()
+        self.record.close()
         self.job.progress.finish(summary)
 
     def close_on_error(self) -> None:
         """Flush what is buffered (called before MPI_Abort)."""
-        for step in (self.rows.flush, self.run_file.close):
-            try:
-                step()
-            except Exception:
-                pass
+        self.record.close_on_error()

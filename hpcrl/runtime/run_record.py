@@ -1,0 +1,230 @@
+"""run.h5 as the parameter role keeps it: rows of every table, each round's statistics, progress and summary.
+
+The parameter role tells a :class:`RunRecord` what happened and the record writes the rows; it knows
+no MPI, no admission rule and no algorithm:
+
+    arrived()                          a gradient came out of the mailbox (counted)
+    gradient(rec, admitted, reason, version, round, ...)   its row (admitted, refused, or left at shutdown)
+    step(step, adm, version, round, lr, active, t_agg, t_pub)   an applied step: updates + gradients rows
+    consumed(env_steps, learner_seconds)   what the learners reported with a gradient (the round's counts)
+    fragment(msg, env_steps)           an actor's fragment report: actors and episodes rows, returns
+    actor_park(row), activity(row), evaluation(msg), group_event(row)   the other ranks' rows
+    end_round(round, consumed, threshold, active) -> what algo.end_round is given; the rounds row
+    load(clock)                        a parameter_load row (where rank 0's time went)
+    stats(...), summary(...)           the progress line's numbers and the closing summary
+
+Frequent rows (gradients, updates, actors, episodes) go through a :class:`RowBuffer`, appended a
+table at a time; rows from other ranks carry Unix times and are stored from the run's start.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from hpcrl.io import RunFile
+from hpcrl.io.schema import GRADIENT_REASONS
+from hpcrl.runtime.cycle_profile import PARAMETER_PHASES
+from hpcrl.runtime.rows import RowBuffer
+from hpcrl.runtime.stop_rule import StopRule
+from hpcrl.staleness import GradientRecord
+
+REASON = {name: i for i, name in enumerate(GRADIENT_REASONS)}
+
+
+class RunRecord:
+    def __init__(self, run_file: RunFile, stop_rule: StopRule, episodes: int = 0, updates: int = 0,
+                 gradients: int = 0, admitted: int = 0) -> None:
+        self.file = run_file
+        self.rows = RowBuffer(run_file)
+        self.stop_rule = stop_rule
+        self.episodes, self.updates, self.gradients, self.admitted = episodes, updates, gradients, admitted
+        self.round_t0 = run_file.now()
+        self.current = self._new_round()
+        self.staleness_recent: deque[int] = deque(maxlen=64)
+        self._load_counts = (gradients, admitted, updates)
+
+    @staticmethod
+    def _new_round() -> dict[str, Any]:
+        return {"env_steps": 0, "episodes": 0, "updates": 0, "staleness": [], "loss": [], "kl": [], "returns": [],
+                "learner_seconds": 0.0, "actor_seconds": 0.0, "actors": set(), "active_max": 0,
+                "episode_rows": [], "reports": []}
+
+    def now(self) -> float:
+        return self.file.now()
+
+    def times(self, row: dict, keys) -> dict:
+        """Rows from other ranks carry Unix times; the tables count from the run start."""
+        t0 = self.file.start_unix
+        return {k: (np.asarray(v, dtype=np.float64) - t0 if k in keys else v) for k, v in row.items()}
+
+    # ---- gradients and steps ---------------------------------------------------------------
+    def arrived(self) -> None:
+        self.gradients += 1
+
+    def consumed(self, env_steps: int, learner_seconds: float) -> None:
+        self.current["env_steps"] += env_steps
+        self.current["learner_seconds"] += learner_seconds
+
+    def gradient(self, rec: GradientRecord, admitted: bool, reason: str, version: int, round_index: int,
+                 staleness: int | None = None, scale: float = math.nan, now: float | None = None) -> None:
+        now = self.file.now() if now is None else now
+        self.admitted += int(admitted)
+        self.rows.add("gradients", {
+            "time": rec.received_at, "group": rec.group, "seq": rec.seq, "base_version": rec.base_version,
+            "staleness": version - rec.base_version if staleness is None else staleness,
+            "round": round_index, "lr_scale": scale, "samples": rec.samples, "loss": rec.stats.get("loss", math.nan),
+            "admitted": int(admitted), "reason": REASON[reason], "queue_seconds": now - rec.received_at,
+            "compute_seconds": rec.stats.get("compute_seconds", math.nan),
+            "mailbox_wait_seconds": rec.stats.get("mailbox_wait_seconds", math.nan),
+        })
+
+    def step(self, step, adm, version: int, round_index: int, lr: float, active: int, t_agg: float,
+             t_pub: float) -> None:
+        """An applied step (version ``version``): its updates row and its gradients' rows."""
+        now = self.file.now()
+        stale = [adm.staleness[rec.key] for rec, _ in step]
+        losses = [rec.stats.get("loss", math.nan) for rec, _ in step]
+        self.updates += 1
+        for rec, scale in step:
+            self.gradient(rec, True, "admitted", version, round_index, adm.staleness[rec.key], scale, now)
+        r = self.current
+        self.staleness_recent.extend(stale)
+        r["staleness"].extend(stale)
+        r["loss"].extend(losses)
+        r["kl"].extend(rec.stats.get("kl", math.nan) for rec, _ in step)
+        r["updates"] += 1
+        # most steps hold one gradient: plain floats then (numpy's reductions cost 5 us each, per update)
+        loss_mean, loss_min, loss_max = ((losses[0],) * 3 if len(losses) == 1
+                                         else (float(np.mean(losses)), float(np.min(losses)), float(np.max(losses))))
+        self.rows.add("updates", {
+            "time": now, "version": version, "round": round_index, "num_gradients": len(step),
+            "staleness_mean": sum(stale) / len(stale), "staleness_max": int(max(stale)),
+            "threshold": math.nan if adm.threshold is None else adm.threshold, "lr": lr,
+            "loss_mean": loss_mean, "loss_min": loss_min, "loss_max": loss_max,
+            "active_groups": active, "aggregate_seconds": t_agg, "publish_seconds": t_pub,
+        })
+
+    # ---- the other ranks' rows ---------------------------------------------------------------
+    def fragment(self, msg: dict, env_steps: int) -> None:
+        """An actor's fragment report: its actors row, its finished episodes (``env_steps``: the run's now)."""
+        r = self.current
+        r["actor_seconds"] += msg["fragment"]["sample_seconds"]
+        r["actors"].add(msg["fragment"]["actor"])
+        self.rows.add("actors", self.times(msg["fragment"], ("time",)))
+        episodes = msg["episodes"]
+        for ep in episodes:
+            ep = self.times(ep, ("time",))
+            ep["env_steps"] = env_steps
+            self.rows.add("episodes", ep)
+            self.stop_rule.add_returns([ep["return"]])
+            r["returns"].append(ep["return"])
+            r["episode_rows"].append({k: ep[k] for k in ("actor", "env_index", "return")})
+        self.episodes += len(episodes)
+        r["episodes"] += len(episodes)
+
+    def actor_park(self, row: dict) -> None:
+        self.file.append("actor_parks", self.times(row, ("time",)))
+
+    def activity(self, row: dict) -> None:
+        """A learner group's batch (learner_activity, its learner_cycles, its algo report) or park report."""
+        cycles, parked = row.pop("cycles", None), row.pop("parked", None)
+        if (report := row.pop("algo_report", None)) is not None:  # algo.learner_report -> algo.end_round
+            self.current["reports"].append(report)
+        if parked:
+            self.file.append("elastic_events", self.times(parked, ("time",)))
+        if "time_start" in row:
+            self.file.append("learner_activity", self.times(row, ("time_start", "time_end")))
+        if cycles and cycles["time"]:
+            self.file.append("learner_cycles", self.times(cycles, ("time",)))
+
+    def evaluation(self, msg: dict) -> None:
+        head = {"time": msg["time"] - self.file.start_unix, "round": msg["round"], "policy_version": msg["policy_version"]}
+        for ep in msg["episodes"]:
+            self.file.append("eval_episodes", {**head, **ep})
+
+    def group_event(self, row: dict) -> None:
+        """An elastic_events row of rank 0's own decision (activate or park a group)."""
+        self.current["active_max"] = max(self.current["active_max"], row["active_groups"])
+        self.file.append("elastic_events", {"time": self.file.now(), **row})
+
+    # ---- rounds, load, progress ------------------------------------------------------------
+    def end_round(self, round_index: int, consumed: int, threshold: float | None, active: int) -> dict[str, Any]:
+        """The rounds row of the round that ended; returns what ``algo.end_round`` is given of it."""
+        r = self.current
+        now = self.file.now()
+        st = np.asarray(r["staleness"], dtype=np.float64)
+        ret = np.asarray(r["returns"], dtype=np.float64)
+
+        def agg(a, fn):
+            return float(fn(a)) if a.size else math.nan
+
+        self.file.append("rounds", {
+            "round": round_index, "start": self.round_t0, "duration": now - self.round_t0,
+            "env_steps": r["env_steps"], "env_steps_total": consumed, "episodes": r["episodes"],
+            "updates": r["updates"], "threshold": math.nan if threshold is None else threshold,
+            "staleness_mean": agg(st, np.mean), "staleness_max": agg(st, np.max), "staleness_min": agg(st, np.min),
+            "staleness_std": agg(st, np.std), "learner_seconds": r["learner_seconds"],
+            "actor_seconds": r["actor_seconds"], "active_actors": len(r["actors"]),
+            "active_groups": max(r["active_max"], active), "loss": agg(np.asarray(r["loss"], float), np.nanmean),
+            "reward_mean": agg(ret, np.mean), "reward_max": agg(ret, np.max), "reward_min": agg(ret, np.min),
+            "reward_std": agg(ret, np.std),
+        })
+        kl = np.asarray(r["kl"], float)
+        self.round_t0 = now
+        self.current = self._new_round()
+        return {"kl": agg(kl[np.isfinite(kl)], np.mean), "round": round_index, "episodes": r["episode_rows"],
+                "reports": r["reports"]}
+
+    def algo_rows(self, records: dict[str, list[dict]]) -> None:
+        for table, rows in records.items():
+            for row in rows:
+                self.file.append(table, row)
+
+    def load(self, clock) -> None:
+        """One parameter_load row: the interval since the last one (gradients in, phases, absorption rate)."""
+        elapsed, sec = clock.take()
+        g0, a0, u0 = self._load_counts
+        self._load_counts = (self.gradients, self.admitted, self.updates)
+        n = self.gradients - g0
+        work = sec["receive"] + sec["admit"] + sec["apply"] + sec["publish"]
+        self.rows.flush()
+        self.file.append("parameter_load", {
+            "time": self.file.now(), "interval_seconds": elapsed, "gradients": n, "applied": self.admitted - a0,
+            "updates": self.updates - u0, **{f"{p}_seconds": sec[p] for p in PARAMETER_PHASES},
+            "absorption_rate": n / work if n and work > 0 else math.nan,
+            "arrival_rate": n / elapsed if elapsed > 0 else math.nan,
+        })
+
+    def stats(self, env_steps: int, total_steps: int, version: int, active: int, groups: int, round_index: int,
+              elapsed: float) -> dict[str, Any]:
+        """The progress line's numbers."""
+        return {
+            "env_steps": env_steps, "total_steps": total_steps, "episodes": self.episodes,
+            "mean_return": self.stop_rule.mean_return(), "version": version,
+            "staleness": float(np.mean(self.staleness_recent)) if self.staleness_recent else math.nan,
+            "active_groups": active, "groups": groups, "round": round_index, "elapsed": elapsed,
+        }
+
+    # ---- the file ------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Every kept row into the file, and the file to disk (before a checkpoint counts the rows)."""
+        self.rows.flush()
+        self.file.flush()
+
+    def maybe_flush(self) -> None:
+        self.file.maybe_flush()
+
+    def close(self) -> None:
+        self.rows.flush()
+        self.file.close()
+
+    def close_on_error(self) -> None:
+        """Flush what is buffered (called before MPI_Abort)."""
+        for step in (self.rows.flush, self.file.close):
+            try:
+                step()
+            except Exception:
+                pass

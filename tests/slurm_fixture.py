@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,14 @@ def slurm():
         else:
             os.environ["SLURM_CONF"] = old
         subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, timeout=120)
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
+    """predicate()'s first true value, polled every ``poll`` s; AssertionError naming ``what`` after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

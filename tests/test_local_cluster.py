@@ -16,7 +16,7 @@ from pathlib import Path
 
 import h5py
 import pytest
-from slurm_fixture import slurm  # noqa: F401 - the session fixture
+from slurm_fixture import slurm, wait_for  # noqa: F401 - slurm: the session fixture
 
 from hpcrl.io import read_table, read_trajectories, read_trajectory, traj_filename
 from hpcrl.io.readers import read_row_counts, read_trajectory_steps
@@ -30,16 +30,6 @@ DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMO
 
 def hpcrl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 1.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def job_state(job_id: str) -> str:

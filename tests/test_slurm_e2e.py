@@ -10,12 +10,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
 import pytest
-from slurm_fixture import slurm  # noqa: F401 - the session fixture
+from slurm_fixture import slurm, wait_for  # noqa: F401 - slurm: the session fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 # 3 ranks (the fewest a run can have); no reward target, so every job stops on its step budget (the
@@ -29,16 +28,6 @@ def job_field(job_id: str, name: str) -> str:
     out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=20).stdout
     m = re.search(rf"\b{name}=(\S+)", out)
     return m[1] if m else ""
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def submit(run_dir: Path, *overrides: str) -> str:

@@ -50,6 +50,7 @@ def read_csv(path):
     return rows
 
 
+@pytest.mark.slow
 def test_one_run_outputs_match_the_hdf5(runs, tmp_path):
     run_dir = runs["s0"]
     assert hpcrl_main(["analyze", str(run_dir), "--out", str(tmp_path)]) == 0
@@ -106,6 +107,7 @@ def test_cost_totals_and_editable_prices(runs, tmp_path):
     assert shipped == M.DEFAULT_PRICES, "analysis/prices.json must show the defaults"
 
 
+@pytest.mark.slow
 def test_two_settings_compare_with_mean_and_spread(compared):
     out = compared
     curve = M.curves_on_grid(out.runs[:2], "env_steps")
@@ -150,6 +152,7 @@ def test_live_then_killed_run(tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_bad_inputs_give_one_line_and_exit_2(runs, tmp_path, capsys):
     data = (runs["a0"] / "run.h5").read_bytes()
     (tmp_path / "cut").mkdir()
@@ -220,6 +223,7 @@ def test_html_report_renders_every_figure_in_headless_chromium(compared, tmp_pat
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_real_short_run_is_analysed_against_its_hdf5(tmp_path):
     """A real `hpcrl run` (CartPole, 4 ranks, a few hundred steps), then `hpcrl analyze` on it."""
     run_dir = tmp_path / "run"
@@ -245,6 +249,7 @@ def test_real_short_run_is_analysed_against_its_hdf5(tmp_path):
     assert len(list(out.glob("*.png"))) == 8 and (out / "report.html").read_text().count("data:image/png;base64,") == 8
 
 
+@pytest.mark.slow
 def test_sparse_run_of_the_batched_runner(tmp_path):
     """Only episodes, updates and rounds (the single-process HA2C/HDDPG runner): every output still made."""
     from hpcrl.io import RunFile

@@ -6,6 +6,7 @@ import pytest
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_gradient_push_bench_prints_all_paths():
     out = subprocess.run([sys.executable, "-m", "hpcrl", "bench", "gradient-push", "--sizes", "1000",
                           "--seconds", "0.02", "--timeout", "60"], capture_output=True, text=True, timeout=90)

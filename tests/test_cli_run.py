@@ -90,6 +90,7 @@ def test_real_process_exit_code(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_inside_mpi_runs_the_roles_under_an_outside_launcher(tmp_path):
     """What srun / PBS mpiexec do: start `hpcrl run` on every rank; rank 0 makes the run directory."""
     # actors.count=7 is fitted to the job: 4 ranks = 1 parameter + 1 learner + 2 actors
@@ -125,6 +126,7 @@ def test_inside_mpi_in_a_job_too_small_is_a_one_line_error(tmp_path):
 CARTPOLE_HA2C = Path(__file__).resolve().parents[1] / "hpcrl" / "configs" / "cartpole_ha2c.yaml"
 
 
+@pytest.mark.slow
 def test_single_process_algo_runs_in_this_process_and_records_its_episodes(tmp_path, capsys):
     """algo.name=ha2c on a batched env, one actor, serial runner: the fused loop, no mpiexec; the summary
     printed agrees with run.h5; --resume/--ranks are refused."""

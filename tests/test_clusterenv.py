@@ -131,6 +131,7 @@ print("SAME", ends)
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_local_workers_step_exactly_like_sync_vector_env(tmp_path):
     out = finish(run_head(tmp_path, SAME_AS_SYNC.format(launch="local", wait="socket")))
     assert "SAME" in out
@@ -143,6 +144,7 @@ def test_head_inside_an_mpi_job_uses_the_other_ranks_as_workers(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_worker_errors_and_a_killed_worker_end_step_with_its_name_and_close_still_works(tmp_path):
     code = """
     import os, signal, time, numpy as np
@@ -285,6 +287,7 @@ print("AAPS OK")
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_aaps_workers_pull_only_when_the_kl_to_the_head_exceeds_delta(tmp_path):
     import torch
 
@@ -296,6 +299,7 @@ def test_aaps_workers_pull_only_when_the_kl_to_the_head_exceeds_delta(tmp_path):
 
 
 # ---- batch systems ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_attach_without_a_worker_job_times_out_with_one_line(tmp_path):
     import hpcrl
     from hpcrl.clusterenv.connect import ConnectError
@@ -326,6 +330,7 @@ def test_worker_job_script_renders_for_slurm_and_pbs_sites(tmp_path, site):
 
 @pytest.mark.mpi
 @pytest.mark.slurm
+@pytest.mark.slow
 def test_head_submits_a_slurm_worker_job_and_its_workers_connect(tmp_path, slurm):
     code = f"""
     import numpy as np, hpcrl
@@ -375,6 +380,7 @@ def test_aaps_record_is_read_by_the_analysis_into_figures_and_a_summary(tmp_path
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_the_cleanrl_example_runs_with_cluster_workers(tmp_path):
     for backend in ("cluster",):  # --env-backend gym differs only in make_envs (the full runs: hpcrl bench clusterenv)
         done = subprocess.run([sys.executable, str(ROOT / "examples" / "cleanrl_ppo_clusterenv.py"), "--env-backend",

@@ -74,6 +74,7 @@ def test_every_hpcrl_env_has_a_checker_entry():
 
 
 @pytest.mark.parametrize("env_id", _ids("gym"))
+@pytest.mark.slow
 def test_gymnasium_check_env(env_id, cache):
     from gymnasium.utils.env_checker import check_env
 

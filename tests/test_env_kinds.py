@@ -101,6 +101,7 @@ def test_actor_ranks_draw_different_action_noise():
     assert noise[0].shape == (6, 4, 1) and not np.allclose(noise[0], noise[1], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_parallel_backend_agents_are_instances_and_truncated_copies_reset(caches):
     kwargs = {**SHORT_CHANNEL, "cache_dir": str(caches / "channel")}
     cfg = EnvConfig(id="hpcrl/TurbulentChannelWM-v0", num_envs=2, kwargs=kwargs)
@@ -249,6 +250,7 @@ RUNNERS = ["serial", pytest.param("mpi", marks=pytest.mark.mpi)]
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.slow
 def test_cartpole_batched_actors(tmp_path, caches, runner):
     ep = _check_episodes(*_run("cartpole_batched_actors", runner, tmp_path, caches))
     assert np.array_equal(ep["return"], ep["length"]) and np.all(ep["length"] >= 8)  # +1 per step
@@ -256,6 +258,7 @@ def test_cartpole_batched_actors(tmp_path, caches, runner):
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.slow
 def test_lorenz(tmp_path, caches, runner):
     ep = _check_episodes(*_run("lorenz", runner, tmp_path, caches))
     assert np.all(ep["length"] == 20) and len(ep["return"]) >= 4
@@ -264,6 +267,7 @@ def test_lorenz(tmp_path, caches, runner):
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.slow
 def test_les_closure(tmp_path, caches, runner):
     ep = _check_episodes(*_run("les_closure", runner, tmp_path, caches))
     assert np.all(ep["length"] == 4) and np.all(ep["return"] < 0)  # minus a spectrum error per action
@@ -271,6 +275,7 @@ def test_les_closure(tmp_path, caches, runner):
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.slow
 def test_les_probes(tmp_path, caches, runner):
     ep = _check_episodes(*_run("les_probes", runner, tmp_path, caches))
     assert np.all(ep["length"] == 4) and np.all(ep["return"] < 0)
@@ -279,6 +284,7 @@ def test_les_probes(tmp_path, caches, runner):
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.slow
 def test_wallmodel_tiny(tmp_path, caches, runner):
     ep = _check_episodes(*_run("wallmodel_tiny", runner, tmp_path, caches))
     assert np.all(ep["length"] == 3) and len(ep["return"]) >= 32
@@ -289,6 +295,7 @@ def test_wallmodel_tiny(tmp_path, caches, runner):
 
 @pytest.mark.skipif(FOAM_MISSING, reason="OpenFOAM v1912 not installed: apt-get install openfoam openfoam-examples")
 @pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.slow
 def test_foam_relaxation(tmp_path, caches, runner):
     run_dir, instances = _run("foam_relaxation", runner, tmp_path, caches)
     ep = _check_episodes(run_dir, instances)

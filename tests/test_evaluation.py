@@ -76,6 +76,7 @@ def test_serial_run_records_evaluations(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mpi_run_records_evaluations(tmp_path):
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "hpcrl.cli", "run", "-o", f"io.run_dir={run_dir}", "-o", "name=eval",

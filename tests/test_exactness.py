@@ -109,6 +109,7 @@ def replay(run_dir: Path, batches: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("runner", ["serial", "mpi"])
 @pytest.mark.parametrize("job", sorted(JOBS))
+@pytest.mark.slow
 def test_job_weights_equal_the_fused_update_on_its_recorded_batches(tmp_path, job, runner):
     run_dir = run_job(tmp_path, job, runner)
     trained = load_checkpoint(run_dir)["params"]
@@ -120,6 +121,7 @@ def test_job_weights_equal_the_fused_update_on_its_recorded_batches(tmp_path, jo
     assert short > 100 * TOLERANCE, f"one batch fewer moves the weights by only {short:.3g}"
 
 
+@pytest.mark.slow
 def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(tmp_path):
     # every rank's randomness is seeded and a learner orders its batch by actor, so arrival timing changes nothing
     first, second = run_job(tmp_path / "a", "hopper", "mpi"), run_job(tmp_path / "b", "hopper", "mpi")

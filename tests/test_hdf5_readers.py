@@ -54,6 +54,7 @@ def _dataspace(header: str) -> tuple[int, ...]:
 
 
 @needs_h5dump
+@pytest.mark.slow
 def test_h5dump_reads_run_and_trajectory_files(run_dir):
     for path in [run_dir / "run.h5", *trajectory_files(run_dir).values()]:
         res = h5dump("-H", str(path))

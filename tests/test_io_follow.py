@@ -42,6 +42,7 @@ def _concat(batches: list[dict]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
 
 
+@pytest.mark.slow
 def test_follow_never_yields_rows_a_resume_cuts_back(tmp_path):
     path = tmp_path / "run.h5"
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
@@ -75,6 +76,7 @@ def test_follow_never_yields_rows_a_resume_cuts_back(tmp_path):
     np.testing.assert_array_equal(seen["return"], final["return"])
 
 
+@pytest.mark.slow
 def test_follow_a_serial_run_to_its_end(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", "--runner", "serial", "-o", "stop.total_env_steps=3000",

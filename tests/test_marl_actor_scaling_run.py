@@ -49,6 +49,7 @@ def test_i_max_is_capped_at_the_actor_count_and_i_min_above_it_is_refused():
         build_config({**base, "algo": {**base["algo"], "actor_scaling_min": 5}})
 
 
+@pytest.mark.slow
 def test_serial_run_parks_actors_beyond_the_demand_and_records_every_round(tmp_path):
     """I_max = 2 of 3 actor ranks: once the first learner report is in, actor 2 parks for good (it stops parked)."""
     run_dir = tmp_path / "run"
@@ -84,6 +85,7 @@ def test_serial_run_parks_actors_beyond_the_demand_and_records_every_round(tmp_p
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mpi_parked_actor_ranks_block_wake_and_the_run_ends_cleanly(tmp_path):
     """debug.active_actors: 1 active actor in rounds 0-9, all 3 from round 10 (a batch taken before the change can
     end a few short rounds at once); the evaluating actor (2) wakes for each evaluation requested while it is parked
@@ -119,6 +121,7 @@ def test_mpi_parked_actor_ranks_block_wake_and_the_run_ends_cleanly(tmp_path):
     assert rounds["env_steps"][1:10].sum() <= 900 + 8 * 300
 
 
+@pytest.mark.slow
 def test_bench_compare_runs_both_arms_for_the_same_rounds_and_prices_them(capsys):
     from hpcrl.bench import marless
 

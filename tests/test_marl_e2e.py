@@ -51,6 +51,7 @@ def test_serial_run(algo, tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("algo", ["ippo", "mappo", "iql", "vdn"])
+@pytest.mark.slow
 def test_mpi_run(algo, tmp_path):
     run_dir = tmp_path / "run"
     res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(CONFIGS / f"mpe_spread_{algo}.yaml"), "--runner",
@@ -83,6 +84,7 @@ def test_hpcrl_run_refuses_a_wrong_agent_count_before_writing(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("algo", ["mappo", "iql"])
+@pytest.mark.slow
 def test_evaluation_episodes_of_a_marl_run(algo, tmp_path):
     # eval.* makes the last actor act with algo.greedy on its own env copy: one episode per agent
     # stopped by rounds, not env steps: IQL's actors are not held back by on-policy batches, and when

@@ -205,6 +205,7 @@ def _check_groups_follow_the_policies(run_dir: Path) -> None:
     assert set(grads["group"].tolist()) == {0, 1, 2}
 
 
+@pytest.mark.slow
 def test_serial_run_parks_the_group_of_merged_policies(tmp_path):
     run_dir = tmp_path / "run"
     args = [a for o in [*RUN, f"io.run_dir={run_dir}"] for a in ("-o", o)]
@@ -213,6 +214,7 @@ def test_serial_run_parks_the_group_of_merged_policies(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mpi_run_with_critic_learners_goes_on_when_a_parked_group_comes_back(tmp_path):
     """The shipped batch sizes, 2 actors, 5 groups: 6 policies -> 3 policy + 2 critic groups, 2 -> 2 + 2 (group 4
     parks), 6 again (group 4 comes back). Actors that waited for room in every group deadlocked here about every
@@ -234,6 +236,7 @@ def test_mpi_run_with_critic_learners_goes_on_when_a_parked_group_comes_back(tmp
     assert grads["time"][grads["group"] == 4].max() > ev["time"][decided][1]  # group 4 trained again after coming back
 
 
+@pytest.mark.slow
 def test_serial_run_with_critic_learners_parks_the_groups_of_merged_policies(tmp_path):
     """6 groups: 6 policies -> 3 policy + 3 critic groups; merged to 2 -> 2 + 2, groups 4 and 5 park."""
     run_dir = tmp_path / "run"
@@ -279,6 +282,7 @@ def test_iql_groups_take_their_agents_td_errors_and_vdn_refuses_policy_learners(
     assert moved == {1}
 
 
+@pytest.mark.slow
 def test_serial_iql_run_parks_the_group_of_merged_policies(tmp_path):
     run_dir = tmp_path / "run"
     over = ["env.num_envs=2", "actors.fragment_length=25", "algo.sharing=true", "algo.sharing_window=3",
@@ -325,6 +329,7 @@ def _check_postprocess_run(run_dir: Path) -> None:
     assert updates["round"].max() >= 6  # the rounds went on: post-processed batches counted their env steps
 
 
+@pytest.mark.slow
 def test_serial_run_with_a_postprocess_learner(tmp_path):
     run_dir = tmp_path / "run"
     over = [o for o in RUN if not o.startswith("learners.groups")] + ["learners.groups=4", "algo.postprocess_learner=true"]
@@ -334,6 +339,7 @@ def test_serial_run_with_a_postprocess_learner(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mpi_run_with_a_postprocess_learner(tmp_path):
     run_dir = tmp_path / "run"
     # 10 rounds, not RUN's 8: a round ends with its batch's last gradient, and under MPI timing on a loaded machine

@@ -123,10 +123,12 @@ def serial_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_serial_run_toggles_sharing_and_records_every_change(serial_run):
     _check_sharing_record(serial_run)
 
 
+@pytest.mark.slow
 def test_analyze_shows_policies_per_round_and_the_learner_actor_cost_split(serial_run, tmp_path, capsys):
     from hpcrl.commands.analyze import load_analysis
 
@@ -157,6 +159,7 @@ def test_analyze_shows_policies_per_round_and_the_learner_actor_cost_split(seria
     assert split["serverless_learner_actor"] < split["serverful_learner_actor"]
 
 
+@pytest.mark.slow
 def test_resume_goes_on_with_the_checkpointed_window_and_enablings(serial_run, tmp_path):
     import shutil
 
@@ -172,6 +175,7 @@ def test_resume_goes_on_with_the_checkpointed_window_and_enablings(serial_run, t
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mpi_run_toggles_sharing_and_records_every_change(tmp_path):
     run_dir = tmp_path / "run"
     args = [a for o in [*TOGGLING, "stop.total_env_steps=3600", f"io.run_dir={run_dir}"] for a in ("-o", o)]

@@ -285,6 +285,7 @@ def test_foam_two_step_episode(foam_env):
 
 
 @needs_foam
+@pytest.mark.slow
 def test_foam_env_passes_env_checker(foam_env):
     _check(foam_env(iterations_per_step=2, max_iterations=4))
 

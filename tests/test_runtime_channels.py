@@ -52,10 +52,12 @@ def test_layout_rejects_wrong_shapes_and_missing_fields():
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_fragments_from_several_actors_arrive_intact_in_order():
     assert "OK channels" in run_mpi(5, "channels", 2, 60, 2, 0.0, timeout=30)
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_slow_learner_bounds_fragments_in_flight_and_actors_wait():
     assert "OK channels" in run_mpi(4, "channels", 1, 15, 1, 0.01, timeout=30)

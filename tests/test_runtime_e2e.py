@@ -56,6 +56,7 @@ def hpcrl_run(*args: str, timeout: float = 120, cwd: Path | None = None) -> subp
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
+@pytest.mark.slow
 def test_short_run_writes_readable_files_with_every_table(tmp_path):
     # two learner groups of two ranks each: group allreduce, elastic activation, IS window
     path, run_dir = write_config(tmp_path, learners={"groups": 2, "ranks_per_group": 2, "min_active": 1},
@@ -93,6 +94,7 @@ def test_short_run_writes_readable_files_with_every_table(tmp_path):
     assert load_checkpoint(run_dir)["version"] == updates["version"][-1]
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_ends_the_job_within_seconds(tmp_path):
     path, run_dir = write_config(tmp_path, debug={"raise_on_rank": 3, "raise_after_seconds": 1.0},
                                  stop={"total_env_steps": 10_000_000})
@@ -109,6 +111,7 @@ def test_a_rank_that_raises_ends_the_job_within_seconds(tmp_path):
     assert read_attrs(run_dir / "run.h5")["schema_version"] == 1
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_resume_keeps_the_version_counter(tmp_path):
     path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000})
     proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(path)], stdout=subprocess.PIPE,
@@ -163,6 +166,7 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_watchdog_names_a_stopped_actor_and_ends_the_job(tmp_path):
     path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000},
                                  launch={"watchdog_warn_seconds": 3, "watchdog_seconds": 8, "timeout_seconds": 120,
@@ -201,6 +205,7 @@ def test_watchdog_names_a_stopped_actor_and_ends_the_job(tmp_path):
     read_table(run_dir / "run.h5", "updates")  # the record stays readable
 
 
+@pytest.mark.slow
 def test_a_job_whose_ranks_never_report_progress_is_ended(tmp_path):
     """The role loops' watchdog starts once every rank runs; a rank stuck before that (here: no job
     starts in 0.3 s) is caught by launch.startup_seconds in the launcher."""
@@ -215,6 +220,7 @@ def test_a_job_whose_ranks_never_report_progress_is_ended(tmp_path):
     assert all(_rank_pid(run_dir, r) is None for r in range(4)), "a rank outlived the job"
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_parameter_rank_then_resume_keeps_every_key_once(tmp_path):
     path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000},
                                  io={"checkpoint_every": 200, "flush_seconds": 0.2})
@@ -259,6 +265,7 @@ def _nice(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[16])
 
 
+@pytest.mark.slow
 def test_actor_ranks_yield_the_cores_to_the_gradient_path(tmp_path):
     """launch.actor_nice: actor ranks run that much nicer than the parameter and learner ranks."""
     path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000, "max_wall_seconds": 6},

@@ -100,6 +100,7 @@ def check_elastic(h5, parks: bool = True) -> None:
     assert up["active_groups"].max() == 2 and (up["active_groups"] == expected).all()
 
 
+@pytest.mark.slow
 def test_serial_run_activates_a_group_under_a_backlog_parks_it_after_and_profiles(tmp_path):
     run_dir = tmp_path / "run"
     assert run_serial(build_config(config(run_dir, "serial")), run_dir, progress="plain").startswith("stop.")
@@ -108,6 +109,7 @@ def test_serial_run_activates_a_group_under_a_backlog_parks_it_after_and_profile
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mpi_run_activates_and_parks_and_profiles_every_gradient(tmp_path):
     run_dir = tmp_path / "run"
     path = tmp_path / "cfg.yaml"

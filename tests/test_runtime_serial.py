@@ -82,6 +82,7 @@ def test_a_failing_role_ends_the_serial_run_and_names_itself(tmp_path):
     read_trajectory(run_dir / "traj" / "actor-00001.h5")
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_serial_run_cleanly_and_resume_continues(tmp_path):
     data = tiny(tmp_path / "run", stop={"total_env_steps": 10_000_000})
     path = tmp_path / "cfg.yaml"
@@ -141,6 +142,7 @@ def _structure(h5: Path) -> dict:
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_both_runners_write_the_same_record(tmp_path):
     runs = {}
     for runner in ("serial", "mpi"):
@@ -164,6 +166,7 @@ def _unique(rows: np.ndarray) -> bool:
 
 
 @pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.slow
 def test_kill_9_then_resume_leaves_no_duplicate_or_missing_keys(tmp_path, groups):
     """SIGKILL after a checkpoint with rows written past it; --resume cuts them and redoes the work.
 
@@ -228,6 +231,7 @@ def test_kill_9_then_resume_leaves_no_duplicate_or_missing_keys(tmp_path, groups
 
 
 @pytest.mark.parametrize("runner", ["serial", pytest.param("mpi", marks=pytest.mark.mpi)])
+@pytest.mark.slow
 def test_a_cancel_during_start_up_ends_as_a_cancel_with_a_checkpoint(tmp_path, runner):
     data = tiny(tmp_path / "run", stop={"total_env_steps": 10_000_000}, launch={"runner": runner})
     path = tmp_path / "cfg.yaml"
@@ -247,6 +251,7 @@ def test_a_cancel_during_start_up_ends_as_a_cancel_with_a_checkpoint(tmp_path, r
     read_table(tmp_path / "run" / "run.h5", "updates")
 
 
+@pytest.mark.slow
 def test_a_second_run_of_a_running_directory_is_refused_in_one_line(tmp_path):
     data = tiny(tmp_path / "run", stop={"total_env_steps": 10_000_000})
     path = tmp_path / "cfg.yaml"
@@ -270,6 +275,7 @@ def test_a_second_run_of_a_running_directory_is_refused_in_one_line(tmp_path):
     read_table(run_dir / "run.h5", "updates")
 
 
+@pytest.mark.slow
 def test_lr_anneal_falls_linearly_with_the_env_steps_consumed(tmp_path):
     run_dir = tmp_path / "run"
     cfg = build_config(tiny(run_dir, algo={"lr_anneal": True, "lr": 1e-3}, stop={"total_env_steps": 1024}))
@@ -287,6 +293,7 @@ def test_lr_anneal_falls_linearly_with_the_env_steps_consumed(tmp_path):
     assert np.all(read_table(run_dir / "run.h5", "updates", ["lr"])["lr"] == pytest.approx(1e-3))
 
 
+@pytest.mark.slow
 def test_on_policy_actors_sample_with_the_weights_of_the_last_trained_batch(tmp_path):
     # one actor, one 64-step fragment per batch, 2 passes x 2 minibatches: 4 versions per batch
     versions = {}
@@ -302,6 +309,7 @@ def test_on_policy_actors_sample_with_the_weights_of_the_last_trained_batch(tmp_
     assert off[1] == 0, off  # pipelined: fragment 1 was sampled while fragment 0 trained
 
 
+@pytest.mark.slow
 def test_normalisation_statistics_go_on_across_a_resume(tmp_path):
     # the actors' running observation and reward statistics are in each checkpoint and a resumed actor
     # continues them: their sample count keeps growing instead of restarting from the resumed steps alone

@@ -9,6 +9,7 @@ def test_mailbox_one_rank_pushes_to_itself():
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mailbox_thousands_of_pushes_from_shared_groups():
     # 5 pushers into 3 groups (two groups shared by two ranks), 2 slots each, random sleeps
     out = run_mpi(6, "mailbox_stress", 3, 2, 500, 2000, 0, timeout=45)
@@ -16,12 +17,14 @@ def test_mailbox_thousands_of_pushes_from_shared_groups():
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mailbox_back_pressure_makes_learners_wait():
     out = run_mpi(4, "mailbox_stress", 3, 2, 40, 100_000, 0.01, "expect-wait", timeout=30)
     assert "OK mailbox" in out
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_weight_board_never_returns_a_torn_copy_and_counters_are_exact():
     # history=1: the reader's slot is rewritten under it all the time, so the seqlock must work
     out = run_mpi(3, "weight_board", 100_000, 1, 0.6, timeout=60)

@@ -31,6 +31,7 @@ def stand_in(server, *argv):
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_a_rank_runs_in_a_child_of_the_server_with_the_stand_ins_stdio_and_exit_code(server):
     res = stand_in(server, "--help")  # the child prints the rank's usage on the stand-in's stdout
     assert "python -m hpcrl.runtime.main" in res.stdout and "run_dir" in res.stdout, res.stdout + res.stderr
@@ -48,6 +49,7 @@ def test_without_a_server_the_rank_starts_in_its_own_process(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mpi_run_records_seconds_to_the_first_env_step(tmp_path):
     run_dir = tmp_path / "run"
     res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "-o", "stop.total_env_steps=256",

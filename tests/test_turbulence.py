@@ -102,6 +102,7 @@ def cache_dir(tmp_path_factory):
 SHORT = dict(spinup_steps=200, snapshots=2, snapshot_every=100)
 
 
+@pytest.mark.slow
 def test_env_passes_pettingzoo_parallel_api_test(cache_dir):
     from pettingzoo.test import parallel_api_test
 

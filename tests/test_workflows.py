@@ -33,6 +33,7 @@ def test_sweep_runs_each_value_as_an_app_then_summarises_from_hdf5(tmp_path):
         assert int(row["env_steps"]) >= 1500
 
 
+@pytest.mark.slow
 def test_workflows_refuse_unknown_sites():
     for name in ("train.py", "sweep.py"):
         proc = subprocess.run([sys.executable, str(ROOT / "workflows" / name), "--site", "summit"],

@@ -10,7 +10,10 @@ from hpcrl.errors import ConfigError
 
 
 def available() -> list[str]:
-    return sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(hpcrl.bench.__path__))
+    """Benchmark names: the modules of hpcrl.bench with a ``main`` (the others are their shared parts)."""
+    names = [m.name for m in pkgutil.iter_modules(hpcrl.bench.__path__)]
+    return sorted(n.replace("_", "-") for n in names
+                  if hasattr(importlib.import_module("hpcrl.bench." + n), "main"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

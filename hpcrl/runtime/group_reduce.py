@@ -12,6 +12,10 @@ float32 numpy`` (the group's mean gradient, on every rank of the group) and ``cl
   Horovod world of its own and the parameter and actor ranks never join one. Horovod 0.28.1 (its
   last release, 2023) compiles as C++14 and PyTorch 2.x headers need C++17: docs/runtime.md gives
   the build.
+
+A member rank of a group (L > 1) runs :func:`serve_group_root`: it takes each share of a minibatch the
+root sends (weights, rows, IS window), computes its gradient and joins the average, until the root
+sends None.
 """
 from __future__ import annotations
 
@@ -19,6 +23,12 @@ import socket
 
 import numpy as np
 import torch
+
+from hpcrl.runtime import control
+from hpcrl.runtime.backoff import Backoff
+
+PARK = "park"
+"""What a group root sends its members when the group parks (they nap long until work comes)."""
 
 def make_reducer(backend: str, group_comm, device: torch.device):
     """The group's gradient averaging for ``learners.allreduce``: GroupReducer (auto) or HorovodReducer."""
@@ -108,3 +118,23 @@ class HorovodReducer:
 
     def close(self) -> None:
         self.hvd.shutdown()
+
+
+def serve_group_root(comm, share, reducer, check, beat) -> None:
+    """A member's loop: ``share(weights, batch, window)`` for each piece of work from the group root (it computes
+    and joins the average); nap long while the root is parked (PARK); close ``reducer`` when the root sends None.
+    ``check()`` raises an injected fault, ``beat()`` is the member's sign of life while it waits."""
+    def keep_waiting() -> bool:  # a sign of life for the watchdog, never a reason to give up
+        beat()
+        return False
+
+    cap = 2e-3
+    while True:
+        check()
+        work = control.recv_polling(comm, 0, control.TAG_WORK, Backoff(5e-5, cap), abandon=keep_waiting)
+        if work is None:
+            reducer.close()
+            return
+        cap = control.PARK_NAP_SECONDS if work == PARK else 2e-3
+        if work != PARK:
+            share(work["weights"], work["batch"], work["window"])

@@ -41,7 +41,7 @@ from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.cuda_graph import GraphedGradient
 from hpcrl.runtime.cycle_profile import CycleRecord
 from hpcrl.runtime.elastic import ACTION, REASON
-from hpcrl.runtime.group_reduce import make_reducer
+from hpcrl.runtime.group_reduce import PARK, make_reducer, serve_group_root
 from hpcrl.runtime.push import PushAbandoned
 
 
@@ -52,7 +52,6 @@ SHORT_WAIT_CAP = 1e-4
 """Longest nap while waiting for the parameter rank to apply this group's own push (sync admission's
 lockstep, on-policy batches): the wait is a few hundred microseconds, so a nap doubling up to 1 ms would
 add up to half of it again to every gradient."""
-PARK = "park"
 """Group root -> its other ranks (TAG_WORK): the group is parked, wait with long naps."""
 
 
@@ -448,26 +447,11 @@ class LearnerGroup:
 
     # ---- other ranks of the group --------------------------------------------------------
     def _run_member(self) -> None:
-        comm = self.topo.group_comm
-        cap = 2e-3
-        while True:
-            self.fault.check()
-            work = control.recv_polling(comm, 0, control.TAG_WORK, Backoff(5e-5, cap),
-                                        abandon=self._beat_and_go_on)
-            if work is None:
-                self.reducer.close()
-                return
-            cap = control.PARK_NAP_SECONDS if work == PARK else 2e-3  # the root parked: nap long until work
-            if work == PARK:
-                continue
-            self.model.flat.load_(work["weights"])
-            batch = {k: torch.as_tensor(v, device=self.model.device) for k, v in work["batch"].items()}
-            self._local_gradient(batch, work["window"])
+        def share(weights: np.ndarray, batch: dict, window) -> None:
+            self.model.flat.load_(weights)
+            self._local_gradient({k: torch.as_tensor(v, device=self.model.device) for k, v in batch.items()}, window)
 
-    def _beat_and_go_on(self) -> bool:
-        """A member's wait for work: a sign of life for the watchdog, never a reason to give up."""
-        self.heartbeat.beat()
-        return False
+        serve_group_root(self.topo.group_comm, share, self.reducer, self.fault.check, self.heartbeat.beat)
 
     def close_on_error(self) -> None:
         pass

@@ -389,7 +389,7 @@ class ParameterRank:
             self.version += 1
             self._publish()
         self.counters.set(control.ACTIVE, need)
-        self.record.current["active_max"] = max(self.record.current["active_max"], need)
+        self.record.active(need)
         for g in changed if record else ():
             self.record.group_event({
                 "group": g, "action": elastic.ACTION["activate" if more else "park"],

@@ -9,6 +9,7 @@ no MPI, no admission rule and no algorithm:
     consumed(env_steps, learner_seconds)   what the learners reported with a gradient (the round's counts)
     fragment(msg, env_steps)           an actor's fragment report: actors and episodes rows, returns
     actor_park(row), activity(row), evaluation(msg), group_event(row)   the other ranks' rows
+    active(groups)                     the active learner groups changed without a row (the round keeps the most)
     end_round(round, consumed, threshold, active) -> what algo.end_round is given; the rounds row
     load(clock)                        a parameter_load row (where rank 0's time went)
     stats(...), summary(...)           the progress line's numbers and the closing summary
@@ -145,9 +146,13 @@ class RunRecord:
         for ep in msg["episodes"]:
             self.file.append("eval_episodes", {**head, **ep})
 
+    def active(self, groups: int) -> None:
+        """The active learner groups now (the round's rows keep the most it had)."""
+        self.current["active_max"] = max(self.current["active_max"], groups)
+
     def group_event(self, row: dict) -> None:
         """An elastic_events row of rank 0's own decision (activate or park a group)."""
-        self.current["active_max"] = max(self.current["active_max"], row["active_groups"])
+        self.active(row["active_groups"])
         self.file.append("elastic_events", {"time": self.file.now(), **row})
 
     # ---- rounds, load, progress ------------------------------------------------------------

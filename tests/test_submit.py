@@ -24,9 +24,9 @@ PYTHON = "/opt/hpcrl/bin/python"
 
 # name -> (site, plan_job keyword arguments, config overrides)
 CASES = {
-    "local-slurm": ("local-slurm", {"run_dir": "/tmp/hpcrl-golden/cartpole"}, []),
-    "local-cluster": ("local-cluster", {"run_dir": "/tmp/hpcrl-golden/cartpole", "nodes": 2}, []),
-    "slurm": ("slurm", {"run_dir": "/home/me/runs/cartpole", "account": "myproject", "time": "02:00:00"}, []),
+    "local-slurm": ("local-slurm", {"run_dir": "/scratch/me/runs/cartpole"}, []),
+    "local-cluster": ("local-cluster", {"run_dir": "/scratch/me/runs/cartpole", "nodes": 2}, []),
+    "slurm": ("slurm", {"run_dir": "/scratch/me/runs/cartpole", "account": "myproject", "time": "02:00:00"}, []),
     "perlmutter-gpu": ("perlmutter-gpu", {"run_dir": "/pscratch/sd/m/me/runs/cartpole", "account": "m1234",
                                           "queue": "debug"},
                        ["launch.container={runtime: podman-hpc, image: registry.nersc.gov/m1234/hpcrl:0.1, gpu: true}"]),

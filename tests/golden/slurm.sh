@@ -5,7 +5,7 @@
 #SBATCH --ntasks-per-node=4
 #SBATCH --time=02:00:00
 #SBATCH --account=myproject
-#SBATCH --output=/home/me/runs/cartpole.job/slurm-%j.out
+#SBATCH --output=/scratch/me/runs/cartpole.job/slurm-%j.out
 #SBATCH --open-mode=append
 #SBATCH --signal=B:USR1@120
 #SBATCH --requeue
@@ -15,8 +15,8 @@
 # from its last checkpoint whenever the job runs again (requeue after the walltime warning, node failure).
 set -uo pipefail
 
-RUN_DIR=/home/me/runs/cartpole
-JOB_DIR=/home/me/runs/cartpole.job
+RUN_DIR=/scratch/me/runs/cartpole
+JOB_DIR=/scratch/me/runs/cartpole.job
 CONFIG="$JOB_DIR/config.yaml"
 RESTART=${SLURM_RESTART_COUNT:-0}
 MAX_RESTARTS=10
@@ -29,14 +29,14 @@ export UCX_LOG_LEVEL=error
 # start, or resume from the last checkpoint
 if [ -f "$RUN_DIR/checkpoints/latest.pt" ]; then
     echo "hpcrl: resuming $RUN_DIR from its last checkpoint (restart $RESTART)"
-    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.main /home/me/runs/cartpole --progress=plain --resume)
+    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.main /scratch/me/runs/cartpole --progress=plain --resume)
 else
     if [ -e "$RUN_DIR" ]; then  # an earlier attempt stopped before its first checkpoint
         mv "$RUN_DIR" "$RUN_DIR.incomplete-$(date +%Y%m%d-%H%M%S)"
     fi
     echo "hpcrl: starting $RUN_DIR"
     mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.yaml" || exit 1  # the ranks read the resolved config there
-    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.main /home/me/runs/cartpole --progress=plain)
+    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.main /scratch/me/runs/cartpole --progress=plain)
 fi
 
 # The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on

@@ -422,9 +422,6 @@ class ParameterRank:
             self.stop_reason = self.stop_rule.reason(self.env_steps(), self.wall_before + time.monotonic() - self.t0,
                                                      self.round)
 
-    def mean_return(self) -> float:
-        return self.stop_rule.mean_return()
-
     def stats(self) -> dict[str, Any]:
         return self.record.stats(self.env_steps(), self.cfg.stop.total_env_steps, self.version, self.active,
                                  self.cfg.learners.groups, self.round, self.wall_before + time.monotonic() - self.t0)

@@ -85,7 +85,7 @@ class LearnersConfig(Section):
     max_active: int | None = Field(None, ge=1)
     """Most active learner groups (default: groups)."""
     elastic_headroom: float = Field(0.2, gt=0, lt=1)
-    """Hysteresis of the elastic rule (runtime/elastic.py): one more group is activated when the actors'
+    """Hysteresis of the elastic rule (runtime/roles/elastic.py): one more group is activated when the actors'
     sampling rate exceeds the active groups' measured capacity by this fraction (and fragments wait), one is
     parked when the other active groups would still run below 1 - this fraction of their capacity."""
     elastic_seconds: float = Field(2.0, gt=0)
@@ -97,7 +97,7 @@ class LearnersConfig(Section):
     """Where learners compute (and, for ha2c/hddpg, where the batched envs and the whole loop run):
     auto = the GPU given by the node-local rank when CUDA is available, else the CPU."""
     cuda_graphs: bool = True
-    """On a CUDA learner, replay each minibatch gradient from a CUDA graph (runtime/cuda_graph.py) when the
+    """On a CUDA learner, replay each minibatch gradient from a CUDA graph (runtime/roles/cuda_graph.py) when the
     algorithm offers one (PPO) and no IS window is used: small networks are bound by kernel launches."""
     overlap_push: bool = False
     """With CUDA graphs: push each minibatch gradient while the GPU computes the next one, so the next one's
@@ -205,7 +205,7 @@ class LaunchConfig(Section):
     refused; `hpcrl run --oversubscribe` lifts the limit."""
     prestart: bool = True
     """Local MPI runs without a container: the ranks are forked from one process that imported torch, h5py,
-    gymnasium and mpi4py once (hpcrl.runtime.prestart), instead of each importing them; false: each imports."""
+    gymnasium and mpi4py once (hpcrl.runtime.runners.prestart), instead of each importing them; false: each imports."""
     actor_nice: int = Field(10, ge=0, le=19)
     """Runner mpi: actor ranks lower their scheduling priority by this much (nice). Where ranks outnumber cores, the learner and parameter ranks that every gradient waits on then get a core first (default job, 4 ranks on 2 cores: +8 % env steps/s); actors wait on back-pressure anyway, and where every rank has a core nothing changes. 0: off."""
 

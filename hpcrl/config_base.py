@@ -19,7 +19,7 @@ class AlgoSection(Section):
     """batch: a round is algo.train_batch_size env steps, split over the learner groups; fragment: a round is one
     fragment of every actor, and a learner group trains each fragment it gets."""
     fused_loop: ClassVar[bool] = False
-    """The serial runner may fuse the roles into one device loop for it (hpcrl.batched: HA2C, HDDPG)."""
+    """The serial runner may fuse the roles into one device loop for it (hpcrl.runtime.runners.fused: HA2C, HDDPG)."""
 
     def instances_per_copy(self) -> int:
         """Instances in one env copy (a fragment's steps are fragment_length x num_envs x this)."""
@@ -32,6 +32,10 @@ class AlgoSection(Section):
     def lr_schedule(self, horizon_steps: int):
         """The rate rank 0 sets before each step (hpcrl.algos.schedules), or None: the optimiser's constant lr."""
         return None
+
+    def reported_lr(self) -> float:
+        """The learning rate the ``updates`` table reports when no schedule sets one (the policy's)."""
+        return self.lr
 
     def reward_discount(self) -> float:
         """The discount of the return whose std normalises rewards (env.normalize_reward)."""

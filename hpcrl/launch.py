@@ -29,7 +29,7 @@ NO_MPIEXEC_HELP = (
 # scripts and Parsl apps (slurm_templates/_ranks.sh.j2 renders this dict).
 RANK_ENV = {
     "HDF5_USE_FILE_LOCKING": "FALSE",  # HDF5 file locks fail on Lustre and NFS; hpcrl opens files with locking=False anyway
-    "OMP_NUM_THREADS": "1",  # one core per rank; torch threads are set again in runtime.main
+    "OMP_NUM_THREADS": "1",  # one core per rank; torch threads are set again in runtime.runners.mpi
     "PYTHONUNBUFFERED": "1",
     "UCX_LOG_LEVEL": "error",  # MPICH's UCX netmod warns about cached RMA keys at exit
 }
@@ -97,13 +97,13 @@ def rank_command(run_dir: str | Path, *, python: str = sys.executable, resume: b
                  binds: Iterable[str] = ()) -> list[str]:
     """The argv of one rank, the same for every launcher (local mpiexec, batch scripts, Parsl apps).
 
-    ``python -m hpcrl.runtime.main RUN_DIR --progress=MODE [--resume]``; the run directory holds the
+    ``python -m hpcrl.runtime.runners.mpi RUN_DIR --progress=MODE [--resume]``; the run directory holds the
     resolved ``config.yaml``. With a container the rank runs inside it with the image's Python;
     ``binds`` are the site's host paths every container needs, and the run directory's parent is
     bound too (apptainer binds only home and cwd, podman-hpc nothing; shifter mounts scratch and
     home itself and refuses other volumes).
     """
-    cmd = [python, "-m", "hpcrl.runtime.main", str(run_dir), f"--progress={progress}"]
+    cmd = [python, "-m", "hpcrl.runtime.runners.mpi", str(run_dir), f"--progress={progress}"]
     if resume:
         cmd.append("--resume")
     if container is None:
@@ -117,7 +117,7 @@ def rank_command(run_dir: str | Path, *, python: str = sys.executable, resume: b
 def local_command(launch: LaunchConfig, num_ranks: int, run_dir: str | Path, *, mpiexec: str,
                   flavour: str, python: str = sys.executable, resume: bool = False,
                   progress: str = "plain") -> list[str]:
-    """``mpiexec -n N [--oversubscribe] ARGS... python -m hpcrl.runtime.main RUN_DIR``.
+    """``mpiexec -n N [--oversubscribe] ARGS... python -m hpcrl.runtime.runners.mpi RUN_DIR``.
 
     MPICH's Hydra places any number of ranks on a small machine; Open MPI needs
     ``--oversubscribe`` when N exceeds the cores.

@@ -32,7 +32,7 @@ TEMPLATE_DIR = Path(os.environ.get("HPCRL_TEMPLATE_DIR") or Path(__file__).resol
 """The source tree's slurm_templates/ (hpcrl is installed from a checkout, ``pip install -e .``);
 HPCRL_TEMPLATE_DIR points elsewhere, e.g. at a site's own edited copies."""
 CHECKPOINT = "checkpoints/latest.pt"
-"""Relative to the run directory (hpcrl.runtime.checkpoint): its presence means resume."""
+"""Relative to the run directory (hpcrl.runtime.record.checkpoint): its presence means resume."""
 JOB_SUFFIX = ".job"
 """The job directory (script, resolved config, scheduler output) sits next to the run directory."""
 

@@ -32,7 +32,7 @@ def test_against_random_keeps_the_trained_side_and_draws_the_other_uniformly():
     from hpcrl.algos import make_algorithm
     from hpcrl.bench.marless import AgainstRandom, config_path
     from hpcrl.config import load_config
-    from hpcrl.runtime.sampler import describe_env
+    from hpcrl.runtime.roles.sampler import describe_env
 
     cfg = load_config(config_path("adversary", "ippo"))
     info = describe_env(cfg.env)

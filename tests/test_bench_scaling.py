@@ -1,7 +1,7 @@
 """The scaling and start-up benchmarks' readings of a record (a synthetic run.h5; the runs are in hpcrl bench)."""
 from hpcrl.bench.scaling import print_table, record_rates
 from hpcrl.io import read_attrs, read_table
-from hpcrl.runtime.startup import first_step_unix
+from hpcrl.runtime.runners.startup import first_step_unix
 from synthetic_run import write_synthetic_run
 
 

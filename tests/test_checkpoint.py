@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.runtime.checkpoint import (SAVE_STEPS, CheckpointError, checkpoint_path, clean_temp_files, has_checkpoint,
+from hpcrl.runtime.record.checkpoint import (SAVE_STEPS, CheckpointError, checkpoint_path, clean_temp_files, has_checkpoint,
                                       load_checkpoint, restore_rng, rng_state, save_checkpoint)
 from hpcrl.staleness import Stellaris
 
@@ -46,7 +46,7 @@ def test_replacement_is_atomic_and_keeps_the_previous(tmp_path):
 
 def _save_killed_at(run_dir, version, step):
     """save_checkpoint(version) in a forked child that dies (os._exit, no cleanup) right after ``step``."""
-    import hpcrl.runtime.checkpoint as ckpt
+    import hpcrl.runtime.record.checkpoint as ckpt
 
     pid = os.fork()
     if pid == 0:  # child: nothing below may return into pytest

@@ -176,7 +176,7 @@ def test_single_process_config_mistakes_exit_2_and_write_nothing(tmp_path, capsy
 
 
 def test_resume_refuses_a_change_the_checkpoint_depends_on_and_writes_nothing(tmp_path, capsys):
-    from hpcrl.runtime.checkpoint import save_checkpoint
+    from hpcrl.runtime.record.checkpoint import save_checkpoint
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()

@@ -214,7 +214,7 @@ def test_workers_leave_within_seconds_when_the_head_is_killed(tmp_path):
 
 # ---- AAPS ---------------------------------------------------------------------------------------
 def test_visited_state_aaps_kl_matches_closed_forms_and_direction():
-    from hpcrl.runtime.aaps import VisitedStateAAPS
+    from hpcrl.runtime.roles.aaps import VisitedStateAAPS
 
     p, q = np.log([[0.5, 0.5]]), np.log([[0.9, 0.1]])
     a = VisitedStateAAPS(delta=0.3, window=4, width=2, obs_shape=(1,), discrete=True)

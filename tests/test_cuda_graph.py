@@ -6,7 +6,7 @@ from gymnasium import spaces
 
 from hpcrl.algos.ppo import GRADIENT_STATS, PPO, gradient_and_stats
 from hpcrl.config import ModelConfig, PPOConfig
-from hpcrl.runtime.cuda_graph import GraphedGradient
+from hpcrl.runtime.roles.cuda_graph import GraphedGradient
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 SPACES = {"discrete": (spaces.Box(-1, 1, (4,)), spaces.Discrete(2)),

@@ -26,8 +26,8 @@ from hpcrl.config import AggregationConfig, EnvConfig, ModelConfig, PPOConfig, l
 from hpcrl.envs.parrl import foam_case as fc
 from hpcrl.errors import ConfigError
 from hpcrl.io import read_table, read_trajectory
-from hpcrl.runtime.env_backends import ParallelBackend, make_backend, shared_spaces
-from hpcrl.runtime.sampler import VectorSampler, describe_env, rescale
+from hpcrl.runtime.roles.env_backends import ParallelBackend, make_backend, shared_spaces
+from hpcrl.runtime.roles.sampler import VectorSampler, describe_env, rescale
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
 FOAM_MISSING = fc.find_bashrc() is None or fc.find_tutorial() is None
@@ -203,7 +203,7 @@ def _run(name: str, runner: str, tmp: Path, caches: Path) -> tuple[Path, int]:
         overrides.append("actors.count=1")
     path = CONFIGS / f"{name}.yaml"
     if runner == "serial":
-        from hpcrl.runtime.serial import run_serial
+        from hpcrl.runtime.runners.serial import run_serial
 
         cfg = load_config(path, [*overrides, "launch.runner=serial"])
         validate(cfg)

@@ -14,9 +14,9 @@ from hpcrl.algos import make_algorithm
 from hpcrl.cli import main as hpcrl_main
 from hpcrl.config import build_config
 from hpcrl.io import read_table
-from hpcrl.runtime.evaluation import Evaluator
-from hpcrl.runtime.sampler import VectorSampler
-from hpcrl.runtime.serial import run_serial
+from hpcrl.runtime.roles.evaluation import Evaluator
+from hpcrl.runtime.roles.sampler import VectorSampler
+from hpcrl.runtime.runners.serial import run_serial
 
 EVAL_RUN = {"name": "eval", "env": {"id": "CartPole-v1", "num_envs": 4},
             "actors": {"count": 2, "fragment_length": 16},

@@ -26,9 +26,9 @@ from hpcrl.algos import make_algorithm
 from hpcrl.config import load_config
 from hpcrl.io import read_trajectory
 from hpcrl.io.schema import traj_filename
-from hpcrl.runtime.checkpoint import load_checkpoint
-from hpcrl.runtime.learner import minibatch_generator
-from hpcrl.runtime.sampler import describe_env
+from hpcrl.runtime.record.checkpoint import load_checkpoint
+from hpcrl.runtime.roles.learner import minibatch_generator
+from hpcrl.runtime.roles.sampler import describe_env
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hpcrl.algos.rollout import EpisodeLog
-from hpcrl.batched.runner import FusedLoop, make_env, run_batched
+from hpcrl.runtime.runners.fused import FusedLoop, make_env, run_batched
 from hpcrl.config import build_config
 from hpcrl.errors import ConfigError
 from hpcrl.io import read_table
@@ -210,8 +210,8 @@ def test_no_host_synchronisation_inside_an_iteration(algo):
                                           ("Pendulum-v1", {"name": "hddpg"})])
 def test_ha2c_and_hddpg_train_on_the_roles_too(tmp_path, env_id, algo):
     """The same algorithm objects on the runtime's roles (serial runner, two actors, gym envs)."""
-    from hpcrl.runtime.checkpoint import load_checkpoint
-    from hpcrl.runtime.serial import run_serial
+    from hpcrl.runtime.record.checkpoint import load_checkpoint
+    from hpcrl.runtime.runners.serial import run_serial
 
     cfg = build_config({"name": "t", "env": {"id": env_id, "num_envs": 4}, "algo": algo,
                         "actors": {"count": 2, "fragment_length": 16}, "launch": {"runner": "serial"},

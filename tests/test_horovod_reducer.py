@@ -4,7 +4,7 @@ import re
 import pytest
 from mpi_programs.launcher import MPIEXEC, run_mpi
 
-from hpcrl.runtime.group_reduce import horovod_available
+from hpcrl.runtime.transport.group_reduce import horovod_available
 
 NO_HOROVOD = "horovod.torch is not importable here (build it with docs/runtime.md's recipe to run this test)"
 

@@ -9,7 +9,7 @@ from gymnasium import spaces
 
 from hpcrl.algos import make_algorithm
 from hpcrl.config import AggregationConfig, IMPACTConfig, ModelConfig, build_config
-from hpcrl.runtime.serial import run_serial
+from hpcrl.runtime.runners.serial import run_serial
 OBS = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
 
 

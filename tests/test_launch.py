@@ -56,7 +56,7 @@ def test_local_command_composition(monkeypatch):
     cfg = LaunchConfig(mpiexec_args=["-bind-to", "none"])
     cmd = launch.local_command(cfg, 4, "/runs/x", mpiexec="/v/bin/mpiexec", flavour="mpich",
                                python="/v/bin/python", progress="pipe")
-    assert cmd == ["/v/bin/mpiexec", "-n", "4", "-bind-to", "none", "/v/bin/python", "-m", "hpcrl.runtime.main",
+    assert cmd == ["/v/bin/mpiexec", "-n", "4", "-bind-to", "none", "/v/bin/python", "-m", "hpcrl.runtime.runners.mpi",
                    "/runs/x", "--progress=pipe"]
     cmd = launch.local_command(LaunchConfig(), 4, "/runs/x", mpiexec="mpiexec", flavour="openmpi",
                                python="python", resume=True)
@@ -69,13 +69,13 @@ def test_one_rank_command_in_a_container():
     cmd = launch.rank_command("/runs/x", python="/v/bin/python", container=c, binds=["/opt"])
     assert cmd[:6] == ["apptainer", "exec", "--nv", "--bind", "/lus/proj:/data", "--bind"]
     assert cmd[6:9] == ["/opt", "--bind", "/runs"]  # the site's binds, then the run directory's parent
-    assert cmd[9:] == ["/images/hpcrl.sif", "python3", "-m", "hpcrl.runtime.main", "/runs/x", "--progress=plain"]
+    assert cmd[9:] == ["/images/hpcrl.sif", "python3", "-m", "hpcrl.runtime.runners.mpi", "/runs/x", "--progress=plain"]
     shifter = launch.rank_command("/runs/x", resume=True, container=ContainerConfig(runtime="shifter", image="img:1"))
     assert shifter == ["shifter", "--image=img:1", "--module=mpich",  # no volume: shifter mounts scratch itself
-                       "python3", "-m", "hpcrl.runtime.main", "/runs/x", "--progress=plain", "--resume"]
+                       "python3", "-m", "hpcrl.runtime.runners.mpi", "/runs/x", "--progress=plain", "--resume"]
     local = launch.local_command(LaunchConfig(container=c), 4, "/runs/x", mpiexec="mpiexec", flavour="mpich")
     assert local[:5] == ["mpiexec", "-n", "4", "apptainer", "exec"]
-    assert local[-4:] == ["-m", "hpcrl.runtime.main", "/runs/x", "--progress=plain"]
+    assert local[-4:] == ["-m", "hpcrl.runtime.runners.mpi", "/runs/x", "--progress=plain"]
 
 
 def test_rank_environment_keeps_explicit_values():

@@ -5,7 +5,7 @@ from hpcrl.config import ContainerConfig
 from hpcrl.errors import ConfigError
 from hpcrl.launch_container import container_prefix, wrap
 
-RANK = ["/venv/bin/python", "-m", "hpcrl.runtime.main", "/scratch/run", "--progress=plain", "--resume"]
+RANK = ["/venv/bin/python", "-m", "hpcrl.runtime.runners.mpi", "/scratch/run", "--progress=plain", "--resume"]
 
 
 def box(**kw):
@@ -16,7 +16,7 @@ def test_apptainer_exec_with_gpus_and_binds():
     cmd = wrap(RANK, box(gpu=True, binds=["/scratch", "/data:/mnt/data:ro"]), extra_binds=["/scratch", "/opt"])
     assert cmd == ["apptainer", "exec", "--nv", "--bind", "/scratch", "--bind", "/data:/mnt/data:ro",
                    "--bind", "/opt", "/images/hpcrl.sif",
-                   "python3", "-m", "hpcrl.runtime.main", "/scratch/run", "--progress=plain", "--resume"]
+                   "python3", "-m", "hpcrl.runtime.runners.mpi", "/scratch/run", "--progress=plain", "--resume"]
 
 
 def test_podman_hpc_run_passes_mpi_gpu_volumes_and_rank_environment():

@@ -13,7 +13,7 @@ from hpcrl.config import load_config
 from hpcrl.errors import ConfigError
 from hpcrl.io import read_attrs, read_table
 from hpcrl.marl.agents import check_agent_count
-from hpcrl.runtime.sampler import describe_env
+from hpcrl.runtime.roles.sampler import describe_env
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
 MARL_CONFIGS = sorted(CONFIGS.glob("mpe_*.yaml")) + sorted(CONFIGS.glob("wallmodel_*ppo.yaml"))

@@ -18,7 +18,7 @@ from hpcrl.marl.model import initial_map
 from hpcrl.marl.replay import joint_transitions
 from hpcrl.marl.sharing import MappingChange
 from hpcrl.marl.sharing_rank import agent_returns, apply_change, spread_rows
-from hpcrl.runtime.checkpoint import load_checkpoint
+from hpcrl.runtime.record.checkpoint import load_checkpoint
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
 OBS, ACT = spaces.Box(-np.inf, np.inf, (3,), np.float32), spaces.Discrete(4)
@@ -95,7 +95,7 @@ def _replayed_map(cfg, rows) -> list[int]:
 
 def _final_map(run_dir: Path, cfg) -> list[int]:
     algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
-    from hpcrl.runtime.sampler import describe_env
+    from hpcrl.runtime.roles.sampler import describe_env
 
     env = describe_env(cfg.env)
     model = algo.make_model(env.observation_space, env.action_space)

@@ -83,7 +83,7 @@ def test_app_resources_and_command(site, options, tmp_path):
     run = prepare(load_config(), site, tmp_path / "run", python="/opt/py/bin/python")
     assert run.resources == {"num_nodes": 1, "ranks_per_node": 4, "num_ranks": 4, "launcher_options": options}
     assert run.command.endswith('\n$PARSL_MPI_PREFIX "${RANK_ARGS[@]}"\n')
-    rank = f"/opt/py/bin/python -m hpcrl.runtime.main {tmp_path}/run --progress=plain"  # as in the batch scripts
+    rank = f"/opt/py/bin/python -m hpcrl.runtime.runners.mpi {tmp_path}/run --progress=plain"  # as in the batch scripts
     assert f"RANK_ARGS=({rank} --resume)" in run.command and f"RANK_ARGS=({rank})" in run.command
     assert load_config(run.job_dir / "config.yaml").io.run_dir == str(tmp_path / "run")
     facts = load_site(BATCH_SITE[site]) if BATCH_SITE[site] else None
@@ -99,7 +99,7 @@ def test_app_in_a_container_and_bad_paths(tmp_path):
     cfg = load_config(None, ["launch.container={runtime: apptainer, image: /img/hpcrl.sif}"])
     run = prepare(cfg, "polaris", tmp_path / "run")
     assert (f"RANK_ARGS=(apptainer exec --bind /opt --bind /var/run/palsd/ --bind {tmp_path} /img/hpcrl.sif "
-            f"python3 -m hpcrl.runtime.main {tmp_path}/run") in run.command
+            f"python3 -m hpcrl.runtime.runners.mpi {tmp_path}/run") in run.command
     assert "module load cray-mpich-abi" in run.command  # the site's container setup, as in the batch scripts
     with pytest.raises(ConfigError, match="launch.container.runtime: 'apptainer' is not available on perlmutter-gpu"):
         prepare(cfg, "perlmutter", tmp_path / "run2")

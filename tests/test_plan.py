@@ -76,7 +76,7 @@ def test_the_lr_anneal_horizon_is_fixed_when_the_run_is_made():
 
 
 def test_a_config_that_leaves_the_fused_loop_says_why():
-    from hpcrl.batched import fuses, why_not_fused
+    from hpcrl.runtime.plan import fuses, why_not_fused
 
     cfg = load_config(CONFIGS / "cartpole_ha2c.yaml")
     assert fuses(cfg) and why_not_fused(cfg) == ""

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from mpi_programs.launcher import run_mpi
 
-from hpcrl.runtime.layout import FragmentLayout
+from hpcrl.runtime.transport.layout import FragmentLayout
 
 
 def fragment(layout_T=3, N=2):

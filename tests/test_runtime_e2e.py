@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from hpcrl.io import read_attrs, read_table, read_trajectory
-from hpcrl.runtime.checkpoint import load_checkpoint
+from hpcrl.runtime.record.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.mpi
 
@@ -161,7 +161,7 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
             cmd = (entry / "cmdline").read_bytes()
         except (OSError, ProcessLookupError):
             continue
-        if b"hpcrl.runtime.main" in cmd and str(run_dir).encode() in cmd and f"PMI_RANK={rank}".encode() in env:
+        if b"hpcrl.runtime.runners.mpi" in cmd and str(run_dir).encode() in cmd and f"PMI_RANK={rank}".encode() in env:
             return int(entry.name)
     return None
 

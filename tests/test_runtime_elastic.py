@@ -17,8 +17,8 @@ import yaml
 from hpcrl.config import build_config
 from hpcrl.io import read_table
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
-from hpcrl.runtime.elastic import ElasticRule
-from hpcrl.runtime.serial import run_serial
+from hpcrl.runtime.roles.elastic import ElasticRule
+from hpcrl.runtime.runners.serial import run_serial
 from test_runtime_profile import check_profile
 
 ACT, PARK, PARKED = (ELASTIC_ACTIONS.index(a) for a in ("activate", "park", "parked"))

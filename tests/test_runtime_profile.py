@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hpcrl.io import read_attrs, read_table
-from hpcrl.runtime.cycle_profile import LEARNER_PHASES, PARAMETER_PHASES, PhaseClock
+from hpcrl.runtime.record.cycle_profile import LEARNER_PHASES, PARAMETER_PHASES, PhaseClock
 
 
 def test_phase_clock_charges_every_second_to_one_phase():

@@ -21,8 +21,8 @@ import yaml
 
 from hpcrl.config import build_config
 from hpcrl.io import read_attrs, read_table, read_trajectory
-from hpcrl.runtime.checkpoint import load_checkpoint
-from hpcrl.runtime.serial import RoleFailed, run_serial
+from hpcrl.runtime.record.checkpoint import load_checkpoint
+from hpcrl.runtime.runners.serial import RoleFailed, run_serial
 
 TINY = {
     "name": "tiny",

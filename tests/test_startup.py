@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from hpcrl.io import read_attrs
-from hpcrl.runtime.prestart import ENV_VAR, PrestartServer
+from hpcrl.runtime.runners.prestart import ENV_VAR, PrestartServer
 
 ROOT = Path(__file__).resolve().parents[1]
 # the stand-in: hand the rank over, then say what this process itself imported and what came back
-STAND_IN = ("import sys; from hpcrl.runtime.prestart import hand_over; code = hand_over(sys.argv[1:]); "
+STAND_IN = ("import sys; from hpcrl.runtime.runners.prestart import hand_over; code = hand_over(sys.argv[1:]); "
             "print('stand-in: torch imported here =', 'torch' in sys.modules, 'code =', code, flush=True); "
             "sys.exit(0)")
 
@@ -34,7 +34,7 @@ def stand_in(server, *argv):
 @pytest.mark.slow
 def test_a_rank_runs_in_a_child_of_the_server_with_the_stand_ins_stdio_and_exit_code(server):
     res = stand_in(server, "--help")  # the child prints the rank's usage on the stand-in's stdout
-    assert "python -m hpcrl.runtime.main" in res.stdout and "run_dir" in res.stdout, res.stdout + res.stderr
+    assert "python -m hpcrl.runtime.runners.mpi" in res.stdout and "run_dir" in res.stdout, res.stdout + res.stderr
     assert "stand-in: torch imported here = False code = 0" in res.stdout
     res = stand_in(server, "RUN_DIR", "--no-such-flag")  # argparse's exit code 2 and message on the stand-in's stderr
     assert "unrecognized arguments: --no-such-flag" in res.stderr
@@ -45,7 +45,7 @@ def test_without_a_server_the_rank_starts_in_its_own_process(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), **{ENV_VAR: str(tmp_path / "no.sock")})
     res = subprocess.run([sys.executable, "-c", STAND_IN, "--help"], capture_output=True, text=True, env=env,
                          timeout=60)
-    assert "code = None" in res.stdout and "python -m hpcrl.runtime.main" not in res.stdout
+    assert "code = None" in res.stdout and "python -m hpcrl.runtime.runners.mpi" not in res.stdout
 
 
 @pytest.mark.mpi

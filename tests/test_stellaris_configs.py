@@ -14,8 +14,8 @@ import torch
 from hpcrl.config import load_config
 from hpcrl.runtime.job import fragment_layout_for, role_parts
 from hpcrl.runtime.plan import make_plan
-from hpcrl.runtime.sampler import VectorSampler, describe_env
-from hpcrl.runtime.serial import run_serial, topologies
+from hpcrl.runtime.roles.sampler import VectorSampler, describe_env
+from hpcrl.runtime.runners.serial import run_serial, topologies
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs" / "stellaris"
 WORKLOADS = ("hopper", "humanoid", "walker2d", "spaceinvaders", "qbert", "gravitar")

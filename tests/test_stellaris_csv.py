@@ -11,7 +11,7 @@ from hpcrl.cli import main as hpcrl_main
 from hpcrl.commands.analyze import load_analysis
 from hpcrl.config import build_config
 from hpcrl.io import read_table
-from hpcrl.runtime.serial import run_serial
+from hpcrl.runtime.runners.serial import run_serial
 
 pd = pytest.importorskip("pandas")
 

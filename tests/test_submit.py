@@ -81,7 +81,7 @@ def test_script_starts_or_resumes_and_requeues(case):
     job = plan_job(load_config(None, CASES[case][2]), site, python=PYTHON, **CASES[case][1])
     assert f"RANK_ARGS=({' '.join(job.rank_start.resume)})" in text and job.rank_start.resume[-1] == "--resume"
     assert f"RANK_ARGS=({' '.join(job.rank_start.start)})" in text and ' \\\n    "${RANK_ARGS[@]}" &\n' in text
-    assert job.rank_start.start[-3:] == ["hpcrl.runtime.main", job.run_dir, "--progress=plain"]
+    assert job.rank_start.start[-3:] == ["hpcrl.runtime.runners.mpi", job.run_dir, "--progress=plain"]
     assert 'cp "$CONFIG" "$RUN_DIR/config.yaml"' in text  # a fresh start puts the resolved config where the ranks read it
     assert "trap 'REQUEUE=1;" in text
     if site.scheduler == "slurm":
@@ -96,11 +96,11 @@ def test_script_starts_or_resumes_and_requeues(case):
 def test_container_prefixes_land_in_the_rank_command():
     assert "podman-hpc run --rm --mpi --gpu -v /pscratch/sd/m/me/runs:/pscratch/sd/m/me/runs" in rendered("perlmutter-gpu")
     cpu = rendered("perlmutter-cpu")
-    assert "shifter --image=docker:me/hpcrl:0.1 --module=mpich python3 -m hpcrl.runtime.main" in cpu
+    assert "shifter --image=docker:me/hpcrl:0.1 --module=mpich python3 -m hpcrl.runtime.runners.mpi" in cpu
     assert "#SBATCH --image=docker:me/hpcrl:0.1" in cpu
     polaris = rendered("polaris-apptainer")
     assert ("apptainer exec --nv --bind /opt --bind /var/run/palsd/ --bind /lus/grand/projects/MyProject/runs "
-            "/eagle/MyProject/hpcrl.sif python3 -m hpcrl.runtime.main") in polaris
+            "/eagle/MyProject/hpcrl.sif python3 -m hpcrl.runtime.runners.mpi") in polaris
     assert "module load cray-mpich-abi" in polaris and "#PBS -l filesystems=home:eagle:grand" in polaris
 
 
@@ -111,12 +111,12 @@ def test_site_launch_lines_start_the_one_rank_command():
                            python=PYTHON))
     assert re.search(r"^srun --ntasks=64 --ntasks-per-node=32 --mpi=pmi2 \\$", text, re.M)
     assert ("RANK_ARGS=(apptainer exec --nv --bind /lus/proj:/data --bind /runs /images/hpcrl.sif "
-            "python3 -m hpcrl.runtime.main /runs/x --progress=plain)") in text
+            "python3 -m hpcrl.runtime.runners.mpi /runs/x --progress=plain)") in text
     assert re.search(r"^srun .* --cpu-bind=cores --gpu-bind=none \\$", rendered("perlmutter-gpu"), re.M)
     pol = render(plan_job(load_config(None, ["actors.count=30"]), load_site("polaris"), account="P",
                           queue="debug-scaling", nodes=4, run_dir="/x/r", python=PYTHON))
     assert re.search(r"^mpiexec -n 32 --ppn 8 --depth=8 --cpu-bind depth ", pol, re.M)
-    assert f"RANK_ARGS=({PYTHON} -m hpcrl.runtime.main /x/r --progress=plain --resume)" in pol
+    assert f"RANK_ARGS=({PYTHON} -m hpcrl.runtime.runners.mpi /x/r --progress=plain --resume)" in pol
 
 
 def test_layout_follows_cores_and_nodes():

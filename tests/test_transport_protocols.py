@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from hpcrl.runtime import local, protocols, transport, windows
+from hpcrl.runtime.transport import links as transport, local, protocols, windows
 
 PAIRS = [
     (protocols.Counters, windows.CounterWindow, local.LocalCounters),

@@ -18,7 +18,7 @@ from .h5read import Run
 GRADIENT_REASONS = ("admitted", "too_stale", "nonfinite", "shutdown", "inactive_group")
 LEARNER_PHASES = ("idle", "receive", "prepare", "minibatch", "control", "weights", "window", "gradient",
                   "flatten", "allreduce", "push", "push_wait")
-"""Phases of the learner_cycles table (hpcrl.runtime.cycle_profile; this folder never imports hpcrl)."""
+"""Phases of the learner_cycles table (hpcrl.runtime.record.cycle_profile; this folder never imports hpcrl)."""
 ELASTIC_ACTIONS = ("activate", "park", "parked")
 ELASTIC_REASONS = ("supply_above_capacity", "supply_below_capacity", "woken", "stopped", "policies_merged",
                    "policies_split")

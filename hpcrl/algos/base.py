@@ -136,7 +136,7 @@ class Algorithm:
 
     def learner_groups_needed(self, model: nn.Module, groups: int) -> int | None:
         """How many learner groups must be active now, at most ``groups`` (the parameter rank asks at the
-        start and after every round); None (default): the elastic rule decides (runtime/elastic.py)."""
+        start and after every round); None (default): the elastic rule decides (runtime/roles/elastic.py)."""
         return None
 
     def apply(self, model: nn.Module, optimizer: Adam | torch.optim.SGD, gradient: np.ndarray) -> None:

@@ -13,7 +13,7 @@ observation; terminated episodes are not bootstrapped. An entropy bonus keeps ex
 
 Against the algorithm contract (:mod:`hpcrl.algos.base`): on the runtime's roles a learner
 turns fragments into that batch (:meth:`HA2C.prepare`); in the fused single-device loop
-(:mod:`hpcrl.batched.runner`) the device-resident rollout does (:meth:`HA2C.prepare_rollout`).
+(:mod:`hpcrl.runtime.runners.fused`) the device-resident rollout does (:meth:`HA2C.prepare_rollout`).
 :meth:`HA2C.compute_gradient` and :meth:`apply` serve both and never wait for the host.
 """
 from __future__ import annotations

@@ -35,3 +35,6 @@ class HDDPGConfig(AlgoSection):
     """Hidden widths of the critic Q(s, a) (None: model.hidden_sizes); the actor uses model.hidden_sizes."""
     stats_every: int = Field(10, ge=1)
     """Fused loop: iterations between fetches of episode statistics and losses from the device (none in between)."""
+
+    def reported_lr(self) -> float:
+        return self.actor_lr

@@ -83,7 +83,7 @@ def gym_step(env: gym.vector.VectorEnv, n: int) -> Callable[[], object]:
 def training_step(env_name: str, n: int, device: torch.device):
     """(callable doing one algorithm iteration, env steps per call, description)."""
     from hpcrl.algos.rollout import EpisodeLog
-    from hpcrl.batched.runner import FusedLoop
+    from hpcrl.runtime.runners.fused import FusedLoop
 
     cls, _, config = ENVS[env_name]
     cfg = load_config(CONFIGS / config)

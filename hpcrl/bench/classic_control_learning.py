@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hpcrl.batched.runner import run_batched
+from hpcrl.runtime.runners.fused import run_batched
 from hpcrl.config import load_config
 from hpcrl.envs.classic.base import resolve_device
 

@@ -69,7 +69,7 @@ def _children_cpu() -> float:
 def cycle_table(run_dir: Path) -> list[str]:
     """This tree's learner cycle (ms per gradient by phase) and the parameter rank's absorption rate."""
     from hpcrl.io import read_table
-    from hpcrl.runtime.cycle_profile import LEARNER_PHASES
+    from hpcrl.runtime.record.cycle_profile import LEARNER_PHASES
 
     h5 = run_dir / "run.h5"
     cy = read_table(h5, "learner_cycles")

@@ -54,7 +54,7 @@ def _worker(sizes: list[int], seconds: float, slots: int) -> None:
     from mpi4py import MPI
 
     from hpcrl.runtime.backoff import Backoff
-    from hpcrl.runtime.windows import GradientMailbox
+    from hpcrl.runtime.transport.windows import GradientMailbox
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

@@ -29,7 +29,7 @@ def make_case(config: str, size: int, device: str):
     on every device, so the gradients can be compared)."""
     from hpcrl.algos import make_algorithm
     from hpcrl.config import load_config
-    from hpcrl.runtime.sampler import describe_env
+    from hpcrl.runtime.roles.sampler import describe_env
 
     cfg = load_config(CONFIGS / f"{config}.yaml")
     info = describe_env(cfg.env)
@@ -63,7 +63,7 @@ def time_case(step, seconds: float) -> float:
 
 def measure(config: str, size: int, mode: str, seconds: float) -> tuple[float, np.ndarray]:
     """Median seconds per gradient in ``mode`` (cpu, cuda, cuda-graph) and the last gradient."""
-    from hpcrl.runtime.cuda_graph import GraphedGradient
+    from hpcrl.runtime.roles.cuda_graph import GraphedGradient
 
     device = "cpu" if mode == "cpu" else "cuda"
     algo, model, mb, weights = make_case(config, size, device)

@@ -77,7 +77,7 @@ def random_return(env: str, seeds: int, episodes: int) -> dict[str, float]:
     own sampler on the same env copies and seeds as the training runs (env.seed = 0 .. seeds - 1)."""
     from hpcrl.algos import make_algorithm
     from hpcrl.config import load_config
-    from hpcrl.runtime.sampler import describe_env
+    from hpcrl.runtime.roles.sampler import describe_env
 
     returns, agent = [], []
     for seed in range(seeds):
@@ -129,8 +129,8 @@ def cross_play(env: str, run_dir: Path, episodes: int, warmup_fragments: int = 1
     actor as in training): ``warmup_fragments`` fragments fill them before episodes are counted."""
     from hpcrl.algos import make_algorithm
     from hpcrl.config import load_config
-    from hpcrl.runtime.checkpoint import load_checkpoint
-    from hpcrl.runtime.sampler import describe_env
+    from hpcrl.runtime.record.checkpoint import load_checkpoint
+    from hpcrl.runtime.roles.sampler import describe_env
 
     cfg = load_config(run_dir / "config.yaml")
     info = describe_env(cfg.env)
@@ -155,7 +155,7 @@ def play(cfg, actor, model, episodes: int, warmup_fragments: int = 0) -> list[di
     ``actor.act`` choosing the actions, after ``warmup_fragments`` uncounted fragments."""
     import torch
 
-    from hpcrl.runtime.sampler import VectorSampler
+    from hpcrl.runtime.roles.sampler import VectorSampler
 
     sampler = VectorSampler(cfg.env, 0)
     eps: list[dict] = []

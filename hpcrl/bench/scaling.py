@@ -47,7 +47,7 @@ def env_ceiling(config: Path, seconds: float = 1.5) -> dict:
     import gymnasium as gym
 
     from hpcrl.config import load_config
-    from hpcrl.runtime.env_backends import make_backend
+    from hpcrl.runtime.roles.env_backends import make_backend
 
     cfg = load_config(config)
     env = gym.make(cfg.env.id, **cfg.env.kwargs)
@@ -123,7 +123,7 @@ def record_rates(run_h5: Path, actors: int) -> dict:
     """Env steps/s, actor busy share, gradients/s, the learner cycle (mean ms per gradient by phase, from
     ``learner_cycles``) and the parameter rank's work per gradient received (ms by phase, ``parameter_load``)."""
     from hpcrl.io import read_table
-    from hpcrl.runtime.cycle_profile import LEARNER_PHASES, PARAMETER_PHASES
+    from hpcrl.runtime.record.cycle_profile import LEARNER_PHASES, PARAMETER_PHASES
 
     a = read_table(run_h5, "actors", ["time", "steps", "sample_seconds", "transport_wait_seconds"])
     began = a["time"] - a["sample_seconds"] - a["transport_wait_seconds"]

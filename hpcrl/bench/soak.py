@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 import yaml
 
-from hpcrl.runtime.checkpoint import has_checkpoint
+from hpcrl.runtime.record.checkpoint import has_checkpoint
 
 FAULTS = ("kill_job", "kill_rank", "sigterm", "sigusr1", "stop_actor")
 
@@ -49,7 +49,7 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
     for entry in Path("/proc").iterdir():
         try:
             cmd = (entry / "cmdline").read_bytes()
-            if b"hpcrl.runtime.main" not in cmd or str(run_dir).encode() not in cmd:
+            if b"hpcrl.runtime.runners.mpi" not in cmd or str(run_dir).encode() not in cmd:
                 continue
             env = dict(kv.split(b"=", 1) for kv in (entry / "environ").read_bytes().split(b"\0") if b"=" in kv)
             out[int(env[b"PMI_RANK"])] = int(entry.name)
@@ -61,7 +61,7 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
 def check_record(run_dir: Path) -> list[str]:
     """Every key once, in order; counters that match the files. Returns the problems found."""
     from hpcrl.io import read_attrs, read_table, read_trajectory
-    from hpcrl.runtime.checkpoint import load_checkpoint
+    from hpcrl.runtime.record.checkpoint import load_checkpoint
 
     h5, problems = run_dir / "run.h5", []
     versions = read_table(h5, "updates")["version"]

@@ -2,7 +2,7 @@
 
 Each variant starts the default CartPole job (or CONFIG) as a fresh ``hpcrl run`` with a tiny
 step budget; the first step is read back from the run's run.h5 (the earliest fragment's start,
-:mod:`hpcrl.runtime.startup`) and timed from just before the command was started. Variants:
+:mod:`hpcrl.runtime.runners.startup`) and timed from just before the command was started. Variants:
 
 - ``mpi``: the MPI runner as shipped (ranks forked from the prestart server, ``launch.prestart``);
 - ``mpi-no-prestart``: the MPI runner with ``-o launch.prestart=false`` (every rank imports its libraries);
@@ -54,7 +54,7 @@ def time_floor() -> dict:
 def time_variant(name: str, config: str | None, overrides: list[str], run_dir: Path, timeout: float) -> dict:
     """Start one ``hpcrl run``; the seconds to its first env step and to its exit, and the recorded startup."""
     from hpcrl.io import read_attrs
-    from hpcrl.runtime.startup import first_step_unix
+    from hpcrl.runtime.runners.startup import first_step_unix
 
     cmd = [sys.executable, "-m", "hpcrl", "run", *([config] if config else []), *VARIANTS[name],
            *[a for o in ["stop.target_return=null", "io.log_seconds=60", f"io.run_dir={run_dir}", *overrides]

@@ -66,8 +66,8 @@ def trained_policy(cfg, run_dir: Path):
     The obs rows are one channel's agents in order, so a MARL model (ippo, mappo) routes each to its
     agent's policy."""
     from hpcrl.algos import make_algorithm
-    from hpcrl.runtime.checkpoint import load_checkpoint
-    from hpcrl.runtime.sampler import describe_env, rescale
+    from hpcrl.runtime.record.checkpoint import load_checkpoint
+    from hpcrl.runtime.roles.sampler import describe_env, rescale
 
     state = load_checkpoint(run_dir)
     if state is None:

@@ -15,7 +15,7 @@ only). ``reset(seed=s)`` seeds env i with s + i, exactly as SyncVectorEnv does, 
 
 Worker-side inference (``policy=...``): ``step()`` without actions lets every worker act with its
 cached copy of the policy; ``publish(module)`` puts the head's weights on the weight board and a
-worker pulls them only when AAPS says so (:class:`~hpcrl.runtime.aaps.VisitedStateAAPS`). The
+worker pulls them only when AAPS says so (:class:`~hpcrl.runtime.roles.aaps.VisitedStateAAPS`). The
 actions taken, their log-probabilities and the acting policy's version come back in
 ``infos["actions"]``, ``infos["logprob"]`` and ``infos["policy_version"]``.
 """
@@ -135,7 +135,7 @@ class ClusterEnv(VectorEnv):
                                                        obs_space)
             comm.bcast(num_params if not failed else -1, root=0)
             if not failed:
-                from hpcrl.runtime.windows import WeightBoard
+                from hpcrl.runtime.transport.windows import WeightBoard
 
                 self.board = WeightBoard(comm, 0, num_params, history=2)
         if failed:
@@ -153,7 +153,7 @@ class ClusterEnv(VectorEnv):
         self.version = -1
         self.aaps = None
         if policy_bytes is not None:
-            from hpcrl.runtime.aaps import VisitedStateAAPS
+            from hpcrl.runtime.roles.aaps import VisitedStateAAPS
 
             self.aaps = [VisitedStateAAPS(o.kl_threshold, o.kl_window, width, obs_space.shape, discrete)
                          for _ in counts]

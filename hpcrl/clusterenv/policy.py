@@ -3,8 +3,8 @@
 A policy is any ``torch.nn.Module`` with ``dist(obs) -> Categorical | Normal`` (hpcrl's
 :class:`~hpcrl.models.ActorCritic` has it), built on every worker by the same factory
 ``factory(single_observation_space, single_action_space)``. Its parameters travel as one flat
-float32 vector on a :class:`~hpcrl.runtime.windows.WeightBoard` owned by the head: a worker pulls
-it with one-sided ``Get``s only when AAPS says so (:class:`~hpcrl.runtime.aaps.VisitedStateAAPS`).
+float32 vector on a :class:`~hpcrl.runtime.transport.windows.WeightBoard` owned by the head: a worker pulls
+it with one-sided ``Get``s only when AAPS says so (:class:`~hpcrl.runtime.roles.aaps.VisitedStateAAPS`).
 The "outputs" of a policy at a state are the log-probabilities (Discrete) or the Gaussian means
 then log-stds (Box): what the KL needs, and what a worker returns with each action.
 """

@@ -210,7 +210,7 @@ def serve(comm, lifeline) -> None:
     if setup.get("policy") is not None:
         num_params = comm.bcast(None, root=0)
         if num_params > 0:
-            from hpcrl.runtime.windows import WeightBoard
+            from hpcrl.runtime.transport.windows import WeightBoard
 
             board = WeightBoard(comm, 0, num_params, history=2)
             worker.attach_board(board, setup["kl_threshold"])

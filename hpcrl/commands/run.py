@@ -5,12 +5,12 @@ config (nothing is written when anything is wrong) and creates the run directory
 resolved ``config.yaml``. Under ``launch.runner: mpi`` it starts ``mpiexec`` with the right
 number of ranks, shows progress, forwards SIGINT/SIGTERM/SIGUSR1 as a graceful stop (the
 parameter rank checkpoints) and enforces ``launch.timeout_seconds``; under ``serial`` it runs
-every role in this process (:func:`hpcrl.runtime.serial.run_serial`, same record). With
+every role in this process (:func:`hpcrl.runtime.runners.serial.run_serial`, same record). With
 ``--inside-mpi``, or when the process is already one rank of a multi-rank job (srun, PBS
 mpiexec), it runs its role.
 
 The single-process algorithms (algo.name ha2c, hddpg: batched envs on one device) need no
-MPI: the same run directory is created and :func:`hpcrl.batched.runner.run_batched` trains in
+MPI: the same run directory is created and :func:`hpcrl.runtime.runners.fused.run_batched` trains in
 this process; they have no checkpoints, so ``--resume`` and ``--ranks`` are refused.
 """
 from __future__ import annotations
@@ -26,14 +26,14 @@ import time
 from pathlib import Path
 
 from hpcrl import launch
-from hpcrl.batched import fuses, why_not_fused
+from hpcrl.runtime.plan import fuses, why_not_fused
 from hpcrl.config import RunConfig, load_config
 from hpcrl.errors import ConfigError
 from hpcrl.io.run_lock import RunLock
-from hpcrl.runtime.prestart import PrestartServer
+from hpcrl.runtime.runners.prestart import PrestartServer
 from hpcrl.runtime.signals import (EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED, EXIT_TIMEOUT, early_signal,
                                    remember_stop_signals)
-from hpcrl.runtime.startup import process_start_unix, record_startup
+from hpcrl.runtime.runners.startup import process_start_unix, record_startup
 
 CONFIG_FILE = "config.yaml"
 GRACE_SECONDS = 60.0
@@ -75,7 +75,7 @@ def resolve_config(args: argparse.Namespace, ranks_from: str = "--ranks") -> tup
         validate(cfg)
         return cfg, None
     if run_dir is not None:
-        from hpcrl.runtime.checkpoint import checkpoint_path, has_checkpoint
+        from hpcrl.runtime.record.checkpoint import checkpoint_path, has_checkpoint
 
         if not has_checkpoint(run_dir):
             raise ConfigError(f"--resume: {args.resume!r} has no checkpoint ({checkpoint_path(run_dir)})")
@@ -121,7 +121,7 @@ def validate(cfg: RunConfig) -> None:
     from hpcrl.runtime.topology import plan_roles
 
     if fuses(cfg):
-        from hpcrl.batched.runner import check_config
+        from hpcrl.runtime.runners.fused import check_config
 
         check_config(cfg)
         return
@@ -129,12 +129,12 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"learners.ranks_per_group={cfg.learners.ranks_per_group}: launch.runner=serial runs one "
                           "rank per learner group; set learners.ranks_per_group=1 or launch.runner=mpi")
     check_env_id(cfg.env.id)
-    from hpcrl.runtime.env_backends import env_kind
+    from hpcrl.runtime.roles.env_backends import env_kind
 
     # actors step every kind (gym; batched on the CPU; parallel, agents = instances). Building one env
     # (copy) checks the rest: batched kwargs, one space shared by all agents, rescalable actions.
     if env_kind(cfg.env.id) != "gym" or cfg.env.rescale_actions:
-        from hpcrl.runtime.sampler import describe_env
+        from hpcrl.runtime.roles.sampler import describe_env
 
         info = describe_env(cfg.env)
         if getattr(cfg.algo, "agents", None) is not None:
@@ -143,7 +143,7 @@ def validate(cfg: RunConfig) -> None:
             check_agent_count(cfg, info)  # a wrong count that divides the real one would pass silently
     plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
     if cfg.learners.allreduce == "horovod":
-        from hpcrl.runtime.group_reduce import horovod_available
+        from hpcrl.runtime.transport.group_reduce import horovod_available
 
         if not horovod_available():
             raise ConfigError("learners.allreduce: horovod is not installed in this Python (docs/runtime.md shows "
@@ -183,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
     remember_stop_signals()  # a cancel during start-up ends the run cleanly as a cancel
     inside = launch.job_rank(os.environ)
     if args.inside_mpi or inside is not None:
-        from hpcrl.runtime.main import start_inside_job
+        from hpcrl.runtime.runners.mpi import start_inside_job
 
         if args.ranks is not None and inside is not None and inside[1] and inside[1] != args.ranks:
             raise ConfigError(f"--ranks {args.ranks}: this job has {inside[1]} ranks")
@@ -247,7 +247,7 @@ def start_prestart() -> PrestartServer | None:
 
 
 def uses_prestart(cfg: RunConfig) -> bool:
-    """True when the ranks of this local run are forked from a prestart server (hpcrl.runtime.prestart)."""
+    """True when the ranks of this local run are forked from a prestart server (hpcrl.runtime.runners.prestart)."""
     return cfg.uses_mpi and cfg.launch.prestart and cfg.launch.container is None and not fuses(cfg)
 
 
@@ -278,12 +278,12 @@ def check_local_machine(cfg: RunConfig, oversubscribe: bool = False) -> None:
 
 
 def run_in_process(cfg: RunConfig) -> int:
-    """The fused loop (hpcrl.batched.fuses): train in this process with run_batched; progress and summary
+    """The fused loop (hpcrl.runtime.plan.fuses): train in this process with run_batched; progress and summary
     as for the roles.
 
     SIGTERM stops like Ctrl-C: run.h5 is closed with everything fetched so far (exit code 130).
     """
-    from hpcrl.batched.runner import run_batched
+    from hpcrl.runtime.runners.fused import run_batched
 
     run_dir = create_run_dir(cfg)
     progress = "tty" if sys.stdout.isatty() else "plain"
@@ -304,7 +304,7 @@ def run_in_process(cfg: RunConfig) -> int:
 
 def run_serial_here(cfg: RunConfig, run_dir: Path, resume: bool) -> int:
     """launch.runner=serial: every role in this process; a failed role is one line plus its traceback."""
-    from hpcrl.runtime.serial import RoleFailed, run_serial
+    from hpcrl.runtime.runners.serial import RoleFailed, run_serial
 
     progress = "tty" if sys.stdout.isatty() else "plain"
     if progress == "plain":
@@ -325,7 +325,7 @@ def run_serial_here(cfg: RunConfig, run_dir: Path, resume: bool) -> int:
 
 def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path, extra_env: dict[str, str] | None = None) -> int:
     """Run mpiexec, render its progress, forward stop signals, enforce the timeout."""
-    from hpcrl.runtime.progress import ProgressView, parse_line
+    from hpcrl.runtime.record.progress import ProgressView, parse_line
 
     view = ProgressView(log_seconds=cfg.io.log_seconds)
     if not view.tty:
@@ -399,7 +399,7 @@ def supervise(cmd: list[str], cfg: RunConfig, run_dir: Path, extra_env: dict[str
 
 
 FAILED_LINE = re.compile(r"^\[rank \d+\] hpcrl: (rank \d+.*? failed: .*); aborting the job$")
-"""runtime.main._abort's first line: which rank, role and host failed, and the error."""
+"""runtime.runners.mpi._abort's first line: which rank, role and host failed, and the error."""
 
 
 def _pump(proc: subprocess.Popen, view, summary: dict, parse_line) -> None:

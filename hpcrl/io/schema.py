@@ -205,7 +205,7 @@ TABLE_LIST = (
         _c("arrival_rate", "f4", "1/s", "gradients / interval_seconds"),
     )),
     TableSpec("elastic_events", "One row per activation or park of a learner group (the parameter rank's decisions, "
-              "runtime/elastic.py: supply S of env steps/s from the actors vs capacity C of env steps per busy second "
+              "runtime/roles/elastic.py: supply S of env steps/s from the actors vs capacity C of env steps per busy second "
               "of a group), and one per park a group left, with what the park cost it.", (
         _c("time", "f8", "s", "time of the decision, or the end of the park, since run start", True),
         _c("group", "i4", "", "the learner group activated, parked, or reporting its park", True),

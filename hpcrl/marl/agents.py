@@ -7,7 +7,7 @@ from hpcrl.errors import ConfigError
 def check_agent_count(cfg, env_info) -> None:
     """ConfigError unless ``algo.agents`` equals the env's agents per copy (instances / env.num_envs).
 
-    ``env_info``: :func:`hpcrl.runtime.sampler.describe_env`'s answer for ``cfg.env``."""
+    ``env_info``: :func:`hpcrl.runtime.roles.sampler.describe_env`'s answer for ``cfg.env``."""
     agents = getattr(cfg.algo, "agents", None)
     if agents is None:
         return

@@ -1,4 +1,5 @@
-"""MPI plumbing and the role loops: rank map, RMA windows, fragment channels (no RL maths here).
+"""The job: a Plan built once (``plan.py``), the roles that run it (``roles/``), how they talk
+(``transport/``), what they leave (``record/``), and the runners that wire them (``runners/``).
 
-Importing ``hpcrl.runtime`` does not import mpi4py; the submodules that need MPI do.
+Importing ``hpcrl.runtime`` does not import mpi4py; the modules that need MPI do.
 """

@@ -3,8 +3,8 @@
 A role (parameter, learner group, actor) receives one :class:`Job`: its config, its place in
 the rank map, the algorithm object and model, the run directory, and the job's shared objects.
 The shared objects are the MPI windows and channels under ``launch.runner: mpi``
-(:mod:`hpcrl.runtime.main`) and their in-memory twins under ``serial``
-(:mod:`hpcrl.runtime.serial`); the role loops use only the methods the two have in common.
+(:mod:`hpcrl.runtime.runners.mpi`) and their in-memory twins under ``serial``
+(:mod:`hpcrl.runtime.runners.serial`); the role loops use only the methods the two have in common.
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from hpcrl.algos import make_algorithm
 from hpcrl.algos.base import Algorithm
 from hpcrl.config import RunConfig
 from hpcrl.io import TrajLayout
-from hpcrl.runtime.aaps import Probe
+from hpcrl.runtime.roles.aaps import Probe
 from hpcrl.runtime.plan import Plan
-from hpcrl.runtime.progress import ProgressEmitter
-from hpcrl.runtime.protocols import Board, Counters, Fragments, Mailbox, Reports
-from hpcrl.runtime.sampler import EnvInfo
+from hpcrl.runtime.record.progress import ProgressEmitter
+from hpcrl.runtime.transport.protocols import Board, Counters, Fragments, Mailbox, Reports
+from hpcrl.runtime.roles.sampler import EnvInfo
 from hpcrl.runtime.topology import Topology
 
 
@@ -42,7 +42,7 @@ class Job:
     env: EnvInfo
     traj_layout: TrajLayout
     counters: Counters
-    """CounterWindow or LocalCounters (words in hpcrl.runtime.control)."""
+    """CounterWindow or LocalCounters (words in hpcrl.runtime.transport.control)."""
     mailbox: Mailbox
     """GradientMailbox or LocalMailbox."""
     board: Board
@@ -84,7 +84,7 @@ def roll_back_record(run_dir: Path) -> dict | None:
     """--resume: cut run.h5 and every trajectory file back to the row counts the checkpoint recorded,
     so no row of the redone work appears twice (one rule for every table and file); what was cut."""
     from hpcrl.io.rollback import truncate_record
-    from hpcrl.runtime.checkpoint import load_checkpoint
+    from hpcrl.runtime.record.checkpoint import load_checkpoint
 
     from hpcrl.io.rollback import trajectory_files
 
@@ -121,7 +121,7 @@ def role_parts(cfg: RunConfig, env: EnvInfo, topo: Topology) -> tuple[Algorithm,
 
 
 def fragment_layout_for(cfg: RunConfig, env: EnvInfo, model: nn.Module):
-    from hpcrl.runtime.layout import fragment_layout
+    from hpcrl.runtime.transport.layout import fragment_layout
 
     return fragment_layout(env.num_envs, cfg.actors.fragment_length, tuple(env.observation_space.shape),
                            tuple(model.action_shape), model.discrete, obs_dtype=env.obs_dtype)

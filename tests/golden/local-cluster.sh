@@ -30,14 +30,14 @@ export UCX_LOG_LEVEL=error
 # start, or resume from the last checkpoint
 if [ -f "$RUN_DIR/checkpoints/latest.pt" ]; then
     echo "hpcrl: resuming $RUN_DIR from its last checkpoint (restart $RESTART)"
-    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.main /scratch/me/runs/cartpole --progress=plain --resume)
+    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.runners.mpi /scratch/me/runs/cartpole --progress=plain --resume)
 else
     if [ -e "$RUN_DIR" ]; then  # an earlier attempt stopped before its first checkpoint
         mv "$RUN_DIR" "$RUN_DIR.incomplete-$(date +%Y%m%d-%H%M%S)"
     fi
     echo "hpcrl: starting $RUN_DIR"
     mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.yaml" || exit 1  # the ranks read the resolved config there
-    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.main /scratch/me/runs/cartpole --progress=plain)
+    RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.runners.mpi /scratch/me/runs/cartpole --progress=plain)
 fi
 
 # The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on

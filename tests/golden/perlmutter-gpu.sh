@@ -36,14 +36,14 @@ export MPICH_GPU_SUPPORT_ENABLED=0
 # start, or resume from the last checkpoint
 if [ -f "$RUN_DIR/checkpoints/latest.pt" ]; then
     echo "hpcrl: resuming $RUN_DIR from its last checkpoint (restart $RESTART)"
-    RANK_ARGS=(podman-hpc run --rm --mpi --gpu -v /pscratch/sd/m/me/runs:/pscratch/sd/m/me/runs -e HDF5_USE_FILE_LOCKING -e OMP_NUM_THREADS -e PYTHONUNBUFFERED registry.nersc.gov/m1234/hpcrl:0.1 python3 -m hpcrl.runtime.main /pscratch/sd/m/me/runs/cartpole --progress=plain --resume)
+    RANK_ARGS=(podman-hpc run --rm --mpi --gpu -v /pscratch/sd/m/me/runs:/pscratch/sd/m/me/runs -e HDF5_USE_FILE_LOCKING -e OMP_NUM_THREADS -e PYTHONUNBUFFERED registry.nersc.gov/m1234/hpcrl:0.1 python3 -m hpcrl.runtime.runners.mpi /pscratch/sd/m/me/runs/cartpole --progress=plain --resume)
 else
     if [ -e "$RUN_DIR" ]; then  # an earlier attempt stopped before its first checkpoint
         mv "$RUN_DIR" "$RUN_DIR.incomplete-$(date +%Y%m%d-%H%M%S)"
     fi
     echo "hpcrl: starting $RUN_DIR"
     mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.yaml" || exit 1  # the ranks read the resolved config there
-    RANK_ARGS=(podman-hpc run --rm --mpi --gpu -v /pscratch/sd/m/me/runs:/pscratch/sd/m/me/runs -e HDF5_USE_FILE_LOCKING -e OMP_NUM_THREADS -e PYTHONUNBUFFERED registry.nersc.gov/m1234/hpcrl:0.1 python3 -m hpcrl.runtime.main /pscratch/sd/m/me/runs/cartpole --progress=plain)
+    RANK_ARGS=(podman-hpc run --rm --mpi --gpu -v /pscratch/sd/m/me/runs:/pscratch/sd/m/me/runs -e HDF5_USE_FILE_LOCKING -e OMP_NUM_THREADS -e PYTHONUNBUFFERED registry.nersc.gov/m1234/hpcrl:0.1 python3 -m hpcrl.runtime.runners.mpi /pscratch/sd/m/me/runs/cartpole --progress=plain)
 fi
 
 # The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on

@@ -12,9 +12,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.runtime.channels import FragmentReceiver, FragmentSender
-from hpcrl.runtime.layout import FragmentLayout
-from hpcrl.runtime.windows import CounterWindow
+from hpcrl.runtime.transport.channels import FragmentReceiver, FragmentSender
+from hpcrl.runtime.transport.layout import FragmentLayout
+from hpcrl.runtime.transport.windows import CounterWindow
 
 T, N, OBS, PREPOST = 16, 4, (5, 2), 2
 

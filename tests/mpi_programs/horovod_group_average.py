@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from hpcrl.runtime.group_reduce import HorovodReducer
+from hpcrl.runtime.transport.group_reduce import HorovodReducer
 
 world = MPI.COMM_WORLD
 per_group = int(sys.argv[1])

@@ -12,7 +12,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.runtime.windows import FREE, GradientMailbox
+from hpcrl.runtime.transport.windows import FREE, GradientMailbox
 
 
 def exercise(comm, groups, slots, pushes, params, owner_sleep):

@@ -12,7 +12,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.runtime.windows import CounterWindow, WeightBoard
+from hpcrl.runtime.transport.windows import CounterWindow, WeightBoard
 
 STOP, READS, ADDS = 0, 1, 2
 

@@ -23,7 +23,7 @@ from collections import deque
 
 import numpy as np
 
-from hpcrl.runtime.push import PushLoop
+from hpcrl.runtime.transport.push import PushLoop
 
 
 class RunAborted(RuntimeError):

@@ -13,7 +13,7 @@ the group frees its places only once the batch they held is trained and its grad
 by the parameter rank, so each batch is sampled with the weights the previous one made. With MARL
 policy learners (the plan's ``every_group`` routing) the fragment goes to every active group
 that has room, or with a post-processing learner (``postprocess_first``) to it alone. The actor acts with ``job.algo.act``. The last actor also
-runs the evaluation episodes the parameter rank requests (:mod:`hpcrl.runtime.evaluation`).
+runs the evaluation episodes the parameter rank requests (:mod:`hpcrl.runtime.roles.evaluation`).
 
 Parking (actor scaling, MARLess section 4.4): an actor whose index is not below the ACTIVE_ACTORS
 counter word blocks in ``counters.wait_until`` (50 ms naps under MPI, a condition variable in the
@@ -30,10 +30,10 @@ import numpy as np
 
 from hpcrl.io import TrajectoryWriter, traj_filename
 from hpcrl.io.schema import PARK_REASONS
-from hpcrl.runtime import control
+from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
-from hpcrl.runtime.evaluation import Evaluator
-from hpcrl.runtime.sampler import VectorSampler, bootstrap_values
+from hpcrl.runtime.roles.evaluation import Evaluator
+from hpcrl.runtime.roles.sampler import VectorSampler, bootstrap_values
 
 
 class Actor:

@@ -27,9 +27,9 @@ import numpy as np
 
 from hpcrl.io import RunFile
 from hpcrl.io.schema import GRADIENT_REASONS
-from hpcrl.runtime.cycle_profile import PARAMETER_PHASES
-from hpcrl.runtime.rows import RowBuffer
-from hpcrl.runtime.stop_rule import StopRule
+from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES
+from hpcrl.runtime.record.rows import RowBuffer
+from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord
 
 REASON = {name: i for i, name in enumerate(GRADIENT_REASONS)}

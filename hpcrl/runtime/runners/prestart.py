@@ -2,9 +2,9 @@
 
 Importing torch costs about 1.3 s of CPU, and four ranks on two cores pay it four times over
 before the first environment step. With prestart, ``hpcrl run`` (runner mpi, local mpiexec, no
-container) first binds a socket and starts one server on it (``python -m hpcrl.runtime.prestart``),
+container) first binds a socket and starts one server on it (``python -m hpcrl.runtime.runners.prestart``),
 in parallel with its own config checks; the server imports what every rank needs once
-(:data:`PRELOAD`; mpi4py without initialising MPI). Each rank mpiexec starts (``python -m hpcrl.runtime.main``) finds the
+(:data:`PRELOAD`; mpi4py without initialising MPI). Each rank mpiexec starts (``python -m hpcrl.runtime.runners.mpi``) finds the
 server's socket in ``$HPCRL_PRESTART`` and hands over its argv, environment, working directory
 and open file descriptors (stdio, the PMI socket); the server forks a child that takes them
 over, initialises MPI and runs the rank. The rank process stays as the child's stand-in:
@@ -31,9 +31,9 @@ ENV_VAR = "HPCRL_PRESTART"
 """Path of the server's socket, set in the environment of the ranks of a local run."""
 
 SOCKET_NAME = "ranks.sock"
-PRELOAD = ("numpy", "torch", "h5py", "gymnasium", "hpcrl.config", "hpcrl.runtime.main", "hpcrl.runtime.job",
-           "hpcrl.runtime.windows", "hpcrl.runtime.transport", "hpcrl.runtime.actor", "hpcrl.runtime.learner",
-           "hpcrl.runtime.parameter", "hpcrl.runtime.progress")
+PRELOAD = ("numpy", "torch", "h5py", "gymnasium", "hpcrl.config", "hpcrl.runtime.runners.mpi", "hpcrl.runtime.job",
+           "hpcrl.runtime.transport.windows", "hpcrl.runtime.transport.links", "hpcrl.runtime.roles.actor", "hpcrl.runtime.roles.learner",
+           "hpcrl.runtime.roles.parameter", "hpcrl.runtime.record.progress")
 """Imported once by the server, before it forks any rank."""
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 """Signals the stand-in passes on to its child (mpiexec sends these to the process it started)."""
@@ -56,7 +56,7 @@ class PrestartServer:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
             listener.bind(str(self.path))
             listener.listen(256)
-            self.proc = subprocess.Popen([python, "-m", "hpcrl.runtime.prestart", str(self.path), str(listener.fileno())],
+            self.proc = subprocess.Popen([python, "-m", "hpcrl.runtime.runners.prestart", str(self.path), str(listener.fileno())],
                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                          env={**environ, **self.environ}, start_new_session=True,
                                          pass_fds=(listener.fileno(),))
@@ -300,7 +300,7 @@ def _become(request: dict, fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    sys.argv = ["-m", *request["argv"]]  # python -m hpcrl.runtime.main ARGS
+    sys.argv = ["-m", *request["argv"]]  # python -m hpcrl.runtime.runners.mpi ARGS
     import numpy as np
 
     np.random.seed()  # a fresh process would have drawn its own legacy-global seed
@@ -310,7 +310,7 @@ def _run_rank(argv: list[str]) -> int:
     from mpi4py import MPI
 
     MPI.Init_thread(MPI.THREAD_MULTIPLE)
-    from hpcrl.runtime.main import run_rank
+    from hpcrl.runtime.runners.mpi import run_rank
 
     return run_rank(argv)
 

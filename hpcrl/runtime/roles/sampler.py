@@ -1,6 +1,6 @@
 """Stepping the N environment instances of one actor rank in lock-step, one fragment at a time.
 
-The instances come from an env backend (:mod:`hpcrl.runtime.env_backends`): N Gymnasium envs,
+The instances come from an env backend (:mod:`hpcrl.runtime.roles.env_backends`): N Gymnasium envs,
 one batched tensor env of N instances, or copies of a PettingZoo ParallelEnv whose agents are the
 instances (parameter sharing). Every backend resets an instance in the step it ended in: the row
 t keeps the transition that ended the episode, the value of the final observation is recorded
@@ -28,7 +28,7 @@ import torch
 from gymnasium import spaces
 
 from hpcrl.errors import ConfigError
-from hpcrl.runtime.env_backends import describe, make_backend
+from hpcrl.runtime.roles.env_backends import describe, make_backend
 
 
 def observation_dtype(space: spaces.Space, normalize: bool) -> np.dtype:

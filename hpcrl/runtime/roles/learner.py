@@ -22,12 +22,12 @@ publish the base version they are computing with; this group reads those version
 weight board's history and evaluates the minibatch under them (``algo.logps``), so
 R' = min(|min_i pi_i/mu|, rho) covers the learner policies of the current aggregation window.
 
-Elasticity (the parameter rank decides, runtime/elastic.py): a group told to park first trains
+Elasticity (the parameter rank decides, runtime/roles/elastic.py): a group told to park first trains
 the full batches it already holds, then blocks in ``counters.wait_until`` until it is activated
 or the run stops (no spinning: a condition variable in the serial runner, 50 ms naps between
 counter reads under MPI), keeping what it holds for later. When the park ends it reports its
 length and the CPU it used (elastic_events). Only the seconds spent computing are charged
-(learner_activity); every gradient's cycle is profiled (learner_cycles, runtime/cycle_profile.py).
+(learner_activity); every gradient's cycle is profiled (learner_cycles, runtime/record/cycle_profile.py).
 """
 from __future__ import annotations
 
@@ -36,13 +36,13 @@ import time
 import numpy as np
 import torch
 
-from hpcrl.runtime import control
+from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
-from hpcrl.runtime.cuda_graph import GraphedGradient
-from hpcrl.runtime.cycle_profile import CycleRecord
-from hpcrl.runtime.elastic import ACTION, REASON
-from hpcrl.runtime.group_reduce import PARK, make_reducer, serve_group_root
-from hpcrl.runtime.push import PushAbandoned
+from hpcrl.runtime.roles.cuda_graph import GraphedGradient
+from hpcrl.runtime.record.cycle_profile import CycleRecord
+from hpcrl.runtime.roles.elastic import ACTION, REASON
+from hpcrl.runtime.transport.group_reduce import PARK, make_reducer, serve_group_root
+from hpcrl.runtime.transport.push import PushAbandoned
 
 
 BATCHES_HELD = 2

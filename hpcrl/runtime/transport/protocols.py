@@ -1,8 +1,8 @@
 """What the role loops may call on the job's shared objects: one Protocol per transport, two implementations each.
 
-The MPI implementations (``runtime/windows.py``: one-sided windows owned by rank 0;
-``runtime/transport.py``: point-to-point channels) and the in-memory twins of the serial runner
-(``runtime/local.py``) satisfy these; a role sees only the Protocol, so it runs unchanged under
+The MPI implementations (``runtime/transport/windows.py``: one-sided windows owned by rank 0;
+``runtime/transport/links.py``: point-to-point channels) and the in-memory twins of the serial runner
+(``runtime/transport/local.py``) satisfy these; a role sees only the Protocol, so it runs unchanged under
 either runner. ``tests/test_transport_protocols.py`` checks both sets against them and runs the
 same stress bodies (no gradient lost, doubled or torn; no torn weight copy) on the in-memory twins
 that ``tests/mpi_programs/`` runs on the windows.
@@ -16,7 +16,7 @@ import numpy as np
 
 @runtime_checkable
 class Counters(Protocol):
-    """Integer words on rank 0 (``runtime/control.py`` names them): atomic add and set, reads, a wait."""
+    """Integer words on rank 0 (``runtime/transport/control.py`` names them): atomic add and set, reads, a wait."""
 
     def add(self, i: int, value: int = 1) -> int: ...
     def set(self, i: int, value: int) -> int: ...

@@ -23,10 +23,10 @@ import torch
 def probe_states(env_cfg, batch: int) -> np.ndarray:
     """``batch`` states visited by a uniformly random policy from a fixed seed (made on one rank).
 
-    Any env kind, through the actors' backend (:mod:`hpcrl.runtime.env_backends`) with one env
+    Any env kind, through the actors' backend (:mod:`hpcrl.runtime.roles.env_backends`) with one env
     (for a batched env one instance, for a parallel env one copy: all its agents' observations).
     """
-    from hpcrl.runtime.env_backends import make_backend
+    from hpcrl.runtime.roles.env_backends import make_backend
 
     backend = make_backend(env_cfg, count=1)
     seed = env_cfg.seed + 4242

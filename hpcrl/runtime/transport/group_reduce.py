@@ -24,7 +24,7 @@ import socket
 import numpy as np
 import torch
 
-from hpcrl.runtime import control
+from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
 
 PARK = "park"

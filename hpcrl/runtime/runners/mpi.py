@@ -1,4 +1,4 @@
-"""Per-rank entry point: ``python -m hpcrl.runtime.main RUN_DIR [--resume] [--progress MODE]``.
+"""Per-rank entry point: ``python -m hpcrl.runtime.runners.mpi RUN_DIR [--resume] [--progress MODE]``.
 
 Every rank reads the resolved ``RUN_DIR/config.yaml`` (nothing else: no environment
 variables, no argv below this file), splits COMM_WORLD into roles, creates the shared RMA
@@ -26,7 +26,7 @@ CONFIG_FILE = "config.yaml"
 def main(argv: list[str] | None = None) -> int:
     """Run this rank: in a child of the prestart server when the launcher started one, else here."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    from hpcrl.runtime.prestart import hand_over
+    from hpcrl.runtime.runners.prestart import hand_over
 
     code = hand_over(argv)
     return run_rank(argv) if code is None else code
@@ -37,7 +37,7 @@ def run_rank(argv: list[str]) -> int:
     from hpcrl.runtime.signals import remember_stop_signals
 
     remember_stop_signals()  # a cancel or walltime warning during start-up is acted on, not fatal
-    parser = argparse.ArgumentParser(prog="python -m hpcrl.runtime.main", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hpcrl.runtime.runners.mpi", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--progress", choices=("pipe", "plain", "tty"), default="plain")
@@ -116,14 +116,14 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> int:
 
 def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     """This rank's Job over MPI: rank map, env spaces (from rank 0), model, windows (collective)."""
-    from hpcrl.runtime import control
+    from hpcrl.runtime.transport import control
     from hpcrl.runtime.job import Job, fragment_layout_for, role_parts, roll_back_record
     from hpcrl.runtime.plan import make_plan
-    from hpcrl.runtime.progress import ProgressEmitter
-    from hpcrl.runtime.sampler import describe_env
+    from hpcrl.runtime.record.progress import ProgressEmitter
+    from hpcrl.runtime.roles.sampler import describe_env
     from hpcrl.runtime.topology import Topology
-    from hpcrl.runtime.transport import MpiFragments, MpiReports
-    from hpcrl.runtime.windows import CounterWindow, GradientMailbox, WeightBoard
+    from hpcrl.runtime.transport.links import MpiFragments, MpiReports
+    from hpcrl.runtime.transport.windows import CounterWindow, GradientMailbox, WeightBoard
 
     topo = Topology.from_config(comm, cfg.learners, cfg.actors.count)
     # rank 0 cuts the record back to the checkpoint before any rank opens a file (actors wait in the bcast)
@@ -132,7 +132,7 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     algo, model, traj_layout = role_parts(cfg, env, topo)
     probe = None
     if cfg.actors.weight_sync == "aaps":
-        from hpcrl.runtime.aaps import Probe, probe_states
+        from hpcrl.runtime.roles.aaps import Probe, probe_states
 
         states = probe_states(cfg.env, cfg.actors.probe_batch) if topo.rank == 0 else None
         probe = Probe(_polling_bcast(comm, states), model, cfg.actors.aaps_delta)
@@ -155,28 +155,28 @@ def make_role(job: Job):
     """The role object of ``job.topo.role`` (both runners)."""
     role = job.topo.role
     if role == "parameter":
-        from hpcrl.runtime.parameter import ParameterRank
+        from hpcrl.runtime.roles.parameter import ParameterRank
 
         return ParameterRank(job)
     if role == "learner":
-        from hpcrl.runtime.learner import LearnerGroup
+        from hpcrl.runtime.roles.learner import LearnerGroup
 
         return LearnerGroup(job)
-    from hpcrl.runtime.actor import Actor
+    from hpcrl.runtime.roles.actor import Actor
 
     return Actor(job)
 
 
 def _polling_bcast(comm, value):
     """bcast from rank 0 after a sleeping barrier (MPICH's blocking collectives spin)."""
-    from hpcrl.runtime.control import wait_request
+    from hpcrl.runtime.transport.control import wait_request
 
     wait_request(comm.Ibarrier())
     return comm.bcast(value, root=0)
 
 
 def _teardown(job: Job) -> None:
-    from hpcrl.runtime.control import wait_request
+    from hpcrl.runtime.transport.control import wait_request
 
     wait_request(job.topo.comm.Ibarrier())
     for win in (job.mailbox, job.board, job.counters):

@@ -1,6 +1,6 @@
-"""The role loops' view of MPI transport: fragments (:mod:`hpcrl.runtime.channels`) and reports.
+"""The role loops' view of MPI transport: fragments (:mod:`hpcrl.runtime.transport.channels`) and reports.
 
-Fragments are packed with :func:`hpcrl.runtime.layout.fragment_layout`. The actor asks :meth:`ActorLink.can_send` before
+Fragments are packed with :func:`hpcrl.runtime.transport.layout.fragment_layout`. The actor asks :meth:`ActorLink.can_send` before
 sampling the next send (``max_in_flight`` unmatched synchronous sends at most), and
 :meth:`ActorLink.close` ends with the channel's stop convention, so a learner root knows
 when every actor is done (:meth:`LearnerLink.finished`). A post-processing learner group (MARL
@@ -8,15 +8,15 @@ when every actor is done (:meth:`LearnerLink.finished`). A post-processing learn
 :class:`BatchSender` / :class:`BatchReceiver`. :class:`MpiReports` carries the
 small pickled messages to the parameter rank (episodes, learner activity).
 
-The serial runner's in-memory twins with the same methods are in :mod:`hpcrl.runtime.local`.
+The serial runner's in-memory twins with the same methods are in :mod:`hpcrl.runtime.transport.local`.
 """
 from __future__ import annotations
 
 from mpi4py import MPI
 
-from hpcrl.runtime import control
-from hpcrl.runtime.channels import FragmentReceiver, FragmentSender
-from hpcrl.runtime.layout import FragmentLayout
+from hpcrl.runtime.transport import control
+from hpcrl.runtime.transport.channels import FragmentReceiver, FragmentSender
+from hpcrl.runtime.transport.layout import FragmentLayout
 
 TAG_BATCH = 103
 """Post-processing group root -> policy/critic group root: one prepared batch (pickled), or None: no more."""
@@ -137,7 +137,7 @@ class BatchReceiver:
 
 
 class MpiFragments:
-    """Builds the MPI fragment links of one job (the twin of :class:`hpcrl.runtime.local.LocalFragments`)."""
+    """Builds the MPI fragment links of one job (the twin of :class:`hpcrl.runtime.transport.local.LocalFragments`)."""
 
     def __init__(self, comm, layout: FragmentLayout, max_in_flight: int, roots: list[int], actor_ranks: list[int]):
         self.comm, self.layout, self.max_in_flight = comm, layout, max_in_flight

@@ -1,6 +1,6 @@
 """Actor -> learner trajectory fragments: one contiguous byte buffer per fragment, bounded sends.
 
-A fragment is a dict of numpy arrays with a fixed layout (:class:`~hpcrl.runtime.layout.FragmentLayout`), packed into
+A fragment is a dict of numpy arrays with a fixed layout (:class:`~hpcrl.runtime.transport.layout.FragmentLayout`), packed into
 one ``uint8`` buffer so that a single message moves it (no pickle). :class:`FragmentSender`
 uses synchronous-mode ``Issend``: a send completes only once the learner has matched it, so
 ``max_in_flight`` really bounds fragments sent but not yet taken by a learner, and a slow
@@ -10,7 +10,7 @@ keeps a few ``Irecv`` from any source preposted and hands fragments out in match
 Shutdown: ``FragmentSender.close(dests)`` drains its sends, then sends each destination a
 ``TAG_STOP`` message holding how many fragments it sent there; the receiver counts a source as
 finished once that many fragments from it have arrived (tags differ, so the count, not message
-order, decides). The role loops' own tags are in :mod:`hpcrl.runtime.control`.
+order, decides). The role loops' own tags are in :mod:`hpcrl.runtime.transport.control`.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcrl.runtime.backoff import Backoff
-from hpcrl.runtime.layout import FragmentLayout
+from hpcrl.runtime.transport.layout import FragmentLayout
 
 TAG_FRAGMENT = 101
 """Actor -> learner group root: one packed fragment."""

@@ -1,4 +1,4 @@
-"""The fused single-device loop: seed 003's setting, chosen by the serial runner (:mod:`hpcrl.runtime.serial`)
+"""The fused single-device loop: seed 003's setting, chosen by the serial runner (:mod:`hpcrl.runtime.runners.serial`)
 when one actor and one learner group would share one device with a batched tensor env.
 
 The actor, learner and parameter roles become one loop on ``learners.device`` with no queues and
@@ -33,7 +33,7 @@ from hpcrl.envs.classic.base import resolve_device
 from hpcrl.errors import ConfigError
 from hpcrl.io import RunFile
 from hpcrl.io.schema import RUN_FILE
-from hpcrl.runtime.stop_rule import StopRule
+from hpcrl.runtime.record.stop_rule import StopRule
 
 
 def make_env(cfg: RunConfig, device: torch.device, num_envs: int | None = None):
@@ -101,7 +101,7 @@ def check_config(cfg: RunConfig) -> None:
 def _progress(progress: Any, cfg: RunConfig):
     if progress is None or hasattr(progress, "update"):
         return progress
-    from hpcrl.runtime.progress import ProgressEmitter
+    from hpcrl.runtime.record.progress import ProgressEmitter
 
     return ProgressEmitter(progress, cfg.io.log_seconds)
 
@@ -109,7 +109,7 @@ def _progress(progress: Any, cfg: RunConfig):
 def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str, Any]:
     """Train cfg.algo on cfg.env in this process; write ``run_dir/run.h5``; return the summary dict.
 
-    progress: None (quiet), a mode for :class:`hpcrl.runtime.progress.ProgressEmitter`
+    progress: None (quiet), a mode for :class:`hpcrl.runtime.record.progress.ProgressEmitter`
     ("tty", "plain", "pipe") or an object with ``update(stats)`` and ``finish(summary)``.
     """
     check_config(cfg)
@@ -155,7 +155,7 @@ def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str
                     "env_steps": ((first * T + ep["row"] + 1) * N).astype(np.int64)})
             run.append("updates", {
                 "time": times, "version": np.arange(first + 1, iteration + 1), "round": run_round(first, K),
-                "num_gradients": 1, "lr": _lr(cfg.algo), "loss_mean": loss_rows[:, 0]})
+                "num_gradients": 1, "lr": cfg.algo.reported_lr(), "loss_mean": loss_rows[:, 0]})
             returns = ep["return"]
             stop.add_returns(returns)
             episodes_total += len(returns)
@@ -185,10 +185,6 @@ def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str
 
 def run_round(first_iteration: int, per_round: int) -> int:
     return first_iteration // per_round
-
-
-def _lr(algo_cfg) -> float:
-    return getattr(algo_cfg, "lr", None) or getattr(algo_cfg, "actor_lr")
 
 
 def _return_stats(returns: np.ndarray) -> dict[str, float]:

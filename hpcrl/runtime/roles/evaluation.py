@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcrl.runtime.env_backends import make_backend
+from hpcrl.runtime.roles.env_backends import make_backend
 
 MAX_EPISODE_STEPS = 1_000_000
 """An evaluation episode longer than this means the env has no time limit: raise, do not hang."""

@@ -1,14 +1,14 @@
 """``launch.runner: serial``: every role of the job in this one process, no MPI.
 
-The same role objects as an MPI job (:class:`~hpcrl.runtime.parameter.ParameterRank`,
-:class:`~hpcrl.runtime.learner.LearnerGroup`, :class:`~hpcrl.runtime.actor.Actor`), the same
+The same role objects as an MPI job (:class:`~hpcrl.runtime.roles.parameter.ParameterRank`,
+:class:`~hpcrl.runtime.roles.learner.LearnerGroup`, :class:`~hpcrl.runtime.roles.actor.Actor`), the same
 admission policy, stop rule, checkpoints and files; only the shared objects are the in-memory
-twins of :mod:`hpcrl.runtime.local`. The parameter role runs in the calling (main) thread, so
+twins of :mod:`hpcrl.runtime.transport.local`. The parameter role runs in the calling (main) thread, so
 SIGTERM/SIGUSR1 reach it as in an MPI job; each learner group and actor runs in a thread of its
 own, with its own model (a role never touches another's weights except through the board).
 
 A failing role sets the shared abort flag: every other role stops at its next counter read
-(:class:`~hpcrl.runtime.local.RunAborted`), files are closed, and :class:`RoleFailed` names the
+(:class:`~hpcrl.runtime.transport.local.RunAborted`), files are closed, and :class:`RoleFailed` names the
 role that failed first with its traceback. One rank per learner group (no group allreduce).
 """
 from __future__ import annotations
@@ -20,12 +20,12 @@ import traceback
 from pathlib import Path
 
 from hpcrl.config import RunConfig
-from hpcrl.runtime import control
+from hpcrl.runtime.transport import control
 from hpcrl.runtime.job import Job, fragment_layout_for, role_parts, roll_back_record
-from hpcrl.runtime.local import (LocalBoard, LocalCounters, LocalFragments, LocalMailbox, LocalReports,
+from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalMailbox, LocalReports,
                                  RunAborted)
 from hpcrl.runtime.plan import make_plan
-from hpcrl.runtime.sampler import describe_env
+from hpcrl.runtime.roles.sampler import describe_env
 from hpcrl.runtime.topology import Topology, plan_roles
 
 JOIN_SECONDS = 30.0
@@ -53,7 +53,7 @@ def topologies(cfg: RunConfig) -> list[Topology]:
 
 def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:
     """A Job per role, sharing one set of in-memory counters, mailbox, board, reports and fragment queues."""
-    from hpcrl.runtime.progress import ProgressEmitter
+    from hpcrl.runtime.record.progress import ProgressEmitter
 
     rolled_back = roll_back_record(run_dir) if resume else None  # before any role opens a file
     env = describe_env(cfg.env)
@@ -63,7 +63,7 @@ def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort
     model0 = parts[0][1]
     probes = [None] * len(parts)
     if cfg.actors.weight_sync == "aaps":  # one probe per role (each evaluates its own model), one set of states
-        from hpcrl.runtime.aaps import Probe, probe_states
+        from hpcrl.runtime.roles.aaps import Probe, probe_states
 
         states = probe_states(cfg.env, cfg.actors.probe_batch)
         probes = [Probe(states, model, cfg.actors.aaps_delta) for _, model, _ in parts]
@@ -88,7 +88,7 @@ def run_serial(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: st
     """Run the whole job in this process; returns why it stopped (stop rule or signal), RoleFailed otherwise."""
     import torch
 
-    from hpcrl.runtime.main import make_role
+    from hpcrl.runtime.runners.mpi import make_role
 
     torch.set_num_threads(1)
     abort = threading.Event()

@@ -39,7 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcrl.runtime.backoff import Backoff
-from hpcrl.runtime.push import PushLoop
+from hpcrl.runtime.transport.push import PushLoop
 
 FREE, CLAIMED, FULL = 0, 1, 2
 """Mailbox slot states (the state word moves FREE -> CLAIMED -> FULL -> FREE, by CAS only)."""

@@ -4,7 +4,7 @@ Each pass: copy finished gradients out of the mailbox (never waiting on a learne
 each arrival ask the admission policy (hpcrl.staleness) what to apply; apply each admitted
 step (``algo.apply``: one optimizer step on ``(1/H) sum_c (alpha_c/alpha_0) g_c``) and publish
 the new version; drain the actors' fragment reports (episodes) and the learners' activity rows;
-every half second let the elastic rule (runtime/elastic.py: actors' supply of env steps vs the
+every half second let the elastic rule (runtime/roles/elastic.py: actors' supply of env steps vs the
 groups' measured capacity) activate or park a learner group; stop on ``cfg.stop`` or a signal,
 checkpoint, and take part in the shutdown.
 
@@ -38,13 +38,13 @@ import numpy as np
 from hpcrl.io import RunFile
 from hpcrl.io.rollback import record_counts
 from hpcrl.io.schema import RUN_FILE, TRAJ_DIR
-from hpcrl.runtime import control
+from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
-from hpcrl.runtime.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
-from hpcrl.runtime.cycle_profile import PARAMETER_PHASES, PhaseClock
-from hpcrl.runtime import elastic
-from hpcrl.runtime.run_record import RunRecord
-from hpcrl.runtime.stop_rule import StopRule
+from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
+from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES, PhaseClock
+from hpcrl.runtime.roles import elastic
+from hpcrl.runtime.record.run_record import RunRecord
+from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, make_policy
 
 class StopSignal:
@@ -150,7 +150,7 @@ class ParameterRank:
         }
 
     def startup_info(self) -> dict[str, Any]:
-        """What every rank learns at start (broadcast by runtime.main)."""
+        """What every rank learns at start (broadcast by runtime.runners.mpi)."""
         return {"start_unix": self.record.file.start_unix, "version": self.version, "seq_next": list(self.seq_next),
                 "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers)}
 
@@ -343,7 +343,7 @@ class ParameterRank:
         self.record.algo_rows(self.algo.records())
         self.round += 1
         if self.cfg.eval.episodes and self.round % self.cfg.eval.every_rounds == 0:
-            self.counters.set(control.EVAL, self.round)  # the last actor evaluates (runtime/evaluation.py)
+            self.counters.set(control.EVAL, self.round)  # the last actor evaluates (runtime/roles/evaluation.py)
 
     def _drain_messages(self) -> bool:
         reports = self.job.reports
@@ -360,7 +360,7 @@ class ParameterRank:
         return busy
 
     def _fragment_report(self, msg: dict) -> None:
-        if "park" in msg:  # an actor's park ended (runtime/actor.py)
+        if "park" in msg:  # an actor's park ended (runtime/roles/actor.py)
             self.record.actor_park(msg["park"])
             return
         a = msg["fragment"]["actor"]

@@ -1,6 +1,6 @@
 """The small shared state of a job: control counters, message tags, and waiting without spinning.
 
-The parameter rank owns one :class:`~hpcrl.runtime.windows.CounterWindow` whose words
+The parameter rank owns one :class:`~hpcrl.runtime.transport.windows.CounterWindow` whose words
 every rank reads and updates atomically (one operation kind per word, as MPI's default
 ``accumulate_ops`` hint requires):
 

@@ -273,9 +273,8 @@ class RunConfig(Section):
         return data
 
     @model_validator(mode="after")
-    def _lr_anneal_horizon_fixed(self) -> "RunConfig":
-        if getattr(self.algo, "lr_anneal", False) and self.algo.lr_anneal_steps is None:
-            self.algo.lr_anneal_steps = self.stop.total_env_steps
+    def _algo_settings_the_run_decides(self) -> "RunConfig":
+        self.algo.resolve(self)
         return self
 
     @model_validator(mode="after")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Section(BaseModel):
@@ -16,8 +16,8 @@ class AlgoSection(Section):
     """Base of every algorithm's config: the facts it declares for the runtime's Plan (hpcrl.runtime.plan)."""
 
     round_regime: ClassVar[str] = "fragment"
-    """batch: a round is algo.train_batch_size env steps, split over the learner groups; fragment: a round is one
-    fragment of every actor, and a learner group trains each fragment it gets."""
+    """batch: a round is algo.train_batch_size env steps, split over the learner groups; fragment: a round is
+    algo.round_fragments actor fragments (FragmentRounds), and a learner group trains each fragment it gets."""
     fused_loop: ClassVar[bool] = False
     """The serial runner may fuse the roles into one device loop for it (hpcrl.runtime.runners.fused: HA2C, HDDPG)."""
 
@@ -29,7 +29,7 @@ class AlgoSection(Section):
         """Where actors send fragments: own_group, every_group or postprocess_first (hpcrl.runtime.plan)."""
         return "own_group"
 
-    def lr_schedule(self, horizon_steps: int):
+    def lr_schedule(self):
         """The rate rank 0 sets before each step (hpcrl.algos.schedules), or None: the optimiser's constant lr."""
         return None
 
@@ -41,5 +41,21 @@ class AlgoSection(Section):
         """The discount of the return whose std normalises rewards (env.normalize_reward)."""
         return self.gamma
 
+    def resolve(self, run: Any) -> None:
+        """Fill the settings left null that the rest of the run decides. The run's config.yaml records the
+        filled values, so a resume that changes the rest (stop.total_env_steps, actors.count) keeps them."""
+
     def check_run(self, run: Any) -> None:
         """Raise ValueError (one line) for a combination with the rest of the run this algorithm cannot train."""
+
+
+class FragmentRounds(Section):
+    """Fields of an algorithm whose round is a number of actor fragments (round_regime fragment)."""
+
+    round_fragments: int | None = Field(None, ge=1)
+    """Actor fragments that make one round (the unit of algo.end_round, stop.max_rounds and eval.every_rounds); null: one per actor rank, actors.count at the run's start, written into config.yaml so that a resume with more or fewer actors keeps the round."""
+
+    def resolve(self, run: Any) -> None:
+        super().resolve(run)
+        if self.round_fragments is None:
+            self.round_fragments = run.actors.count

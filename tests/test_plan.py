@@ -75,6 +75,19 @@ def test_the_lr_anneal_horizon_is_fixed_when_the_run_is_made():
     assert resumed.algo.lr_anneal_steps == 5000 and make_plan(resumed).lr_schedule.horizon == 5000
 
 
+def test_the_round_length_is_its_own_field_and_a_resume_with_more_actors_keeps_it():
+    cfg = build_config({"env": {"num_envs": 4}, "actors": {"count": 3, "fragment_length": 16}, "algo": {"name": "impact"}})
+    assert cfg.algo.round_fragments == 3  # one fragment of every actor, written into the run's config.yaml
+    resumed = build_config(yaml.safe_load(cfg.to_yaml()), ["actors.count=5"])
+    assert resumed.algo.round_fragments == 3 and make_plan(resumed).round_steps == 3 * 64
+    half = make_plan(build_config({"env": {"id": "hpcrl/MPESimpleSpread-v3", "num_envs": 4},
+                                   "actors": {"count": 4, "fragment_length": 16},
+                                   "algo": {"name": "iql", "agents": 3, "round_fragments": 2}}))
+    assert half.round_steps == 2 * 16 * 4 * 3 and half.round_steps_for(2) == 16 * 4 * 3
+    with pytest.raises(Exception, match="round_fragments"):  # PPO's round is algo.train_batch_size
+        build_config({"algo": {"round_fragments": 2}})
+
+
 def test_a_config_that_leaves_the_fused_loop_says_why():
     from hpcrl.runtime.plan import fuses, why_not_fused
 

@@ -5,10 +5,10 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from hpcrl.config_base import AlgoSection
+from hpcrl.config_base import AlgoSection, FragmentRounds
 
 
-class HA2CConfig(AlgoSection):
+class HA2CConfig(FragmentRounds, AlgoSection):
     """Seed 003, Algorithm 1: A2C over N batched environments, one update per rollout."""
 
     name: Literal["ha2c"] = "ha2c"

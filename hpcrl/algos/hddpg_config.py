@@ -5,10 +5,10 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from hpcrl.config_base import AlgoSection
+from hpcrl.config_base import AlgoSection, FragmentRounds
 
 
-class HDDPGConfig(AlgoSection):
+class HDDPGConfig(FragmentRounds, AlgoSection):
     """Seed 003, Algorithm 2: DDPG on an on-policy FIFO buffer, n-step returns, no replay."""
 
     name: Literal["hddpg"] = "hddpg"

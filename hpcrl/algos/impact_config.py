@@ -5,12 +5,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from hpcrl.config_base import AlgoSection
+from hpcrl.config_base import AlgoSection, FragmentRounds
 
 
-class IMPACTConfig(AlgoSection):
+class IMPACTConfig(FragmentRounds, AlgoSection):
     """IMPACT (Luo et al. 2020) as Stellaris trains it; defaults from Stellaris Table III. One learner batch is
-    one actor fragment (reused num_sgd_iter times); a round is one fragment of every actor."""
+    one actor fragment (reused num_sgd_iter times); a round is algo.round_fragments fragments
+    (one of every actor unless set)."""
 
     name: Literal["impact"] = "impact"
     """IMPACT: V-trace targets, a target network, a clipped surrogate against it (runs on the roles, either runner)."""

@@ -48,7 +48,12 @@ class PPOConfig(AlgoSection):
 
     round_regime: ClassVar[str] = "batch"
 
-    def lr_schedule(self, horizon_steps: int):
+    def resolve(self, run) -> None:
+        super().resolve(run)
+        if self.lr_anneal and self.lr_anneal_steps is None:
+            self.lr_anneal_steps = run.stop.total_env_steps
+
+    def lr_schedule(self):
         from hpcrl.algos.schedules import LinearAnneal
 
-        return LinearAnneal(self.lr, self.lr_anneal_steps or horizon_steps) if self.lr_anneal else None
+        return LinearAnneal(self.lr, self.lr_anneal_steps) if self.lr_anneal else None

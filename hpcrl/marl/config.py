@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from hpcrl.config_base import AlgoSection, Section
+from hpcrl.config_base import AlgoSection, FragmentRounds, Section
 
 
 class MARLSharingFields(Section):
@@ -162,7 +162,7 @@ class MAPPOConfig(MARLScalingFields, MARLSharingFields, MARLPPOFields):
     """MAPPO: PPO policies with centralised critics over the joint observation of the env copy (+ agent id)."""
 
 
-class MARLQFields(MARLAgents):
+class MARLQFields(FragmentRounds, MARLAgents):
     """MARLess' value-based learners (seed 001, section 6.2.1): DQN per policy with a replay buffer on the
     learner side, target networks in the published weights and an epsilon-greedy schedule."""
 

@@ -13,7 +13,7 @@ Each fact comes from the component that owns it, never from a test of another co
 - **the reward discount** the actors' reward normalisation uses (the algorithm's ``gamma``);
 - **round length, per-group batch and fragment size** from the algorithm's round regime: a
   batch algorithm's round is ``train_batch_size`` env steps split over the groups, any other's
-  one fragment of every actor (a group trains each fragment it gets);
+  ``round_fragments`` actor fragments (one per actor unless set; a group trains each fragment it gets);
 - **fragment routing**: an actor sends each fragment to one group with room (``own_group``),
   to every active group (MARL policy learners: ``every_group``) or to the post-processing group
   (``postprocess_first``), which prepares it for the others.
@@ -79,11 +79,11 @@ def make_plan(cfg: Any) -> Plan:
         whole = routing != "own_group"  # every group (or the post-processing group) takes the whole batch
         group_batch = algo.train_batch_size if whole else max(1, algo.train_batch_size // cfg.learners.groups)
     else:
-        round_steps, group_batch = fragment_steps * cfg.actors.count, fragment_steps
+        round_steps, group_batch = fragment_steps * algo.round_fragments, fragment_steps
     return Plan(actors=cfg.actors.count, groups=cfg.learners.groups, fragment_steps=fragment_steps,
                 round_steps=round_steps, group_batch_size=group_batch, routing=routing,
                 pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
-                lr_schedule=algo.lr_schedule(cfg.stop.total_env_steps), reward_gamma=algo.reward_discount())
+                lr_schedule=algo.lr_schedule(), reward_gamma=algo.reward_discount())
 
 
 def fuses(cfg) -> bool:

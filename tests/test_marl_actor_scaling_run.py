@@ -54,7 +54,7 @@ def test_serial_run_parks_actors_beyond_the_demand_and_records_every_round(tmp_p
     """I_max = 2 of 3 actor ranks: once the first learner report is in, actor 2 parks for good (it stops parked)."""
     run_dir = tmp_path / "run"
     over = [*SMALL, "algo.policies=shared", "algo.actor_scaling=true", "algo.actor_scaling_max=2",
-            "algo.sharing_window=3", "algo.sharing_samples_per_agent=24", "algo.sharing_lanczos_steps=6",
+            "algo.actor_scaling_window=3", "algo.sharing_samples_per_agent=24", "algo.sharing_lanczos_steps=6",
             "stop.max_rounds=6", f"io.run_dir={run_dir}"]
     assert cli_main(["run", str(CONFIGS / "mpe_spread_ippo.yaml"), "--runner", "serial", *_args(over)]) == 0
     h5 = run_dir / "run.h5"
@@ -125,7 +125,7 @@ def test_mpi_parked_actor_ranks_block_wake_and_the_run_ends_cleanly(tmp_path):
 def test_bench_compare_runs_both_arms_for_the_same_rounds_and_prices_them(capsys):
     from hpcrl.bench import marless
 
-    over = [*SMALL, "algo.sharing_window=3", "algo.sharing_samples_per_agent=24", "algo.sharing_lanczos_steps=6"]
+    over = [*SMALL, "algo.sharing_window=3", "algo.actor_scaling_window=3", "algo.sharing_samples_per_agent=24", "algo.sharing_lanczos_steps=6"]
     assert marless.main(["--compare", "--algos", "ippo", "--seeds", "1", "--rounds", "3", *_args(over)]) == 0
     lines = capsys.readouterr().out.splitlines()
     end = next(i for i, line in enumerate(lines) if line.startswith("over seeds"))
@@ -153,7 +153,7 @@ def test_parameter_scaling_rows_follow_the_policies_in_use_and_eq2(monkeypatch):
     from hpcrl.marl.scaling_rank import ParameterScaling
 
     cfg = build_config({"env": {"id": "hpcrl/MPESimpleSpread-v3", "kwargs": {"N": 6}},
-                        "algo": {"name": "ippo", "agents": 6, "actor_scaling": True, "sharing_window": 3}}).algo
+                        "algo": {"name": "ippo", "agents": 6, "actor_scaling": True, "actor_scaling_window": 3}}).algo
     ratios = iter([{0: 1.0, 1: 5.0}, {0: 3.0, 1: 4.0}, {0: 2.0, 1: 9.0}, {0: 4.0}])
     scaling = ParameterScaling(cfg, loss=None)
     current = {}

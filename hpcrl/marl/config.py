@@ -38,7 +38,10 @@ class MARLScalingFields(Section):
     actor ranks sample the next round; the others park (block, uncharged). Rows in run.h5's actor_scaling."""
 
     actor_scaling: bool = False
-    """Scale the active actor ranks each round (the window is sharing_window rounds, as the seed reuses it)."""
+    """Scale the active actor ranks each round."""
+    actor_scaling_window: int = Field(10, ge=2)
+    """W of actor scaling: the rounds of convexity ratios behind each policy's demand (the seed reuses its
+    sharing window, 10; here each has its own field)."""
     actor_scaling_beta: float = Field(0.5, gt=0, le=1)
     """beta of Eq. 2: the total is the largest policy demand when the average demand >= beta (I_max - I_min),
     else the average (the seed uses 0.5)."""

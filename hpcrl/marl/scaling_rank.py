@@ -5,7 +5,7 @@ agent of each prepared batch, :mod:`hpcrl.marl.sharing_rank`). At the end of eve
 parameter rank's ``end_round``, after any sharing decision, computes the convexity ratio C of
 each policy in use (Lanczos on Hessian-vector products of the algorithm's loss on the newest
 report's rows, as sharing does) and feeds them to :class:`~hpcrl.marl.actor_scaling.ActorScaler`:
-per-policy windows of ``sharing_window`` rounds, S^j, I^j = clip(S^j I_max, I_min, I_max) and the
+per-policy windows of ``actor_scaling_window`` rounds, S^j, I^j = clip(S^j I_max, I_min, I_max) and the
 beta rule for the total I_t. ``end_round`` returns ``{"active_actors": I_t}``: the runtime lets
 actor ranks 0 .. I_t-1 sample the next round, parks the others and shrinks the round's data to
 I_t / actors.count of its size (``Plan.round_steps_for``). Before the first learner report
@@ -57,7 +57,7 @@ class ParameterScaling:
                 self.note = f"algo.actor_scaling_max={cfg.actor_scaling_max} capped at actors.count={count}"
                 print(f"hpcrl: note: {self.note}", flush=True)
             lo = min(lo, hi)
-            self.scaler = ActorScaler(hi, self.cfg.agents, self.cfg.actor_scaling_beta, self.cfg.sharing_window,
+            self.scaler = ActorScaler(hi, self.cfg.agents, self.cfg.actor_scaling_beta, self.cfg.actor_scaling_window,
                                       min_actors_override=lo)
         policies = sorted(set(model.mapping().tolist()))
         row = {"round": int(round_stats.get("round", 0)), "demanded": -1, "active": current,

@@ -2,9 +2,12 @@
 algorithm's config can live next to its algorithm without an import cycle."""
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+LearningRate = Annotated[float, Field(gt=0, le=1)]
+"""A learning rate: above 1 no optimiser here trains (Adam's step is about lr per weight), so it is refused."""
 
 
 class Section(BaseModel):

@@ -26,6 +26,9 @@ def test_default_config_is_the_four_rank_cartpole_job():
         ({"aggregation": {"d": -0.1}}, "aggregation.d"),
         ({"algo": {"lr": 0}}, "algo.lr"),
         ({"algo": {"lr": -1e-3}}, "algo.lr"),
+        ({"algo": {"lr": 1e300}}, "algo.lr: Input should be less than or equal to 1"),  # once trained to version 2, then stuck
+        ({"algo": {"name": "hddpg", "critic_lr": 2}}, "algo.critic_lr"),
+        ({"algo": {"name": "iql", "agents": 3, "lr": 1.5}}, "algo.lr"),
         ({"aggregation": {"policy": "fastest"}}, "'pure_async', 'sync', 'ssp' or 'softsync'"),
         ({"learners": {"groups": 2, "min_active": 3}}, "min_active"),
         ({"aggregation": {"mailbox_slots": 1}}, "aggregation.mailbox_slots"),

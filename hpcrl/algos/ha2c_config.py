@@ -5,7 +5,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from hpcrl.config_base import AlgoSection, FragmentRounds
+from hpcrl.config_base import AlgoSection, FragmentRounds, LearningRate
 
 
 class HA2CConfig(FragmentRounds, AlgoSection):
@@ -14,7 +14,7 @@ class HA2CConfig(FragmentRounds, AlgoSection):
     name: Literal["ha2c"] = "ha2c"
     """HA2C (batched envs, one process, learners.device)."""
     fused_loop: ClassVar[bool] = True
-    lr: float = Field(1e-3, gt=0)
+    lr: LearningRate = 1e-3
     """Adam learning rate."""
     gamma: float = Field(0.99, gt=0, le=1)
     """Discount factor."""

@@ -5,7 +5,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from hpcrl.config_base import AlgoSection, FragmentRounds
+from hpcrl.config_base import AlgoSection, FragmentRounds, LearningRate
 
 
 class HDDPGConfig(FragmentRounds, AlgoSection):
@@ -16,9 +16,9 @@ class HDDPGConfig(FragmentRounds, AlgoSection):
     fused_loop: ClassVar[bool] = True
     n_step: int = Field(4, ge=1)
     """n of the n-step returns."""
-    actor_lr: float = Field(1e-3, gt=0)
+    actor_lr: LearningRate = 1e-3
     """Adam learning rate of the actor mu."""
-    critic_lr: float = Field(1e-3, gt=0)
+    critic_lr: LearningRate = 1e-3
     """Adam learning rate of the critic Q."""
     gamma: float = Field(0.99, gt=0, le=1)
     """Discount factor."""

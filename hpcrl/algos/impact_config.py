@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from hpcrl.config_base import AlgoSection, FragmentRounds
+from hpcrl.config_base import AlgoSection, FragmentRounds, LearningRate
 
 
 class IMPACTConfig(FragmentRounds, AlgoSection):
@@ -15,7 +15,7 @@ class IMPACTConfig(FragmentRounds, AlgoSection):
 
     name: Literal["impact"] = "impact"
     """IMPACT: V-trace targets, a target network, a clipped surrogate against it (runs on the roles, either runner)."""
-    lr: float = Field(5e-4, gt=0)
+    lr: LearningRate = 5e-4
     """Base learning rate alpha_0 (Stellaris Eq. 4 scales it per gradient)."""
     gamma: float = Field(0.99, gt=0, le=1)
     """Discount factor."""

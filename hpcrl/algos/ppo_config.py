@@ -5,13 +5,13 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from hpcrl.config_base import AlgoSection
+from hpcrl.config_base import AlgoSection, LearningRate
 
 
 class PPOConfig(AlgoSection):
     name: Literal["ppo"] = "ppo"
     """PPO with Stellaris' IS truncation (runs on the runtime's roles, either runner)."""
-    lr: float = Field(3e-4, gt=0)
+    lr: LearningRate = 3e-4
     """Base learning rate alpha_0 (Stellaris Eq. 4 scales it per gradient)."""
     gamma: float = Field(0.99, gt=0, le=1)
     """Discount factor."""

@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from hpcrl.config_base import AlgoSection, FragmentRounds, Section
+from hpcrl.config_base import AlgoSection, FragmentRounds, LearningRate, Section
 
 
 class MARLSharingFields(Section):
@@ -115,7 +115,7 @@ class MARLPPOFields(MARLAgents):
     """Agents per env copy (must equal the env's number of agents; instance k * agents + j is agent j)."""
     policies: Literal["per_agent", "shared"] = "per_agent"
     """per_agent: one policy (and critic) per agent; shared: one for all (parameter sharing)."""
-    lr: float = Field(5e-4, gt=0)
+    lr: LearningRate = 5e-4
     """Adam learning rate (fixed, as MARLess)."""
     gamma: float = Field(0.99, gt=0, le=1)
     """Discount factor."""
@@ -173,7 +173,7 @@ class MARLQFields(FragmentRounds, MARLAgents):
     """Agents per env copy (must equal the env's number of agents; instance k * agents + j is agent j)."""
     policies: Literal["per_agent", "shared"] = "per_agent"
     """per_agent: one Q-network per agent; shared: one for all (parameter sharing)."""
-    lr: float = Field(5e-4, gt=0)
+    lr: LearningRate = 5e-4
     """Adam learning rate (fixed, as MARLess)."""
     gamma: float = Field(0.99, gt=0, le=1)
     """Discount factor."""

@@ -1,8 +1,9 @@
 """Config -> the command line that starts the ranks.
 
-Every launcher starts the same per-rank command, :func:`rank_command`: locally ``hpcrl run``
-runs ``mpiexec -n N`` + it; the batch scripts (``hpcrl submit``) put it after ``srun`` (Slurm)
-or the PALS ``mpiexec`` (PBS at ALCF); a Parsl app puts it after ``$PARSL_MPI_PREFIX``.
+Every launcher of :mod:`hpcrl.launchers` starts the same per-rank command, :func:`rank_command`:
+locally ``hpcrl run`` runs :func:`local_command` (``LocalMpiexec``'s words + it); the batch
+scripts (``hpcrl submit``) put it after the site's ``Srun`` or ``PalsMpiexec`` line; a Parsl app
+puts it after ``$PARSL_MPI_PREFIX`` (``ParslMpiPrefix``).
 Everything here is pure string work except :func:`find_mpiexec` and :func:`mpi_flavour`,
 which look at the filesystem and run ``mpiexec --version`` when asked (never at import).
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from hpcrl.config import ContainerConfig, LaunchConfig
 from hpcrl.errors import ConfigError
 from hpcrl.launch_container import wrap
+from hpcrl.launchers import LocalMpiexec
 
 NO_MPIEXEC_HELP = (
     "install one with `pip install mpich` (or `pip install 'hpcrl[local-mpi]'`), "
@@ -117,17 +119,10 @@ def rank_command(run_dir: str | Path, *, python: str = sys.executable, resume: b
 def local_command(launch: LaunchConfig, num_ranks: int, run_dir: str | Path, *, mpiexec: str,
                   flavour: str, python: str = sys.executable, resume: bool = False,
                   progress: str = "plain") -> list[str]:
-    """``mpiexec -n N [--oversubscribe] ARGS... python -m hpcrl.runtime.runners.mpi RUN_DIR``.
-
-    MPICH's Hydra places any number of ranks on a small machine; Open MPI needs
-    ``--oversubscribe`` when N exceeds the cores.
-    """
-    cmd = [mpiexec, "-n", str(num_ranks)]
-    if flavour == "openmpi" and num_ranks > (os.cpu_count() or 1) and "--oversubscribe" not in launch.mpiexec_args:
-        cmd.append("--oversubscribe")
-    cmd += list(launch.mpiexec_args)
-    return cmd + rank_command(run_dir, python=python, resume=resume, progress=progress,
-                              container=launch.container)
+    """``mpiexec -n N [--oversubscribe] ARGS... python -m hpcrl.runtime.runners.mpi RUN_DIR`` (``LocalMpiexec``)."""
+    launcher = LocalMpiexec(mpiexec, flavour, tuple(launch.mpiexec_args))
+    return launcher.words(num_ranks, num_ranks) + rank_command(run_dir, python=python, resume=resume,
+                                                               progress=progress, container=launch.container)
 
 
 def rank_environment(base: Mapping[str, str]) -> dict[str, str]:

@@ -3,9 +3,10 @@
 The workflows in ``workflows/`` call :func:`prepare` for each run and hand ``spec.command`` to a
 ``@bash_app`` together with ``parsl_resource_specification=spec.resources``. The command is
 ``slurm_templates/parsl_app.sh.j2``: the batch scripts' rank environment, container setup and
-start-or-resume (``_ranks.sh.j2``), then the ranks after ``$PARSL_MPI_PREFIX`` (srun or mpiexec
-for the nodes Parsl gave the app). When the app runs again (a Parsl retry) the run resumes from
-its last checkpoint.
+start-or-resume (``_ranks.sh.j2``), then the ranks after ``$PARSL_MPI_PREFIX``
+(:class:`hpcrl.launchers.ParslMpiPrefix`: Parsl's srun or mpiexec for the nodes it gave the app,
+ending with the site launcher's binding options). When the app runs again (a Parsl retry) the
+run resumes from its last checkpoint.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from parsl import bash_app
 
 from hpcrl.config import RunConfig
 from hpcrl.errors import ConfigError
+from hpcrl.launchers import ParslMpiPrefix, for_site
 from hpcrl.sites import Site, load_site
 from hpcrl.sites.parsl_configs import BATCH_SITE, SITES
 from hpcrl.submit import JOB_SUFFIX, check_path, layout, plan_rank_start, prepare_job_dir, render_template
@@ -32,20 +34,14 @@ class AppRun:
     """The bash app's script (slurm_templates/parsl_app.sh.j2, every path quoted)."""
 
 
+def app_launcher(site: Site | None) -> ParslMpiPrefix:
+    """The launcher of an app on ``site``: Parsl's prefix over the site's own launcher (None: this machine)."""
+    return ParslMpiPrefix(for_site(site) if site is not None else None)
+
+
 def launcher_options(site: Site | None, cpus_per_rank: int | None) -> str:
-    """Options appended to $PARSL_MPI_PREFIX, from the site facts the batch templates' launch lines use."""
-    if site is None:
-        return "-launcher fork"  # Hydra: every rank on this machine, no ssh
-    if site.launcher == "pals":
-        return f"--depth={cpus_per_rank} --cpu-bind depth"
-    words = [f"--mpi={site.srun_mpi}"] if site.srun_mpi else []
-    if cpus_per_rank:
-        words += [f"--cpus-per-task={cpus_per_rank}", "--cpu-bind=cores"]
-    if site.gpus_per_node:
-        words.append("--gpu-bind=none")  # every rank sees its node's GPUs; a learner takes its node-local rank's
-    if site.overcommit:
-        words.append("--overcommit")  # more ranks than cores (the test node)
-    return " ".join(words)
+    """Options appended to $PARSL_MPI_PREFIX: the site launcher's binding, as in the batch scripts."""
+    return app_launcher(site).launcher_options(cpus_per_rank)
 
 
 def prepare(cfg: RunConfig, site: str, run_dir: str | Path, *, nodes: int | None = None,
@@ -65,12 +61,12 @@ def prepare(cfg: RunConfig, site: str, run_dir: str | Path, *, nodes: int | None
         nodes, per_node, cpus = 1, ranks, None
     else:
         nodes, per_node, cpus = layout(ranks, facts, nodes)
+    launcher = app_launcher(facts)
     command = render_template("parsl_app.sh.j2", run_dir=run_dir, job_dir=job_dir,
                               rank_start=plan_rank_start(cfg, facts, run_dir, python),
-                              resume_note=" (the app runs again)")
+                              resume_note=" (the app runs again)", launch=launcher.prefix(ranks, per_node, cpus))
+    resources = launcher.resources(ranks, per_node, cpus, nodes)
     prepare_job_dir(cfg, run_dir, job_dir)  # only once everything above is valid
-    resources = {"num_nodes": nodes, "ranks_per_node": per_node, "num_ranks": ranks,
-                 "launcher_options": launcher_options(facts, cpus)}
     return AppRun(run_dir=run_dir, job_dir=job_dir, resources=resources, command=command)
 
 

@@ -1,6 +1,6 @@
 """Batch scripts for a site: plan the job, validate every value that reaches the script, render it.
 
-``plan_job`` turns a config and the ``hpcrl submit`` flags into a :class:`Job` (nodes, ranks per
+``plan_job`` turns a config and the ``hpcrl submit`` flags into a :class:`BatchJob` (nodes, ranks per
 node, walltime, paths, and the :class:`RankStart`: how each rank starts), checking each value
 against a strict pattern: a batch directive line (``#SBATCH``/``#PBS``) is parsed by the
 scheduler, not by a shell, so quoting cannot protect it; only values that match are allowed
@@ -26,6 +26,7 @@ import jinja2
 from hpcrl.config import RunConfig
 from hpcrl.errors import ConfigError
 from hpcrl.launch import rank_command
+from hpcrl.launchers import for_site
 from hpcrl.sites import Site
 
 TEMPLATE_DIR = Path(os.environ.get("HPCRL_TEMPLATE_DIR") or Path(__file__).resolve().parent.parent / "slurm_templates")
@@ -105,8 +106,8 @@ def plan_rank_start(cfg: RunConfig, site: Site | None, run_dir: str | Path, pyth
 
 
 @dataclass(frozen=True)
-class Job:
-    """Everything a template needs, validated."""
+class BatchJob:
+    """One run's batch job (``hpcrl submit``): everything its site template needs, validated."""
 
     site: Site
     name: str
@@ -140,6 +141,11 @@ class Job:
     @property
     def script_path(self) -> str:
         return f"{self.job_dir}/{self.name}.{'sbatch' if self.site.scheduler == 'slurm' else 'pbs'}"
+
+    @property
+    def launch(self) -> str:
+        """The site's launch line for the ranks, without the rank command (:func:`hpcrl.launchers.for_site`)."""
+        return for_site(self.site).prefix(self.ranks, self.ranks_per_node, self.cpus_per_rank)
 
     @property
     def walltime_seconds(self) -> int:
@@ -183,7 +189,7 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
              account: str | None = None, queue: str | None = None, run_dir: str | None = None,
              python: str | None = None, warning_seconds: int = 120, max_restarts: int = 10,
              env_script: str | None = None, overrides: tuple[str, ...] = (), cwd: Path | None = None,
-             stamp: str | None = None) -> Job:
+             stamp: str | None = None) -> BatchJob:
     """Validate the flags against the site and the config; nothing is written."""
     if not cfg.uses_mpi:
         raise ConfigError("launch.runner: serial runs every role in one process; a batch job starts MPI ranks "
@@ -219,11 +225,11 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
         env_script = check_path("--env-script", Path(env_script).absolute())
 
     box = cfg.launch.container
-    return Job(site=site, name=check_name("name", cfg.name), nodes=nodes, ranks=ranks, ranks_per_node=per_node,
-               cpus_per_rank=cpus, time=time, account=account, queue=queue, run_dir=run_text,
-               job_dir=run_text + JOB_SUFFIX, rank_start=plan_rank_start(cfg, site, run_text, python),
-               warning_seconds=warning_seconds, max_restarts=max_restarts,
-               container_image=box.image if box else None, env_script=env_script, overrides=tuple(overrides))
+    return BatchJob(site=site, name=check_name("name", cfg.name), nodes=nodes, ranks=ranks, ranks_per_node=per_node,
+                    cpus_per_rank=cpus, time=time, account=account, queue=queue, run_dir=run_text,
+                    job_dir=run_text + JOB_SUFFIX, rank_start=plan_rank_start(cfg, site, run_text, python),
+                    warning_seconds=warning_seconds, max_restarts=max_restarts,
+                    container_image=box.image if box else None, env_script=env_script, overrides=tuple(overrides))
 
 
 def _environment() -> jinja2.Environment:
@@ -246,7 +252,7 @@ def render_template(name: str, **context) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def render(job: Job) -> str:
+def render(job: BatchJob) -> str:
     """The site's batch script for ``job``."""
     return render_template(job.site.template, job=job, site=job.site, rank_start=job.rank_start,
                            resume_note=" (restart $RESTART)")
@@ -264,7 +270,7 @@ def prepare_job_dir(cfg: RunConfig, run_dir: str | Path, job_dir: str | Path) ->
     return path
 
 
-def write_job(job: Job, cfg: RunConfig, script: str) -> Path:
+def write_job(job: BatchJob, cfg: RunConfig, script: str) -> Path:
     """Create the job directory with the resolved config (io.run_dir = the fixed run dir) and the script."""
     prepare_job_dir(cfg, job.run_dir, job.job_dir)
     path = Path(job.script_path)
@@ -273,7 +279,7 @@ def write_job(job: Job, cfg: RunConfig, script: str) -> Path:
     return path
 
 
-def submit_command(job: Job) -> list[str]:
+def submit_command(job: BatchJob) -> list[str]:
     if job.site.scheduler == "slurm":
         return ["sbatch", "--parsable", job.script_path]
     return ["qsub", job.script_path]
@@ -288,7 +294,7 @@ def parse_job_id(scheduler: str, output: str) -> str:
     return m[1]
 
 
-def submit(job: Job) -> str:
+def submit(job: BatchJob) -> str:
     cmd = submit_command(job)
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=job.job_dir)

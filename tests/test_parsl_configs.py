@@ -73,8 +73,8 @@ def test_missing_interface_says_what_to_do():
 
 @pytest.mark.parametrize("site, options", [
     ("local", "-launcher fork"),
-    ("local-slurm", "--mpi=pmi2 --overcommit"),
-    ("local-cluster", "--mpi=pmi2 --overcommit"),
+    ("local-slurm", "--overcommit --mpi=pmi2"),
+    ("local-cluster", "--overcommit --mpi=pmi2"),
     ("perlmutter", "--cpus-per-task=32 --cpu-bind=cores --gpu-bind=none"),
     ("polaris", "--depth=16 --cpu-bind depth"),
     ("aurora", "--depth=25 --cpu-bind depth"),

@@ -81,6 +81,7 @@ def test_script_starts_or_resumes_and_requeues(case):
     job = plan_job(load_config(None, CASES[case][2]), site, python=PYTHON, **CASES[case][1])
     assert f"RANK_ARGS=({' '.join(job.rank_start.resume)})" in text and job.rank_start.resume[-1] == "--resume"
     assert f"RANK_ARGS=({' '.join(job.rank_start.start)})" in text and ' \\\n    "${RANK_ARGS[@]}" &\n' in text
+    assert f"\n{job.launch} \\\n" in text  # the site's launcher (hpcrl.launchers) wrote the line
     assert job.rank_start.start[-3:] == ["hpcrl.runtime.runners.mpi", job.run_dir, "--progress=plain"]
     assert 'cp "$CONFIG" "$RUN_DIR/config.yaml"' in text  # a fresh start puts the resolved config where the ranks read it
     assert "trap 'REQUEUE=1;" in text

@@ -2,8 +2,8 @@
 
 The head opens its lifeline socket and writes ``{"lifeline": "HOST:PORT"}`` into a rendezvous file
 on a shared file system; the workers (``python -m hpcrl.clusterenv.worker --rendezvous FILE``,
-started by ``srun``/PALS ``mpiexec`` from ``slurm_templates/clusterenv_workers.j2``) wait for the
-file, say hello, receive the MPI port name and connect. With ``site=...`` the head renders and
+started from ``slurm_templates/clusterenv_workers.j2`` by the site's launcher, ``hpcrl.launchers.for_site``)
+wait for the file, say hello, receive the MPI port name and connect. With ``site=...`` the head renders and
 submits that script (``sbatch``/``qsub``) and cancels the job at ``close()``; with only
 ``rendezvous=FILE`` it attaches to a job started earlier (``render_workers`` prints its script).
 While waiting, the head polls the scheduler: a job that ended first is a one-line error naming
@@ -21,6 +21,7 @@ from pathlib import Path
 from hpcrl.clusterenv.connect import ConnectError, Link, join_port, worker_command
 from hpcrl.clusterenv.lifeline import HeadLifeline
 from hpcrl.errors import ConfigError
+from hpcrl.launchers import for_site
 
 BATCH_KEYS = ("nodes", "time", "account", "queue", "job_dir", "name", "env")
 TEMPLATE = "clusterenv_workers.j2"
@@ -48,6 +49,11 @@ class WorkerJob:
     @property
     def script_path(self) -> str:
         return f"{self.job_dir}/workers.{'sbatch' if self.site.scheduler == 'slurm' else 'pbs'}"
+
+    @property
+    def launch(self) -> str:
+        """The site's launch line for the workers, without their command; the job asks for no GPUs."""
+        return for_site(self.site, gpus=False).prefix(self.ranks, self.ranks_per_node, self.cpus_per_rank)
 
 
 def plan_workers(opts, site_name: str, rendezvous: str | None = None) -> WorkerJob:

@@ -39,7 +39,7 @@ class Site(BaseModel):
     template: str
     """File in slurm_templates/ that renders the batch script."""
     launcher: Literal["srun", "pals"]
-    """How the ranks start: Slurm's srun, or the Cray PALS mpiexec of PBS sites."""
+    """How the ranks start: Slurm's srun, or the Cray PALS mpiexec of PBS sites (``hpcrl.launchers.for_site``)."""
     srun_mpi: str | None = None
     """srun --mpi=VALUE (pmi2 for the PyPI mpich wheel; none: the site default, e.g. cray_shasta)."""
     cores_per_node: int | None = Field(None, ge=1)

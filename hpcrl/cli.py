@@ -25,8 +25,22 @@ COMMANDS = {
 }
 
 
+class _PrintVersion(argparse.Action):
+    """``--version``: looks the version up (package metadata) only when asked."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import hpcrl
+
+        print(f"hpcrl {hpcrl.__version__}")
+        parser.exit()
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpcrl", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action=_PrintVersion, help="print hpcrl's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():

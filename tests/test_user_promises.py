@@ -1,4 +1,4 @@
-"""What README.md promises about reading the record, and that its tables render."""
+"""Small promises to users: what README.md says about reading the record, its tables render, `hpcrl --version`."""
 from __future__ import annotations
 
 import re
@@ -40,3 +40,12 @@ def test_the_readme_h5py_recipe_reads_a_file_that_is_still_being_written(tmp_pat
             assert f["episodes/return"][0] == 10.0
     finally:
         writer.close()
+
+
+def test_hpcrl_version(capsys):
+    from hpcrl import __version__
+    from hpcrl.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"hpcrl {__version__}\n"

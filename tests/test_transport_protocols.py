@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from hpcrl.runtime.transport import links as transport, local, protocols, windows
+from hpcrl.runtime.transport import group_reduce, links as transport, local, protocols, windows
 
 PAIRS = [
     (protocols.Counters, windows.CounterWindow, local.LocalCounters),
@@ -27,6 +27,7 @@ PAIRS = [
     (protocols.LearnerLink, transport.LearnerLink, local.LocalLearnerLink),
     (protocols.BatchSender, transport.BatchSender, local.LocalBatches),
     (protocols.BatchReceiver, transport.BatchReceiver, local.LocalBatchReceiver),
+    (protocols.GroupReduce, group_reduce.MpiGroupReduce, local.LocalGroupReduce),
 ]
 
 

@@ -20,7 +20,7 @@ from hpcrl.io import TrajLayout
 from hpcrl.runtime.roles.aaps import Probe
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.record.progress import ProgressEmitter
-from hpcrl.runtime.transport.protocols import Board, Counters, Fragments, Mailbox, Reports
+from hpcrl.runtime.transport.protocols import Board, Counters, Fragments, GroupReduce, Mailbox, Reports
 from hpcrl.runtime.roles.sampler import EnvInfo
 from hpcrl.runtime.topology import Topology
 
@@ -51,6 +51,8 @@ class Job:
     """MpiReports or LocalReports."""
     fragments: Fragments
     """MpiFragments or LocalFragments."""
+    group_reduce: GroupReduce | None = None
+    """A learner rank's group: MpiGroupReduce or LocalGroupReduce (None on the parameter rank and actors)."""
     probe: Probe | None = None
     """AAPS probe when actors.weight_sync is aaps."""
     progress: ProgressEmitter | None = None

@@ -10,6 +10,7 @@ LocalMailbox           windows.GradientMailbox                       try_push, p
 LocalBoard             windows.WeightBoard                           publish, read_latest, ...
 LocalReports           transport.MpiReports                          send, drain, close
 LocalFragments         transport.ActorLink / LearnerLink             can_send, send, poll, ...
+LocalGroupReduce       group_reduce.MpiGroupReduce                   hand_out, average, serve, ...
 =====================  ============================================  =====================
 
 Every object is guarded by one lock (the roles are threads). When any role fails, the runner
@@ -18,12 +19,17 @@ role waits for a partner that is gone (the in-process version of MPI_Abort).
 """
 from __future__ import annotations
 
+import queue
 import threading
 from collections import deque
 
 import numpy as np
 
+from hpcrl.runtime.transport.group_reduce import PARK, host_rows, share_of
 from hpcrl.runtime.transport.push import PushLoop
+
+GROUP_WAIT_SECONDS = 0.5
+"""Longest a learner group's thread blocks before it beats and looks at the abort flag again."""
 
 
 class RunAborted(RuntimeError):
@@ -301,6 +307,92 @@ class LocalLearnerLink:
             raise RunAborted("another role of this run failed")
         with self.hub._lock:
             return all(self.hub._closed) and not self.hub._queues[self.group]
+
+    def close(self) -> None:
+        pass
+
+
+class LocalGroup:
+    """One learner group's ranks as threads: a work queue per member, and the average as a barrier (every rank
+    leaves its gradient; the last to come sums them in rank order, as MPI's two-rank Allreduce does, and
+    divides by the group's size). :meth:`rank` is one rank's view (a :class:`LocalGroupReduce`)."""
+
+    def __init__(self, size: int, abort: threading.Event):
+        self.size, self.abort = size, abort
+        self.work = [queue.SimpleQueue() for _ in range(size)]  # [0]: the root's, unused
+        self._grads: list[np.ndarray | None] = [None] * size
+        self._arrived, self._round = 0, 0
+        self._mean: np.ndarray | None = None
+        self._done = threading.Condition()
+
+    def rank(self, r: int) -> "LocalGroupReduce":
+        return LocalGroupReduce(self, r)
+
+    def average(self, rank: int, grad: np.ndarray) -> np.ndarray:
+        """The mean of the group's gradients once every rank has left its own (RunAborted if the run fails)."""
+        with self._done:
+            self._grads[rank] = grad
+            self._arrived += 1
+            mine = self._round
+            if self._arrived == self.size:  # everyone else waits below: their gradients stay as they are
+                total = self._grads[0].copy()
+                for g in self._grads[1:]:
+                    total += g
+                self._mean = total / self.size
+                self._grads, self._arrived, self._round = [None] * self.size, 0, mine + 1
+                self._done.notify_all()
+            while self._round == mine:
+                if self.abort.is_set():
+                    raise RunAborted("another role of this run failed")
+                self._done.wait(GROUP_WAIT_SECONDS)
+            return self._mean  # a new array each round: no later round overwrites it
+
+
+class LocalGroupReduce:
+    """One rank of a :class:`LocalGroup` (twin of ``group_reduce.MpiGroupReduce``): the shares travel as host
+    copies through the members' queues, so a member never shares memory with the root."""
+
+    def __init__(self, group: LocalGroup, rank: int):
+        self.group, self.rank = group, rank
+
+    def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None
+                 ) -> tuple[dict, list[np.ndarray] | None]:
+        size = self.group.size
+        for r in range(1, size):
+            rows, rows_window = share_of(minibatch, window, r, size)
+            batch = {k: v.copy() for k, v in host_rows(rows).items()}
+            rows_window = None if rows_window is None else [w.copy() for w in rows_window]
+            self.group.work[r].put({"weights": weights.copy(), "batch": batch, "window": rows_window})
+        return share_of(minibatch, window, 0, size)
+
+    def park(self) -> None:
+        for r in range(1, self.group.size):
+            self.group.work[r].put(PARK)
+
+    def release(self) -> None:
+        for r in range(1, self.group.size):
+            self.group.work[r].put(None)
+
+    def average(self, grad) -> np.ndarray:
+        return self.group.average(self.rank, grad.detach().cpu().numpy())
+
+    def serve(self, share, check, beat) -> None:
+        """A member's loop: ``share(weights, batch, window)`` for each piece of work, until the root's None.
+        Blocks on its queue (parked or not), waking every GROUP_WAIT_SECONDS to beat and to see an abort."""
+        work_queue = self.group.work[self.rank]
+        while True:
+            check()
+            beat()
+            try:
+                work = work_queue.get(timeout=GROUP_WAIT_SECONDS)
+            except queue.Empty:
+                if self.group.abort.is_set():
+                    raise RunAborted("another role of this run failed") from None
+                continue
+            if work is None:
+                return
+            if work != PARK:  # parked: nothing to do but keep waiting (blocked, no naps to lengthen)
+                share(work["weights"], work["batch"], work["window"])
 
     def close(self) -> None:
         pass

@@ -1,17 +1,21 @@
 """What the role loops may call on the job's shared objects: one Protocol per transport, two implementations each.
 
 The MPI implementations (``runtime/transport/windows.py``: one-sided windows owned by rank 0;
-``runtime/transport/links.py``: point-to-point channels) and the in-memory twins of the serial runner
-(``runtime/transport/local.py``) satisfy these; a role sees only the Protocol, so it runs unchanged under
-either runner. ``tests/test_transport_protocols.py`` checks both sets against them and runs the
-same stress bodies (no gradient lost, doubled or torn; no torn weight copy) on the in-memory twins
-that ``tests/mpi_programs/`` runs on the windows.
+``runtime/transport/links.py``: point-to-point channels; ``runtime/transport/group_reduce.py``: a learner
+group's communicator) and the in-memory twins of the serial runner (``runtime/transport/local.py``)
+satisfy these; a role sees only the Protocol, so it runs unchanged under either runner.
+``tests/test_transport_protocols.py`` checks both sets against them; ``tests/test_runtime_windows.py``
+runs one set of stress bodies (no gradient lost, doubled or torn; no torn weight copy; exact counter
+sums) on the windows under mpiexec and on the twins with threads.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 
 @runtime_checkable
@@ -96,3 +100,26 @@ class Fragments(Protocol):
     def learner_link(self, group: int) -> LearnerLink: ...
     def batch_sender(self) -> BatchSender: ...
     def batch_receiver(self, group: int) -> BatchReceiver: ...
+
+
+Share = Callable[[np.ndarray, dict, "list[np.ndarray] | None"], None]
+"""A member's work on one share: ``share(weights, rows, window)`` loads the weights, computes the share's
+gradient and joins the group's :meth:`GroupReduce.average`."""
+
+
+@runtime_checkable
+class GroupReduce(Protocol):
+    """One learner group's L ranks (``learners.ranks_per_group``) computing one gradient per minibatch.
+
+    The root: ``hand_out`` gives member r rows ``r::L`` of the minibatch and of the IS window, with the weights,
+    and returns the root's own share; ``park`` lets the members nap long; ``release`` ends them; ``close`` at
+    its end. Every rank: ``average`` (the mean of the L shares' gradients). A member: ``serve`` until released.
+    """
+
+    def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None
+                 ) -> tuple[dict, list[np.ndarray] | None]: ...
+    def park(self) -> None: ...
+    def release(self) -> None: ...
+    def average(self, grad: torch.Tensor) -> np.ndarray: ...
+    def serve(self, share: Share, check: Callable[[], None], beat: Callable[[], None]) -> None: ...
+    def close(self) -> None: ...

@@ -22,8 +22,8 @@ from pathlib import Path
 from hpcrl.config import RunConfig
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.job import Job, fragment_layout_for, role_parts, roll_back_record
-from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalMailbox, LocalReports,
-                                 RunAborted)
+from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalGroup, LocalMailbox,
+                                           LocalReports, RunAborted)
 from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.roles.sampler import describe_env
 from hpcrl.runtime.topology import Topology, plan_roles
@@ -52,7 +52,8 @@ def topologies(cfg: RunConfig) -> list[Topology]:
 
 
 def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:
-    """A Job per role, sharing one set of in-memory counters, mailbox, board, reports and fragment queues."""
+    """A Job per role, sharing one set of in-memory counters, mailbox, board, reports and fragment queues; a
+    learner rank's Job holds its rank of its group's LocalGroup."""
     from hpcrl.runtime.record.progress import ProgressEmitter
 
     rolled_back = roll_back_record(run_dir) if resume else None  # before any role opens a file
@@ -74,11 +75,13 @@ def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort
     board = LocalBoard(P, history=max(2, cfg.aggregation.weight_history), probe_size=probe_size)
     reports = LocalReports()
     fragments = LocalFragments(fragment_layout_for(cfg, env, model0), G, A, cfg.actors.max_in_flight, abort)
+    groups = [LocalGroup(cfg.learners.ranks_per_group, abort) for _ in range(G)]
     jobs, plan = [], make_plan(cfg)
     for topo, (algo, model, traj_layout), probe in zip(topos, parts, probes):
         jobs.append(Job(cfg=cfg, plan=plan, topo=topo, run_dir=run_dir, resume=resume, runner="serial", algo=algo,
                         model=model, env=env, traj_layout=traj_layout, counters=counters, mailbox=mailbox,
                         board=board, reports=reports, fragments=fragments, probe=probe, rolled_back=rolled_back,
+                        group_reduce=groups[topo.group].rank(topo.group_rank) if topo.role == "learner" else None,
                         progress=ProgressEmitter(progress, cfg.io.log_seconds) if topo.role == "parameter"
                         else None))
     return jobs

@@ -122,6 +122,7 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     from hpcrl.runtime.record.progress import ProgressEmitter
     from hpcrl.runtime.roles.sampler import describe_env
     from hpcrl.runtime.topology import Topology
+    from hpcrl.runtime.transport.group_reduce import MpiGroupReduce
     from hpcrl.runtime.transport.links import MpiFragments, MpiReports
     from hpcrl.runtime.transport.windows import CounterWindow, GradientMailbox, WeightBoard
 
@@ -147,6 +148,9 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
                           probe_size=0 if probe is None else probe.size),
         reports=MpiReports(comm),
         fragments=MpiFragments(comm, layout, cfg.actors.max_in_flight, topo.learner_roots, topo.actor_ranks),
+        # a learner group's collectives (NCCL or Horovod set-up) run after the windows', as the role's did
+        group_reduce=(MpiGroupReduce(topo.group_comm, cfg.learners.allreduce, model.device)
+                      if topo.role == "learner" else None),
         progress=ProgressEmitter(progress, cfg.io.log_seconds) if topo.role == "parameter" else None,
     )
 

@@ -128,6 +128,9 @@ class BatchJob:
     env_script: str | None = None
     """A user file sourced before launch (module loads, conda activate)."""
     overrides: tuple[str, ...] = ()
+    config_yaml: str = ""
+    """The resolved config the run starts from (io.run_dir = run_dir). The script carries it and writes it
+    to ``job_dir`` on its first start if it is not there, so a script saved from --dry-run runs as saved."""
 
     @property
     def filesystems(self) -> str | None:
@@ -229,7 +232,8 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
                     cpus_per_rank=cpus, time=time, account=account, queue=queue, run_dir=run_text,
                     job_dir=run_text + JOB_SUFFIX, rank_start=plan_rank_start(cfg, site, run_text, python),
                     warning_seconds=warning_seconds, max_restarts=max_restarts,
-                    container_image=box.image if box else None, env_script=env_script, overrides=tuple(overrides))
+                    container_image=box.image if box else None, env_script=env_script, overrides=tuple(overrides),
+                    config_yaml=run_config(cfg, run_text).to_yaml())
 
 
 def _environment() -> jinja2.Environment:
@@ -255,7 +259,18 @@ def render_template(name: str, **context) -> str:
 def render(job: BatchJob) -> str:
     """The site's batch script for ``job``."""
     return render_template(job.site.template, job=job, site=job.site, rank_start=job.rank_start,
-                           resume_note=" (restart $RESTART)")
+                           resume_note=" (restart $RESTART)", config_end=CONFIG_END)
+
+
+def run_config(cfg: RunConfig, run_dir: str | Path) -> RunConfig:
+    """``cfg`` with io.run_dir fixed to ``run_dir``: what a batch job's ranks read."""
+    return cfg.model_copy(update={"io": cfg.io.model_copy(update={"run_dir": str(run_dir)})})
+
+
+CONFIG_END = "HPCRL_CONFIG_YAML"
+"""The end line of the quoted here-document that carries the config in the script (nothing in it is expanded).
+No config line can equal it: the only top-level scalar is ``name`` (letters, digits, '.', '_', '-'), and every
+other value is indented under its section."""
 
 
 def prepare_job_dir(cfg: RunConfig, run_dir: str | Path, job_dir: str | Path) -> Path:
@@ -264,9 +279,8 @@ def prepare_job_dir(cfg: RunConfig, run_dir: str | Path, job_dir: str | Path) ->
         raise ConfigError(f"--run-dir: {run_dir} already exists; pick a new one "
                           "(a job resumes its own run after a requeue by itself)")
     Path(job_dir).mkdir(parents=True)
-    resolved = cfg.model_copy(update={"io": cfg.io.model_copy(update={"run_dir": str(run_dir)})})
     path = Path(job_dir) / "config.yaml"
-    path.write_text(resolved.to_yaml())
+    path.write_text(run_config(cfg, run_dir).to_yaml())
     return path
 
 

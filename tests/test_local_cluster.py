@@ -72,12 +72,17 @@ def test_default_job_on_two_nodes(cluster, tmp_path):
     run_dir = tmp_path / "run"
     links = {node: (link_bytes(node, "rx"), link_bytes(node, "tx")) for node in ("node1", "node2")}
     started = time.monotonic()
-    out = hpcrl("submit", "--site", "local-cluster", "--nodes", "2", "--run-dir", str(run_dir), *BUDGET)
+    # as docs/sites.md says: save the --dry-run script, submit it as saved (its first start makes the job folder)
+    script = hpcrl("submit", "--site", "local-cluster", "--nodes", "2", "--run-dir", str(run_dir), "--dry-run",
+                   *BUDGET)
+    assert script.returncode == 0 and not (tmp_path / "run.job").exists(), script.stderr
+    (tmp_path / "job.sh").write_text(script.stdout)
+    out = subprocess.run(["sbatch", "--parsable", "job.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    job_id = out.stdout.strip().splitlines()[-1]  # sbatch --parsable: the id alone (the rest is on stderr)
+    job_id = out.stdout.strip().split(";")[0]
     state = wait_for(lambda: job_state(job_id), 240, f"job {job_id} to finish")
     wall = time.monotonic() - started
-    log = (tmp_path / "run.job" / f"slurm-{job_id}.out").read_text()
+    log = (tmp_path / f"slurm-{job_id}.out").read_text()  # the folder sbatch ran in
     assert state == "COMPLETED", log[-3000:]
     assert f"stop.total_env_steps={STEPS} reached" in log
 

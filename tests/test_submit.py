@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -176,15 +177,24 @@ def test_hostile_values_are_rejected_with_one_line(extra, field, capsys, tmp_pat
     assert len(lines) == 1 and field in lines[0], out.err
 
 
-def test_config_values_never_reach_the_script(tmp_path):
-    """Only the path of the resolved config goes into the script; its content stays in YAML."""
-    cfg = build_config({"env": {"kwargs": {"x": "$(touch /tmp/pwned)"}}})
+def test_config_values_are_never_run_by_the_script(tmp_path):
+    """The script carries the resolved config in a quoted here-document: a saved --dry-run script writes it
+    on its first start, and nothing in it is expanded or run."""
+    marker = tmp_path / "pwned"
+    cfg = build_config({"env": {"kwargs": {"x": f"$(touch {marker})", "y": f"`touch {marker}`",
+                                           "z": "a\nHPCRL_CONFIG_YAML\nb"}}})
     job = plan_job(cfg, load_site("local-slurm"), run_dir=str(tmp_path / "run"), python=PYTHON)
     script = render(job)
-    assert "pwned" not in script
+    start, end = script.index("RUN_DIR="), script.index('cd "$JOB_DIR" || exit 1')
+    subprocess.run(["bash", "-c", script[start:end]], check=True, timeout=30)  # the first start's config step
+    assert not marker.exists()
+    written = tmp_path / "run.job" / "config.yaml"
+    assert written.read_text() == job.config_yaml
+    assert load_config(written).env.kwargs == cfg.env.kwargs
+    shutil.rmtree(tmp_path / "run.job")
     path = write_job(job, cfg, script)
     resolved = load_config(tmp_path / "run.job" / "config.yaml")
-    assert resolved.env.kwargs == {"x": "$(touch /tmp/pwned)"} and resolved.io.run_dir == str(tmp_path / "run")
+    assert resolved.env.kwargs == cfg.env.kwargs and resolved.io.run_dir == str(tmp_path / "run")
     assert path.read_text() == script and os.access(path, os.X_OK)
     with pytest.raises(ConfigError, match="already exists"):
         write_job(job, cfg, script)

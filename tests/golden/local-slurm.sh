@@ -6,7 +6,7 @@
 #SBATCH --overcommit
 #SBATCH --time=00:10:00
 #SBATCH --partition=debug
-#SBATCH --output=/scratch/me/runs/cartpole.job/slurm-%j.out
+#SBATCH --output=slurm-%j.out
 #SBATCH --open-mode=append
 #SBATCH --signal=B:USR1@120
 #SBATCH --requeue
@@ -21,6 +21,109 @@ JOB_DIR=/scratch/me/runs/cartpole.job
 CONFIG="$JOB_DIR/config.yaml"
 RESTART=${SLURM_RESTART_COUNT:-0}
 MAX_RESTARTS=10
+if [ ! -f "$CONFIG" ]; then  # a script saved from `hpcrl submit --dry-run`: its first start makes the job folder
+    mkdir -p "$JOB_DIR" && cat >"$CONFIG" <<'HPCRL_CONFIG_YAML' || exit 1
+name: cartpole
+env:
+  id: CartPole-v1
+  num_envs: 8
+  kwargs: {}
+  seed: 0
+  normalize_obs: false
+  normalize_reward: false
+  clip: 10.0
+  rescale_actions: false
+model:
+  hidden_sizes:
+  - 64
+  - 64
+  activation: tanh
+  torso: mlp
+actors:
+  count: 2
+  fragment_length: 16
+  max_in_flight: 2
+  on_policy: false
+  weight_sync: every_fragment
+  aaps_delta: 0.01
+  probe_batch: 64
+learners:
+  groups: 1
+  ranks_per_group: 1
+  min_active: 1
+  max_active: null
+  elastic_headroom: 0.2
+  elastic_seconds: 2.0
+  allreduce: auto
+  device: auto
+  cuda_graphs: true
+  overlap_push: false
+aggregation:
+  policy: stellaris
+  d: 0.96
+  v: 3.0
+  rho: 1.0
+  is_truncation: false
+  mailbox_slots: 2
+  weight_history: 4
+  ssp_s: 3
+  softsync_c: null
+algo:
+  name: ppo
+  lr: 0.001
+  gamma: 0.98
+  gae_lambda: 0.8
+  clip: 0.2
+  kl_coeff: 0.0
+  kl_target: 0.01
+  entropy_coeff: 0.0
+  vf_coeff: 0.5
+  max_grad_norm: 0.5
+  normalize_advantages: true
+  vf_clip: null
+  train_batch_size: 256
+  minibatch_size: 256
+  num_sgd_iter: 20
+  optimizer: adam
+  lr_anneal: false
+  lr_anneal_steps: null
+io:
+  run_dir: /scratch/me/runs/cartpole
+  flush_seconds: 5.0
+  checkpoint_every: 50
+  checkpoint_min_seconds: 2.0
+  compression: gzip
+  log_seconds: 10.0
+launch:
+  runner: mpi
+  mpiexec: mpiexec
+  mpiexec_args: []
+  container: null
+  timeout_seconds: 3600.0
+  watchdog_warn_seconds: 300.0
+  watchdog_seconds: 1800.0
+  startup_seconds: 600.0
+  ranks_per_core: 4.0
+  prestart: true
+  actor_nice: 10
+stop:
+  total_env_steps: 300000
+  target_return: 475.0
+  return_window: 20
+  max_wall_seconds: null
+  max_rounds: null
+eval:
+  episodes: 0
+  every_rounds: 10
+  seed: 1000000
+debug:
+  raise_on_rank: null
+  raise_after_seconds: 0.0
+  learner_delay_seconds: 0.0
+  learner_delay_until_seconds: null
+  active_actors: null
+HPCRL_CONFIG_YAML
+fi
 cd "$JOB_DIR" || exit 1
 export HDF5_USE_FILE_LOCKING=FALSE
 export OMP_NUM_THREADS=1

@@ -41,7 +41,6 @@ from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.roles.cuda_graph import GraphedGradient
 from hpcrl.runtime.record.cycle_profile import CycleRecord
 from hpcrl.runtime.roles.elastic import ACTION, REASON
-from hpcrl.runtime.transport.group_reduce import PARK, make_reducer, serve_group_root
 from hpcrl.runtime.transport.push import PushAbandoned
 
 
@@ -52,17 +51,13 @@ SHORT_WAIT_CAP = 1e-4
 """Longest nap while waiting for the parameter rank to apply this group's own push (sync admission's
 lockstep, on-policy batches): the wait is a few hundred microseconds, so a nap doubling up to 1 ms would
 add up to half of it again to every gradient."""
-"""Group root -> its other ranks (TAG_WORK): the group is parked, wait with long naps."""
 
 
 class LearnerGroup:
     def __init__(self, job) -> None:
         self.job, self.cfg, self.plan = job, job.cfg, job.plan
         self.model, self.algo = job.model, job.algo
-        self.topo = job.topo
-        self.g = job.topo.group
-        self.size = job.topo.ranks_per_group
-        self.is_root = job.topo.is_group_root
+        self.g, self.size, self.is_root = job.topo.group, job.topo.ranks_per_group, job.topo.is_group_root
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
         self.window = self.algo.uses_window and self.cfg.learners.groups > 1
         # a second network for the other learners' snapshots (deepcopy would detach the flat views)
@@ -79,11 +74,8 @@ class LearnerGroup:
         self.batch_out = job.fragments.batch_sender() if self.is_root and self.pp and self.g < self.pp else None
         self.batch_in = job.fragments.batch_receiver(self.g) if self.is_root and self.pp and self.g >= self.pp else None
         self.prepared: list[dict] = []
-        self.reducer = (make_reducer(self.cfg.learners.allreduce, job.topo.group_comm, self.model.device)
-                        if self.size > 1 else None)
+        self.group_reduce = job.group_reduce  # the group's other ranks: shares of each minibatch, the gradient average
         self.lockstep = self.plan.pacing == "lockstep"
-        self.held = self.plan.pacing == "held"
-        self.on_policy = self.plan.on_policy
         self.last_base: int | None = None
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
@@ -139,7 +131,7 @@ class LearnerGroup:
             # a batch in actor order, not arrival order: the same fragments make the same batch whatever the
             # timing (on-policy runs repeat themselves, and a batch can be rebuilt from the trajectory files)
             taken.sort(key=lambda f: (f.get("actor", 0), f.get("fragment", 0)))
-            if not self.on_policy:  # free the places now: actors sample the next batch while this one trains
+            if not self.plan.on_policy:  # free the places now: actors sample the next batch while this one trains
                 counters.add(control.BACKLOG + self.g, -len(taken))
             lap("control")
             if self.batch_out is not None:  # the post-processing group: prepare, pass on, no gradient
@@ -150,7 +142,7 @@ class LearnerGroup:
             # every group gets every fragment (MARL policy learners): group 0 alone counts their steps
             new_steps = 0 if self.plan.fragments_to_every_group and self.g else steps
             trained = self._train(taken, steps, new_steps)
-            if self.on_policy:  # actors.on_policy: the next batch is sampled with the weights this one made
+            if self.plan.on_policy:  # actors.on_policy: the next batch is sampled with the weights this one made
                 taken_word = control.taken_word(self.cfg.learners.groups, self.g)
                 trained = trained and self._wait_while(lambda: counters.read(taken_word) < self.seq, cap=SHORT_WAIT_CAP)
                 counters.add(control.BACKLOG + self.g, -len(taken))
@@ -168,8 +160,7 @@ class LearnerGroup:
         """
         start, cpu = time.time(), time.thread_time()
         counters, g = self.job.counters, self.g
-        for r in range(1, self.size):  # the group's other ranks wait with long naps too
-            self.topo.group_comm.send(PARK, dest=r, tag=control.TAG_WORK)
+        self.group_reduce.park()  # the group's other ranks wait with long naps too
         awake = lambda w: bool(w[control.STOP]) or g < w[control.ACTIVE]  # noqa: E731
         while True:
             self.heartbeat.beat()
@@ -229,7 +220,11 @@ class LearnerGroup:
             t = time.perf_counter()
             window = self._window_logps(mb, version, words)
             lap("window")
-            grad, stats = self._group_gradient(mb, version, window)
+            mine = mb
+            if self.size > 1:  # the group's other ranks are handed their shares; the gradient is the group's average
+                mine, window = self.group_reduce.hand_out(self.weights, mb, window)
+                lap("allreduce")
+            grad, stats = self._local_gradient(mine, window, lap)
             self.fault.slow_down()  # debug.learner_delay_seconds
             lap("gradient")
             dt = time.perf_counter() - t
@@ -315,7 +310,7 @@ class LearnerGroup:
         if self.lockstep and self.last_base is not None:
             if not self._wait_while(lambda: self.job.board.latest_version() <= self.last_base, cap=SHORT_WAIT_CAP):
                 return None
-        if self.held:  # SSP: too far ahead of the slowest group, wait (Ho et al. 2013)
+        if self.plan.pacing == "held":  # SSP: too far ahead of the slowest group, wait (Ho et al. 2013)
             held = control.held_word(self.cfg.learners.groups, self.g)
             if not self._wait_while(lambda: self.job.counters.read(held)):
                 return None
@@ -359,21 +354,6 @@ class LearnerGroup:
                 out.append(self.algo.logps(self.snapshot, mb))
         return [w.detach().cpu().numpy() for w in out] if out else None
 
-    def _group_gradient(self, mb: dict, version: int, window) -> tuple[np.ndarray, dict]:
-        """This rank's share of the minibatch, averaged over the group with an allreduce."""
-        if self.size > 1:
-            shares = [{k: v[r::self.size] for k, v in mb.items()} for r in range(self.size)]
-            for r in range(1, self.size):
-                share_window = None if window is None else [w[r::self.size] for w in window]
-                self.topo.group_comm.send({"weights": self.weights, "batch": _numpy(shares[r]),
-                                           "window": share_window}, dest=r, tag=control.TAG_WORK)
-            mine = shares[0]
-            window = None if window is None else [w[0::self.size] for w in window]
-            self.cycles.lap("allreduce")
-        else:
-            mine = mb
-        return self._local_gradient(mine, window, self.cycles.lap)
-
     def _local_gradient(self, mb: dict, window, lap=None) -> tuple[np.ndarray, dict]:
         lap = lap or _no_lap
         if self.graphed is not None:
@@ -385,13 +365,12 @@ class LearnerGroup:
         grad, stats = self.algo.compute_gradient(mb, self.model, wl)
         lap("gradient")
         stats = {k: float(v) for k, v in stats.items()}
-        if self.reducer is None:
-            out = grad.detach().cpu().numpy()
+        if self.size == 1:
+            out, phase = grad.detach().cpu().numpy(), "flatten"
+        else:
             lap("flatten")
-            return out, stats
-        lap("flatten")
-        out = self.reducer.average(grad)
-        lap("allreduce")
+            out, phase = self.group_reduce.average(grad), "allreduce"  # the mean over the group's shares
+        lap(phase)
         return out, stats
 
     def _push(self, grad: np.ndarray, version: int, samples: int, stats: dict, compute: float, new_steps: int) -> bool:
@@ -426,8 +405,7 @@ class LearnerGroup:
 
     def _finish(self) -> None:
         """Release the group's other ranks, keep receiving until every actor is done, then say so."""
-        for r in range(1, self.size):
-            self.topo.group_comm.send(None, dest=r, tag=control.TAG_WORK)
+        self.group_reduce.release()
         backoff = Backoff(5e-5, 5e-3)
         while True:  # every actor's last send (and the post-processing group's) must be matched before it can finish
             self.heartbeat.beat()
@@ -441,8 +419,7 @@ class LearnerGroup:
         if self.batch_out is not None:  # no batch follows; wait until the others took every one
             self.batch_out.close(range(self.pp, self.cfg.learners.groups), self.heartbeat.beat)
         self.job.reports.close()
-        if self.reducer is not None:
-            self.reducer.close()
+        self.group_reduce.close()
         self.job.counters.add(control.LEARNERS_DONE, 1)
 
     # ---- other ranks of the group --------------------------------------------------------
@@ -451,7 +428,7 @@ class LearnerGroup:
             self.model.flat.load_(weights)
             self._local_gradient({k: torch.as_tensor(v, device=self.model.device) for k, v in batch.items()}, window)
 
-        serve_group_root(self.topo.group_comm, share, self.reducer, self.fault.check, self.heartbeat.beat)
+        self.group_reduce.serve(share, self.fault.check, self.heartbeat.beat)
 
     def close_on_error(self) -> None:
         pass
@@ -477,7 +454,3 @@ _END = object()
 
 def _no_lap(_phase: str) -> float:
     return 0.0
-
-
-def _numpy(batch: dict) -> dict:
-    return {k: v.detach().cpu().numpy() for k, v in batch.items()}

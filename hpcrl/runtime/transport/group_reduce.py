@@ -197,23 +197,3 @@ class HorovodReducer:
 
     def close(self) -> None:
         self.hvd.shutdown()
-
-
-def serve_group_root(comm, share, reducer, check, beat) -> None:
-    """A member's loop: ``share(weights, batch, window)`` for each piece of work from the group root (it computes
-    and joins the average); nap long while the root is parked (PARK); close ``reducer`` when the root sends None.
-    ``check()`` raises an injected fault, ``beat()`` is the member's sign of life while it waits."""
-    def keep_waiting() -> bool:  # a sign of life for the watchdog, never a reason to give up
-        beat()
-        return False
-
-    cap = 2e-3
-    while True:
-        check()
-        work = control.recv_polling(comm, 0, control.TAG_WORK, Backoff(5e-5, cap), abandon=keep_waiting)
-        if work is None:
-            reducer.close()
-            return
-        cap = control.PARK_NAP_SECONDS if work == PARK else 2e-3
-        if work != PARK:
-            share(work["weights"], work["batch"], work["window"])

@@ -7,15 +7,17 @@ collective over the communicator it is given.
 """
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import numpy as np
-
 from hpcrl.errors import ConfigError
+from hpcrl.io.schema import ROLES
 
 PARAMETER, LEARNER, ACTOR = "parameter", "learner", "actor"
 PARAMETER_RANK = 0
+ROLE_CODES = {name: i for i, name in enumerate(ROLES)}
+"""The role column of run.h5's rank_map table."""
 
 
 class Role(NamedTuple):
@@ -46,6 +48,12 @@ def plan_roles(world_size: int, groups: int, ranks_per_group: int, actors: int) 
     roles += [Role(LEARNER, g, r) for g in range(groups) for r in range(ranks_per_group)]
     roles += [Role(ACTOR, -1, -1)] * actors
     return roles
+
+
+def one_process_rank_map() -> dict[str, list]:
+    """run.h5's rank_map of a run that is one process (the fused loop): rank 0, the parameter role, this host."""
+    return {"rank": [0], "role": [ROLE_CODES[PARAMETER]], "group": [-1], "index": [0],
+            "node": [platform.node().encode()[:64]]}
 
 
 @dataclass
@@ -128,15 +136,15 @@ class Topology:
         """Static round-robin assignment of actors to learner groups (actor index mod G)."""
         return self.actor_ranks.index(actor_rank) % self.groups
 
-    def rank_map(self) -> dict[str, np.ndarray]:
-        """Equal-length columns (one row per world rank) ready for an HDF5 table."""
+    def rank_map(self) -> dict[str, list]:
+        """run.h5's rank_map table (one row per world rank): role code, group, actor index or rank in the group, node."""
+        actors = self.actor_ranks
         return {
-            "rank": np.arange(self.size, dtype=np.int32),
-            "role": np.array([x.role for x in self.roles], dtype="S9"),
-            "group": np.array([x.group for x in self.roles], dtype=np.int32),
-            "group_rank": np.array([x.group_rank for x in self.roles], dtype=np.int32),
-            "node": np.array([n.encode() for n in self.nodes]),
-            "node_rank": np.array(self.node_ranks, dtype=np.int32),
+            "rank": list(range(self.size)),
+            "role": [ROLE_CODES[x.role] for x in self.roles],
+            "group": [x.group for x in self.roles],
+            "index": [actors.index(r) if x.role == ACTOR else max(x.group_rank, 0) for r, x in enumerate(self.roles)],
+            "node": [n.encode()[:64] for n in self.nodes],
         }
 
     def free(self) -> None:

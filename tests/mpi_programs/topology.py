@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.runtime.topology import ACTOR, LEARNER, PARAMETER, Topology
+from hpcrl.runtime.topology import ACTOR, LEARNER, PARAMETER, ROLE_CODES, Topology
 
 
 def main(argv):
@@ -31,15 +31,17 @@ def main(argv):
         members = topo.group_comm.allreduce(rank)
         first = 1 + topo.group * per_group
         assert members == sum(range(first, first + per_group)), members
-    table = topo.rank_map()
+    table = topo.rank_map()  # run.h5's rank_map rows
     assert len({len(v) for v in table.values()}) == 1 and len(table["rank"]) == comm.Get_size()
-    assert table["role"][rank].decode() == topo.role and table["group"][rank] == topo.group
-    assert table["node_rank"][rank] == topo.node_comm.Get_rank() == topo.node_rank
+    assert table["role"][rank] == ROLE_CODES[topo.role] and table["group"][rank] == topo.group
+    assert table["index"][rank] == (topo.actor_index if topo.role == ACTOR else max(topo.group_rank, 0))
+    assert table["node"][rank] == MPI.Get_processor_name().encode()[:64]
+    assert topo.node_comm.Get_rank() == topo.node_rank
     # one node here: node-local ranks are 0..size-1
-    assert sorted(table["node_rank"]) == list(range(comm.Get_size()))
+    assert sorted(topo.node_ranks) == list(range(comm.Get_size()))
     topo.free()
     if rank == 0:
-        print("OK topology", {k: v.tolist() for k, v in table.items()})
+        print("OK topology", {k: np.asarray(v).tolist() for k, v in table.items()})
 
 
 if __name__ == "__main__":

@@ -1,15 +1,19 @@
-"""run.h5 as the parameter role keeps it: rows of every table, each round's statistics, progress and summary.
+"""run.h5 as every runner keeps it: rows of every table, each round's statistics, progress and summary.
 
-The parameter role tells a :class:`RunRecord` what happened and the record writes the rows; it knows
-no MPI, no admission rule and no algorithm:
+The parameter role (MPI and serial runners) and the fused loop tell a :class:`RunRecord` what
+happened and the record writes the rows; it knows no MPI, no admission rule and no algorithm:
 
+    create(...), reopen(...)           run.h5 made for a new run, or reopened to resume one
     arrived()                          a gradient came out of the mailbox (counted)
     gradient(rec, admitted, reason, version, round, ...)   its row (admitted, refused, or left at shutdown)
     step(step, adm, version, round, lr, active, t_agg, t_pub)   an applied step: updates + gradients rows
     consumed(env_steps, learner_seconds)   what the learners reported with a gradient (the round's counts)
     fragment(msg, env_steps)           an actor's fragment report: actors and episodes rows, returns
-    actor_park(row), activity(row), evaluation(msg), group_event(row)   the other ranks' rows
+    actor_park(row), activity(row), evaluation(msg)   the other ranks' rows
+    group_event(group, action, reason, active, ...)   rank 0 activated or parked a learner group
     active(groups)                     the active learner groups changed without a row (the round keeps the most)
+    iterations(first, times, stats, episodes, ...)   the fused loop's window of iterations, fetched from the
+                                       device at once: its updates and episodes rows
     end_round(round, consumed, threshold, active) -> what algo.end_round is given; the rounds row
     load(clock)                        a parameter_load row (where rank 0's time went)
     stats(...), summary(...)           the progress line's numbers and the closing summary
@@ -19,20 +23,24 @@ table at a time; rows from other ranks carry Unix times and are stored from the 
 """
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from hpcrl.io import RunFile
-from hpcrl.io.schema import GRADIENT_REASONS
+from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS, GRADIENT_REASONS, RUN_FILE
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES
 from hpcrl.runtime.record.rows import RowBuffer
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord
 
 REASON = {name: i for i, name in enumerate(GRADIENT_REASONS)}
+GROUP_ACTION = {name: i for i, name in enumerate(ELASTIC_ACTIONS)}
+GROUP_REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
 
 
 class RunRecord:
@@ -45,7 +53,26 @@ class RunRecord:
         self.round_t0 = run_file.now()
         self.current = self._new_round()
         self.staleness_recent: deque[int] = deque(maxlen=64)
+        self.last_stats: dict[str, float] = {}  # the fused loop's newest iteration: the algorithm's numbers
         self._load_counts = (gradients, admitted, updates)
+
+    @classmethod
+    def create(cls, run_dir: Path, io, config_yaml: str, rank_map: Mapping[str, Sequence], stop_rule: StopRule,
+               attrs: Mapping[str, Any], traj_layout=None, num_actors: int | None = None) -> "RunRecord":
+        """A new ``run_dir/run.h5`` (``io``: the config's io section; ``attrs``: file attributes such as the runner)."""
+        run_file = RunFile.create(Path(run_dir) / RUN_FILE, config_yaml, rank_map, io.compression,
+                                  traj_layout=traj_layout, num_actors=num_actors, flush_seconds=io.flush_seconds,
+                                  attrs=attrs)
+        return cls(run_file, stop_rule)
+
+    @classmethod
+    def reopen(cls, run_dir: Path, io, rank_map: Mapping[str, Sequence], stop_rule: StopRule, note: Mapping[str, Any],
+               counts: Mapping[str, int], traj_layout=None, num_actors: int | None = None) -> "RunRecord":
+        """``run_dir/run.h5`` reopened to resume (``note``: what the resume cut back, kept as JSON in the file;
+        ``counts``: the checkpoint's episodes, updates, gradients and admitted)."""
+        run_file = RunFile.open_append(Path(run_dir) / RUN_FILE, flush_seconds=io.flush_seconds, note=json.dumps(note),
+                                       rank_map=rank_map, traj_layout=traj_layout, num_actors=num_actors)
+        return cls(run_file, stop_rule, **counts)
 
     @staticmethod
     def _new_round() -> dict[str, Any]:
@@ -150,33 +177,77 @@ class RunRecord:
         """The active learner groups now (the round's rows keep the most it had)."""
         self.current["active_max"] = max(self.current["active_max"], groups)
 
-    def group_event(self, row: dict) -> None:
-        """An elastic_events row of rank 0's own decision (activate or park a group)."""
-        self.active(row["active_groups"])
-        self.file.append("elastic_events", {"time": self.file.now(), **row})
+    def group_event(self, group: int, action: str, reason: str, active: int, supply: float = math.nan,
+                    capacity: float = math.nan, load: float = math.nan, waiting: int = -1) -> None:
+        """Rank 0 activated or parked ``group`` (``action`` and ``reason``: names of io.schema's ELASTIC_ACTIONS
+        and ELASTIC_REASONS; the elastic rule's numbers when it decided): an elastic_events row."""
+        self.active(active)
+        self.file.append("elastic_events", {
+            "time": self.file.now(), "group": group, "action": GROUP_ACTION[action], "reason": GROUP_REASON[reason],
+            "active_groups": active, "supply_rate": supply, "group_rate": capacity, "load": load,
+            "fragments_waiting": waiting})
+
+    # ---- the fused loop ------------------------------------------------------------------------
+    def iterations(self, first: int, times: Sequence[float], stats: Mapping[str, np.ndarray],
+                   episodes: Mapping[str, np.ndarray], fragment_length: int, instances: int, lr: float,
+                   round_index: int) -> None:
+        """Iterations ``first`` + 1 .. ``first`` + len(times) of the fused loop, fetched from the device at once
+        (``times``: when each ended). Each sampled one fragment of ``fragment_length`` steps of ``instances``
+        envs and applied one gradient at once: an updates row each (version = the iteration's number;
+        ``stats``: the algorithm's per-iteration numbers, the first its loss). ``episodes``: those the
+        iterations ended (``row``: the step since ``first``'s end, ``env_index``, ``return``, ``length``),
+        an episodes row each, at the time and version of the iteration that ended it."""
+        n, steps = len(times), fragment_length * instances
+        loss = next(iter(stats.values()))
+        self.gradients, self.admitted, self.updates = self.gradients + n, self.admitted + n, self.updates + n
+        self.file.append("updates", {"time": times, "version": np.arange(first + 1, first + n + 1),
+                                     "round": round_index, "num_gradients": 1, "lr": lr, "loss_mean": loss})
+        self.last_stats = {name: float(values[-1]) for name, values in stats.items()}
+        r = self.current
+        r["env_steps"] += n * steps
+        r["updates"] += n
+        r["loss"].extend(loss)
+        returns = episodes["return"]
+        if len(returns):
+            it = episodes["row"] // fragment_length
+            self.file.append("episodes", {
+                "time": np.asarray(times)[it], "actor": 0, "env_index": episodes["env_index"], "return": returns,
+                "length": episodes["length"], "policy_version": first + it,
+                "env_steps": ((first * fragment_length + episodes["row"] + 1) * instances).astype(np.int64)})
+        self.stop_rule.add_returns(returns)
+        r["returns"].extend(returns)
+        self.episodes += len(returns)
+        r["episodes"] += len(returns)
 
     # ---- rounds, load, progress ------------------------------------------------------------
-    def end_round(self, round_index: int, consumed: int, threshold: float | None, active: int) -> dict[str, Any]:
-        """The rounds row of the round that ended; returns what ``algo.end_round`` is given of it."""
+    def end_round(self, round_index: int, consumed: int, threshold: float | None = None,
+                  active: int | None = None) -> dict[str, Any]:
+        """The rounds row of the round that ended; returns what ``algo.end_round`` is given of it.
+
+        ``active``: the active learner groups; None for the fused loop, whose row leaves empty what only the
+        roles measure (threshold, staleness, learner and actor seconds, active actors and groups)."""
         r = self.current
         now = self.file.now()
-        st = np.asarray(r["staleness"], dtype=np.float64)
-        ret = np.asarray(r["returns"], dtype=np.float64)
+        # the values as they were told (the roles' Python floats; the fused loop's float32 arrays: float32 means)
+        ret = np.asarray(r["returns"])
 
         def agg(a, fn):
             return float(fn(a)) if a.size else math.nan
 
-        self.file.append("rounds", {
-            "round": round_index, "start": self.round_t0, "duration": now - self.round_t0,
-            "env_steps": r["env_steps"], "env_steps_total": consumed, "episodes": r["episodes"],
-            "updates": r["updates"], "threshold": math.nan if threshold is None else threshold,
-            "staleness_mean": agg(st, np.mean), "staleness_max": agg(st, np.max), "staleness_min": agg(st, np.min),
-            "staleness_std": agg(st, np.std), "learner_seconds": r["learner_seconds"],
-            "actor_seconds": r["actor_seconds"], "active_actors": len(r["actors"]),
-            "active_groups": max(r["active_max"], active), "loss": agg(np.asarray(r["loss"], float), np.nanmean),
-            "reward_mean": agg(ret, np.mean), "reward_max": agg(ret, np.max), "reward_min": agg(ret, np.min),
-            "reward_std": agg(ret, np.std),
-        })
+        row = {"round": round_index, "start": self.round_t0, "duration": now - self.round_t0,
+               "env_steps": r["env_steps"], "env_steps_total": consumed, "episodes": r["episodes"],
+               "updates": r["updates"], "loss": agg(np.asarray(r["loss"]), np.nanmean),
+               "reward_mean": agg(ret, np.mean), "reward_max": agg(ret, np.max), "reward_min": agg(ret, np.min),
+               "reward_std": agg(ret, np.std)}
+        if active is not None:
+            st = np.asarray(r["staleness"], dtype=np.float64)
+            row.update({
+                "threshold": math.nan if threshold is None else threshold,
+                "staleness_mean": agg(st, np.mean), "staleness_max": agg(st, np.max),
+                "staleness_min": agg(st, np.min), "staleness_std": agg(st, np.std),
+                "learner_seconds": r["learner_seconds"], "actor_seconds": r["actor_seconds"],
+                "active_actors": len(r["actors"]), "active_groups": max(r["active_max"], active)})
+        self.file.append("rounds", row)
         kl = np.asarray(r["kl"], float)
         self.round_t0 = now
         self.current = self._new_round()
@@ -210,8 +281,17 @@ class RunRecord:
             "env_steps": env_steps, "total_steps": total_steps, "episodes": self.episodes,
             "mean_return": self.stop_rule.mean_return(), "version": version,
             "staleness": float(np.mean(self.staleness_recent)) if self.staleness_recent else math.nan,
-            "active_groups": active, "groups": groups, "round": round_index, "elapsed": elapsed,
+            "active_groups": active, "groups": groups, "round": round_index, "elapsed": elapsed, **self.last_stats,
         }
+
+    def summary(self, stats: Mapping[str, Any], stop_reason: str | None, run_dir: Path,
+                files: Mapping[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+        """The closing summary every runner prints and returns: the last progress numbers (``stats``), why the
+        run stopped, the gradient counts, the runner's ``extra`` facts and the files (run.h5, ``files``, config)."""
+        return {**stats, "stop_reason": stop_reason, "run_dir": str(run_dir),
+                "return_window": self.stop_rule.cfg.return_window, "gradients": self.gradients,
+                "admitted": self.admitted, **extra,
+                "files": {"record": str(self.file.path), **(files or {}), "config": str(Path(run_dir) / "config.yaml")}}
 
     # ---- the file ------------------------------------------------------------------------------
     def flush(self) -> None:

@@ -26,7 +26,6 @@ Active actors: ``algo.end_round`` may return ``active_actors`` (MARLess actor sc
 """
 from __future__ import annotations
 
-import json
 import math
 import signal
 import time
@@ -35,9 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from hpcrl.io import RunFile
 from hpcrl.io.rollback import record_counts
-from hpcrl.io.schema import RUN_FILE, TRAJ_DIR
+from hpcrl.io.schema import TRAJ_DIR
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
@@ -79,7 +77,6 @@ class ParameterRank:
         self.round = 0
         self.consumed = 0  # env steps the learners trained on
         self.env_steps_start = 0  # env steps before this (resumed) job
-        self._counts = {"episodes": 0, "updates": 0, "gradients": 0, "admitted": 0}  # a resume sets them
         self.stop_rule = StopRule(self.cfg.stop)
         self.seq_next = [0] * G
         self.fragment_next = [0] * self.cfg.actors.count  # each actor's next fragment number (kept on resume)
@@ -102,7 +99,8 @@ class ParameterRank:
         # RMA against this rank's windows progresses only while it is inside MPI (MPICH/UCX
         # active messages), so its idle naps stay short: a learner's push waits for them.
         self.backoff = Backoff(2e-5, 2e-4)
-        self.record = RunRecord(self._open_run_file(), self.stop_rule, **self._counts)
+        self.record = self._open_record()
+        self.summary: dict[str, Any] = {}  # the closing summary (after run)
         self.t0 = time.monotonic()
         self._last_ckpt_update = self.record.updates
         self._last_ckpt_time = time.monotonic()
@@ -120,34 +118,20 @@ class ParameterRank:
         return self._optimizer
 
     # ---- set-up --------------------------------------------------------------------------
-    def _open_run_file(self) -> RunFile:
-        path = self.job.run_dir / RUN_FILE
-        if self.job.resume:
-            state = load_checkpoint(self.job.run_dir)
-            if state is None:
-                raise RuntimeError(f"--resume: no checkpoint in {self.job.run_dir}")
-            self._restore(state)
-            note = json.dumps({"discarded": self.job.rolled_back, "version": self.version})
-            return RunFile.open_append(path, flush_seconds=self.cfg.io.flush_seconds, note=note,
-                                       rank_map=self._rank_map(), traj_layout=self.job.traj_layout,
-                                       num_actors=self.cfg.actors.count)
-        return RunFile.create(path, self.cfg.to_yaml(), self._rank_map(), self.cfg.io.compression,
-                              traj_layout=self.job.traj_layout, num_actors=self.cfg.actors.count,
-                              flush_seconds=self.cfg.io.flush_seconds,
-                              attrs={"runner": self.job.runner, "num_params": self.flat.num_params})
-
-    def _rank_map(self) -> dict[str, list]:
-        roles = self.job.topo.roles
-        codes = {"parameter": 0, "learner": 1, "actor": 2}
-        actor_ranks = self.job.topo.actor_ranks
-        return {
-            "rank": np.arange(len(roles)),
-            "role": [codes[r.role] for r in roles],
-            "group": [r.group for r in roles],
-            "index": [actor_ranks.index(i) if r.role == "actor" else max(r.group_rank, 0)
-                      for i, r in enumerate(roles)],
-            "node": [n.encode()[:64] for n in self.job.topo.nodes],
-        }
+    def _open_record(self) -> RunRecord:
+        """run.h5 made, or reopened after restoring the checkpoint (``--resume``)."""
+        job, io = self.job, self.cfg.io
+        files = {"traj_layout": job.traj_layout, "num_actors": self.cfg.actors.count}
+        if not job.resume:
+            return RunRecord.create(job.run_dir, io, self.cfg.to_yaml(), job.topo.rank_map(), self.stop_rule,
+                                    {"runner": job.runner, "num_params": self.flat.num_params}, **files)
+        state = load_checkpoint(job.run_dir)
+        if state is None:
+            raise RuntimeError(f"--resume: no checkpoint in {job.run_dir}")
+        self._restore(state)
+        return RunRecord.reopen(job.run_dir, io, job.topo.rank_map(), self.stop_rule,
+                                {"discarded": job.rolled_back, "version": self.version},
+                                {k: state[k] for k in ("episodes", "updates", "gradients", "admitted")}, **files)
 
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.runners.mpi)."""
@@ -196,7 +180,6 @@ class ParameterRank:
         saved = list(s.get("normalizers", []))[:self.cfg.actors.count]  # an actor added by the resume starts from
         self.normalizers = [saved[i] if i < len(saved) else saved[i % len(saved)] if saved else None  # another's
                             for i in range(self.cfg.actors.count)]
-        self._counts = {k: s[k] for k in ("episodes", "updates", "gradients", "admitted")}
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
@@ -391,10 +374,8 @@ class ParameterRank:
         self.counters.set(control.ACTIVE, need)
         self.record.active(need)
         for g in changed if record else ():
-            self.record.group_event({
-                "group": g, "action": elastic.ACTION["activate" if more else "park"],
-                "reason": elastic.REASON["policies_split" if more else "policies_merged"], "active_groups": need,
-                "supply_rate": math.nan, "group_rate": math.nan, "load": math.nan, "fragments_waiting": -1})
+            self.record.group_event(g, "activate" if more else "park", "policies_split" if more else "policies_merged",
+                                    need)
 
     def _elastic(self) -> None:
         """Activate or park one learner group when the elastic rule says so; record the decision."""
@@ -409,11 +390,7 @@ class ParameterRank:
         group = self.active if d.action == "activate" else self.active - 1
         self.active = d.active
         self.counters.set(control.ACTIVE, self.active)
-        self.record.group_event({
-            "group": group, "action": elastic.ACTION[d.action],
-            "reason": elastic.REASON[d.reason],
-            "active_groups": self.active, "supply_rate": d.supply, "group_rate": d.capacity, "load": d.load,
-            "fragments_waiting": waiting})
+        self.record.group_event(group, d.action, d.reason, self.active, d.supply, d.capacity, d.load, waiting)
 
     def _check_stop(self) -> None:
         if self.signals.received is not None:
@@ -448,14 +425,11 @@ class ParameterRank:
             self.record.gradient(rec, False, "shutdown", self.version, self.round)
         self.queue.clear()
         ckpt = self.checkpoint()
-        summary = {**self.stats(), "stop_reason": self.stop_reason, "run_dir": str(self.job.run_dir),
-                   "return_window": self.cfg.stop.return_window, "gradients": self.record.gradients,
-                   "admitted": self.record.admitted,
-                   "files": {"record": str(self.record.file.path),
-                             "trajectories": f"{self.job.run_dir / TRAJ_DIR}/actor-NNNNN.h5 ({self.cfg.actors.count} files)",
-                             "checkpoint": str(ckpt), "config": str(self.job.run_dir / "config.yaml")}}
+        self.summary = self.record.summary(self.stats(), self.stop_reason, self.job.run_dir, {
+            "trajectories": f"{self.job.run_dir / TRAJ_DIR}/actor-NNNNN.h5 ({self.cfg.actors.count} files)",
+            "checkpoint": str(ckpt)})
         self.record.close()
-        self.job.progress.finish(summary)
+        self.job.progress.finish(self.summary)
 
     def close_on_error(self) -> None:
         """Flush what is buffered (called before MPI_Abort)."""

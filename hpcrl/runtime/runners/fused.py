@@ -8,20 +8,19 @@ enters a device buffer of ``algo.kept_fragments`` fragments, ``algo.prepare_roll
 batch, ``algo.update`` trains (``compute_gradient`` + ``apply``, or the paper's own order within a step).
 
 The loop never waits for the host: every ``algo.stats_every`` iterations it fetches the episode
-log and the per-iteration stats from the device (one synchronisation), appends them to
-``run.h5`` (tables ``episodes``, ``updates``, ``rounds``; one round is one such window of
-iterations), reports progress and checks the stop rule. Episode times are those of the
-iteration that ended them. No per-step trajectories are written (10K instances x millions of
-steps), and there are no checkpoints.
+log and the per-iteration stats from the device (one synchronisation) and tells the run's
+:class:`~hpcrl.runtime.record.run_record.RunRecord`, which writes ``run.h5``'s ``episodes``,
+``updates`` and ``rounds`` rows (one round is one such window of iterations), the progress numbers
+and the summary as for the roles; then it reports progress and checks the stop rule. Episode times
+are those of the iteration that ended them. No per-step trajectories are written (10K instances x
+millions of steps), and there are no checkpoints.
 """
 from __future__ import annotations
 
-import platform
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from hpcrl.algos import make_algorithm
@@ -31,9 +30,9 @@ from hpcrl.config import RunConfig
 from hpcrl.envs import registry
 from hpcrl.envs.classic.base import resolve_device
 from hpcrl.errors import ConfigError
-from hpcrl.io import RunFile
-from hpcrl.io.schema import RUN_FILE
+from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
+from hpcrl.runtime.topology import one_process_rank_map
 
 
 def make_env(cfg: RunConfig, device: torch.device, num_envs: int | None = None):
@@ -126,69 +125,36 @@ def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").is_file():
         (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    rank_map = {"rank": [0], "role": [0], "group": [-1], "index": [0], "node": [platform.node().encode()[:64]]}
-    run = RunFile.create(run_dir / RUN_FILE, cfg.to_yaml(), rank_map, cfg.io.compression,
-                         flush_seconds=cfg.io.flush_seconds, attrs={"runner": "serial", "fused": True})
-    stop = StopRule(cfg.stop)
-    iteration, episodes_total, stop_reason = 0, 0, None
+    record = RunRecord.create(run_dir, cfg.io, cfg.to_yaml(), one_process_rank_map(), StopRule(cfg.stop),
+                              attrs={"runner": "serial", "fused": True})
+    iteration, stop_reason = 0, None
     obs, _ = env.reset(seed=cfg.env.seed)
     start = time.monotonic()
     try:
         while stop_reason is None:
-            round_start, times = run.now(), []
+            times = []
             for k in range(K):  # no host synchronisation inside this loop
                 obs, losses[k] = loop.iteration(obs, episodes)
-                times.append(run.now())
+                times.append(record.now())
                 iteration += 1
-                stop_reason = stop.reason(iteration * T * N, time.monotonic() - start)
+                stop_reason = record.stop_rule.reason(iteration * T * N, time.monotonic() - start)
                 if stop_reason:
                     break
-            done_iterations = len(times)
-            first = iteration - done_iterations
-            ep = episodes.fetch()
-            loss_rows = losses[:done_iterations].cpu().numpy()
-            local_it = ep["row"] // T
-            if len(local_it):
-                run.append("episodes", {
-                    "time": np.asarray(times)[local_it], "actor": 0, "env_index": ep["env_index"],
-                    "return": ep["return"], "length": ep["length"], "policy_version": first + local_it,
-                    "env_steps": ((first * T + ep["row"] + 1) * N).astype(np.int64)})
-            run.append("updates", {
-                "time": times, "version": np.arange(first + 1, iteration + 1), "round": run_round(first, K),
-                "num_gradients": 1, "lr": cfg.algo.reported_lr(), "loss_mean": loss_rows[:, 0]})
-            returns = ep["return"]
-            stop.add_returns(returns)
-            episodes_total += len(returns)
-            run.append("rounds", {
-                "round": run_round(first, K), "start": round_start, "duration": run.now() - round_start,
-                "env_steps": done_iterations * T * N, "env_steps_total": iteration * T * N,
-                "episodes": len(returns), "updates": done_iterations, "loss": float(loss_rows[:, 0].mean()),
-                **_return_stats(returns)})
-            run.maybe_flush()
-            stop_reason = stop_reason or stop.reason(iteration * T * N, time.monotonic() - start)
-            stats = {"env_steps": iteration * T * N, "total_steps": cfg.stop.total_env_steps,
-                     "episodes": episodes_total, "mean_return": stop.mean_return(), "version": iteration,
-                     "staleness": None, "active_groups": 1, "groups": 1, "round": run_round(first, K),
-                     "elapsed": time.monotonic() - start, **dict(zip(loop.algo.stats, map(float, loss_rows[-1])))}
+            first = iteration - len(times)
+            values = losses[:len(times)].cpu().numpy()
+            record.iterations(first, times, dict(zip(loop.algo.stats, values.T)), episodes.fetch(), T, N,
+                              cfg.algo.reported_lr(), first // K)
+            record.end_round(first // K, iteration * T * N)
+            record.maybe_flush()
+            stop_reason = stop_reason or record.stop_rule.reason(iteration * T * N, time.monotonic() - start)
+            stats = record.stats(iteration * T * N, cfg.stop.total_env_steps, iteration, 1, 1, first // K,
+                                 time.monotonic() - start)
             if view is not None:
                 view.update(stats)
     finally:
-        run.close()
-    summary = {**stats, "stop_reason": stop_reason, "run_dir": str(run_dir), "return_window": cfg.stop.return_window,
-               "gradients": iteration, "admitted": iteration, "device": str(device), "num_envs": N,
-               "env_steps_per_second": stats["env_steps"] / max(stats["elapsed"], 1e-9),
-               "files": {"record": str(run_dir / RUN_FILE), "config": str(run_dir / "config.yaml")}}
+        record.close()
+    summary = record.summary(stats, stop_reason, run_dir, device=str(device), num_envs=N,
+                             env_steps_per_second=stats["env_steps"] / max(stats["elapsed"], 1e-9))
     if view is not None:
         view.finish(summary)
     return summary
-
-
-def run_round(first_iteration: int, per_round: int) -> int:
-    return first_iteration // per_round
-
-
-def _return_stats(returns: np.ndarray) -> dict[str, float]:
-    if len(returns) == 0:
-        return {}
-    return {"reward_mean": float(returns.mean()), "reward_max": float(returns.max()),
-            "reward_min": float(returns.min()), "reward_std": float(returns.std())}

@@ -178,14 +178,29 @@ def test_ppo_algorithm_adapts_kl_coeff_on_the_parameter_side_and_publishes_it_in
     optimizer = algo.make_optimizer(parameter)
     trained = sum(p.numel() for group in optimizer.param_groups for p in group["params"])
     assert trained == parameter.flat.num_params - 1  # the coefficient travels in the buffer, untrained
-    assert algo.end_round(parameter, {"kl": 0.05}) == {"kl_coeff": pytest.approx(0.3)}  # kl > 2 target: x1.5
-    assert algo.end_round(parameter, {"kl": 0.001}) == {"kl_coeff": pytest.approx(0.15)}  # kl < target/2: x0.5
-    assert algo.end_round(parameter, {"kl": math.nan}) == {}
+    assert algo.end_round(parameter, {"kl": 0.05}) == {}  # changed in place, nothing for the runtime to act on
+    assert float(parameter.constants["kl_coeff"]) == pytest.approx(0.3)  # kl > 2 target: x1.5
+    algo.end_round(parameter, {"kl": 0.001})
+    assert float(parameter.constants["kl_coeff"]) == pytest.approx(0.15)  # kl < target/2: x0.5
+    algo.end_round(parameter, {"kl": math.nan})
+    assert float(parameter.constants["kl_coeff"]) == pytest.approx(0.15)
     learner.flat.load_(parameter.flat.params)  # what a learner reads from the weight board
     assert float(learner.constants["kl_coeff"]) == pytest.approx(0.15)
     assert len(list(algo.minibatches({"advantages": torch.zeros(8)}, torch.Generator()))) == 3 * 2
     off = make_algorithm(PPOConfig(kl_coeff=0.0), MODEL, AggregationConfig())
-    assert off.uses_window and off.end_round(off.make_model(OBS, spaces.Discrete(2)), {"kl": 1.0}) == {}
+    model = off.make_model(OBS, spaces.Discrete(2))
+    assert off.uses_window and off.end_round(model, {"kl": 1.0}) == {} and float(model.constants["kl_coeff"]) == 0.0
+
+
+def test_end_round_may_return_only_what_the_parameter_rank_acts_on():
+    from hpcrl.algos import make_algorithm
+    from hpcrl.algos.base import round_changes
+
+    algo = make_algorithm(PPOConfig(), MODEL, AggregationConfig())
+    assert round_changes(algo, None) == {} and round_changes(algo, {"active_actors": 2}) == {"active_actors": 2}
+    with pytest.raises(ValueError, match=r"^ppo.end_round returned kl_coeff; it may return only active_actors") as e:
+        round_changes(algo, {"kl_coeff": 0.3})
+    assert "\n" not in str(e.value)
 
 
 def test_prepare_batch_recomputes_each_fragments_values_from_one_forward():

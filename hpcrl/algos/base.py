@@ -20,7 +20,8 @@ inside them::
                aggregate(step) -> gradient                            an admitted step's gradients in one (Stellaris V-C)
                apply(model, optimizer, gradient)                      one admitted (aggregated) step
                learner_groups_needed(model, groups) -> int or None    active groups the algorithm sets (None: elastic rule)
-               end_round(model, round_stats) -> {name: new value}     once per round (adaptive KL...; active_actors)
+               end_round(model, round_stats) -> {key: value}          once per round (adaptive KL in place...); returns
+                                                                      only ROUND_CHANGES keys (active_actors)
                records() -> {table: [row, ...]}                       rows for run.h5 (optional)
                parameter_state() / load_parameter_state(state)        what end_round keeps between rounds,
                                                                       in the checkpoint (optional)
@@ -58,6 +59,23 @@ from hpcrl.algos.adam import Adam
 from hpcrl.staleness import Step, aggregate
 
 Batch = dict[str, Tensor]
+
+ROUND_CHANGES = {
+    "active_actors": "int: actor ranks 0 .. n-1 sample the next round, the others park (MARL actor scaling)",
+}
+"""The keys :meth:`Algorithm.end_round` may return, each acted on by the parameter rank. A setting that lives in
+the model's flat buffer (PPO's and IMPACT's KL coefficient, IMPACT's target copy, IQL's epsilon, MARL
+sharing's policy map) is changed there in place and reaches the roles with the next published version:
+it is not returned."""
+
+
+def round_changes(algo: "Algorithm", changed: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What ``algo.end_round`` returned, checked: ValueError (one line, naming the allowed keys) for any other key."""
+    unknown = sorted(set(changed or {}) - set(ROUND_CHANGES))
+    if unknown:
+        raise ValueError(f"{algo.name or type(algo).__name__}.end_round returned {', '.join(unknown)}; it may return "
+                         f"only {', '.join(ROUND_CHANGES)} (a setting in the flat buffer is changed in place)")
+    return dict(changed or {})
 
 
 class Algorithm:
@@ -152,8 +170,9 @@ class Algorithm:
         self.apply(model, optimizer, gradient)
         return stats
 
-    def end_round(self, model: nn.Module, round_stats: Mapping[str, Any]) -> dict[str, float]:
-        """Called by the parameter rank when a round ends; returns the settings it changed.
+    def end_round(self, model: nn.Module, round_stats: Mapping[str, Any]) -> dict[str, Any]:
+        """Called by the parameter rank when a round ends; changes the model's untrained values in place and
+        returns what the runtime must act on: only keys of :data:`ROUND_CHANGES` (any other is an error).
 
         ``round_stats``: ``round`` (its index), ``kl`` (mean KL of the admitted gradients, NaN if
         none), ``episodes`` (the round's finished episodes: dicts with ``actor``, ``env_index``,

@@ -139,17 +139,15 @@ class IMPACT(Algorithm):
         return flat.grads, stats
 
     def end_round(self, model, round_stats):
-        changed: dict[str, float] = {}
+        """Adaptive KL and the target copy every ``target_update_frequency`` rounds, both in the flat buffer."""
         coeff = float(model.constants["kl_coeff"])
         kl = round_stats.get("kl", float("nan"))
         with torch.no_grad():
             if coeff > 0 and np.isfinite(kl):
-                changed["kl_coeff"] = update_kl_coeff(coeff, kl, self.cfg.kl_target)
-                model.constants["kl_coeff"].fill_(changed["kl_coeff"])
+                model.constants["kl_coeff"].fill_(update_kl_coeff(coeff, kl, self.cfg.kl_target))
             rounds = float(model.constants["rounds_since_target"]) + 1
             if rounds >= self.cfg.target_update_frequency:
                 model.sync_target_()
                 rounds = 0.0
-                changed["target_updated"] = 1.0
             model.constants["rounds_since_target"].fill_(rounds)
-        return changed
+        return {}

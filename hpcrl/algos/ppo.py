@@ -296,11 +296,10 @@ class PPO(Algorithm):
                                   vf_clip=self.cfg.vf_clip)
 
     def end_round(self, model, round_stats):
+        """RLlib's adaptive KL coefficient, in the flat buffer (the learners get it with the next version)."""
         coeff = float(model.constants["kl_coeff"])
         kl = round_stats.get("kl", float("nan"))
-        if coeff <= 0 or not np.isfinite(kl):
-            return {}
-        new = update_kl_coeff(coeff, kl, self.cfg.kl_target)
-        with torch.no_grad():
-            model.constants["kl_coeff"].fill_(new)
-        return {"kl_coeff": new}
+        if coeff > 0 and np.isfinite(kl):
+            with torch.no_grad():
+                model.constants["kl_coeff"].fill_(update_kl_coeff(coeff, kl, self.cfg.kl_target))
+        return {}

@@ -135,12 +135,12 @@ class MultiAgentDQN(PolicyLearnerHooks, ScalingHooks, SharingHooks, Algorithm):
             torch._foreach_lerp_(targets, online, self.cfg.target_tau)
 
     def end_round(self, model, round_stats):
+        """The epsilon schedule, in the flat buffer (the actors explore with it from the next version)."""
         rounds = float(model.constants["rounds"]) + 1
-        eps = epsilon_at(int(rounds), self.cfg)
         with torch.no_grad():
             model.constants["rounds"].fill_(rounds)
-            model.constants["epsilon"].fill_(eps)
-        return {**super().end_round(model, round_stats), "epsilon": eps}
+            model.constants["epsilon"].fill_(epsilon_at(int(rounds), self.cfg))
+        return super().end_round(model, round_stats)
 
     # ---- dynamic learner sharing (hpcrl.marl.sharing_rank) ------------------------------------
     def sharing_report(self, batch) -> dict[str, np.ndarray] | None:

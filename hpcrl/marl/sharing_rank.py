@@ -156,11 +156,10 @@ class SharingHooks:
         return None if self.sharing is None else self.sharing_report(batch)
 
     def end_round(self, model, round_stats):
+        """The round's sharing decision: a new map goes into the flat buffer, its rows to policy_map."""
         out = super().end_round(model, round_stats)
         if self.sharing is not None:
-            change = self.sharing.end_round(model, self._optimizer, round_stats)
-            if change is not None:
-                out = {**out, "policies": float(len(set(change.new)))}
+            self.sharing.end_round(model, self._optimizer, round_stats)
         return out
 
     def records(self):

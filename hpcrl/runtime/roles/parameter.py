@@ -19,10 +19,11 @@ another ``plan.round_steps`` environment steps; ``policy.end_round`` and ``algo.
 (e.g. PPO's adaptive KL coefficient) are called then, the latter with the round's episodes and
 the learners' ``algo.learner_report`` results; rows from ``algo.records()`` go to run.h5.
 
-Active actors: ``algo.end_round`` may return ``active_actors`` (MARLess actor scaling). Actor ranks
-0 .. n-1 then sample and the others park (the ACTIVE_ACTORS counter word; a parked actor blocks in
-``counters.wait_until`` and reports its park, table ``actor_parks``), and the next round holds
-``plan.round_steps_for(n)`` environment steps: the round's data shrinks with its actors.
+Active actors: ``algo.end_round`` may return ``active_actors`` (MARLess actor scaling; the one key of
+``hpcrl.algos.base.ROUND_CHANGES``, any other is an error). Actor ranks 0 .. n-1 then sample and the others
+park (the ACTIVE_ACTORS counter word; a parked actor blocks in ``counters.wait_until`` and reports its
+park, table ``actor_parks``), and the next round holds ``plan.round_steps_for(n)`` environment steps: the
+round's data shrinks with its actors.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcrl.algos.base import round_changes
 from hpcrl.io.rollback import record_counts
 from hpcrl.io.schema import TRAJ_DIR
 from hpcrl.runtime.transport import control
@@ -310,13 +312,13 @@ class ParameterRank:
         stats = self.record.end_round(self.round, self.consumed, self.policy.threshold, self.active)
         self.policy.end_round(self.round)
         # a changed setting (e.g. the KL coefficient) is in the flat buffer: it reaches the learners
-        # with the next published version
-        changed = self.algo.end_round(self.model, {
-            **stats, "actors": {"count": self.cfg.actors.count, "active": self.active_actors}})
+        # with the next published version; what is returned (algos.base.ROUND_CHANGES) is acted on here
+        changed = round_changes(self.algo, self.algo.end_round(self.model, {
+            **stats, "actors": {"count": self.cfg.actors.count, "active": self.active_actors}}))
         schedule = self.cfg.debug.active_actors
         if schedule:  # tests of the parking machinery
-            changed = {**(changed or {}), "active_actors": schedule[min(self.round, len(schedule) - 1)]}
-        if changed and "active_actors" in changed:  # actors 0 .. n-1 sample the next round, the others park
+            changed["active_actors"] = schedule[min(self.round, len(schedule) - 1)]
+        if "active_actors" in changed:  # actors 0 .. n-1 sample the next round, the others park
             self.active_actors = min(max(int(changed["active_actors"]), 1), self.cfg.actors.count)
             self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
             for a in range(self.active_actors, self.cfg.actors.count):  # parked actors supply nothing

@@ -125,9 +125,6 @@ def validate(cfg: RunConfig) -> None:
 
         check_config(cfg)
         return
-    if cfg.launch.runner == "serial" and cfg.learners.ranks_per_group > 1:
-        raise ConfigError(f"learners.ranks_per_group={cfg.learners.ranks_per_group}: launch.runner=serial runs one "
-                          "rank per learner group; set learners.ranks_per_group=1 or launch.runner=mpi")
     check_env_id(cfg.env.id)
     from hpcrl.runtime.roles.env_backends import env_kind
 

@@ -9,7 +9,9 @@ own, with its own model (a role never touches another's weights except through t
 
 A failing role sets the shared abort flag: every other role stops at its next counter read
 (:class:`~hpcrl.runtime.transport.local.RunAborted`), files are closed, and :class:`RoleFailed` names the
-role that failed first with its traceback. One rank per learner group (no group allreduce).
+role that failed first with its traceback. A learner group of several ranks (``learners.ranks_per_group``)
+is as many threads: the root hands the others their shares of each minibatch and the group averages the
+shares' gradients as the MPI group does (:class:`~hpcrl.runtime.transport.local.LocalGroup`).
 """
 from __future__ import annotations
 

@@ -1,33 +1,43 @@
-"""RMA windows under real concurrency (each test starts mpiexec; bodies run on COMM_SELF and COMM_WORLD)."""
+"""The job's shared objects under real concurrency, each invariant on both transports.
+
+One body per invariant (tests/mpi_programs/stress.py) runs on the RMA windows under mpiexec (ranks, COMM_SELF
+then COMM_WORLD) and on the serial runner's in-memory twins (threads, one then N).
+"""
 import pytest
 from mpi_programs.launcher import run_mpi
+from mpi_programs.stress import run_threads
+
+BACKENDS = ["threads", pytest.param("mpi", marks=pytest.mark.mpi)]
+SLOW_ON_MPI = ["threads", pytest.param("mpi", marks=[pytest.mark.mpi, pytest.mark.slow])]
+"""The threads take a fraction of a second where mpiexec's start alone takes more."""
 
 
-@pytest.mark.mpi
-def test_mailbox_one_rank_pushes_to_itself():
-    assert "OK mailbox" in run_mpi(1, "mailbox_stress", 1, 2, 60, 1000, 0, timeout=30)
+def stress(backend: str, n: int, name: str, *args, timeout: float) -> str:
+    """Invariant ``name`` on ``n`` ranks of ``backend``; what it said (an assertion failed otherwise)."""
+    if backend == "mpi":
+        return run_mpi(n, "stress", name, *args, timeout=timeout)
+    return run_threads(n, name, *args)
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_mailbox_thousands_of_pushes_from_shared_groups():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mailbox_one_rank_pushes_to_itself(backend):
+    assert "OK mailbox" in stress(backend, 1, "mailbox", 1, 2, 60, 1000, 0, timeout=30)
+
+
+@pytest.mark.parametrize("backend", SLOW_ON_MPI)
+def test_mailbox_thousands_of_pushes_from_shared_groups(backend):
     # 5 pushers into 3 groups (two groups shared by two ranks), 2 slots each, random sleeps
-    out = run_mpi(6, "mailbox_stress", 3, 2, 500, 2000, 0, timeout=45)
-    assert "OK mailbox" in out
+    assert "OK mailbox" in stress(backend, 6, "mailbox", 3, 2, 500, 2000, 0, timeout=45)
 
 
-@pytest.mark.mpi
+@pytest.mark.parametrize("backend", SLOW_ON_MPI)
+def test_mailbox_back_pressure_makes_learners_wait(backend):
+    assert "OK mailbox" in stress(backend, 4, "mailbox", 3, 2, 40, 100_000, 0.01, 1, timeout=30)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.slow
-def test_mailbox_back_pressure_makes_learners_wait():
-    out = run_mpi(4, "mailbox_stress", 3, 2, 40, 100_000, 0.01, "expect-wait", timeout=30)
-    assert "OK mailbox" in out
-
-
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_weight_board_never_returns_a_torn_copy_and_counters_are_exact():
+def test_weight_board_never_returns_a_torn_copy_and_counters_are_exact(backend):
     # history=1: the reader's slot is rewritten under it all the time, so the seqlock must work
-    out = run_mpi(3, "weight_board", 100_000, 1, 0.6, timeout=60)
-    assert "OK board size=3" in out
-    out = run_mpi(4, "weight_board", 50_000, 3, 0.6, timeout=30)
-    assert "OK board size=4" in out
+    assert "OK board size=3" in stress(backend, 3, "board", 100_000, 1, 0.6, timeout=60)
+    assert "OK board size=4" in stress(backend, 4, "board", 50_000, 3, 0.6, timeout=30)

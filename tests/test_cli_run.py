@@ -69,13 +69,13 @@ def test_too_few_ranks_and_bad_resume(tmp_path, capsys, monkeypatch):
 
 
 def test_ranks_sets_the_actor_count_and_run_dirs_never_collide(tmp_path):
-    from hpcrl.commands.run import resolve_config, add_arguments
+    from hpcrl.commands.run import add_arguments, resolve_plan
     import argparse
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    cfg, _ = resolve_config(p.parse_args(["--ranks", "6"]))
-    assert cfg.actors.count == 4 and cfg.num_ranks == 6
+    plan, _ = resolve_plan(p.parse_args(["--ranks", "6"]))
+    assert plan.config.actors.count == plan.actors == 4 and plan.config.num_ranks == 6
     cfg = load_config(overrides=[f"io.run_dir={tmp_path}/{{name}}"])
     a, b = create_run_dir(cfg), create_run_dir(cfg)
     assert a != b and a.name == "cartpole" and b.name == "cartpole-2"

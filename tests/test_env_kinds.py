@@ -203,11 +203,12 @@ def _run(name: str, runner: str, tmp: Path, caches: Path) -> tuple[Path, int]:
         overrides.append("actors.count=1")
     path = CONFIGS / f"{name}.yaml"
     if runner == "serial":
-        from hpcrl.runtime.runners.serial import run_serial
+        from hpcrl.runtime.plan import make_plan
+        from hpcrl.runtime.runners import serial
 
         cfg = load_config(path, [*overrides, "launch.runner=serial"])
-        validate(cfg)
-        assert run_serial(cfg, create_run_dir(cfg), progress="plain").startswith("stop.")
+        validate(make_plan(cfg))
+        assert serial.run(make_plan(cfg), create_run_dir(cfg), progress="plain").stop_reason.startswith("stop.")
     else:
         args = [sys.executable, "-m", "hpcrl", "run", str(path), "--runner", "mpi"]
         for o in overrides:

@@ -16,7 +16,8 @@ from hpcrl.config import build_config
 from hpcrl.io import read_table
 from hpcrl.runtime.roles.evaluation import Evaluator
 from hpcrl.runtime.roles.sampler import VectorSampler
-from hpcrl.runtime.runners.serial import run_serial
+from hpcrl.runtime.plan import make_plan
+from hpcrl.runtime.runners import serial
 
 EVAL_RUN = {"name": "eval", "env": {"id": "CartPole-v1", "num_envs": 4},
             "actors": {"count": 2, "fragment_length": 16},
@@ -71,7 +72,7 @@ def check_eval_table(run_dir, every: int, episodes: int) -> None:
 
 def test_serial_run_records_evaluations(tmp_path):
     cfg = build_config({**EVAL_RUN, "launch": {"runner": "serial"}, "io": {"run_dir": str(tmp_path)}})
-    assert run_serial(cfg, tmp_path).startswith("stop.")
+    assert serial.run(make_plan(cfg), tmp_path).stop_reason.startswith("stop.")
     check_eval_table(tmp_path, every=4, episodes=3)
 
 
@@ -92,7 +93,7 @@ def test_stellaris_csv_takes_eval_rewards_from_the_evaluations(tmp_path):
     pd = pytest.importorskip("pandas")
     run_dir = tmp_path / "run"
     cfg = build_config({**EVAL_RUN, "launch": {"runner": "serial"}, "io": {"run_dir": str(run_dir)}})
-    run_serial(cfg, run_dir)
+    serial.run(make_plan(cfg), run_dir)
     out = tmp_path / "logs"
     assert hpcrl_main(["analyze", str(run_dir), "--no-figures", "--stellaris-csv", "--out", str(out)]) == 0
     info = pd.read_csv(out / "stellaris~CartPole-v1~ppo~info.csv")

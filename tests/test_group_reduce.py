@@ -15,7 +15,9 @@ from hpcrl.commands.run import validate
 from hpcrl.config import load_config
 from hpcrl.io import read_table
 from hpcrl.runtime.roles.learner import LearnerGroup
-from hpcrl.runtime.runners.serial import build_jobs, run_serial
+from hpcrl.runtime.plan import make_plan
+from hpcrl.runtime.runners import serial
+from hpcrl.runtime.runners.serial import build_jobs
 from hpcrl.runtime.transport.local import LocalGroup, RunAborted
 
 
@@ -133,8 +135,8 @@ def test_a_serial_run_with_a_two_rank_learner_group_trains(tmp_path):
     run_dir = tmp_path / "run"
     cfg = load_config(None, ["launch.runner=serial", "learners.ranks_per_group=2", "stop.total_env_steps=10000",
                              f"io.run_dir={run_dir}"])
-    validate(cfg)  # hpcrl run's checks take it (they refused a serial group of several ranks)
-    assert run_serial(cfg, run_dir, progress="plain").startswith("stop.total_env_steps")
+    validate(make_plan(cfg))  # hpcrl run's checks take it (they refused a serial group of several ranks)
+    assert serial.run(make_plan(cfg), run_dir, progress="plain").stop_reason.startswith("stop.total_env_steps")
     h5 = run_dir / "run.h5"
     assert list(read_table(h5, "rank_map")["role"]) == [0, 1, 1, 2, 2]
     grads = read_table(h5, "gradients")

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from hpcrl.algos.rollout import EpisodeLog
-from hpcrl.runtime.runners.fused import FusedLoop, make_env, run_batched
+from hpcrl.runtime.plan import make_plan
+from hpcrl.runtime.runners import fused
+from hpcrl.runtime.runners.fused import FusedLoop, make_env
 from hpcrl.config import build_config
 from hpcrl.errors import ConfigError
 from hpcrl.io import read_table
@@ -163,7 +165,7 @@ def test_runner_records_episodes_and_stops(tmp_path):
     cfg = build_config({"name": "t", "env": {"id": "hpcrl/CartPole-v1", "num_envs": 64},
                         "algo": {"name": "ha2c", "stats_every": 5}, "actors": {"count": 1, "fragment_length": 8},
                         "launch": {"runner": "serial"}, "stop": {"total_env_steps": 64 * 8 * 12}})
-    summary = run_batched(cfg, tmp_path / "run")
+    summary = fused.run(make_plan(cfg), tmp_path / "run").summary
     assert summary["env_steps"] == 64 * 8 * 12 and summary["stop_reason"].startswith("stop.total_env_steps")
     episodes = read_table(tmp_path / "run" / "run.h5", "episodes")
     assert len(episodes["return"]) == summary["episodes"] > 0
@@ -180,7 +182,7 @@ def test_runner_stops_at_target_return(tmp_path):
                         "algo": {"name": "hddpg", "stats_every": 25}, "actors": {"count": 1, "fragment_length": 8},
                         "launch": {"runner": "serial"},
                         "stop": {"total_env_steps": 10**6, "target_return": -1e9, "return_window": 16}})
-    summary = run_batched(cfg, tmp_path / "run")
+    summary = fused.run(make_plan(cfg), tmp_path / "run").summary
     assert summary["stop_reason"].startswith("stop.target_return")
     assert summary["env_steps"] == 16 * 8 * 25  # the first window ends all 16 episodes (200 steps)
 
@@ -188,7 +190,7 @@ def test_runner_stops_at_target_return(tmp_path):
 def test_runner_rejects_non_batched_env(tmp_path):
     cfg = build_config({"env": {"id": "CartPole-v1"}, "algo": {"name": "ha2c"}})
     with pytest.raises(ConfigError, match="hpcrl/CartPole-v1"):
-        run_batched(cfg, tmp_path / "run")
+        fused.run(make_plan(cfg), tmp_path / "run")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -211,12 +213,12 @@ def test_no_host_synchronisation_inside_an_iteration(algo):
 def test_ha2c_and_hddpg_train_on_the_roles_too(tmp_path, env_id, algo):
     """The same algorithm objects on the runtime's roles (serial runner, two actors, gym envs)."""
     from hpcrl.runtime.record.checkpoint import load_checkpoint
-    from hpcrl.runtime.runners.serial import run_serial
+    from hpcrl.runtime.runners import serial
 
     cfg = build_config({"name": "t", "env": {"id": env_id, "num_envs": 4}, "algo": algo,
                         "actors": {"count": 2, "fragment_length": 16}, "launch": {"runner": "serial"},
                         "stop": {"total_env_steps": 2000}, "io": {"run_dir": str(tmp_path / "run")}})
-    assert run_serial(cfg, tmp_path / "run").startswith("stop.total_env_steps")
+    assert serial.run(make_plan(cfg), tmp_path / "run").stop_reason.startswith("stop.total_env_steps")
     h5 = tmp_path / "run" / "run.h5"
     grads, updates = read_table(h5, "gradients"), read_table(h5, "updates")
     assert len(updates["version"]) >= 2000 // (16 * 4) - 4  # one gradient per fragment, a few in flight at the end

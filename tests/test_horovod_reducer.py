@@ -26,7 +26,7 @@ def test_run_refuses_horovod_when_it_is_not_installed(tmp_path):
         pytest.skip("horovod is installed here")
     import argparse
 
-    from hpcrl.commands.run import add_arguments, resolve_config
+    from hpcrl.commands.run import add_arguments, resolve_plan
     from hpcrl.errors import ConfigError
 
     p = argparse.ArgumentParser()
@@ -34,4 +34,4 @@ def test_run_refuses_horovod_when_it_is_not_installed(tmp_path):
     args = p.parse_args(["-o", "learners.allreduce=horovod", "-o", "learners.ranks_per_group=2",
                          "-o", f"io.run_dir={tmp_path}/r"])
     with pytest.raises(ConfigError, match=r"^learners.allreduce: horovod"):
-        resolve_config(args)
+        resolve_plan(args)

@@ -9,7 +9,8 @@ from gymnasium import spaces
 
 from hpcrl.algos import make_algorithm
 from hpcrl.config import AggregationConfig, IMPACTConfig, ModelConfig, build_config
-from hpcrl.runtime.runners.serial import run_serial
+from hpcrl.runtime.plan import make_plan
+from hpcrl.runtime.runners import serial
 OBS = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
 
 
@@ -118,7 +119,7 @@ def test_cartpole_serial_run(tmp_path):
                         "algo": {"name": "impact", "minibatch_size": 32, "num_sgd_iter": 2},
                         "stop": {"total_env_steps": 2000}, "launch": {"runner": "serial"},
                         "io": {"run_dir": str(run)}})
-    assert run_serial(cfg, run, progress="plain").startswith("stop.total_env_steps")
+    assert serial.run(make_plan(cfg), run, progress="plain").stop_reason.startswith("stop.total_env_steps")
     with h5py.File(run / "run.h5", "r", locking=False) as f:
         rounds = f["rounds/round"][:]
         loss = f["gradients/loss"][:]

@@ -88,11 +88,17 @@ def test_the_round_length_is_its_own_field_and_a_resume_with_more_actors_keeps_i
         build_config({"algo": {"round_fragments": 2}})
 
 
-def test_a_config_that_leaves_the_fused_loop_says_why():
-    from hpcrl.runtime.plan import fuses, why_not_fused
-
-    cfg = load_config(CONFIGS / "cartpole_ha2c.yaml")
-    assert fuses(cfg) and why_not_fused(cfg) == ""
-    evaluating = load_config(CONFIGS / "cartpole_ha2c.yaml", ["eval.episodes=5"])
-    assert not fuses(evaluating) and why_not_fused(evaluating).startswith("eval.episodes=5: the fused loop has no actor")
-    assert why_not_fused(load_config(CONFIGS / "cartpole_ha2c.yaml", ["launch.runner=mpi"])) == "launch.runner=mpi"
+def test_the_plan_says_which_runner_runs_the_job_and_a_config_that_leaves_the_fused_loop_says_why():
+    fused = make_plan(load_config(CONFIGS / "cartpole_ha2c.yaml"))
+    assert fused.runner == "fused"
+    assert fused.runner_reason == "ha2c on 10000 x hpcrl/CartPole-v1 in this process (launch.runner=serial, fused loop)"
+    evaluating = make_plan(load_config(CONFIGS / "cartpole_ha2c.yaml", ["eval.episodes=5"]))
+    assert evaluating.runner == "serial" and evaluating.runner_reason.startswith("3 roles in this process (launch.runner="
+                                                                               "serial); ha2c runs on the roles, not the "
+                                                                               "fused loop: eval.episodes=5: the fused "
+                                                                               "loop has no actor")
+    on_mpi = make_plan(load_config(CONFIGS / "cartpole_ha2c.yaml", ["launch.runner=mpi"]))
+    assert on_mpi.runner == "mpi" and on_mpi.runner_reason.endswith("not the fused loop: launch.runner=mpi")
+    default = make_plan(load_config(CONFIGS / "cartpole.yaml"))
+    assert (default.runner, default.runner_reason) == ("mpi", "4 ranks (launch.runner=mpi)")
+    assert all("\n" not in p.runner_reason for p in (fused, evaluating, on_mpi, default))

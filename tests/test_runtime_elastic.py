@@ -18,7 +18,8 @@ from hpcrl.config import build_config
 from hpcrl.io import read_table
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
 from hpcrl.runtime.roles.elastic import ElasticRule
-from hpcrl.runtime.runners.serial import run_serial
+from hpcrl.runtime.plan import make_plan
+from hpcrl.runtime.runners import serial
 from test_runtime_profile import check_profile
 
 ACT, PARK, PARKED = (ELASTIC_ACTIONS.index(a) for a in ("activate", "park", "parked"))
@@ -103,7 +104,8 @@ def check_elastic(h5, parks: bool = True) -> None:
 @pytest.mark.slow
 def test_serial_run_activates_a_group_under_a_backlog_parks_it_after_and_profiles(tmp_path):
     run_dir = tmp_path / "run"
-    assert run_serial(build_config(config(run_dir, "serial")), run_dir, progress="plain").startswith("stop.")
+    result = serial.run(make_plan(build_config(config(run_dir, "serial"))), run_dir, progress="plain")
+    assert result.stop_reason.startswith("stop.")
     check_elastic(run_dir / "run.h5")
     check_profile(run_dir / "run.h5")
 

@@ -8,6 +8,7 @@ config under both runners and compares the files' structure.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +23,9 @@ import yaml
 from hpcrl.config import build_config
 from hpcrl.io import read_attrs, read_table, read_trajectory
 from hpcrl.runtime.record.checkpoint import load_checkpoint
-from hpcrl.runtime.runners.serial import RoleFailed, run_serial
+from hpcrl.runtime.plan import make_plan
+from hpcrl.runtime.runners import serial
+from hpcrl.runtime.signals import EXIT_FAILED
 
 TINY = {
     "name": "tiny",
@@ -48,7 +51,7 @@ def test_serial_run_keeps_every_invariant_of_the_record(tmp_path):
     run_dir = tmp_path / "run"
     cfg = build_config(tiny(run_dir, learners={"groups": 2, "min_active": 1},
                             aggregation={"is_truncation": True}, stop={"total_env_steps": 1200}))
-    assert run_serial(cfg, run_dir, progress="plain").startswith("stop.total_env_steps")
+    assert serial.run(make_plan(cfg), run_dir, progress="plain").stop_reason.startswith("stop.total_env_steps")
     h5 = run_dir / "run.h5"
     assert read_attrs(h5)["runner"] == "serial"
     assert list(read_table(h5, "rank_map")["role"]) == [0, 1, 1, 2, 2]
@@ -74,10 +77,11 @@ def test_a_failing_role_ends_the_serial_run_and_names_itself(tmp_path):
     cfg = build_config(tiny(run_dir, debug={"raise_on_rank": 2, "raise_after_seconds": 0.5},
                             stop={"total_env_steps": 10_000_000}))
     start = time.monotonic()
-    with pytest.raises(RoleFailed, match=r"rank 2 \(actor\) failed: RuntimeError: .*failing on purpose") as info:
-        run_serial(cfg, run_dir, progress="plain")
+    result = serial.run(make_plan(cfg), run_dir, progress="plain")
     assert time.monotonic() - start < 30
-    assert "Traceback" in info.value.details
+    assert result.exit_code == EXIT_FAILED and result.stop_reason == ""
+    assert re.match(r"rank 2 \(actor\) failed: RuntimeError: .*failing on purpose.*; run directory ", result.message)
+    assert "\n" not in result.message and "Traceback" in result.details
     assert read_attrs(run_dir / "run.h5")["schema_version"] == 1  # the record was closed and stays readable
     read_trajectory(run_dir / "traj" / "actor-00001.h5")
 
@@ -279,7 +283,7 @@ def test_a_second_run_of_a_running_directory_is_refused_in_one_line(tmp_path):
 def test_lr_anneal_falls_linearly_with_the_env_steps_consumed(tmp_path):
     run_dir = tmp_path / "run"
     cfg = build_config(tiny(run_dir, algo={"lr_anneal": True, "lr": 1e-3}, stop={"total_env_steps": 1024}))
-    run_serial(cfg, run_dir, progress="plain")
+    serial.run(make_plan(cfg), run_dir, progress="plain")
     lr = read_table(run_dir / "run.h5", "updates", ["lr"])["lr"]
     # batch k (64 steps) is trained at lr (1 - 64 k / 1024) throughout: the first at the full rate, the
     # rate steps down when a batch is done (its steps count after the step of its last gradient)
@@ -289,7 +293,8 @@ def test_lr_anneal_falls_linearly_with_the_env_steps_consumed(tmp_path):
     assert k[-1] >= 12  # annealed to the end of the run (pipelined actors sample up to a few batches ahead)
     # off (the default): the rate stays
     run_dir = tmp_path / "fixed"
-    run_serial(build_config(tiny(run_dir, algo={"lr": 1e-3}, stop={"total_env_steps": 512})), run_dir, progress="plain")
+    serial.run(make_plan(build_config(tiny(run_dir, algo={"lr": 1e-3}, stop={"total_env_steps": 512}))), run_dir,
+               progress="plain")
     assert np.all(read_table(run_dir / "run.h5", "updates", ["lr"])["lr"] == pytest.approx(1e-3))
 
 
@@ -301,7 +306,7 @@ def test_on_policy_actors_sample_with_the_weights_of_the_last_trained_batch(tmp_
         run_dir = tmp_path / str(on)
         cfg = build_config(tiny(run_dir, actors={"count": 1, "fragment_length": 32, "on_policy": on},
                                 algo={"num_sgd_iter": 2}, stop={"total_env_steps": 1280}))
-        run_serial(cfg, run_dir, progress="plain")
+        serial.run(make_plan(cfg), run_dir, progress="plain")
         versions[on] = read_trajectory(run_dir / "traj" / "actor-00000.h5")["policy_version"][::64]
     on, off = versions[True], versions[False]
     # fragment i is sampled with the weights after batch i-1: 4 i versions or more

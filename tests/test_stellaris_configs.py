@@ -15,7 +15,8 @@ from hpcrl.config import load_config
 from hpcrl.runtime.job import fragment_layout_for, role_parts
 from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.roles.sampler import VectorSampler, describe_env
-from hpcrl.runtime.runners.serial import run_serial, topologies
+from hpcrl.runtime.runners import serial
+from hpcrl.runtime.runners.serial import topologies
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs" / "stellaris"
 WORKLOADS = ("hopper", "humanoid", "walker2d", "spaceinvaders", "qbert", "gravitar")
@@ -59,7 +60,7 @@ def test_impact_with_stellaris_admission_runs_on_each_workload(workload, tmp_pat
     extra = [] if workload in ATARI else TWO_GROUPS
     cfg = load_config(CONFIGS / f"{workload}_impact.yaml", [*TINY, *extra, f"io.run_dir={run}", "launch.runner=serial"])
     assert cfg.algo.name == "impact" and cfg.aggregation.policy == "stellaris"
-    assert run_serial(cfg, run, progress="plain").startswith("stop.")
+    assert serial.run(make_plan(cfg), run, progress="plain").stop_reason.startswith("stop.")
     with h5py.File(run / "run.h5", "r", locking=False) as f:
         admitted = f["gradients/admitted"][:]
         assert admitted.sum() > 0 and np.isfinite(f["gradients/loss"][:][admitted == 1]).all()

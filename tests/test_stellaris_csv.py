@@ -11,7 +11,8 @@ from hpcrl.cli import main as hpcrl_main
 from hpcrl.commands.analyze import load_analysis
 from hpcrl.config import build_config
 from hpcrl.io import read_table
-from hpcrl.runtime.runners.serial import run_serial
+from hpcrl.runtime.plan import make_plan
+from hpcrl.runtime.runners import serial
 
 pd = pytest.importorskip("pandas")
 
@@ -29,7 +30,7 @@ def run(tmp_path_factory):
                         "algo": {"name": "ppo", "train_batch_size": 128, "minibatch_size": 64, "num_sgd_iter": 2},
                         "stop": {"total_env_steps": 2500}, "launch": {"runner": "serial"},
                         "io": {"run_dir": str(run_dir)}})
-    assert run_serial(cfg, run_dir, progress="plain").startswith("stop.")
+    assert serial.run(make_plan(cfg), run_dir, progress="plain").stop_reason.startswith("stop.")
     return run_dir
 
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-from hpcrl.runtime.runners.fused import run_batched
 from hpcrl.config import load_config
+from hpcrl.runtime.plan import make_plan
+from hpcrl.runtime.runners import fused
 from hpcrl.envs.classic.base import resolve_device
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -33,7 +34,7 @@ def solve(task: str, seed: int, instances: int | None, max_minutes: float, devic
     if instances:
         overrides.append(f"env.num_envs={instances}")
     cfg = load_config(CONFIGS / TASKS[task], overrides)
-    summary = run_batched(cfg, run_dir / f"{task}-seed{seed}")
+    summary = dict(fused.run(make_plan(cfg), run_dir / f"{task}-seed{seed}").summary)
     summary["solved"] = summary["stop_reason"].startswith("stop.target_return")
     summary["target"] = cfg.stop.target_return
     summary["algo"] = cfg.algo.name

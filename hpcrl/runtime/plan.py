@@ -16,11 +16,14 @@ Each fact comes from the component that owns it, never from a test of another co
   ``round_fragments`` actor fragments (one per actor unless set; a group trains each fragment it gets);
 - **fragment routing**: an actor sends each fragment to one group with room (``own_group``),
   to every active group (MARL policy learners: ``every_group``) or to the post-processing group
-  (``postprocess_first``), which prepares it for the others.
+  (``postprocess_first``), which prepares it for the others;
+- **the runner** (``mpi``, ``serial`` or ``fused``) from ``launch.runner`` and, for an algorithm
+  the fused loop runs (its config's ``fused_loop``), from whether this job fits it; ``runner_reason``
+  is the line ``hpcrl run`` prints at start (with why a fused-loop algorithm runs on the roles).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hpcrl.algos.schedules import LinearAnneal
@@ -28,6 +31,7 @@ from hpcrl.staleness import POLICY_PACING
 
 Pacing = Literal["free", "lockstep", "held"]
 Routing = Literal["own_group", "every_group", "postprocess_first"]
+Runner = Literal["mpi", "serial", "fused"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,12 @@ class Plan:
     """The rate rank 0 sets before each step from the env steps consumed; None: the optimiser's own."""
     reward_gamma: float
     """Discount of the discounted return whose std normalises rewards (env.normalize_reward)."""
+    runner: Runner
+    """What runs the job: mpi (a rank per role), serial (every role in this process), fused (one device loop)."""
+    runner_reason: str
+    """One line saying where the job runs and, for a fused-loop algorithm on the roles, why (printed at start)."""
+    config: Any = field(repr=False, compare=False)
+    """The resolved RunConfig this plan was made from (the runners build the roles' jobs from it)."""
 
     @property
     def postprocess_groups(self) -> int:
@@ -80,20 +90,31 @@ def make_plan(cfg: Any) -> Plan:
         group_batch = algo.train_batch_size if whole else max(1, algo.train_batch_size // cfg.learners.groups)
     else:
         round_steps, group_batch = fragment_steps * algo.round_fragments, fragment_steps
+    runner, reason = _runner(cfg)
     return Plan(actors=cfg.actors.count, groups=cfg.learners.groups, fragment_steps=fragment_steps,
                 round_steps=round_steps, group_batch_size=group_batch, routing=routing,
                 pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
-                lr_schedule=algo.lr_schedule(), reward_gamma=algo.reward_discount())
+                lr_schedule=algo.lr_schedule(), reward_gamma=algo.reward_discount(), runner=runner,
+                runner_reason=reason, config=cfg)
 
 
-def fuses(cfg) -> bool:
-    """True when the serial runner fuses the roles into one device loop: algo ha2c or hddpg on a batched
-    tensor env with one actor and one learner group and no evaluation episodes (otherwise the roles
-    run as usual: the fused loop has no actor to evaluate on)."""
-    return cfg.algo.fused_loop and not why_not_fused(cfg)
+def _runner(cfg) -> tuple[Runner, str]:
+    """The runner and its line. The fused loop runs an algorithm whose config says ``fused_loop`` (HA2C, HDDPG)
+    on a batched tensor env with one actor and one learner group under launch.runner=serial and no
+    evaluation episodes; otherwise the roles run it as usual, and the line says why."""
+    on_roles = ""
+    if cfg.algo.fused_loop:
+        why = _why_not_fused(cfg)
+        if not why:
+            return "fused", (f"{cfg.algo.name} on {cfg.env.num_envs} x {cfg.env.id} in this process "
+                             "(launch.runner=serial, fused loop)")
+        on_roles = f"; {cfg.algo.name} runs on the roles, not the fused loop: {why}"
+    if cfg.launch.runner == "serial":
+        return "serial", f"{cfg.num_ranks} roles in this process (launch.runner=serial){on_roles}"
+    return "mpi", f"{cfg.num_ranks} ranks (launch.runner=mpi){on_roles}"
 
 
-def why_not_fused(cfg) -> str:
+def _why_not_fused(cfg) -> str:
     """For an algorithm the fused loop runs: why this config runs it on the roles instead ('' when it fuses)."""
     from hpcrl.envs import registry
 

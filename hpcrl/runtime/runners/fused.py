@@ -17,6 +17,7 @@ millions of steps), and there are no checkpoints.
 """
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,10 @@ from hpcrl.config import RunConfig
 from hpcrl.envs import registry
 from hpcrl.envs.classic.base import resolve_device
 from hpcrl.errors import ConfigError
+from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
+from hpcrl.runtime.runners import RunResult
 from hpcrl.runtime.topology import one_process_rank_map
 
 
@@ -83,7 +86,7 @@ class FusedLoop:
 
 
 def check_config(cfg: RunConfig) -> None:
-    """Raise ConfigError for what run_batched would reject (device, env id and kwargs, algo vs action space),
+    """Raise ConfigError for what :func:`run` would reject (device, env id and kwargs, algo vs action space),
     using a one-instance env on the CPU: nothing is written or allocated on the device."""
     if not cfg.algo.fused_loop:
         from hpcrl.algos.registry import ALGORITHMS
@@ -105,12 +108,29 @@ def _progress(progress: Any, cfg: RunConfig):
     return ProgressEmitter(progress, cfg.io.log_seconds)
 
 
-def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str, Any]:
-    """Train cfg.algo on cfg.env in this process; write ``run_dir/run.h5``; return the summary dict.
+def run(plan: Plan, run_dir: Path, resume: bool = False, progress: Any = None) -> RunResult:
+    """Train the plan's algorithm on its env in this process; write ``run_dir/run.h5``; the result holds the summary.
 
     progress: None (quiet), a mode for :class:`hpcrl.runtime.record.progress.ProgressEmitter`
     ("tty", "plain", "pipe") or an object with ``update(stats)`` and ``finish(summary)``.
+    SIGTERM stops like Ctrl-C (KeyboardInterrupt): run.h5 is closed with everything fetched so far.
+    No checkpoints, so no ``resume``.
     """
+    if resume:
+        raise ConfigError("--resume: not supported by the fused loop (it writes no checkpoints)")
+
+    def stop(_signum, _frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        summary = _train(plan.config, Path(run_dir), progress)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return RunResult.ended("fused", Path(run_dir), summary)
+
+
+def _train(cfg: RunConfig, run_dir: Path, progress: Any) -> dict[str, Any]:
     check_config(cfg)
     device = resolve_device(cfg.learners.device)
     torch.manual_seed(cfg.env.seed)
@@ -121,7 +141,6 @@ def run_batched(cfg: RunConfig, run_dir: Path, progress: Any = None) -> dict[str
     losses = torch.zeros(K, len(loop.algo.stats), device=device)
     view = _progress(progress, cfg)
 
-    run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").is_file():
         (run_dir / "config.yaml").write_text(cfg.to_yaml())

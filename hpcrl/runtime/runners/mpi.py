@@ -17,6 +17,8 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from hpcrl.runtime.runners import RunResult
+
 if TYPE_CHECKING:  # runtime.job imports torch: not before the signal handlers are in place
     from hpcrl.runtime.job import Job
 
@@ -46,11 +48,11 @@ def run_rank(argv: list[str]) -> int:
 
     run_dir = Path(args.run_dir).resolve()
     cfg = load_config(run_dir / CONFIG_FILE)
-    return run_job(cfg, run_dir, resume=args.resume, progress=args.progress)
+    return run_job(cfg, run_dir, resume=args.resume, progress=args.progress).exit_code
 
 
 def start_inside_job(config_for: Callable[[int], Any], run_dir: Path | None, resume: bool,
-                     make_run_dir: Callable[[Any], Path], progress: str = "plain") -> int:
+                     make_run_dir: Callable[[Any], Path], progress: str = "plain") -> RunResult:
     """`hpcrl run --inside-mpi`: the config fitted to the job's size; rank 0 makes the run directory.
 
     ``config_for(size)`` raises ConfigError (the same on every rank) when the job is too small.
@@ -77,12 +79,10 @@ def start_inside_job(config_for: Callable[[int], Any], run_dir: Path | None, res
             lock.release()
 
 
-def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> int:
-    """This rank's whole life in the job (collective over COMM_WORLD). Returns the process exit code:
-    EXIT_STOPPED on the parameter rank when a signal stopped the run, else 0."""
+def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> RunResult:
+    """This rank's whole life in the job (collective over COMM_WORLD). On the parameter rank the result holds
+    the summary (its exit code EXIT_STOPPED when a signal stopped the run); on the others it is empty (exit 0)."""
     from mpi4py import MPI
-
-    from hpcrl.runtime.signals import EXIT_FINISHED, EXIT_STOPPED
 
     comm = MPI.COMM_WORLD
     role, who = None, f"rank {comm.Get_rank()}"
@@ -110,8 +110,7 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> int:
         if role is not None:
             role.close_on_error()
         _abort(comm, who)
-    stopped = str(getattr(role, "stop_reason", "") or "").startswith("signal")
-    return EXIT_STOPPED if stopped else EXIT_FINISHED
+    return RunResult.ended("mpi", run_dir, role.summary if job.topo.role == "parameter" else {})
 
 
 def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:

@@ -8,8 +8,8 @@ SIGTERM/SIGUSR1 reach it as in an MPI job; each learner group and actor runs in 
 own, with its own model (a role never touches another's weights except through the board).
 
 A failing role sets the shared abort flag: every other role stops at its next counter read
-(:class:`~hpcrl.runtime.transport.local.RunAborted`), files are closed, and :class:`RoleFailed` names the
-role that failed first with its traceback. A learner group of several ranks (``learners.ranks_per_group``)
+(:class:`~hpcrl.runtime.transport.local.RunAborted`), files are closed, and the run's result names the
+role that failed first, with its traceback. A learner group of several ranks (``learners.ranks_per_group``)
 is as many threads: the root hands the others their shares of each minibatch and the group averages the
 shares' gradients as the MPI group does (:class:`~hpcrl.runtime.transport.local.LocalGroup`).
 """
@@ -26,7 +26,8 @@ from hpcrl.runtime.transport import control
 from hpcrl.runtime.job import Job, fragment_layout_for, role_parts, roll_back_record
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalGroup, LocalMailbox,
                                            LocalReports, RunAborted)
-from hpcrl.runtime.plan import make_plan
+from hpcrl.runtime.plan import Plan, make_plan
+from hpcrl.runtime.runners import RunResult
 from hpcrl.runtime.roles.sampler import describe_env
 from hpcrl.runtime.topology import Topology, plan_roles
 
@@ -89,15 +90,17 @@ def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort
     return jobs
 
 
-def run_serial(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: str = "plain") -> str:
-    """Run the whole job in this process; returns why it stopped (stop rule or signal), RoleFailed otherwise."""
+def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain") -> RunResult:
+    """Run the plan's whole job in this process. The result holds the summary (why it stopped: the stop rule or
+    a signal, after a checkpoint), or names the role that failed first (EXIT_FAILED; its traceback in details)."""
     import torch
 
     from hpcrl.runtime.runners.mpi import make_role
 
     torch.set_num_threads(1)
     abort = threading.Event()
-    jobs = build_jobs(cfg, Path(run_dir), resume, progress, abort)
+    run_dir = Path(run_dir)
+    jobs = build_jobs(plan.config, run_dir, resume, progress, abort)
     roles = [make_role(job) for job in jobs]
     failures: list[tuple[Job, BaseException, str]] = []
 
@@ -119,12 +122,15 @@ def run_serial(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: st
 
     old_handler = signal.signal(signal.SIGINT, interrupt)
     try:
-        return _run_roles(jobs, roles, failures, guarded, abort)
+        _run_roles(jobs, roles, failures, guarded, abort)
+    except RoleFailed as exc:
+        return RunResult.failed("serial", run_dir, f"{exc}; run directory {run_dir}", details=exc.details)
     finally:
         signal.signal(signal.SIGINT, old_handler)
+    return RunResult.ended("serial", run_dir, parameter.summary)
 
 
-def _run_roles(jobs, roles, failures, guarded, abort) -> str:
+def _run_roles(jobs, roles, failures, guarded, abort) -> None:
     parameter = roles[0]
     guarded(jobs[0], parameter.publish_initial)
     startup = parameter.startup_info() if not failures else {}
@@ -150,4 +156,3 @@ def _run_roles(jobs, roles, failures, guarded, abort) -> str:
                              f"{', '.join(t.name for t in threads if t.is_alive())}", "")
         job, exc, details = failures[0]
         raise RoleFailed(f"rank {job.rank} ({job.topo.role}) failed: {type(exc).__name__}: {exc}", details)
-    return parameter.stop_reason

@@ -1,0 +1,138 @@
+"""``launch.runner: mpi`` from ``hpcrl run``: start the job's ranks under a local ``mpiexec`` and watch them.
+
+Each rank runs :mod:`hpcrl.runtime.runners.mpi` (``--progress pipe``); this process renders their
+progress lines, forwards SIGINT/SIGTERM/SIGUSR1 as a graceful stop once the ranks run (the parameter
+rank checkpoints; a second Ctrl-C kills the job), ends a job whose ranks report nothing within
+``launch.startup_seconds``, stops one past ``launch.timeout_seconds``, and hands back the summary
+the parameter rank printed, or the first rank failure mpiexec reported.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Mapping
+
+from hpcrl import launch
+from hpcrl.runtime.runners import RunResult
+from hpcrl.runtime.signals import EXIT_FAILED, EXIT_TIMEOUT, early_signal
+
+GRACE_SECONDS = 60.0
+"""After a graceful stop request, how long the job may take to checkpoint before it is killed."""
+
+FAILED_LINE = re.compile(r"^\[rank \d+\] hpcrl: (rank \d+.*? failed: .*); aborting the job$")
+"""runtime.runners.mpi._abort's first line: which rank, role and host failed, and the error."""
+
+
+def run(plan, run_dir: Path, resume: bool = False, progress: str = "plain",
+        environ: Mapping[str, str] | None = None) -> RunResult:
+    """Run the plan's job as ``cfg.num_ranks`` local MPI ranks (``environ``: variables added for the ranks,
+    e.g. the prestart server's); ``progress`` tty shows a bar, plain periodic lines."""
+    cfg = plan.config
+    mpiexec = launch.find_mpiexec(cfg.launch)
+    cmd = launch.local_command(cfg.launch, cfg.num_ranks, run_dir, mpiexec=mpiexec,
+                               flavour=launch.mpi_flavour(mpiexec), resume=resume, progress="pipe")
+    return supervise(cmd, cfg, Path(run_dir), environ, tty=progress == "tty")
+
+
+def supervise(cmd: list[str], cfg, run_dir: Path, extra_env: Mapping[str, str] | None = None,
+              tty: bool | None = None) -> RunResult:
+    """Run mpiexec, render its progress, forward stop signals, enforce the timeout."""
+    from hpcrl.runtime.record.progress import ProgressView, parse_line
+
+    view = ProgressView(tty=tty, log_seconds=cfg.io.log_seconds)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env={**launch.rank_environment(os.environ), **(extra_env or {})}, start_new_session=True)
+    # a stop signal is passed on once the ranks run (their first progress line): before that it would
+    # kill ranks still starting; one that came before mpiexec was started waits the same way
+    state = {"stop_requested_at": None, "killed": False, "timed_out": False, "stuck_starting": False,
+             "pending": early_signal()}
+    if state["pending"] is not None:
+        state["stop_requested_at"] = time.monotonic()
+
+    def graceful(signum, _frame):
+        if state["stop_requested_at"] is not None and signum == signal.SIGINT:
+            _kill(proc)  # second Ctrl-C: no more waiting
+            state["killed"] = True
+            return
+        state["stop_requested_at"] = time.monotonic()
+        # mpiexec (Hydra) forwards SIGTERM/SIGUSR1 to every rank; the parameter rank checkpoints
+        state["pending"] = signal.SIGUSR1 if signum == signal.SIGUSR1 else signal.SIGTERM
+
+    old = {s: signal.signal(s, graceful) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    summary: dict = {}
+    reader = threading.Thread(target=_pump, args=(proc, view, summary, parse_line), daemon=True)
+    reader.start()
+    start = time.monotonic()
+    try:
+        while proc.poll() is None:
+            time.sleep(0.2)
+            if state["pending"] is not None and "progress" in summary:
+                _signal(proc, state.pop("pending"))
+                state["pending"] = None
+            now = time.monotonic()
+            limit = cfg.launch.timeout_seconds
+            if limit is not None and now - start > limit and state["stop_requested_at"] is None:
+                state["timed_out"] = True
+                state["stop_requested_at"] = now
+                _signal(proc, signal.SIGTERM)
+            if "progress" not in summary and now - start > cfg.launch.startup_seconds and not state["killed"]:
+                _kill(proc)  # the role loops' watchdog runs only once every rank has started
+                state["killed"] = state["stuck_starting"] = True
+            t = state["stop_requested_at"]
+            if t is not None and now - t > GRACE_SECONDS and not state["killed"]:
+                _kill(proc)
+                state["killed"] = True
+        reader.join(timeout=5)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    view.finish(summary.get("summary"))
+    rc, ended = proc.returncode, summary.get("summary") or {}
+    if state["stuck_starting"]:
+        return RunResult.failed("mpi", run_dir, f"the ranks reported no progress within launch.startup_seconds="
+                                f"{cfg.launch.startup_seconds:g} of the start (a rank stuck starting); ended the job: "
+                                f"run directory {run_dir}", summary=ended)
+    if state["timed_out"]:
+        return RunResult.failed("mpi", run_dir, f"stopped after launch.timeout_seconds={cfg.launch.timeout_seconds}",
+                                EXIT_TIMEOUT, summary=ended)
+    result = RunResult.ended("mpi", run_dir, ended)
+    if result.exit_code == 0 and rc != 0:
+        first = f"{summary['failed']}; " if "failed" in summary else ""
+        return RunResult.failed("mpi", run_dir, f"the MPI job failed (exit code {rc}): {first}run directory {run_dir}",
+                                summary=ended)
+    return result
+
+
+def _pump(proc: subprocess.Popen, view, summary: dict, parse_line) -> None:
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        rec = parse_line(line)
+        if rec is None:
+            failed = FAILED_LINE.match(line)
+            if failed and "failed" not in summary:  # the rank that failed first, not the ones aborted after it
+                summary["failed"] = failed[1]
+            view.echo(line)
+        elif rec.get("kind") == "progress":
+            summary["progress"] = rec  # the ranks are running
+            view.update(rec)
+        elif rec.get("kind") == "summary":
+            summary["summary"] = {k: v for k, v in rec.items() if k != "kind"}
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

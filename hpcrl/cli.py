@@ -1,4 +1,4 @@
-"""`hpcrl run | submit | analyze | bench | info | convert`.
+"""`hpcrl run | submit | analyze | bench | info | convert | eval | export`.
 
 Each subcommand lives in its own module under ``hpcrl.commands`` with two
 functions: ``add_arguments(parser)`` and ``main(args) -> int``. The module is
@@ -22,6 +22,10 @@ COMMANDS = {
     "bench": ("hpcrl.commands.bench", "run a benchmark and print its table"),
     "info": ("hpcrl.commands.info", "versions, MPI library, devices, registered environments"),
     "convert": ("hpcrl.commands.convert", "rewrite run directories' (or single) HDF5 files in HDF5 1.10's format (older readers)"),
+    "eval": ("hpcrl.commands.eval", "play a run's checkpointed policy for N episodes: mean/std return and length, "
+                                    "--video mp4s"),
+    "export": ("hpcrl.commands.export", "write a run's policy as TorchScript (or ONNX), normalisation folded in, "
+                                        "and a JSON of its spaces"),
 }
 
 

@@ -28,7 +28,8 @@ from hpcrl.policy.load import load_policy
 from hpcrl.runtime.record.checkpoint import save_checkpoint
 from hpcrl.runtime.roles.sampler import VectorSampler, describe_env
 
-pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.:DeprecationWarning")  # torch 2.13: see hpcrl/policy/export.py
+# torch 2.13 deprecates torch.jit (see hpcrl/policy/export.py)
+pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.:DeprecationWarning")
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
 
 
@@ -268,6 +269,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     run = made_run(tmp_path / "run", "cartpole.yaml")
     (tmp_path / "bare").mkdir()
     (tmp_path / "bare" / "config.yaml").write_text((run / "config.yaml").read_text())
+    (tmp_path / "fused").mkdir()
+    (tmp_path / "fused" / "config.yaml").write_text(load_config(CONFIGS / "cartpole_ha2c.yaml").to_yaml())
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     torch.save({"format": 99}, tmp_path / "other.pt")
     cases = [
@@ -275,6 +278,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
         (["export", str(tmp_path)], "not a run directory (no config.yaml"),
         (["eval", str(tmp_path / "bare")], "no checkpoint in"),
         (["export", str(tmp_path / "bare")], "no checkpoint in"),
+        (["eval", str(tmp_path / "fused")], "algo ha2c in the fused single-process loop writes none"),
         (["eval", str(run), "--checkpoint", str(tmp_path / "missing.pt")], "--checkpoint"),
         (["eval", str(run), "--checkpoint", str(tmp_path / "junk.pt")], "not a readable checkpoint"),
         (["export", str(run), "--checkpoint", str(tmp_path / "other.pt")], "not an hpcrl checkpoint"),

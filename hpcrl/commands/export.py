@@ -18,8 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="torchscript",
                         help="torchscript (torch.jit.load) or onnx (needs the onnx package); default torchscript")
     parser.add_argument("-o", "--output", metavar="OUT",
-                        help="the file to write, or a folder (default RUN_DIR/export/policy.pt or policy.onnx); "
-                             "the JSON goes beside it (OUT.json)")
+                        help="the file to write (a name with a suffix), or a folder (a name without one; "
+                             "default RUN_DIR/export/policy.pt or policy.onnx); the JSON goes beside the file "
+                             "(its name + .json)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -166,7 +166,8 @@ def metadata(policy, path: Path, fmt: str) -> dict[str, Any]:
                    "dtype": "int64" if sampler.discrete else "float32",
                    "meaning": f"the greedy action as the env takes it: {mapping[action_map(sampler)]}"},
         "observation_normalization": None if sampler.obs_rms is None else {
-            "folded": True, "actor": policy.normalizer_actor, "formula": "clip((obs - mean) / sqrt(var + eps), -clip, clip)",
+            "folded": True, "actor": policy.normalizer_actor,
+            "formula": "clip((obs - mean) / sqrt(var + eps), -clip, clip)",
             "mean": sampler.obs_rms.mean.tolist(), "var": sampler.obs_rms.var.tolist(), "eps": NORM_EPS,
             "clip": float(sampler.clip)},
         "agents": None if not agents else {"names": agents, "policy_of": policy.policy_of()},
@@ -183,12 +184,12 @@ def default_output(run_dir: Path, fmt: str) -> Path:
 
 
 def export_policy(policy, out: str | Path | None = None, fmt: str = "torchscript") -> tuple[Path, Path]:
-    """Write ``policy`` as ``fmt`` to ``out`` (a file, or a folder to hold policy.pt / policy.onnx) and the JSON
-    beside it; (file, JSON file)."""
+    """Write ``policy`` as ``fmt`` to ``out`` (a file name with a suffix, or a folder to hold policy.pt /
+    policy.onnx) and the JSON beside it; (file, JSON file)."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt}: allowed: {', '.join(FORMATS)}")
     path = default_output(policy.run_dir, fmt) if out is None else Path(out)
-    if path.is_dir():
+    if path.is_dir() or not path.suffix:  # a folder, or a name without a suffix: a folder to write into
         path = path / f"policy{SUFFIX[fmt]}"
     path.parent.mkdir(parents=True, exist_ok=True)
     traced = trace(policy)

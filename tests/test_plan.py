@@ -99,6 +99,8 @@ def test_the_plan_says_which_runner_runs_the_job_and_a_config_that_leaves_the_fu
                                                                                "loop has no actor")
     on_mpi = make_plan(load_config(CONFIGS / "cartpole_ha2c.yaml", ["launch.runner=mpi"]))
     assert on_mpi.runner == "mpi" and on_mpi.runner_reason.endswith("not the fused loop: launch.runner=mpi")
+    two_ranks = make_plan(load_config(CONFIGS / "cartpole_ha2c.yaml", ["learners.ranks_per_group=2"]))
+    assert two_ranks.runner == "serial" and two_ranks.runner_reason.endswith("learners.ranks_per_group=2")
     default = make_plan(load_config(CONFIGS / "cartpole.yaml"))
     assert (default.runner, default.runner_reason) == ("mpi", "4 ranks (launch.runner=mpi)")
     assert all("\n" not in p.runner_reason for p in (fused, evaluating, on_mpi, default))

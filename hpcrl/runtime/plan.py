@@ -100,7 +100,7 @@ def make_plan(cfg: Any) -> Plan:
 
 def _runner(cfg) -> tuple[Runner, str]:
     """The runner and its line. The fused loop runs an algorithm whose config says ``fused_loop`` (HA2C, HDDPG)
-    on a batched tensor env with one actor and one learner group under launch.runner=serial and no
+    on a batched tensor env with one actor and one learner group of one rank under launch.runner=serial and no
     evaluation episodes; otherwise the roles run it as usual, and the line says why."""
     on_roles = ""
     if cfg.algo.fused_loop:
@@ -124,6 +124,7 @@ def _why_not_fused(cfg) -> str:
             (f"env.id={cfg.env.id} is not a batched tensor env", spec is None or spec.kind != "batched"),
             (f"actors.count={cfg.actors.count}", cfg.actors.count != 1),
             (f"learners.groups={cfg.learners.groups}", cfg.learners.groups != 1),
+            (f"learners.ranks_per_group={cfg.learners.ranks_per_group}", cfg.learners.ranks_per_group != 1),
             (f"eval.episodes={cfg.eval.episodes}: the fused loop has no actor to evaluate on", cfg.eval.episodes != 0)):
         if holds:
             return reason

@@ -93,7 +93,7 @@ def test_roll_back_cuts_a_trajectory_file_started_after_the_checkpoint(tmp_path)
     """A resume with more actors, killed before its first checkpoint: the new actor's file is not in the
     checkpoint's record, so its steps are not counted either; the next resume cuts it to 0 steps."""
     from hpcrl.runtime.record.checkpoint import save_checkpoint
-    from hpcrl.runtime.job import roll_back_record
+    from hpcrl.runtime.runners.job import roll_back_record
 
     run_dir = tmp_path / "run"
     write_synthetic_run(run_dir, rounds=2, actors=ACTORS)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hpcrl.config import load_config
-from hpcrl.runtime.job import fragment_layout_for, role_parts
+from hpcrl.runtime.runners.job import fragment_layout_for, role_parts
 from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.roles.sampler import VectorSampler, describe_env
 from hpcrl.runtime.runners import serial

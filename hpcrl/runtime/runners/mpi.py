@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from hpcrl.runtime.runners import RunResult
 
-if TYPE_CHECKING:  # runtime.job imports torch: not before the signal handlers are in place
-    from hpcrl.runtime.job import Job
+if TYPE_CHECKING:  # runners.job imports torch: not before the signal handlers are in place
+    from hpcrl.runtime.runners.job import Job
 
 CONFIG_FILE = "config.yaml"
 
@@ -116,7 +116,7 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> RunRes
 def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     """This rank's Job over MPI: rank map, env spaces (from rank 0), model, windows (collective)."""
     from hpcrl.runtime.transport import control
-    from hpcrl.runtime.job import Job, fragment_layout_for, role_parts, roll_back_record
+    from hpcrl.runtime.runners.job import Job, fragment_layout_for, role_parts, roll_back_record
     from hpcrl.runtime.plan import make_plan
     from hpcrl.runtime.record.progress import ProgressEmitter
     from hpcrl.runtime.roles.sampler import describe_env

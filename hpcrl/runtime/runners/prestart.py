@@ -31,7 +31,7 @@ ENV_VAR = "HPCRL_PRESTART"
 """Path of the server's socket, set in the environment of the ranks of a local run."""
 
 SOCKET_NAME = "ranks.sock"
-PRELOAD = ("numpy", "torch", "h5py", "gymnasium", "hpcrl.config", "hpcrl.runtime.runners.mpi", "hpcrl.runtime.job",
+PRELOAD = ("numpy", "torch", "h5py", "gymnasium", "hpcrl.config", "hpcrl.runtime.runners.mpi", "hpcrl.runtime.runners.job",
            "hpcrl.runtime.transport.windows", "hpcrl.runtime.transport.links", "hpcrl.runtime.roles.actor", "hpcrl.runtime.roles.learner",
            "hpcrl.runtime.roles.parameter", "hpcrl.runtime.record.progress")
 """Imported once by the server, before it forks any rank."""

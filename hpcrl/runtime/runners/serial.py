@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hpcrl.config import RunConfig
 from hpcrl.runtime.transport import control
-from hpcrl.runtime.job import Job, fragment_layout_for, role_parts, roll_back_record
+from hpcrl.runtime.runners.job import Job, fragment_layout_for, role_parts, roll_back_record
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalGroup, LocalMailbox,
                                            LocalReports, RunAborted)
 from hpcrl.runtime.plan import Plan, make_plan

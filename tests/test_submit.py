@@ -18,7 +18,7 @@ from hpcrl.cli import main as cli_main
 from hpcrl.config import build_config, load_config
 from hpcrl.errors import ConfigError
 from hpcrl.sites import load_site, site_names
-from hpcrl.submit import parse_job_id, plan_job, render, write_job
+from hpcrl.submit import CONFIG_END, parse_job_id, plan_job, render, write_job
 
 GOLDEN = Path(__file__).parent / "golden"
 PYTHON = "/opt/hpcrl/bin/python"
@@ -50,9 +50,20 @@ def rendered(case: str) -> str:
     return render(job)
 
 
+def golden_text(case: str) -> str:
+    """The rendering with the config it carries (checked here to be the job's resolved config) as one line: the
+    golden files show the script around it, and the config is the same YAML in every one of them."""
+    site, kwargs, overrides = CASES[case]
+    job = plan_job(load_config(None, overrides), load_site(site), python=PYTHON, **kwargs)
+    head, rest = render(job).split(f"<<'{CONFIG_END}' || exit 1\n", 1)
+    body, tail = rest.split(f"\n{CONFIG_END}\n", 1)
+    assert body + "\n" == job.config_yaml
+    return f"{head}<<'{CONFIG_END}' || exit 1\n(job.config_yaml: the resolved config, {len(body.splitlines())} lines)\n{CONFIG_END}\n{tail}"
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rendering_matches_golden_file(case):
-    text = rendered(case)
+    text = golden_text(case)
     path = GOLDEN / f"{case}.sh"
     if os.environ.get("HPCRL_UPDATE_GOLDEN"):
         path.parent.mkdir(exist_ok=True)

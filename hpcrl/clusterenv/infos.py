@@ -16,7 +16,7 @@ import pickle
 
 import numpy as np
 
-from hpcrl.clusterenv.packing import PackedLayout
+from hpcrl.runtime.transport.layout import PackedLayout
 
 Leaf = tuple  # (path: tuple[str, ...], kind: str, dtype: str, shape: tuple)
 EMPTY = "empty-dict"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcrl.clusterenv.packing import PackedLayout
+from hpcrl.runtime.transport.layout import PackedLayout
 
 TAG_STEP, TAG_ACT, TAG_RESET, TAG_CLOSE = 11, 12, 13, 14
 TAG_RESULT, TAG_SCHEMA, TAG_INFO, TAG_ERROR = 21, 22, 23, 24

@@ -1,8 +1,11 @@
-"""The fixed byte layout of one trajectory fragment (pure numpy: both runners use it).
+"""Fixed byte layouts for dicts of numpy arrays (pure numpy: both runners and ClusterEnv use them).
 
-A fragment is a dict of numpy arrays; :class:`FragmentLayout` packs it into one ``uint8``
-buffer (one MPI message, no pickle) and unpacks it with the same dtypes and shapes, so a
-learner sees identical arrays whether the fragment crossed MPI or stayed in the process.
+:class:`PackedLayout` puts fields ``{name: (shape, dtype)}`` at fixed offsets of one ``uint8`` buffer
+(one MPI message, no pickle); every field starts at a multiple of 8 bytes, and :meth:`PackedLayout.views`
+gives arrays that are views into a buffer, so the sender writes in place and the receiver reads in place.
+:class:`FragmentLayout` is the layout of one trajectory fragment: it packs a fragment and unpacks it with
+the same dtypes and shapes, so a learner sees identical arrays whether the fragment crossed MPI or
+stayed in the process. ClusterEnv's step messages are PackedLayouts too (:mod:`hpcrl.clusterenv.protocol`).
 """
 from __future__ import annotations
 
@@ -12,7 +15,34 @@ META = ("policy_version", "actor", "fragment")
 """Scalar int64 fields of every fragment (the sender fills ``actor`` and ``fragment`` when absent)."""
 
 
-class FragmentLayout:
+class PackedLayout:
+    """Fields ``{name: (shape, dtype)}`` at fixed offsets in one byte buffer of ``nbytes``."""
+
+    def __init__(self, fields: dict[str, tuple[tuple, object]]):
+        self.fields: dict[str, tuple[tuple, np.dtype, int]] = {}
+        offset = 0
+        for name, (shape, dtype) in fields.items():
+            dtype = np.dtype(dtype)
+            self.fields[name] = (tuple(shape), dtype, offset)
+            offset += -(-int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // 8) * 8
+        self.nbytes = offset
+
+    def empty(self, extra: int = 0) -> np.ndarray:
+        """A zeroed buffer of ``nbytes + extra`` bytes (``extra``: room after the fields)."""
+        return np.zeros(self.nbytes + extra, dtype=np.uint8)
+
+    def views(self, buf: np.ndarray) -> dict[str, np.ndarray]:
+        """Field arrays that are views into the first ``nbytes`` of ``buf``."""
+        if buf.dtype != np.uint8 or buf.size < self.nbytes:
+            raise ValueError(f"{type(self).__name__}: buffer must be uint8 of at least {self.nbytes} bytes")
+        out = {}
+        for name, (shape, dtype, offset) in self.fields.items():
+            n = int(np.prod(shape, dtype=np.int64))
+            out[name] = buf[offset:offset + n * dtype.itemsize].view(dtype).reshape(shape)
+        return out
+
+
+class FragmentLayout(PackedLayout):
     """Fixed byte layout of one fragment of T steps from N environments.
 
     Fields (shape, dtype): obs (T, N, *obs_shape) obs_dtype; actions (T, N, *action_shape)
@@ -45,26 +75,16 @@ class FragmentLayout:
             if name in spec:
                 raise ValueError(f"FragmentLayout: extra field {name!r} clashes with a standard field")
             spec[name] = (tuple(shape), dtype)
-        self.fields: dict[str, tuple[tuple, np.dtype, int]] = {}
-        offset = 0
-        for name, (shape, dtype) in spec.items():
-            dtype = np.dtype(dtype)
-            self.fields[name] = (tuple(shape), dtype, offset)
-            offset += -(-int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // 8) * 8
-        self.nbytes = offset
+        super().__init__(spec)
 
     def empty_buffer(self) -> np.ndarray:
-        return np.zeros(self.nbytes, dtype=np.uint8)
+        return self.empty()
 
     def views(self, buf: np.ndarray) -> dict[str, np.ndarray]:
-        """Field arrays that are views into ``buf`` (uint8, nbytes): write a fragment in place."""
+        """Field arrays that are views into ``buf`` (uint8, exactly nbytes): write a fragment in place."""
         if buf.dtype != np.uint8 or buf.size != self.nbytes:
             raise ValueError(f"FragmentLayout: buffer must be uint8 of {self.nbytes} bytes")
-        out = {}
-        for name, (shape, dtype, offset) in self.fields.items():
-            n = int(np.prod(shape, dtype=np.int64))
-            out[name] = buf[offset:offset + n * dtype.itemsize].view(dtype).reshape(shape)
-        return out
+        return super().views(buf)
 
     def pack(self, fragment: dict, out: np.ndarray | None = None) -> np.ndarray:
         """Copy a fragment dict into one byte buffer (``out`` if given); shapes must match exactly."""

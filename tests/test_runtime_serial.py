@@ -337,3 +337,23 @@ def test_normalisation_statistics_go_on_across_a_resume(tmp_path):
         assert b["obs"]["count"] == pytest.approx(a["obs"]["count"] + 32, abs=3)
         assert b["reward"]["count"] == pytest.approx(a["reward"]["count"] + 32, abs=3)
         assert not np.allclose(b["obs"]["mean"], 0.0)
+
+
+@pytest.mark.slow
+def test_actors_a_resume_takes_away_come_back_with_the_next_resume(tmp_path):
+    """2 -> 1 -> 2 actors: the third job's second actor samples (it stayed parked for the whole job when the
+    parameter rank took the length of fragment_next, which keeps the numbers of actors a job left out, for
+    the checkpointing job's actor count)."""
+    from hpcrl.cli import main as cli_main
+    from hpcrl.io.readers import read_trajectory_steps
+
+    run_dir = tmp_path / "run"
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny(run_dir, stop={"total_env_steps": 600})))
+    assert cli_main(["run", str(path)]) == 0
+    assert cli_main(["run", "--resume", str(run_dir), "-o", "actors.count=1", "-o", "stop.total_env_steps=1200"]) == 0
+    steps = read_trajectory_steps(run_dir / "traj" / "actor-00001.h5")
+    assert cli_main(["run", "--resume", str(run_dir), "-o", "actors.count=2", "-o", "stop.total_env_steps=2400"]) == 0
+    assert load_checkpoint(run_dir)["active_actors"] == 2
+    assert read_trajectory_steps(run_dir / "traj" / "actor-00001.h5") > steps + 200
+    assert len(read_table(run_dir / "run.h5", "actor_parks")["actor"]) == 0

@@ -162,7 +162,7 @@ class ParameterRank:
             # received, counted in seq_next and consumed, not yet admitted: without them a resume
             # would leave a gap in their group's sequence numbers
             "queue": list(self.queue),
-            "active_actors": self.active_actors, "round_end": self.round_end,
+            "actors": self.cfg.actors.count, "active_actors": self.active_actors, "round_end": self.round_end,
             "wall_seconds": self.wall_before + time.monotonic() - self.t0,
             "rng": rng_state(), "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
@@ -186,7 +186,9 @@ class ParameterRank:
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
         self.active = min(max(s["active"], self.cfg.learners.active_range[0]), self.cfg.learners.active_range[1])
-        A, before = self.cfg.actors.count, len(kept)  # all of the old actors active: all of the new ones too
+        # all of the checkpointing job's actors active: all of this job's too (fragment_next keeps the numbers of
+        # actors a smaller job left out, so its length is not that job's actor count)
+        A, before = self.cfg.actors.count, s.get("actors", len(kept))
         self.active_actors = A if s.get("active_actors", before) >= before else min(max(s["active_actors"], 1), A)
         self.round_end = s.get("round_end", (self.round + 1) * self.plan.round_steps)
         self.wall_before = s["wall_seconds"]

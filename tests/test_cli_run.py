@@ -191,6 +191,22 @@ def test_resume_refuses_a_change_the_checkpoint_depends_on_and_writes_nothing(tm
     assert (run_dir / "config.yaml").read_text() == text
 
 
+def test_a_resume_with_no_intact_checkpoint_is_one_line_and_keeps_config_yaml(tmp_path, capsys):
+    from hpcrl.runtime.record.checkpoint import checkpoint_path, save_checkpoint
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    text = "name: r\nenv: {id: CartPole-v1, num_envs: 2}\nactors: {count: 1}\nlaunch: {runner: serial}\n"
+    (run_dir / "config.yaml").write_text(text)
+    save_checkpoint(run_dir, {"version": 3})
+    save_checkpoint(run_dir, {"version": 4})
+    for path in checkpoint_path(run_dir).parent.glob("*.pt"):  # latest.pt and previous.pt both damaged
+        path.write_bytes(path.read_bytes()[:20])
+    rc, err = run_cli(["--resume", str(run_dir), "-o", "stop.total_env_steps=5000"], capsys)
+    assert rc == 2 and "\n" not in err and "no intact checkpoint" in err, err
+    assert (run_dir / "config.yaml").read_text() == text  # the failed resume's override is not kept
+
+
 def test_unreadable_inputs_and_unwritable_run_dirs_are_one_line(tmp_path, capsys):
     dup = tmp_path / "dup.yaml"
     dup.write_text("env: {id: CartPole-v1}\nactors: {count: 2}\nenv: {num_envs: 3}\n")

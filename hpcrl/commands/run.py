@@ -215,6 +215,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"hpcrl run: {plan.runner_reason}, run directory {run_dir}", flush=True)
         with RunLock(run_dir):  # one run or resume of a directory at a time
             if args.resume and (args.overrides or args.ranks is not None or args.runner):
+                from hpcrl.runtime.record.checkpoint import load_checkpoint
+
+                load_checkpoint(run_dir)  # CheckpointError (one line) before config.yaml takes the new values
                 (run_dir / CONFIG_FILE).write_text(cfg.to_yaml())  # the resumed run continues with the new values
             ranks = {"environ": server.environ} if server is not None else {}  # the mpi runner's ranks
             result = runner(plan.runner).run(plan, run_dir, resume=args.resume is not None, progress=progress_mode(),

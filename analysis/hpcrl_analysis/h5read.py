@@ -1,14 +1,22 @@
-"""Read an hpcrl run directory with h5py alone: live runs, killed runs, one-line errors.
+"""Read an hpcrl run directory with h5py alone: live runs, killed runs, damaged runs, one-line errors.
 
 A run directory holds run.h5 (tables, see docs/hdf5-schema.md in the hpcrl repository) and
 traj/actor-NNNNN.h5. The writers use SWMR: a file whose writer is running, or was killed,
-refuses a plain open ("already open for write"), so it is opened as an SWMR reader then.
+refuses a plain open ("already open for write"), so it is opened as an SWMR reader then. Such a
+reader retries metadata whose checksum does not match for ever (HDF5 takes it for a block being
+written), so a damaged file would hang it: before an SWMR open, this file runs itself as a child
+process that reads every table's metadata and is killed after HPCRL_READ_TIMEOUT seconds (default
+30). A plain open fails at once on damage. Either way a damaged file is one line naming the table.
 A table is read up to its ``committed_rows`` attribute and the shortest column; rows whose
 required columns hold fill values (never written) are left out. Each of these is reported in
 ``Run.notes``, so a run is called complete only when every table was whole.
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,10 +60,13 @@ def open_h5(path: Path, what: str = "hpcrl run file", retries: int = 5) -> tuple
             last = str(exc).splitlines()[0]
             if "signature not found" in last:
                 break
+            if "checksum" in last:  # a plain open reads the superblock once: damage, not a race
+                raise AnalysisError(f"{path}: file is damaged ({last})")
             if "already open for write" in last:
                 if _truncated(path):
                     last = "truncated file: superblock end of file lies beyond the file size"
                 else:
+                    check_metadata(path)
                     try:
                         return h5py.File(path, "r", swmr=True, locking=False), True
                     except OSError as exc2:
@@ -63,6 +74,95 @@ def open_h5(path: Path, what: str = "hpcrl run file", retries: int = 5) -> tuple
         time.sleep(0.1 * (attempt + 1))  # a writer may be mid-flush
     why = "empty file" if path.stat().st_size == 0 else "truncated or not HDF5"
     raise AnalysisError(f"{path}: cannot be read as an {what} ({why}: {last})")
+
+
+def _walk(f: h5py.File, at) -> None:
+    """Read the metadata of every table (attributes, headers, chunk indexes), calling at(name) before each."""
+    dict(f.attrs)
+    for name in f:
+        if name != "trajectories":  # the virtual view over the actors' files: never read here
+            at(name)
+            _touch(f[name])
+
+
+def _touch(obj) -> None:
+    dict(obj.attrs)
+    if isinstance(obj, h5py.Group):
+        for name in obj:
+            _touch(obj[name])
+    elif obj.chunks is not None:
+        obj.id.get_num_chunks()  # visits every block of the chunk index
+    else:
+        obj.shape  # noqa: B018
+
+
+def check_metadata(path: Path) -> None:
+    """Read run.h5's metadata as an SWMR reader in a child process within HPCRL_READ_TIMEOUT seconds;
+    AnalysisError naming the table it could not read, or was still reading at the limit."""
+    text = os.environ.get("HPCRL_READ_TIMEOUT") or "30"
+    try:
+        limit = float(text)
+    except ValueError:
+        limit = 0.0
+    if not limit > 0:
+        raise AnalysisError(f"HPCRL_READ_TIMEOUT={text!r}: expected seconds > 0")
+    cmd = [sys.executable, str(Path(__file__).resolve()), str(path)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    start, ready_at = time.monotonic(), None
+    while True:  # the limit counts once the child has loaded h5py ("ready"; at most 60 s)
+        try:
+            out = proc.communicate(timeout=0.05 if ready_at is None else max(ready_at + limit - time.monotonic(), 0))[0]
+            code = proc.returncode
+            break
+        except subprocess.TimeoutExpired as exc:
+            now = time.monotonic()
+            if ready_at is None and b"ready" in (exc.stdout or b""):
+                ready_at = now
+            if now >= (ready_at + limit if ready_at is not None else start + 60):
+                proc.kill()
+                out, code = proc.communicate()[0], None
+                break
+    lines = out.decode(errors="replace").splitlines()
+    if "ready" not in lines:
+        if code is None:
+            raise AnalysisError(f"{path}: not read: the process that checks it first did not start within 60 s")
+        return  # no child ran (no h5py for this interpreter ...): read unchecked
+    if lines[-1] == "ok":
+        return
+    report = json.loads(lines[-1]) if lines[-1].startswith("{") else {"table": ""}
+    if code is None:
+        why = (f"HDF5 still reading its metadata after {limit:g} s: as a reader of a file a writer holds, it retries "
+               "a block whose checksum does not match for ever; HPCRL_READ_TIMEOUT sets the limit")
+    else:
+        why = report.get("error") or f"reading it ended the process, exit code {code}"
+    where = f"table '{report['table']}'" if report["table"] else "file"
+    raise AnalysisError(f"{path}: {where} is damaged ({why})")
+
+
+def _check_child(path: str) -> int:
+    """The child of :func:`check_metadata`: prints ready, then a JSON line per table, then ok (or the error)."""
+    print("ready", flush=True)
+    report = {"table": ""}
+
+    def at(name: str) -> None:
+        report["table"] = name
+        print(json.dumps(report), flush=True)
+
+    print(json.dumps(report), flush=True)
+    try:
+        with h5py.File(path, "r", swmr=True, locking=False) as f:
+            _walk(f, at)
+    except Exception as exc:  # noqa: BLE001  (any failure is the answer)
+        report["error"] = _first_line(exc)
+        print(json.dumps(report), flush=True)
+        return 1
+    print("ok", flush=True)
+    return 0
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @dataclass
@@ -159,8 +259,9 @@ def load_run(run_dir: str | Path, label: str | None = None) -> Run:
     path = Path(run_dir)
     h5 = path / "run.h5" if path.is_dir() else path
     for attempt in range(5):
+        f, live = open_h5(h5)
+        table = ""  # what is being read, for the message when h5py fails
         try:
-            f, live = open_h5(h5)
             with f:
                 if "schema_version" not in f.attrs:
                     raise AnalysisError(f"{h5}: not an hpcrl run file (no schema_version attribute)")
@@ -172,21 +273,25 @@ def load_run(run_dir: str | Path, label: str | None = None) -> Run:
                 run = Run(h5.parent, label or _label(attrs, h5.parent), attrs)
                 if live:
                     run.notes.append("writer still running or killed: data up to its last flush")
-                for name in TABLE_NAMES:
-                    if name in f:
-                        run.tables[name], problems = _read_group(f, name)
+                present = set(f)  # the root group's links
+                for table in TABLE_NAMES + OPTIONAL_TABLES:
+                    if table in present:
+                        run.tables[table], problems = _read_group(f, table)
                         run.notes += problems
-                    else:
-                        run.notes.append(f"table '{name}' missing")
-                for name in OPTIONAL_TABLES:
-                    if name in f:
-                        run.tables[name], problems = _read_group(f, name)
-                        run.notes += problems
-                if "episodes" not in f:
+                    elif table in TABLE_NAMES:
+                        run.notes.append(f"table '{table}' missing")
+                table = ""
+                if "episodes" not in present:
                     raise AnalysisError(f"{h5}: table 'episodes' is missing (not a complete hpcrl run file)")
                 return run
-        except OSError as exc:  # raced a flush while reading data: read again
-            if attempt == 4:
-                raise AnalysisError(f"{h5}: cannot be read ({str(exc).splitlines()[0]})") from None
-            time.sleep(0.2)
+        except (OSError, KeyError, RuntimeError) as exc:  # damaged metadata; or, while a writer holds the file,
+            if live and attempt < 4:                      # a race with its flush: read again
+                time.sleep(0.2)
+                continue
+            where = f"table '{table}'" if table else "file"
+            raise AnalysisError(f"{h5}: {where} is damaged ({_first_line(exc)})") from None
     raise AssertionError("unreachable")
+
+
+if __name__ == "__main__":  # the child of check_metadata
+    sys.exit(_check_child(sys.argv[1]))

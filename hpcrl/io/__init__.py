@@ -7,7 +7,7 @@ learner ranks never need it).
 from importlib import import_module
 
 _WHERE = {
-    "RecordWriteError": "errors", "RunFileError": "errors",
+    "RecordDamagedError": "errors", "RecordWriteError": "errors", "RunFileError": "errors",
     "follow": "follow", "follow_trajectory": "follow",
     "convert_file": "convert", "convert_run": "convert",
     "open_run_file": "readers", "read_attrs": "readers", "read_table": "readers",

@@ -14,6 +14,18 @@ class RunFileError(ConfigError):
     the file and what is missing (a ConfigError, so the CLI prints it and exits 2)."""
 
 
+class RecordDamagedError(RunFileError):
+    """A file whose HDF5 metadata is damaged (a checksum that does not match, a broken header): one line
+    naming the file and the table (``kind`` 'table') or dataset that cannot be read, raised within a
+    bounded time (:mod:`hpcrl.io.probe`). ``path`` and ``table`` (None: the file as a whole) are set.
+    Reading never changes the file."""
+
+    def __init__(self, path: str | Path, table: str | None, why: str, kind: str = "table"):
+        where = f"{kind} '{table}'" if table else "file"
+        super().__init__(f"{path}: {where} is damaged ({why})")
+        self.path, self.table = str(path), table
+
+
 class RecordWriteError(OSError):
     """Writing the record failed (disk full, quota, I/O error): one line naming the file and the error.
 

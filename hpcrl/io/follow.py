@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcrl.io.errors import RunFileError
-from hpcrl.io.readers import _open, _retry, read_table
+from hpcrl.io.readers import _H5_ERRORS, _open, _retry, damage_error, read_table
 from hpcrl.io.recovery import writer_has_open
 from hpcrl.io.schema import RUN_FILE, TABLES, TRAJ_FIELD_NAMES
 from hpcrl.io.tables import LIVE_GROUP
@@ -48,17 +48,20 @@ def follow(run_h5: str | Path, table: str, *, poll_seconds: float = 0.5, idle_se
     path = Path(run_h5)
     path = path / RUN_FILE if path.is_dir() else path
     names = list(columns) if columns is not None else list(TABLES[table].names)
-    f = _retry(_open, path, "run")
+    f = _retry(_open, path, "run", [table, LIVE_GROUP])
     try:
-        missing = [c for c in names if f"{table}/{c}" not in f]
-        if missing:
-            raise RunFileError(f"{path}: table '{table}' is missing columns {', '.join(missing)}")
-        counter = f.get(f"{LIVE_GROUP}/{table}")
+        try:
+            missing = [c for c in names if f"{table}/{c}" not in f]
+            if missing:
+                raise RunFileError(f"{path}: table '{table}' is missing columns {', '.join(missing)}")
+            counter = f.get(f"{LIVE_GROUP}/{table}")
+            datasets = {c: f[f"{table}/{c}"] for c in names}
+        except _H5_ERRORS as exc:
+            raise damage_error(f, exc, table) from None
         if counter is None:  # a file from before the count datasets: reopen per poll
             f.close()
             yield from _follow_reopening(path, table, names, poll_seconds, idle_seconds)
             return
-        datasets = {c: f[f"{table}/{c}"] for c in names}
         yield from _follow_open(path, counter, datasets, poll_seconds, idle_seconds)
     finally:
         if f.id.valid:

@@ -1,14 +1,18 @@
-"""Read a run's HDF5 record, also while it is being written or after its job was killed.
+"""Read a run's HDF5 record, also while it is being written, after its job was killed, or damaged.
 
-Files are opened read-only with ``locking=False`` and, where the format allows (every file
-hpcrl writes), as SWMR readers: a file whose writer is running or was killed refuses a plain
-open, and run.h5's ``trajectories/`` view reads actor files through the same access mode, so
-an actor killed with its file open would make a plain open's view fail. A table is cut to
-the rows all its columns have and that its ``committed_rows`` attribute vouches for (a
-writer killed, or a disk filled, mid-flush leaves longer columns holding fill values); a
-table from before that attribute also loses trailing rows whose required columns hold fill
-values. A missing, truncated or foreign file raises :class:`RunFileError` with one line
-naming the file and what is missing.
+Files are opened read-only with ``locking=False``: plainly when no writer holds them, and as SWMR
+readers when one does (a file whose writer is running or was killed refuses a plain open; run.h5's
+``trajectories/`` view reads the actor files in run.h5's mode, so it is opened for SWMR when any
+actor file is held). A table is cut to the rows all its columns have and that its
+``committed_rows`` attribute vouches for (a writer killed, or a disk filled, mid-flush leaves
+longer columns holding fill values); a table from before that attribute also loses trailing rows
+whose required columns hold fill values. A missing, truncated or foreign file raises
+:class:`RunFileError` with one line naming the file and what is missing.
+
+Damaged metadata never hangs a reader: a plain read fails at once, and an SWMR read (which HDF5
+would retry for ever) is preceded by a check in a child process with a time limit
+(:mod:`hpcrl.io.probe`). Either way :class:`RecordDamagedError` (a RunFileError) names the file
+and the table or dataset in one line; the other tables still read. Reading never writes.
 
 API::
 
@@ -29,16 +33,22 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpcrl.io.errors import RunFileError
-from hpcrl.io.recovery import is_truncated
-from hpcrl.io.schema import RUN_FILE, SCHEMA_VERSION, TABLES, TRAJ_FIELD_NAMES
+from hpcrl.io import probe
+from hpcrl.io.errors import RecordDamagedError, RunFileError
+from hpcrl.io.recovery import is_truncated, writer_has_open
+from hpcrl.io.schema import RUN_FILE, SCHEMA_VERSION, TABLES, TRAJ_DIR, TRAJ_FIELD_NAMES
 from hpcrl.io.tables import COMMITTED_ROWS, COMMITTED_STEPS, committed_length, written_prefix
 
 _RETRIES = 5
+_H5_ERRORS = (OSError, KeyError, RuntimeError)  # what h5py raises on damaged metadata
 
 
 class _Transient(Exception):
-    """A read that may succeed when retried (the writer was flushing); carries the final message."""
+    """A read that may succeed when retried (the writer was flushing); carries the error for the last try."""
+
+    def __init__(self, error: RunFileError):
+        super().__init__(str(error))
+        self.error = error
 
 
 def _retry(read, *args):
@@ -48,59 +58,120 @@ def _retry(read, *args):
             return read(*args)
         except _Transient as exc:
             if attempt == _RETRIES - 1:
-                raise RunFileError(str(exc)) from None
+                raise exc.error from None
             time.sleep(0.1 * (attempt + 1))
 
 
-def _open_h5(path: Path) -> h5py.File:
-    """Open read-only, as an SWMR reader where the file format allows it.
+def _held(path: Path) -> bool:
+    """A writer has the file open, or was killed with it open (its superblock's write flags are set)."""
+    try:
+        return writer_has_open(path)
+    except (OSError, ValueError, IndexError):  # not HDF5: the open says so
+        return False
 
-    A plain open comes first (HDF5 checks truncation only there); a file an SWMR writer has
-    open, or left open when it was killed, is refused that way. A clean file is then reopened
-    as an SWMR reader too, so that run.h5's trajectories/ view can open the files of killed actors.
-    """
+
+def _first_line(exc: BaseException) -> str:
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    return str(text).splitlines()[0] if str(text) else type(exc).__name__
+
+
+def _actor_files(run_h5: Path) -> list[Path]:
+    folder = run_h5.parent / TRAJ_DIR
+    return sorted(folder.glob("actor-*.h5")) if folder.is_dir() else []
+
+
+def _open_h5(path: Path, kind: str, groups: Sequence[str] | None, view: bool, checked: bool) -> h5py.File:
+    """Open read-only: plainly when no writer holds the file (HDF5 then reads damaged metadata once and
+    fails), as an SWMR reader when one does, after :func:`hpcrl.io.probe.check` read the metadata of
+    ``groups`` in a child process within a time limit (an SWMR reader retries damaged metadata for ever).
+    ``view``: run.h5's trajectories/ view will be read; HDF5 opens the actors' files in run.h5's mode, so
+    run.h5 is opened for SWMR when any of them is held, and they are checked too. ``checked`` False:
+    no check (see :func:`_read_trajectory_steps`)."""
+    actors = _actor_files(path) if view else []
     try:
         f = h5py.File(path, "r", locking=False)
     except OSError as exc:
         if "already open for write" not in str(exc):
             raise
     else:
+        if not any(_held(a) for a in actors):
+            return f
         f.close()
-        try:
-            return h5py.File(path, "r", swmr=True, locking=False)
-        except OSError:  # an older file format (not written by hpcrl): plain is all there is
-            return h5py.File(path, "r", locking=False)
     if is_truncated(path):
         raise OSError("truncated file: the superblock's end of file lies beyond its size")
+    if checked:
+        probe.check([*((a, None, "dataset") for a in actors), (path, groups, "table" if kind == "run" else "dataset")])
     return h5py.File(path, "r", swmr=True, locking=False)
 
 
-def _open(path: str | Path, kind: str) -> h5py.File:
-    """Open read-only with the checks; OSError while opening is transient (a writer may be flushing)."""
+def _open(path: str | Path, kind: str, groups: Sequence[str] | None = None, view: bool = False,
+          checked: bool = True) -> h5py.File:
+    """Open read-only with the checks; ``groups``: what will be read (None: everything). A failed open
+    is retried (transient) only while a writer holds the file: it may be flushing."""
     path = Path(path)
     if path.is_dir():
         path = path / RUN_FILE
     if not path.is_file():
         raise RunFileError(f"{path}: no such file (expected an hpcrl {kind} file)")
     try:
-        f = _open_h5(path)
+        f = _open_h5(path, kind, groups, view, checked)
+    except RecordDamagedError:  # from the bounded check: final
+        raise
     except (OSError, ValueError) as exc:
+        text = _first_line(exc)
+        if "checksum" in text:
+            err = RecordDamagedError(path, None, text)
+            raise (_Transient(err) if _held(path) else err) from None
         why = "empty file" if path.stat().st_size == 0 else "truncated or not HDF5"
-        final = "signature not found" in str(exc)  # truncation can be a writer mid-flush: retried
-        raise (RunFileError if final else _Transient)(f"{path}: cannot be read as an hpcrl {kind} file ({why}: {str(exc).splitlines()[0]})") from None
-    if "schema_version" not in f.attrs:
+        final = "signature not found" in text or not _held(path)  # a writer mid-flush can look truncated: retried
+        err = RunFileError(f"{path}: cannot be read as an hpcrl {kind} file ({why}: {text})")
+        raise (err if final else _Transient(err)) from None
+    try:
+        version = f.attrs["schema_version"] if "schema_version" in f.attrs else None
+    except _H5_ERRORS as exc:
+        err = _damaged(f, exc, None)
+        f.close()
+        raise err from None
+    if version is None:
         f.close()
         raise RunFileError(f"{path}: not an hpcrl {kind} file (no schema_version attribute)")
-    version = int(f.attrs["schema_version"])
-    if version > SCHEMA_VERSION:
+    if int(version) > SCHEMA_VERSION:
         f.close()
-        raise RunFileError(f"{path}: schema_version {version} is newer than this reader's {SCHEMA_VERSION}; upgrade hpcrl")
+        raise RunFileError(f"{path}: schema_version {int(version)} is newer than this reader's {SCHEMA_VERSION}; "
+                           "upgrade hpcrl")
     return f
+
+
+def _damaged(f: h5py.File, exc: BaseException, table: str | None, kind: str = "table") -> Exception:
+    """The error for h5py's ``exc`` while reading ``table`` of ``f``: :func:`damage_error`, made transient
+    (retried) while a writer holds the file."""
+    err = damage_error(f, exc, table, kind)
+    return _Transient(err) if _live(f) else err
+
+
+def _live(f: h5py.File) -> bool:
+    return (f.id.valid and f.swmr_mode) or _held(Path(f.filename))
+
+
+def damage_error(f: h5py.File, exc: BaseException, table: str | None, kind: str = "table") -> RecordDamagedError:
+    """The RecordDamagedError for h5py's ``exc`` while reading ``table`` of the open file ``f``. ``table``
+    None: the first damaged group is looked up (plain reads only: an SWMR reader could wait for ever)."""
+    if table is None and f.id.valid and not _live(f):
+        def at(name: str) -> None:
+            nonlocal table
+            table = name
+
+        try:
+            probe.walk(f, None, at)
+            table = None  # the metadata reads: the damage is in the data
+        except _H5_ERRORS:
+            pass
+    return RecordDamagedError(f.filename, table, _first_line(exc), kind)
 
 
 def open_run_file(path: str | Path) -> h5py.File:
     """run.h5 (or a run directory) opened read-only after the checks above."""
-    return _retry(_open, path, "run")
+    return _retry(_open, path, "run", None, True)
 
 
 def read_attrs(run_h5: str | Path) -> dict:
@@ -108,8 +179,11 @@ def read_attrs(run_h5: str | Path) -> dict:
 
 
 def _read_attrs(run_h5):
-    with _open(run_h5, "run") as f:
-        return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+    with _open(run_h5, "run", []) as f:
+        try:
+            return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        except _H5_ERRORS as exc:
+            raise _damaged(f, exc, None) from None
 
 
 def read_table(run_h5: str | Path, name: str, columns: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -122,18 +196,22 @@ def read_table(run_h5: str | Path, name: str, columns: Sequence[str] | None = No
 
 
 def _read_table(run_h5, name, wanted):
-    with _open(run_h5, "run") as f:
-        if name not in f:
-            raise RunFileError(f"{f.filename}: table '{name}' is missing")
-        group = f[name]
-        missing = [c for c in wanted if c not in group]
-        if missing:
-            raise RunFileError(f"{f.filename}: table '{name}' is missing columns {', '.join(missing)}")
+    with _open(run_h5, "run", [name]) as f:
         try:
+            present = name in f
+        except _H5_ERRORS as exc:  # the root group's links: every table is out of reach
+            raise _damaged(f, exc, None) from None
+        if not present:
+            raise RunFileError(f"{f.filename}: table '{name}' is missing")
+        try:
+            group = f[name]
+            missing = [c for c in wanted if c not in group]
+            if missing:
+                raise RunFileError(f"{f.filename}: table '{name}' is missing columns {', '.join(missing)}")
             n = table_rows(group, name)
             return {c: group[c][:n] for c in wanted}
-        except (OSError, KeyError) as exc:
-            raise _Transient(f"{f.filename}: table '{name}' cannot be read ({str(exc).splitlines()[0]})") from None
+        except _H5_ERRORS as exc:
+            raise _damaged(f, exc, name) from None
 
 
 def table_rows(group: h5py.Group, name: str) -> int:
@@ -160,11 +238,18 @@ def read_row_counts(run_h5: str | Path) -> dict[str, int]:
 
 
 def _read_row_counts(run_h5):
-    with _open(run_h5, "run") as f:
+    with _open(run_h5, "run", list(TABLES)) as f:
         try:
-            return {name: table_rows(f[name], name) for name in TABLES if name in f}
-        except (OSError, KeyError) as exc:
-            raise _Transient(f"{f.filename}: tables cannot be read ({str(exc).splitlines()[0]})") from None
+            present = [name for name in TABLES if name in f]
+        except _H5_ERRORS as exc:
+            raise _damaged(f, exc, None) from None
+        counts = {}
+        for name in present:
+            try:
+                counts[name] = table_rows(f[name], name)
+            except _H5_ERRORS as exc:
+                raise _damaged(f, exc, name) from None
+        return counts
 
 
 def read_trajectory_steps(traj_h5: str | Path) -> int:
@@ -172,12 +257,14 @@ def read_trajectory_steps(traj_h5: str | Path) -> int:
     return _retry(_read_trajectory_steps, traj_h5)
 
 
-def _read_trajectory_steps(traj_h5):
-    with _open(traj_h5, "trajectory") as f:
+def _read_trajectory_steps(traj_h5, checked: bool = True):
+    """``checked`` False: no child process checks a file a writer holds (the parameter rank counting the
+    steps of its live actors' files at a checkpoint: see :func:`hpcrl.io.rollback.record_counts`)."""
+    with _open(traj_h5, "trajectory", checked=checked) as f:
         try:
             return trajectory_steps(f)
-        except (OSError, KeyError) as exc:
-            raise _Transient(f"{f.filename}: trajectory data cannot be read ({str(exc).splitlines()[0]})") from None
+        except _H5_ERRORS as exc:
+            raise _damaged(f, exc, None, "dataset") from None
 
 
 def read_trajectory(traj_h5: str | Path, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -189,14 +276,14 @@ def read_trajectory(traj_h5: str | Path, fields: Sequence[str] | None = None) ->
 
 def _read_trajectory(traj_h5, wanted):
     with _open(traj_h5, "trajectory") as f:
-        missing = [k for k in wanted if k not in f]
-        if missing:
-            raise RunFileError(f"{f.filename}: missing trajectory datasets {', '.join(missing)}")
         try:
+            missing = [k for k in wanted if k not in f]
+            if missing:
+                raise RunFileError(f"{f.filename}: missing trajectory datasets {', '.join(missing)}")
             n = trajectory_steps(f)
             return {k: f[k][:n] for k in wanted}
-        except (OSError, KeyError) as exc:
-            raise _Transient(f"{f.filename}: trajectory data cannot be read ({str(exc).splitlines()[0]})") from None
+        except _H5_ERRORS as exc:
+            raise _damaged(f, exc, None, "dataset") from None
 
 
 def read_trajectories(run_h5: str | Path, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -207,14 +294,33 @@ def read_trajectories(run_h5: str | Path, fields: Sequence[str] | None = None) -
 
 
 def _read_trajectories(run_h5, wanted):
-    with _open(run_h5, "run") as f:
-        if "trajectories" not in f:
-            raise RunFileError(f"{f.filename}: no trajectories/ view (the run was created without a trajectory layout)")
-        group = f["trajectories"]
-        missing = [k for k in wanted if k not in group]
-        if missing:
-            raise RunFileError(f"{f.filename}: trajectories/ is missing {', '.join(missing)}")
+    with _open(run_h5, "run", ["trajectories"], view=True) as f:
+        if not f.swmr_mode:  # HDF5 pads an actor file it cannot read, silently: look at each one first
+            for actor in _actor_files(Path(f.filename)):
+                _check_plain(actor)
         try:
+            if "trajectories" not in f:
+                raise RunFileError(f"{f.filename}: no trajectories/ view "
+                                   "(the run was created without a trajectory layout)")
+            group = f["trajectories"]
+            missing = [k for k in wanted if k not in group]
+            if missing:
+                raise RunFileError(f"{f.filename}: trajectories/ is missing {', '.join(missing)}")
             return {k: group[k][()] for k in wanted}
-        except (OSError, KeyError) as exc:
-            raise _Transient(f"{f.filename}: trajectories/ cannot be read ({str(exc).splitlines()[0]})") from None
+        except _H5_ERRORS as exc:
+            raise _damaged(f, exc, "trajectories") from None
+
+
+def _check_plain(path: Path) -> None:
+    """Read the metadata of a file no writer holds (plainly: damage fails at once), naming what is damaged."""
+    try:
+        f = h5py.File(path, "r", locking=False)
+    except OSError as exc:
+        if "already open for write" in str(exc):
+            raise _Transient(RunFileError(f"{path}: a writer opened it while it was being read")) from None
+        raise RecordDamagedError(path, None, _first_line(exc)) from None
+    with f:
+        try:
+            probe.walk(f)
+        except _H5_ERRORS as exc:
+            raise _damaged(f, exc, None, "dataset") from None

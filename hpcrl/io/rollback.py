@@ -23,7 +23,7 @@ import h5py
 
 from hpcrl.io.errors import RunFileError
 from hpcrl.io.h5format import APPEND_LIBVER
-from hpcrl.io.readers import read_row_counts, read_trajectory_steps
+from hpcrl.io.readers import _read_trajectory_steps, _retry, read_row_counts
 from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.run_file import RunFile
 from hpcrl.io.schema import RUN_FILE, TABLES, TRAJ_DIR, traj_filename
@@ -50,13 +50,14 @@ def record_counts(run_dir: str | Path, run_file: RunFile | None = None) -> dict[
     The parameter rank passes its open ``run_file`` (HDF5 cannot open a file a second time in the
     process that writes it); it is flushed first, so every row appended so far counts. The
     trajectory files belong to the actor processes and are read as an SWMR reader (their
-    buffered steps are not counted).
+    buffered steps are not counted); mid-job without the bounded check of :mod:`hpcrl.io.probe`
+    (no child process per file at every checkpoint of the parameter rank).
     """
     run_dir = Path(run_dir)
     if run_file is not None:
         run_file.flush()
     tables = run_file.row_counts() if run_file is not None else read_row_counts(run_dir / RUN_FILE)
-    steps = {a: read_trajectory_steps(p) for a, p in trajectory_files(run_dir).items()}
+    steps = {a: _retry(_read_trajectory_steps, p, run_file is None) for a, p in trajectory_files(run_dir).items()}
     return {"tables": dict(tables), "traj_steps": steps}
 
 

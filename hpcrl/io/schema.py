@@ -478,6 +478,23 @@ def render_markdown() -> str:
         "cutting rows past the committed counts; `hpcrl.io.truncate_record` cuts the record back to the row "
         "counts a checkpoint stored.",
         "",
+        "## A damaged file",
+        "",
+        "The metadata of these files (superblock, object headers, B-trees, heaps, chunk indexes) carries "
+        "checksums. A plain reader that meets one that does not match fails at once; an SWMR reader takes it "
+        "for a block the writer is still writing and reads it again, sleeping 1, 2, 4 ... ns between up to 100 "
+        "attempts (past 600 s by the 40th), so a damaged block (bad disk, torn write, a stray byte) hangs it "
+        "inside HDF5, where no Python timeout reaches. hpcrl's readers "
+        "(`hpcrl.io.read_table`, `read_attrs`, `read_trajectory`, `read_trajectories`, `open_run_file`, "
+        "`follow`, and `hpcrl analyze`) therefore open a file plainly when its superblock's write flags are "
+        "clear (no writer holds it), and before reading a held file (a running job, or one killed with the file "
+        "open) as an SWMR reader they read its metadata in a child process that is killed after "
+        "`HPCRL_READ_TIMEOUT` seconds (default 30; once per state of the file, about 0.3 s). Damage is one "
+        "line, `RecordDamagedError` (a `RunFileError`; `hpcrl analyze` exits 2), naming the file and the "
+        "table, e.g. `.../run.h5: table 'episodes' is damaged (Unable to synchronously open object (incorrect "
+        "metadata checksum after all read attempts))`; the other tables still read. Reading never writes to "
+        "a file. Your own h5py scripts: open a file no writer holds without `swmr=True`.",
+        "",
     ]
     return "\n".join(out)
 

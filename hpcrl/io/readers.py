@@ -295,7 +295,7 @@ def read_trajectories(run_h5: str | Path, fields: Sequence[str] | None = None) -
 
 def _read_trajectories(run_h5, wanted):
     with _open(run_h5, "run", ["trajectories"], view=True) as f:
-        if not f.swmr_mode:  # HDF5 pads an actor file it cannot read, silently: look at each one first
+        if not f.swmr_mode:  # the view's own error names no actor file: look at each one first
             for actor in _actor_files(Path(f.filename)):
                 _check_plain(actor)
         try:

@@ -243,6 +243,9 @@ def test_kill_9_of_the_parameter_rank_then_resume_keeps_every_key_once(tmp_path)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1, out[-3000:]
+    # the launcher names the rank that died (hydra's banner shows only a PID) and nothing prints a traceback
+    assert "failed (exit code 9): rank 0 (parameter on " in out and "(SIGKILL)" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
     ckpt = load_checkpoint(run_dir)
     res = hpcrl_run("--resume", str(run_dir), "-o", f"stop.total_env_steps={ckpt['env_steps'] + 400}", timeout=150)
     assert res.returncode == 0, res.stdout[-3000:]

@@ -29,6 +29,7 @@ import numpy as np
 import yaml
 
 from hpcrl.runtime.record.checkpoint import has_checkpoint
+from hpcrl.runtime.runners.mpiexec import local_rank_pids
 
 FAULTS = ("kill_job", "kill_rank", "sigterm", "sigusr1", "stop_actor")
 
@@ -41,21 +42,6 @@ def config(run_dir: Path, runner: str, actors: int) -> dict:
                                                       "checkpoint_every": 25},
             "launch": {"runner": runner, "watchdog_warn_seconds": 2, "watchdog_seconds": 5, "startup_seconds": 45,
                        "ranks_per_core": 64}}
-
-
-def rank_pids(run_dir: Path) -> dict[int, int]:
-    """MPI rank -> PID for the ranks of the job writing ``run_dir`` (Hydra sets PMI_RANK)."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            cmd = (entry / "cmdline").read_bytes()
-            if b"hpcrl.runtime.runners.mpi" not in cmd or str(run_dir).encode() not in cmd:
-                continue
-            env = dict(kv.split(b"=", 1) for kv in (entry / "environ").read_bytes().split(b"\0") if b"=" in kv)
-            out[int(env[b"PMI_RANK"])] = int(entry.name)
-        except (OSError, ValueError, KeyError):
-            continue
-    return out
 
 
 def check_record(run_dir: Path) -> list[str]:
@@ -101,13 +87,13 @@ def check_record(run_dir: Path) -> list[str]:
 def inject(fault: str, proc: subprocess.Popen, run_dir: Path, runner: str, rng: random.Random) -> str:
     if fault == "kill_job":
         os.killpg(proc.pid, signal.SIGKILL)
-        for pid in rank_pids(run_dir).values():  # Hydra gives each rank a session of its own
+        for pid in local_rank_pids(run_dir).values():  # Hydra gives each rank a session of its own
             os.kill(pid, signal.SIGKILL)
         return "SIGKILL of the job"
     if fault in ("sigterm", "sigusr1"):
         proc.send_signal(signal.SIGTERM if fault == "sigterm" else signal.SIGUSR1)
         return fault.upper()
-    ranks = rank_pids(run_dir)
+    ranks = local_rank_pids(run_dir)
     if runner == "serial" or not ranks:
         os.killpg(proc.pid, signal.SIGKILL)
         return "SIGKILL of the job" + (" (serial: one process)" if runner == "serial" else " (ranks not started)")
@@ -121,7 +107,7 @@ def inject(fault: str, proc: subprocess.Popen, run_dir: Path, runner: str, rng: 
 
 
 def cleanup(run_dir: Path) -> None:
-    for pid in rank_pids(run_dir).values():
+    for pid in local_rank_pids(run_dir).values():
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

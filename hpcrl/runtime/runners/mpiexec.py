@@ -26,6 +26,11 @@ GRACE_SECONDS = 60.0
 
 FAILED_LINE = re.compile(r"^\[rank \d+\] hpcrl: (rank \d+.*? failed: .*); aborting the job$")
 """runtime.runners.mpi._abort's first line: which rank, role and host failed, and the error."""
+BANNER_PID = re.compile(r"^=\s+PID (\d+) RUNNING AT (\S+)")
+BANNER_CODE = re.compile(r"^=\s+(?:EXIT CODE|KILLED BY SIGNAL): (\d+)")
+"""MPICH hydra's report of the first process it saw end badly (with prestart: a rank's stand-in)."""
+KILLED_LINE = re.compile(r"^hpcrl: rank (\d+) \(pid \d+ on (\S+)\) was killed by (signal \d+ \(\w+\))$")
+"""A prestart stand-in's line when its rank died of a signal (runners.prestart.killed_line)."""
 
 
 def run(plan, run_dir: Path, resume: bool = False, progress: str = "plain",
@@ -36,11 +41,21 @@ def run(plan, run_dir: Path, resume: bool = False, progress: str = "plain",
     mpiexec = launch.find_mpiexec(cfg.launch)
     cmd = launch.local_command(cfg.launch, cfg.num_ranks, run_dir, mpiexec=mpiexec,
                                flavour=launch.mpi_flavour(mpiexec), resume=resume, progress="pipe")
-    return supervise(cmd, cfg, Path(run_dir), environ, tty=progress == "tty")
+    return supervise(cmd, cfg, Path(run_dir), environ, tty=progress == "tty", roles=_role_names(cfg))
+
+
+def _role_names(cfg) -> list[str]:
+    """Each world rank's role as the launcher's lines name it (``actor 1``, ``learner group 0``, ``parameter``)."""
+    from hpcrl.runtime.topology import plan_roles
+
+    roles = plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
+    first_actor = 1 + cfg.learners.groups * cfg.learners.ranks_per_group
+    return [f"actor {rank - first_actor}" if r.role == "actor" else f"learner group {r.group}" if r.role == "learner"
+            else r.role for rank, r in enumerate(roles)]
 
 
 def supervise(cmd: list[str], cfg, run_dir: Path, extra_env: Mapping[str, str] | None = None,
-              tty: bool | None = None) -> RunResult:
+              tty: bool | None = None, roles: list[str] | None = None) -> RunResult:
     """Run mpiexec, render its progress, forward stop signals, enforce the timeout."""
     from hpcrl.runtime.record.progress import ProgressView, parse_line
 
@@ -65,7 +80,7 @@ def supervise(cmd: list[str], cfg, run_dir: Path, extra_env: Mapping[str, str] |
 
     old = {s: signal.signal(s, graceful) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     summary: dict = {}
-    reader = threading.Thread(target=_pump, args=(proc, view, summary, parse_line), daemon=True)
+    reader = threading.Thread(target=_pump, args=(proc, view, summary, parse_line, roles or [], run_dir), daemon=True)
     reader.start()
     start = time.monotonic()
     try:
@@ -108,20 +123,57 @@ def supervise(cmd: list[str], cfg, run_dir: Path, extra_env: Mapping[str, str] |
     return result
 
 
-def _pump(proc: subprocess.Popen, view, summary: dict, parse_line) -> None:
+def _pump(proc: subprocess.Popen, view, summary: dict, parse_line, roles: list[str], run_dir: Path) -> None:
+    def name(rank: int, host: str) -> str:
+        return f"rank {rank} ({roles[rank] + ' on ' if rank < len(roles) else ''}{host})"
+
     for line in proc.stdout:
         line = line.rstrip("\n")
         rec = parse_line(line)
         if rec is None:
-            failed = FAILED_LINE.match(line)
+            failed, killed = FAILED_LINE.match(line), KILLED_LINE.match(line)
+            banner, code = BANNER_PID.match(line), BANNER_CODE.match(line)
             if failed and "failed" not in summary:  # the rank that failed first, not the ones aborted after it
                 summary["failed"] = failed[1]
+            elif killed and "failed" not in summary:
+                summary["failed"] = f"{name(int(killed[1]), killed[2])} was killed by {killed[3]}"
+            elif banner and "failed" not in summary and int(banner[1]) in summary.get("pids", {}):
+                summary["banner"] = name(summary["pids"][int(banner[1])], banner[2])
+            elif code and "banner" in summary and "failed" not in summary:
+                summary["failed"] = f"{summary['banner']} ended first, mpiexec reports {_code_name(int(code[1]))}"
             view.echo(line)
-        elif rec.get("kind") == "progress":
+            continue
+        if rec.get("kind") == "progress":
+            if "pids" not in summary:  # the ranks run: which local process is which rank, to name one that dies
+                summary["pids"] = {pid: rank for rank, pid in local_rank_pids(run_dir).items()}
             summary["progress"] = rec  # the ranks are running
             view.update(rec)
         elif rec.get("kind") == "summary":
             summary["summary"] = {k: v for k, v in rec.items() if k != "kind"}
+
+
+def local_rank_pids(run_dir: Path) -> dict[int, int]:
+    """MPI rank -> PID of this machine's processes of the job writing ``run_dir`` (their command line names it;
+    Hydra sets PMI_RANK; with prestart these are the ranks' stand-ins, the processes mpiexec started)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            if b"hpcrl.runtime.runners.mpi" not in cmd or str(run_dir).encode() not in cmd:
+                continue
+            env = dict(kv.split(b"=", 1) for kv in (entry / "environ").read_bytes().split(b"\0") if b"=" in kv)
+            out[int(env[b"PMI_RANK"])] = int(entry.name)
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def _code_name(code: int) -> str:
+    """Hydra's exit code of a process, with the signal it means where it is one (9: SIGKILL)."""
+    try:
+        return f"exit code {code} ({signal.Signals(code).name})"
+    except ValueError:
+        return f"exit code {code}"
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:

@@ -127,11 +127,30 @@ def hand_over(argv: list[str], environ: dict[str, str] | None = None) -> int | N
         sock.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if status < 0:  # the child died of a signal: so does its stand-in
-        signal.signal(-status, signal.SIG_DFL)
+    if status < 0:  # the child died of a signal: say which rank, then the stand-in dies of it too
+        sys.stderr.write(killed_line(environ, child[0], -status) + "\n")
+        sys.stderr.flush()
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be given a handler (nor need one)
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
         return 128 - status
     return status
+
+
+def killed_line(environ: dict[str, str], pid: int, signum: int) -> str:
+    """``hpcrl: rank R (pid P on HOST) was killed by signal N (NAME)``: what the launcher names a dead rank by
+    (hydra's banner shows the stand-in's PID, not the rank's)."""
+    import platform
+
+    from hpcrl.launch import job_rank
+
+    rank = job_rank(environ)
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = "?"
+    return (f"hpcrl: rank {rank[0] if rank else '?'} (pid {pid} on {platform.node()}) was killed by signal "
+            f"{signum} ({name})")
 
 
 def _open_fds(exclude: int) -> list[int]:

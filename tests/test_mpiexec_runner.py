@@ -1,0 +1,50 @@
+"""The mpi runner's launcher side names the rank that died, from the lines mpiexec and the ranks print."""
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from hpcrl.runtime.runners.mpiexec import _pump
+from hpcrl.runtime.runners.prestart import killed_line
+
+ROLES = ["parameter", "learner group 0", "actor 0", "actor 1"]
+BANNER = ["=" * 83, "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES", "=   PID 4242 RUNNING AT node2",
+          "=   EXIT CODE: 9", "=   CLEANING UP REMAINING PROCESSES"]
+
+
+class _Proc:
+    def __init__(self, lines):
+        self.stdout = [line + "\n" for line in lines]
+
+
+class _View:
+    def echo(self, line):
+        pass
+
+    def update(self, rec):
+        pass
+
+
+def pumped(lines, pids=None) -> dict:
+    summary = {} if pids is None else {"pids": pids}
+    _pump(_Proc(lines), _View(), summary, lambda line: None, ROLES, Path("/nonexistent"))
+    return summary
+
+
+def test_a_rank_killed_under_prestart_is_named_by_its_stand_ins_line():
+    line = killed_line({"PMI_RANK": "3", "PMI_SIZE": "4"}, 1234, signal.SIGKILL)
+    assert line.startswith("hpcrl: rank 3 (pid 1234 on ") and line.endswith("was killed by signal 9 (SIGKILL)")
+    host = line.split(" on ")[1].split(")")[0]
+    summary = pumped([line, *BANNER], pids={4242: 0})  # the stand-in's line wins over hydra's banner
+    assert summary["failed"] == f"rank 3 (actor 1 on {host}) was killed by signal 9 (SIGKILL)"
+
+
+def test_hydras_banner_pid_is_mapped_to_its_rank():
+    assert pumped(BANNER, pids={4241: 1, 4242: 2})["failed"] == \
+        "rank 2 (actor 0 on node2) ended first, mpiexec reports exit code 9 (SIGKILL)"
+    assert "failed" not in pumped(BANNER, pids={1: 0})  # a PID of no rank of this job: nothing to name
+
+
+def test_a_rank_that_raised_is_named_by_its_abort_line_first():
+    abort = "[rank 1] hpcrl: rank 1 (learner on node1) failed: ValueError: x; aborting the job"
+    assert pumped([abort, *BANNER], pids={4242: 2})["failed"] == "rank 1 (learner on node1) failed: ValueError: x"

@@ -298,3 +298,32 @@ def test_actor_ranks_yield_the_cores_to_the_gradient_path(tmp_path):
     assert len(nice) == 4, f"ranks seen: {nice}"
     assert {nice[r] - nice[0] for r in range(4) if roles[r] == 2} == {7}
     assert {nice[r] - nice[0] for r in range(4) if roles[r] != 2} == {0}
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_with_a_checkpoint_and_says_sigint_and_a_second_one_says_how_to_go_on(tmp_path):
+    """One Ctrl-C: the ranks checkpoint and the summary says SIGINT (they are sent SIGTERM); two: the job is
+    killed at once and the last line still says how to resume (it said 'the MPI job failed (exit code -9)')."""
+    for presses in (1, 2):
+        (tmp_path / str(presses)).mkdir()
+        path, run_dir = write_config(tmp_path / str(presses), stop={"total_env_steps": 10_000_000},
+                                     io={"checkpoint_every": 50})
+        proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(path)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and not (run_dir / "checkpoints" / "latest.pt").is_file():
+                time.sleep(0.3)
+            for _ in range(presses):
+                proc.send_signal(signal.SIGINT)
+                time.sleep(0.3)
+            out, _ = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 3, out[-3000:]  # EXIT_STOPPED
+        last = out.strip().splitlines()[-1]
+        if presses == 1:
+            assert "stopped because                signal SIGINT" in out and "stopped by SIGINT with a checkpoint" in last
+        else:
+            assert "ended by a second Ctrl-C" in last and f"hpcrl run --resume {run_dir}" in last, last

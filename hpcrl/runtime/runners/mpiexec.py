@@ -19,7 +19,7 @@ from typing import Mapping
 
 from hpcrl import launch
 from hpcrl.runtime.runners import RunResult
-from hpcrl.runtime.signals import EXIT_FAILED, EXIT_TIMEOUT, early_signal
+from hpcrl.runtime.signals import EXIT_FAILED, EXIT_STOPPED, EXIT_TIMEOUT, early_signal
 
 GRACE_SECONDS = 60.0
 """After a graceful stop request, how long the job may take to checkpoint before it is killed."""
@@ -65,16 +65,16 @@ def supervise(cmd: list[str], cfg, run_dir: Path, extra_env: Mapping[str, str] |
     # a stop signal is passed on once the ranks run (their first progress line): before that it would
     # kill ranks still starting; one that came before mpiexec was started waits the same way
     state = {"stop_requested_at": None, "killed": False, "timed_out": False, "stuck_starting": False,
-             "pending": early_signal()}
+             "pending": early_signal(), "asked": None, "second_interrupt": False}
     if state["pending"] is not None:
         state["stop_requested_at"] = time.monotonic()
 
     def graceful(signum, _frame):
         if state["stop_requested_at"] is not None and signum == signal.SIGINT:
             _kill(proc)  # second Ctrl-C: no more waiting
-            state["killed"] = True
+            state["killed"] = state["second_interrupt"] = True
             return
-        state["stop_requested_at"] = time.monotonic()
+        state["stop_requested_at"], state["asked"] = time.monotonic(), signum
         # mpiexec (Hydra) forwards SIGTERM/SIGUSR1 to every rank; the parameter rank checkpoints
         state["pending"] = signal.SIGUSR1 if signum == signal.SIGUSR1 else signal.SIGTERM
 
@@ -106,8 +106,17 @@ def supervise(cmd: list[str], cfg, run_dir: Path, extra_env: Mapping[str, str] |
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    view.finish(summary.get("summary"))
     rc, ended = proc.returncode, summary.get("summary") or {}
+    if state["asked"] == signal.SIGINT and ended.get("stop_reason") == "signal SIGTERM":
+        ended = {**ended, "stop_reason": "signal SIGINT"}  # the ranks got Ctrl-C as SIGTERM (see graceful)
+    view.finish(ended or None)
+    if state["second_interrupt"]:
+        from hpcrl.runtime.record.checkpoint import checkpoint_path, has_checkpoint
+
+        after = (f"`hpcrl run --resume {run_dir}` goes on from its last checkpoint ({checkpoint_path(run_dir)})"
+                 if has_checkpoint(run_dir) else f"it has no checkpoint yet: run directory {run_dir}")
+        return RunResult.failed("mpi", run_dir, f"ended by a second Ctrl-C without waiting for a checkpoint; {after}",
+                                EXIT_STOPPED, summary=ended)
     if state["stuck_starting"]:
         return RunResult.failed("mpi", run_dir, f"the ranks reported no progress within launch.startup_seconds="
                                 f"{cfg.launch.startup_seconds:g} of the start (a rank stuck starting); ended the job: "

@@ -24,7 +24,7 @@ from hpcrl.runtime.transport.local import LocalGroup, RunAborted
 def _learner_groups(tmp_path, ranks_per_group: int, overrides: list[str]) -> list[LearnerGroup]:
     cfg = load_config(None, ["launch.runner=serial", "actors.count=1", f"learners.ranks_per_group={ranks_per_group}",
                              f"io.run_dir={tmp_path}", *overrides])
-    jobs = build_jobs(cfg, tmp_path, resume=False, progress="plain", abort=threading.Event())
+    jobs = build_jobs(make_plan(cfg), tmp_path, resume=False, progress="plain", abort=threading.Event())
     weights = jobs[0].model.flat.params.detach().cpu().numpy()
     jobs[0].board.publish(0, weights)  # what the parameter role publishes first
     learners = [job for job in jobs if job.topo.role == "learner"]

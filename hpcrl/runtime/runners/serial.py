@@ -26,7 +26,7 @@ from hpcrl.runtime.transport import control
 from hpcrl.runtime.runners.job import Job, fragment_layout_for, role_parts, roll_back_record
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalGroup, LocalMailbox,
                                            LocalReports, RunAborted)
-from hpcrl.runtime.plan import Plan, make_plan
+from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.runners import RunResult
 from hpcrl.runtime.roles.sampler import describe_env
 from hpcrl.runtime.topology import Topology, plan_roles
@@ -54,11 +54,12 @@ def topologies(cfg: RunConfig) -> list[Topology]:
             for r, x in enumerate(roles)]
 
 
-def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:
+def build_jobs(plan: Plan, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:
     """A Job per role, sharing one set of in-memory counters, mailbox, board, reports and fragment queues; a
     learner rank's Job holds its rank of its group's LocalGroup."""
     from hpcrl.runtime.record.progress import ProgressEmitter
 
+    cfg = plan.config
     rolled_back = roll_back_record(run_dir) if resume else None  # before any role opens a file
     env = describe_env(cfg.env)
     G, A = cfg.learners.groups, cfg.actors.count
@@ -79,7 +80,7 @@ def build_jobs(cfg: RunConfig, run_dir: Path, resume: bool, progress: str, abort
     reports = LocalReports()
     fragments = LocalFragments(fragment_layout_for(cfg, env, model0), G, A, cfg.actors.max_in_flight, abort)
     groups = [LocalGroup(cfg.learners.ranks_per_group, abort) for _ in range(G)]
-    jobs, plan = [], make_plan(cfg)
+    jobs = []
     for topo, (algo, model, traj_layout), probe in zip(topos, parts, probes):
         jobs.append(Job(cfg=cfg, plan=plan, topo=topo, run_dir=run_dir, resume=resume, runner="serial", algo=algo,
                         model=model, env=env, traj_layout=traj_layout, counters=counters, mailbox=mailbox,
@@ -100,7 +101,7 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain"
     torch.set_num_threads(1)
     abort = threading.Event()
     run_dir = Path(run_dir)
-    jobs = build_jobs(plan.config, run_dir, resume, progress, abort)
+    jobs = build_jobs(plan, run_dir, resume, progress, abort)
     roles = [make_role(job) for job in jobs]
     failures: list[tuple[Job, BaseException, str]] = []
 

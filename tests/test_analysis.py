@@ -287,3 +287,17 @@ def test_complete_only_when_no_table_holds_unwritten_rows(runs, tmp_path):
         status = M.summary(run, prices)["status"]
         assert status != "complete tables" and "table 'episodes'" in status, status
         assert run.rows("episodes") == episodes and np.isfinite(run.table("episodes")["time"]).all()
+
+
+def test_runs_of_different_runners_are_not_repeats_and_the_comparison_lands_beside_them(runs, tmp_path, monkeypatch):
+    cli = sys.modules[ha.analyze.__module__]
+    loaded = [ha.load_run(runs["s0"]), ha.load_run(runs["s1"])]
+    loaded[0].attrs["runner"], loaded[1].attrs["runner"] = "mpi", "serial"
+    cli._label_runners(loaded)
+    assert [r.label for r in loaded] == ["synth (stellaris) [mpi]", "synth (stellaris) [serial]"]
+    same = [ha.load_run(runs["s0"]), ha.load_run(runs["s1"])]
+    cli._label_runners(same)  # one runner (or none recorded): repeats, labels unchanged
+    assert [r.label for r in same] == ["synth (stellaris)"] * 2
+    monkeypatch.chdir(tmp_path)  # the comparison is written beside the runs, not into the current folder
+    out = ha.analyze([runs["s0"], runs["s1"]], figures=False)
+    assert out.out_dir == runs["s0"].parent / "analysis-compare" and not (tmp_path / "analysis-compare").exists()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +39,10 @@ def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, price
     if labels and len(labels) != len(run_dirs):
         raise AnalysisError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
     runs = [load_run(d, labels[i] if labels else None) for i, d in enumerate(run_dirs)]
+    if not labels:
+        _label_runners(runs)
     price_table = M.load_prices(prices)
-    out = Path(out_dir) if out_dir else (runs[0].path / "analysis" if len(runs) == 1 else Path("analysis-compare"))
+    out = Path(out_dir) if out_dir else (runs[0].path / "analysis" if len(runs) == 1 else _compare_dir(runs))
     out.mkdir(parents=True, exist_ok=True)
     figs = F.all_figures(runs, out, price_table) if figures else {}
     csvs, seen = [], set()
@@ -60,9 +63,26 @@ def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, price
     return Outputs(out, figs, csvs, md, page, runs, stellaris)
 
 
+def _runner(run: Run) -> str:
+    return f"{run.attrs.get('runner', '?')}{', fused' if run.attrs.get('fused') else ''}"
+
+
+def _label_runners(runs: list[Run]) -> None:
+    """Runs of one config on different runners are not repeats of one setting: their labels name the runner."""
+    if len({_runner(r) for r in runs}) > 1:
+        for r in runs:
+            r.label = f"{r.label} [{_runner(r)}]"
+
+
+def _compare_dir(runs: list[Run]) -> Path:
+    """Several runs: ``analysis-compare/`` in the folder that holds them all (not the current folder)."""
+    return Path(os.path.commonpath([str(r.path.resolve()) for r in runs])) / "analysis-compare"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (or run.h5 files); same label = repeats")
-    p.add_argument("--out", help="output folder (default: RUN_DIR/analysis for one run, ./analysis-compare for several)")
+    p.add_argument("--out", help="output folder (default: RUN_DIR/analysis for one run, analysis-compare/ in the "
+                                 "folder holding several)")
     p.add_argument("--prices", help="JSON price table overriding the defaults (see prices.json next to this script)")
     p.add_argument("--label", action="append", help="label per run directory, in order (default: config name and policy)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML report")

@@ -126,6 +126,8 @@ class AggregationConfig(Section):
     arrival, scaled by Eq. 4 (policy pure_async is the same without the scaling)."""
     v: float = Field(3.0, gt=0)
     """Learning-rate staleness exponent (Stellaris Eq. 4): alpha = alpha_0 / delta**(1/v)."""
+    delta_max: Literal["first_round", "per_active_groups"] = "first_round"
+    """When delta_max (Eq. 3) is observed: first_round (the paper: round 0, kept for the run) or per_active_groups (again, for one unthresholded round, whenever the number of active learner groups changes; beta_k keeps decaying with the round)."""
     rho: float = Field(1.0, gt=0)
     """Importance-sampling truncation level (Stellaris Eq. 2)."""
     is_truncation: bool = True
@@ -282,7 +284,7 @@ class RunConfig(Section):
         from hpcrl.staleness import POLICY_FIELDS
 
         agg = self.aggregation
-        for name in ("d", "v", "ssp_s", "softsync_c"):
+        for name in ("d", "v", "delta_max", "ssp_s", "softsync_c"):
             if name not in POLICY_FIELDS[agg.policy] and getattr(agg, name) != AggregationConfig.model_fields[name].default:
                 users = [p for p, used in POLICY_FIELDS.items() if name in used]
                 raise ValueError(f"aggregation.{name}={getattr(agg, name)!r} does nothing under aggregation.policy="

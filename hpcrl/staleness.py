@@ -27,6 +27,11 @@ Staleness of a gradient = the version at which it is applied minus its base vers
   1, delta_max) (their rounds count from 1 at the observation round, so their d**(k-1)
   is our d**k); the queue is also applied once it holds as many gradients as there are
   active groups; every queued gradient is its own optimizer step, in order; scale 1.
+- ``aggregation.delta_max`` (both Stellaris policies): ``first_round``, the paper, keeps the delta_max of
+  round 0 for the whole run; ``per_active_groups`` observes again (one unthresholded round, as round 0)
+  whenever the number of active learner groups differs from the number delta_max was observed with,
+  so a run that starts with one active group and grows does not keep that group's small delta_max
+  (its threshold would make admission synchronous early). beta_k keeps decaying with the run's round k.
 - ``pure_async``: every gradient applied on arrival, its own step, scale 1.
 - ``sync``: one averaged step as soon as the queue holds a gradient from each of
   ``active_groups`` distinct groups (the oldest one per group; later ones wait for the
@@ -140,6 +145,10 @@ def lr_scale(staleness: int, v: float) -> float:
     return 1.0 if staleness <= 0 else staleness ** (-1.0 / v)
 
 
+DELTA_MAX_RULES = ("first_round", "per_active_groups")
+"""When the Stellaris policies observe delta_max (aggregation.delta_max; see the module docstring)."""
+
+
 class AdmissionPolicy:
     """Base class: holds the round counter; subclasses decide ``admit``."""
 
@@ -208,18 +217,38 @@ class Sync(AdmissionPolicy):
         return Admission([[(rec, 1.0) for rec in chosen]], staleness, None)
 
 
+class _Observation:
+    """When a Stellaris policy observes delta_max again (``per_active_groups``: the active count changed)."""
+
+    def __init__(self, rule: str) -> None:
+        if rule not in DELTA_MAX_RULES:
+            raise ValueError(f"delta_max must be one of {', '.join(DELTA_MAX_RULES)}, got {rule!r}")
+        self.rule, self.groups = rule, None  # groups: the active count of the current (or last) observation
+
+    def again(self, observing: bool, active_groups: int) -> bool:
+        """True when delta_max is to be dropped and observed again; notes the count an observation sees."""
+        if observing:
+            self.groups = active_groups
+            return False
+        if self.rule == "per_active_groups" and active_groups != self.groups:
+            self.groups = active_groups
+            return True
+        return False
+
+
 class Stellaris(AdmissionPolicy):
     """The paper's staleness-aware aggregation (Section V-C, Eqs. 3 and 4)."""
 
     name = "stellaris"
 
-    def __init__(self, d: float, v: float) -> None:
+    def __init__(self, d: float, v: float, delta_max: str = "first_round") -> None:
         super().__init__()
         if not 0.0 <= d <= 1.0:
             raise ValueError(f"d must be in [0, 1], got {d}")
         self.d, self.v = d, v
-        self.delta_max: int | None = None  # observed in round 0
+        self.delta_max: int | None = None  # observed in round 0 (and again on a new active count: per_active_groups)
         self._seen_max: int | None = None
+        self._observe = _Observation(delta_max)
 
     @property
     def observing(self) -> bool:
@@ -238,6 +267,8 @@ class Stellaris(AdmissionPolicy):
 
     def admit(self, queue, version, active_groups):
         self._check(version, active_groups)
+        if self._observe.again(self.observing, active_groups):
+            self.delta_max, self._seen_max = None, None
         scale = lambda s: lr_scale(s, self.v)  # noqa: E731
         if self.observing or self.d == 1.0:
             adm = _each_on_its_own(queue, version, scale, self.threshold)
@@ -262,12 +293,13 @@ class StellarisCode(AdmissionPolicy):
 
     name = "stellaris_code"
 
-    def __init__(self, d: float) -> None:
+    def __init__(self, d: float, delta_max: str = "first_round") -> None:
         super().__init__()
         self.d = d
         self.delta_max: int | None = None
         self._sum = 0
         self._count = 0
+        self._observe = _Observation(delta_max)
 
     @property
     def observing(self) -> bool:
@@ -287,6 +319,8 @@ class StellarisCode(AdmissionPolicy):
 
     def admit(self, queue, version, active_groups):
         self._check(version, active_groups)
+        if self._observe.again(self.observing, active_groups):
+            self.delta_max, self._sum, self._count = None, 0, 0
         if self.observing:
             adm = _each_on_its_own(queue, version, lambda s: 1.0, None)
             if adm is not None:
@@ -384,8 +418,8 @@ class SoftSync(AdmissionPolicy):
 
 
 POLICIES: dict[str, Callable[[Any], AdmissionPolicy]] = {
-    "stellaris": lambda cfg: Stellaris(d=cfg.d, v=cfg.v),
-    "stellaris_code": lambda cfg: StellarisCode(d=cfg.d),
+    "stellaris": lambda cfg: Stellaris(d=cfg.d, v=cfg.v, delta_max=cfg.delta_max),
+    "stellaris_code": lambda cfg: StellarisCode(d=cfg.d, delta_max=cfg.delta_max),
     "pure_async": lambda cfg: PureAsync(),
     "sync": lambda cfg: Sync(),
     "ssp": lambda cfg: SSP(s=cfg.ssp_s),
@@ -400,7 +434,7 @@ until the group's previous one is applied: sync admits nothing stale); held (a g
 holds one of its gradients back: SSP's bound on the clock gap)."""
 
 
-POLICY_FIELDS = {"stellaris": ("d", "v"), "stellaris_code": ("d",), "pure_async": (), "sync": (), "ssp": ("ssp_s",),
+POLICY_FIELDS = {"stellaris": ("d", "v", "delta_max"), "stellaris_code": ("d", "delta_max"), "pure_async": (), "sync": (), "ssp": ("ssp_s",),
                  "softsync": ("softsync_c",)}
 """The aggregation fields each policy reads (a value set for one it does not read is refused: it would do nothing)."""
 

@@ -305,3 +305,37 @@ def test_simulated_run_applies_every_gradient_once(name, d):
         assert version * 3 == len(applied)
     else:
         assert 0 < version <= len(applied)
+
+
+@pytest.mark.parametrize("cls", [Stellaris, StellarisCode])
+def test_delta_max_is_observed_again_when_the_active_groups_change_per_active_groups_only(cls):
+    """aggregation.delta_max: one active group observes a small delta_max in round 0; when three groups are active
+    in round 2, per_active_groups observes again for that round (each gradient on its own, no threshold) and
+    keeps the larger delta_max; first_round (the paper) keeps round 0's."""
+    def run(rule):
+        policy = cls(d=0.9, delta_max=rule) if cls is StellarisCode else cls(d=0.9, v=3.0, delta_max=rule)
+        version = observed(policy, [0, 1, 1])  # round 0, one group
+        first = policy.delta_max
+        policy.admit([rec(0, 10, version - 1)], version, active_groups=1)  # round 1, one group, thresholded
+        policy.end_round(1)
+        assert policy.threshold is not None
+        queue = [rec(0, 11, version - 8), rec(1, 0, version - 9), rec(2, 0, version - 7)]  # round 2, three groups
+        adm = policy.admit(queue, version + 1, active_groups=3)
+        policy.end_round(2)
+        return first, adm, policy
+    first, adm, kept = run("first_round")
+    assert kept.delta_max == first  # the paper: round 0's, whatever the parallelism later
+    first, adm, again = run("per_active_groups")
+    assert adm.threshold is None and len(adm.steps) == 3  # observing: each gradient its own step
+    assert again.delta_max > first and again.threshold is not None
+    with pytest.raises(ValueError, match="delta_max must be one of first_round, per_active_groups"):
+        Stellaris(d=0.9, v=3.0, delta_max="sometimes")
+
+
+def test_delta_max_is_refused_under_a_policy_that_does_not_observe_one():
+    from hpcrl.config import build_config
+
+    with pytest.raises(ConfigError, match="aggregation.delta_max='per_active_groups' does nothing under aggregation."
+                                          "policy=sync; it is read by stellaris, stellaris_code"):
+        build_config({"aggregation": {"policy": "sync", "delta_max": "per_active_groups"}})
+    assert make_policy(AggregationConfig(delta_max="per_active_groups"))._observe.rule == "per_active_groups"

@@ -23,7 +23,8 @@ WORKLOADS = ("hopper", "humanoid", "walker2d", "spaceinvaders", "qbert", "gravit
 ATARI = ("spaceinvaders", "qbert", "gravitar")
 HAVE_ALE = importlib.util.find_spec("ale_py") is not None and importlib.util.find_spec("cv2") is not None
 TINY = ["actors.count=1", "env.num_envs=1", "actors.fragment_length=8", "learners.groups=1", "learners.min_active=1",
-        "stop.total_env_steps=24", "algo.minibatch_size=8", "algo.num_sgd_iter=1"]
+        "stop.total_env_steps=24", "algo.minibatch_size=8", "algo.num_sgd_iter=1",
+        "eval.episodes=0"]  # an Atari episode under a random policy is thousands of steps
 TWO_GROUPS = ["learners.groups=2", "learners.min_active=2"]  # the IS window (Eq. 2): MuJoCo runs only (CNNs are slow)
 
 
@@ -46,6 +47,7 @@ def test_twelve_configs_with_table_ii_and_iii_settings():
         assert make_plan(ppo).round_steps == make_plan(impact).round_steps == batch
         for cfg in (ppo, impact):
             assert (cfg.aggregation.d, cfg.aggregation.v, cfg.aggregation.rho) == (0.96, 3.0, 1.0)
+            assert (cfg.eval.episodes, cfg.eval.every_rounds) == (10, 1)  # the artifact's per-round evaluation
             assert cfg.stop.total_env_steps == 50 * batch  # 50 rounds
             if w in ATARI:
                 assert cfg.model.torso == "cnn" and cfg.env.id.endswith("-v5")

@@ -170,6 +170,9 @@ class IOConfig(Section):
     """HDF5 dataset compression filter."""
     log_seconds: float = Field(10.0, gt=0)
     """Interval of progress lines when stdout is not a terminal."""
+    tensorboard: bool = True
+    """Live scalars: the parameter rank writes TensorBoard event files to RUN_DIR/tensorboard/ (one event per
+    round, x = env steps; `tensorboard --logdir RUN_DIR/tensorboard`); false: none."""
 
 
 class ContainerConfig(Section):

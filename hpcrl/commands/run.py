@@ -3,7 +3,8 @@
 Without ``--inside-mpi`` this process is the launcher: it resolves and validates the whole
 config and makes its :class:`~hpcrl.runtime.plan.Plan` (nothing is written when anything is
 wrong), creates the run directory with the resolved ``config.yaml``, prints one line saying
-which runner runs the job (``plan.runner_reason``) and calls that runner once
+which runner runs the job (``plan.runner_reason``), one saying where the live scalars go
+(``tensorboard --logdir RUN_DIR/tensorboard``, with ``io.tensorboard``) and calls that runner once
 (:mod:`hpcrl.runtime.runners`: ``run(plan, run_dir, resume, progress) -> RunResult``):
 
 - ``mpi`` (:mod:`~hpcrl.runtime.runners.mpiexec`): ``mpiexec`` with the right number of ranks,
@@ -30,6 +31,7 @@ from hpcrl.config import RunConfig, load_config
 from hpcrl.errors import ConfigError
 from hpcrl.io.run_lock import RunLock
 from hpcrl.runtime.plan import Plan, make_plan
+from hpcrl.runtime.record.scalars import TENSORBOARD_DIR
 from hpcrl.runtime.runners import RunResult, runner
 from hpcrl.runtime.runners.prestart import PrestartServer
 from hpcrl.runtime.runners.startup import process_start_unix, record_startup
@@ -213,6 +215,8 @@ def main(args: argparse.Namespace) -> int:
         if run_dir is None:
             run_dir = create_run_dir(cfg)
         print(f"hpcrl run: {plan.runner_reason}, run directory {run_dir}", flush=True)
+        if cfg.io.tensorboard:
+            print(f"hpcrl run: {live_scalars_line(run_dir)}", flush=True)
         with RunLock(run_dir):  # one run or resume of a directory at a time
             if args.resume and (args.overrides or args.ranks is not None or args.runner):
                 from hpcrl.runtime.record.checkpoint import load_checkpoint
@@ -228,6 +232,15 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if server is not None:  # after a job its children have ended; before one (a mistake) nothing waits
             server.stop(wait=10.0 if job_ran else 0.0)
+
+
+def live_scalars_line(run_dir: Path) -> str:
+    """Where the parameter rank writes the live scalars (hpcrl.runtime.record.scalars), or why it cannot."""
+    from importlib.util import find_spec
+
+    if find_spec("tensorboard") is None:
+        return "no live scalars: the tensorboard package is not installed (pip install tensorboard)"
+    return f"live scalars: tensorboard --logdir {run_dir / TENSORBOARD_DIR}"
 
 
 def progress_mode() -> str:

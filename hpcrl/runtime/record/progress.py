@@ -9,7 +9,12 @@ which reads the mpiexec's stdout through a pipe. So the parameter rank has three
 - ``tty``: a rich progress bar in the rank itself (an interactive ``srun --pty``).
 
 Each stats dict holds: env_steps, total_steps, episodes, mean_return, version, staleness,
-active_groups, groups, round, elapsed. The summary dict adds run_dir, stop_reason, files.
+active_groups, groups, round, elapsed, and the stop rule's target_return, max_wall_seconds and
+max_rounds (None where unset). The summary dict adds run_dir, stop_reason, files.
+
+Every line ends with what the stop rule heads to and when it gets there at the rate so far, e.g.
+``-> 475 return or 300,000 steps  ETA 04:48``: the step budget's (or wall limit's, or round
+limit's) ETA, whichever comes first; a target return has none.
 """
 from __future__ import annotations
 
@@ -35,6 +40,46 @@ def _num(x: Any, fmt: str) -> str:
     return "-" if x is None or (isinstance(x, float) and x != x) else format(x, fmt)
 
 
+def heading(s: dict[str, Any]) -> str:
+    """What the stop rule heads to: ``-> 475 return or 300,000 steps`` (and wall seconds, rounds where set)."""
+    goals = []
+    if s.get("target_return") is not None:
+        goals.append(f"{s['target_return']:g} return")
+    if s.get("total_steps"):
+        goals.append(f"{s['total_steps']:,} steps")
+    if s.get("max_wall_seconds") is not None:
+        goals.append(f"{s['max_wall_seconds']:g} s")
+    if s.get("max_rounds") is not None:
+        goals.append(f"{s['max_rounds']:,} rounds")
+    return "-> " + " or ".join(goals) if goals else ""
+
+
+def eta_seconds(s: dict[str, Any]) -> float | None:
+    """Seconds until the first limit (steps, wall seconds, rounds) is reached at the rate so far; None unknown."""
+    elapsed = s.get("elapsed") or 0.0
+    if elapsed <= 0:
+        return None
+    left = []
+    steps, total = s.get("env_steps", 0), s.get("total_steps")
+    if total and steps > 0:
+        left.append(max(total - steps, 0) * elapsed / steps)
+    if s.get("max_wall_seconds") is not None:
+        left.append(max(s["max_wall_seconds"] - elapsed, 0.0))
+    rounds = s.get("round", 0)
+    if s.get("max_rounds") is not None and rounds > 0:
+        left.append(max(s["max_rounds"] - rounds, 0) * elapsed / rounds)
+    return min(left) if left else None
+
+
+def format_eta(seconds: float | None) -> str:
+    """``ETA mm:ss`` (``h:mm:ss`` past an hour), ``ETA -`` when not known."""
+    if seconds is None or seconds != seconds:
+        return "ETA -"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"ETA {h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"ETA {rest // 60:02d}:{rest % 60:02d}"
+
+
 def format_line(s: dict[str, Any]) -> str:
     """One plain progress line."""
     total = s.get("total_steps") or 0
@@ -44,7 +89,8 @@ def format_line(s: dict[str, Any]) -> str:
         f"[{_num(s.get('elapsed'), '7.1f')} s] steps {s.get('env_steps', 0)}{pct} ({rate:.0f}/s)  "
         f"episodes {s.get('episodes', 0)}  return {_num(s.get('mean_return'), '.1f')}  "
         f"version {s.get('version', 0)}  staleness {_num(s.get('staleness'), '.2f')}  "
-        f"learners {s.get('active_groups', 0)}/{s.get('groups', 0)}  round {s.get('round', 0)}"
+        f"learners {s.get('active_groups', 0)}/{s.get('groups', 0)}  round {s.get('round', 0)}  "
+        f"{heading(s)}  {format_eta(eta_seconds(s))}"
     )
 
 
@@ -77,7 +123,8 @@ class ProgressView:
                 self._start_bar(int(s.get("total_steps") or 0))
             info = (f"ep {s.get('episodes', 0)}  ret {_num(s.get('mean_return'), '.1f')}  "
                     f"v{s.get('version', 0)}  stale {_num(s.get('staleness'), '.2f')}  "
-                    f"learners {s.get('active_groups', 0)}/{s.get('groups', 0)}")
+                    f"learners {s.get('active_groups', 0)}/{s.get('groups', 0)}  {heading(s)}  "
+                    f"{format_eta(eta_seconds(s))}")
             self._bar.update(self._task, completed=s.get("env_steps", 0), info=info)
             return
         now = time.monotonic()

@@ -18,6 +18,10 @@ happened and the record writes the rows; it knows no MPI, no admission rule and 
     load(clock)                        a parameter_load row (where rank 0's time went)
     stats(...), summary(...)           the progress line's numbers and the closing summary
 
+With ``io.tensorboard`` each round's numbers, the load numbers and each evaluation also go to the
+run's live scalars (:mod:`hpcrl.runtime.record.scalars`: TensorBoard events of merged rounds at most
+every half second, x = env steps), never one per gradient.
+
 Frequent rows (gradients, updates, actors, episodes) go through a :class:`RowBuffer`, appended a
 table at a time; rows from other ranks carry Unix times and are stored from the run's start.
 """
@@ -35,6 +39,7 @@ from hpcrl.io import RunFile
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS, GRADIENT_REASONS, RUN_FILE
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES
 from hpcrl.runtime.record.rows import RowBuffer
+from hpcrl.runtime.record.scalars import LiveScalars, open_scalars
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord
 
@@ -45,8 +50,9 @@ GROUP_REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
 
 class RunRecord:
     def __init__(self, run_file: RunFile, stop_rule: StopRule, episodes: int = 0, updates: int = 0,
-                 gradients: int = 0, admitted: int = 0) -> None:
+                 gradients: int = 0, admitted: int = 0, scalars: LiveScalars | None = None) -> None:
         self.file = run_file
+        self.scalars = scalars
         self.rows = RowBuffer(run_file)
         self.stop_rule = stop_rule
         self.episodes, self.updates, self.gradients, self.admitted = episodes, updates, gradients, admitted
@@ -63,22 +69,25 @@ class RunRecord:
         run_file = RunFile.create(Path(run_dir) / RUN_FILE, config_yaml, rank_map, io.compression,
                                   traj_layout=traj_layout, num_actors=num_actors, flush_seconds=io.flush_seconds,
                                   attrs=attrs)
-        return cls(run_file, stop_rule)
+        return cls(run_file, stop_rule, scalars=open_scalars(run_dir, io))
 
     @classmethod
     def reopen(cls, run_dir: Path, io, rank_map: Mapping[str, Sequence], stop_rule: StopRule, note: Mapping[str, Any],
-               counts: Mapping[str, int], traj_layout=None, num_actors: int | None = None) -> "RunRecord":
+               counts: Mapping[str, int], traj_layout=None, num_actors: int | None = None,
+               env_steps: int = 0) -> "RunRecord":
         """``run_dir/run.h5`` reopened to resume (``note``: what the resume cut back, kept as JSON in the file;
-        ``counts``: the checkpoint's episodes, updates, gradients and admitted)."""
+        ``counts``: the checkpoint's episodes, updates, gradients and admitted; ``env_steps``: its env steps,
+        where the live scalars go on)."""
         run_file = RunFile.open_append(Path(run_dir) / RUN_FILE, flush_seconds=io.flush_seconds, note=json.dumps(note),
                                        rank_map=rank_map, traj_layout=traj_layout, num_actors=num_actors)
-        return cls(run_file, stop_rule, **counts)
+        return cls(run_file, stop_rule, **counts, scalars=open_scalars(run_dir, io, resume_step=env_steps))
 
     @staticmethod
     def _new_round() -> dict[str, Any]:
-        return {"env_steps": 0, "episodes": 0, "updates": 0, "staleness": [], "loss": [], "kl": [], "returns": [],
-                "learner_seconds": 0.0, "actor_seconds": 0.0, "actors": set(), "active_max": 0,
-                "episode_rows": [], "reports": []}
+        return {"env_steps": 0, "episodes": 0, "updates": 0, "staleness": [], "loss": [], "grad_stats": [],
+                "returns": [], "lengths": [], "learner_seconds": 0.0, "actor_seconds": 0.0, "actors": set(),
+                "active_max": 0, "episode_rows": [], "reports": [], "admitted": 0, "dropped": 0,
+                "algo_stats": {}, "cycles": {}, "cycle_count": 0}
 
     def now(self) -> float:
         return self.file.now()
@@ -100,6 +109,7 @@ class RunRecord:
                  staleness: int | None = None, scale: float = math.nan, now: float | None = None) -> None:
         now = self.file.now() if now is None else now
         self.admitted += int(admitted)
+        self.current["admitted" if admitted else "dropped"] += 1
         self.rows.add("gradients", {
             "time": rec.received_at, "group": rec.group, "seq": rec.seq, "base_version": rec.base_version,
             "staleness": version - rec.base_version if staleness is None else staleness,
@@ -122,7 +132,7 @@ class RunRecord:
         self.staleness_recent.extend(stale)
         r["staleness"].extend(stale)
         r["loss"].extend(losses)
-        r["kl"].extend(rec.stats.get("kl", math.nan) for rec, _ in step)
+        r["grad_stats"].extend(rec.stats for rec, _ in step)  # the round's kl, the live scalars' train/ means
         r["updates"] += 1
         # most steps hold one gradient: plain floats then (numpy's reductions cost 5 us each, per update)
         loss_mean, loss_min, loss_max = ((losses[0],) * 3 if len(losses) == 1
@@ -149,6 +159,7 @@ class RunRecord:
             self.rows.add("episodes", ep)
             self.stop_rule.add_returns([ep["return"]])
             r["returns"].append(ep["return"])
+            r["lengths"].append(ep["length"])
             r["episode_rows"].append({k: ep[k] for k in ("actor", "env_index", "return")})
         self.episodes += len(episodes)
         r["episodes"] += len(episodes)
@@ -167,11 +178,18 @@ class RunRecord:
             self.file.append("learner_activity", self.times(row, ("time_start", "time_end")))
         if cycles and cycles["time"]:
             self.file.append("learner_cycles", self.times(cycles, ("time",)))
+            r = self.current
+            r["cycle_count"] += len(cycles["time"])
+            for name, values in cycles.items():
+                if name.endswith("_seconds"):
+                    r["cycles"][name] = r["cycles"].get(name, 0.0) + float(np.sum(values))
 
     def evaluation(self, msg: dict) -> None:
         head = {"time": msg["time"] - self.file.start_unix, "round": msg["round"], "policy_version": msg["policy_version"]}
         for ep in msg["episodes"]:
             self.file.append("eval_episodes", {**head, **ep})
+        if self.scalars is not None:
+            self.scalars.evaluation(msg["episodes"])
 
     def active(self, groups: int) -> None:
         """The active learner groups now (the round's rows keep the most it had)."""
@@ -204,6 +222,8 @@ class RunRecord:
                                      "round": round_index, "num_gradients": 1, "lr": lr, "loss_mean": loss})
         self.last_stats = {name: float(values[-1]) for name, values in stats.items()}
         r = self.current
+        for name, values in stats.items():
+            r["algo_stats"].setdefault(name, []).append(values)
         r["env_steps"] += n * steps
         r["updates"] += n
         r["loss"].extend(loss)
@@ -216,16 +236,19 @@ class RunRecord:
                 "env_steps": ((first * fragment_length + episodes["row"] + 1) * instances).astype(np.int64)})
         self.stop_rule.add_returns(returns)
         r["returns"].extend(returns)
+        r["lengths"].extend(episodes["length"])
         self.episodes += len(returns)
         r["episodes"] += len(returns)
 
     # ---- rounds, load, progress ------------------------------------------------------------
     def end_round(self, round_index: int, consumed: int, threshold: float | None = None,
-                  active: int | None = None) -> dict[str, Any]:
-        """The rounds row of the round that ended; returns what ``algo.end_round`` is given of it.
+                  active: int | None = None, queued: int = 0) -> dict[str, Any]:
+        """The rounds row of the round that ended (and its live scalars); returns what ``algo.end_round`` is
+        given of it.
 
         ``active``: the active learner groups; None for the fused loop, whose row leaves empty what only the
-        roles measure (threshold, staleness, learner and actor seconds, active actors and groups)."""
+        roles measure (threshold, staleness, learner and actor seconds, active actors and groups).
+        ``queued``: gradients waiting in the admission queue now."""
         r = self.current
         now = self.file.now()
         # the values as they were told (the roles' Python floats; the fused loop's float32 arrays: float32 means)
@@ -248,7 +271,9 @@ class RunRecord:
                 "learner_seconds": r["learner_seconds"], "actor_seconds": r["actor_seconds"],
                 "active_actors": len(r["actors"]), "active_groups": max(r["active_max"], active)})
         self.file.append("rounds", row)
-        kl = np.asarray(r["kl"], float)
+        if self.scalars is not None:
+            self.scalars.round(row, r, queued, self.stop_rule.mean_return())
+        kl = np.fromiter((g.get("kl", math.nan) for g in r["grad_stats"]), float, len(r["grad_stats"]))
         self.round_t0 = now
         self.current = self._new_round()
         return {"kl": agg(kl[np.isfinite(kl)], np.mean), "round": round_index, "episodes": r["episode_rows"],
@@ -267,12 +292,14 @@ class RunRecord:
         n = self.gradients - g0
         work = sec["receive"] + sec["admit"] + sec["apply"] + sec["publish"]
         self.rows.flush()
+        absorption, arrival = n / work if n and work > 0 else math.nan, n / elapsed if elapsed > 0 else math.nan
         self.file.append("parameter_load", {
             "time": self.file.now(), "interval_seconds": elapsed, "gradients": n, "applied": self.admitted - a0,
             "updates": self.updates - u0, **{f"{p}_seconds": sec[p] for p in PARAMETER_PHASES},
-            "absorption_rate": n / work if n and work > 0 else math.nan,
-            "arrival_rate": n / elapsed if elapsed > 0 else math.nan,
+            "absorption_rate": absorption, "arrival_rate": arrival,
         })
+        if self.scalars is not None:
+            self.scalars.load(absorption, arrival, work / elapsed if elapsed > 0 else math.nan)
 
     def stats(self, env_steps: int, total_steps: int, version: int, active: int, groups: int, round_index: int,
               elapsed: float) -> dict[str, Any]:
@@ -281,7 +308,9 @@ class RunRecord:
             "env_steps": env_steps, "total_steps": total_steps, "episodes": self.episodes,
             "mean_return": self.stop_rule.mean_return(), "version": version,
             "staleness": float(np.mean(self.staleness_recent)) if self.staleness_recent else math.nan,
-            "active_groups": active, "groups": groups, "round": round_index, "elapsed": elapsed, **self.last_stats,
+            "active_groups": active, "groups": groups, "round": round_index, "elapsed": elapsed,
+            "target_return": self.stop_rule.cfg.target_return, "max_wall_seconds": self.stop_rule.cfg.max_wall_seconds,
+            "max_rounds": self.stop_rule.cfg.max_rounds, **self.last_stats,
         }
 
     def summary(self, stats: Mapping[str, Any], stop_reason: str | None, run_dir: Path,
@@ -295,9 +324,12 @@ class RunRecord:
 
     # ---- the file ------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Every kept row into the file, and the file to disk (before a checkpoint counts the rows)."""
+        """Every kept row into the file, and the file to disk (before a checkpoint counts the rows); the live
+        scalars too (their writer thread also flushes them every io.flush_seconds)."""
         self.rows.flush()
         self.file.flush()
+        if self.scalars is not None:
+            self.scalars.flush()
 
     def maybe_flush(self) -> None:
         self.file.maybe_flush()
@@ -305,10 +337,12 @@ class RunRecord:
     def close(self) -> None:
         self.rows.flush()
         self.file.close()
+        if self.scalars is not None:
+            self.scalars.close()
 
     def close_on_error(self) -> None:
         """Flush what is buffered (called before MPI_Abort)."""
-        for step in (self.rows.flush, self.file.close):
+        for step in (self.rows.flush, self.file.close, *((self.scalars.close,) if self.scalars is not None else ())):
             try:
                 step()
             except Exception:

@@ -133,7 +133,8 @@ class ParameterRank:
         self._restore(state)
         return RunRecord.reopen(job.run_dir, io, job.topo.rank_map(), self.stop_rule,
                                 {"discarded": job.rolled_back, "version": self.version},
-                                {k: state[k] for k in ("episodes", "updates", "gradients", "admitted")}, **files)
+                                {k: state[k] for k in ("episodes", "updates", "gradients", "admitted")}, **files,
+                                env_steps=self.consumed)
 
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.runners.mpi)."""
@@ -311,7 +312,7 @@ class ParameterRank:
         self.board.publish(self.version, self.flat.numpy(), probe)
 
     def _end_round(self) -> None:
-        stats = self.record.end_round(self.round, self.consumed, self.policy.threshold, self.active)
+        stats = self.record.end_round(self.round, self.consumed, self.policy.threshold, self.active, len(self.queue))
         self.policy.end_round(self.round)
         # a changed setting (e.g. the KL coefficient) is in the flat buffer: it reaches the learners
         # with the next published version; what is returned (algos.base.ROUND_CHANGES) is acted on here

@@ -21,6 +21,7 @@ from hpcrl.algos.impact_config import IMPACTConfig
 from hpcrl.algos.ppo_config import PPOConfig
 from hpcrl.algos.registry import ALGO_CONFIGS
 from hpcrl.config_base import AlgoSection, Section
+from hpcrl.envs.registry import MODULE_NAME
 from hpcrl.errors import ConfigError
 from hpcrl.marl.config import IPPOConfig, IQLConfig, MAPPOConfig, VDNConfig
 
@@ -32,7 +33,9 @@ __all__ = ["RunConfig", "Section", "AlgoSection", "EnvConfig", "ModelConfig", "A
 
 class EnvConfig(Section):
     id: str = "CartPole-v1"
-    """Environment id: a Gymnasium id or one registered by hpcrl.envs."""
+    """Environment id: a Gymnasium id (a user's own after env.imports, or as module:Id) or one registered by hpcrl.envs."""
+    imports: list[str] = Field(default_factory=list)
+    """Modules imported before env.id is checked and on every rank before it makes its envs: the modules whose import registers a user's own Gymnasium ids (docs/own-env.md)."""
     num_envs: int = Field(8, ge=1)
     """Envs per actor rank (parallel env: copies, every agent an instance), or a batched algo's instances."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -47,6 +50,19 @@ class EnvConfig(Section):
     """Normalised observations and rewards are clipped to [-clip, clip]."""
     rescale_actions: bool = False
     """Box actions: the policy's sample clipped to [-1, 1] and mapped onto [low, high] (else clipped to it)."""
+
+    @field_validator("imports", mode="before")
+    @classmethod
+    def _one_module(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v  # env.imports=my_pkg.envs on the command line
+
+    @field_validator("imports")
+    @classmethod
+    def _module_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.match(MODULE_NAME, name):
+                raise ValueError(f"{name!r} is not a module name (a dotted name, e.g. my_pkg.envs)")
+        return v
 
 
 class ModelConfig(Section):

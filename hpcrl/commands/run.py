@@ -128,7 +128,7 @@ def validate(plan: Plan) -> None:
 
         check_config(cfg)
         return
-    check_env_id(cfg.env.id)
+    check_env_id(cfg.env.id, cfg.env.imports)  # env.imports first: they register a user's own ids
     from hpcrl.runtime.roles.env_backends import env_kind
 
     # actors step every kind (gym; batched on the CPU; parallel, agents = instances). Building one env

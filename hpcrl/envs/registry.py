@@ -2,7 +2,9 @@
 
 hpcrl's own environments are listed here by import path, so naming one never imports the
 others (the turbulence solver, OpenFOAM drivers and batched torch envs are heavy). Any
-Gymnasium id also works. Kinds:
+Gymnasium id also works, a user's own too: one that a module registers when imported, named by
+``env.imports`` (:func:`import_env_modules`) or in the id as Gymnasium's ``module:Id``
+(docs/own-env.md). Kinds:
 
 - ``gym``: a ``gymnasium.Env`` (actor ranks vectorise it themselves),
 - ``parallel``: a PettingZoo ``ParallelEnv`` (multi-agent),
@@ -10,13 +12,17 @@ Gymnasium id also works. Kinds:
 """
 from __future__ import annotations
 
+import difflib
 import importlib
+import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 from hpcrl.errors import ConfigError
 
 Kind = Literal["gym", "parallel", "batched"]
+MODULE_NAME = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
+"""A module's dotted name (what env.imports and the module of a ``module:Id`` id may hold)."""
 
 
 @dataclass(frozen=True)
@@ -49,17 +55,49 @@ def spec(env_id: str) -> EnvSpec | None:
     return _SPECS.get(env_id)
 
 
-def check_env_id(env_id: str) -> None:
-    """Raise ConfigError unless env_id names an hpcrl env or a registered Gymnasium env."""
+def import_env_modules(modules: Iterable[str], field: str = "env.imports") -> None:
+    """Import each module (its import registers the user's Gymnasium ids); ConfigError naming the first that fails.
+
+    Called before the id is checked (the launcher) and before a rank makes its env (``make_backend``): each
+    process imports for itself, as ranks forked by the prestart server do not share the launcher's imports."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            where = " (install it, or put its folder on PYTHONPATH)" if isinstance(exc, ModuleNotFoundError) else ""
+            raise ConfigError(f"{field}: cannot import {name!r}: {first}{where}") from None
+
+
+def check_env_id(env_id: str, imports: Iterable[str] = ()) -> None:
+    """Raise ConfigError unless env_id names an hpcrl env or a registered Gymnasium env, after importing ``imports``
+    (``env.imports``) and, for Gymnasium's ``module:Id``, the module."""
+    imports = list(imports)
+    import_env_modules(imports)
     if env_id in _SPECS:
         return
+    name = env_id
+    if ":" in env_id:  # Gymnasium's convention: import the module, then look the id up
+        module, _, name = env_id.partition(":")
+        if not re.match(MODULE_NAME, module) or not name:
+            raise ConfigError(f"env.id: {env_id!r} is not Gymnasium's 'module:Id' (e.g. my_pkg.envs:MyEnv-v0)")
+        import_env_modules([module], field=f"env.id {env_id!r}")
+        imports.append(module)
     import gymnasium
 
-    if env_id in gymnasium.registry:
+    if name in gymnasium.registry:
         return
-    close = [k for k in list(_SPECS) + list(gymnasium.registry) if env_id.split("-")[0].lower() in k.lower()][:5]
-    hint = f" (did you mean {', '.join(close)}?)" if close else f"; hpcrl envs: {', '.join(hpcrl_env_ids())}"
-    raise ConfigError(f"env.id: unknown environment {env_id!r}{hint}")
+    known = list(_SPECS) + list(gymnasium.registry)
+    close = [k for k in known if name.split("-")[0].lower() in k.lower()][:5] or difflib.get_close_matches(name, known)
+    listed = "" if imports else f"; hpcrl envs: {', '.join(hpcrl_env_ids())}"
+    hint = f" (did you mean {', '.join(close)}?)" if close else listed
+    if imports:
+        own = (f"; the module whose import calls gymnasium.register({name!r}, ...) belongs in env.imports "
+               f"(docs/own-env.md)")
+        raise ConfigError(f"env.id: unknown environment {name!r} after importing {', '.join(imports)}{hint}{own}")
+    own = ("; an id your own package registers needs its module in env.imports (e.g. env.imports: [my_pkg.envs]) "
+           "or env.id: my_pkg.envs:MyEnv-v0 (docs/own-env.md)")
+    raise ConfigError(f"env.id: unknown environment {env_id!r}{hint}{own}")
 
 
 def make(env_id: str, **kwargs: Any) -> Any:

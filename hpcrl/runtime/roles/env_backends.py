@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from gymnasium import spaces
 
-from hpcrl.envs import make, spec
+from hpcrl.envs import import_env_modules, make, spec
 from hpcrl.errors import ConfigError
 
 
@@ -54,7 +54,11 @@ def env_kind(env_id: str) -> str:
 
 
 def make_backend(env_cfg, count: int | None = None) -> "GymBackend | BatchedBackend | ParallelBackend":
-    """The backend of ``env_cfg.id``'s kind: ``count`` (default ``env_cfg.num_envs``) envs, instances or copies."""
+    """The backend of ``env_cfg.id``'s kind: ``count`` (default ``env_cfg.num_envs``) envs, instances or copies.
+
+    ``env_cfg.imports`` are imported first: this is where every rank (either runner, batch jobs, a rank the
+    prestart server forked) and ``hpcrl eval`` make envs, so a user's own Gymnasium id is registered there."""
+    import_env_modules(env_cfg.imports)
     env_id, kwargs, n = env_cfg.id, env_cfg.kwargs, env_cfg.num_envs if count is None else count
     kind = env_kind(env_id)
     if kind == "batched":

@@ -175,14 +175,21 @@ def test_single_process_config_mistakes_exit_2_and_write_nothing(tmp_path, capsy
     assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
 
 
-def test_resume_refuses_a_change_the_checkpoint_depends_on_and_writes_nothing(tmp_path, capsys):
+def checkpointed_run_dir(tmp_path, text: str, versions=(3,)):
+    """A run directory holding config.yaml ``text`` and a (stand-in) checkpoint per version."""
     from hpcrl.runtime.record.checkpoint import save_checkpoint
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    text = "name: r\nenv: {id: CartPole-v1, num_envs: 2}\nactors: {count: 1}\n"
     (run_dir / "config.yaml").write_text(text)
-    save_checkpoint(run_dir, {"version": 3})
+    for version in versions:
+        save_checkpoint(run_dir, {"version": version})
+    return run_dir
+
+
+def test_resume_refuses_a_change_the_checkpoint_depends_on_and_writes_nothing(tmp_path, capsys):
+    text = "name: r\nenv: {id: CartPole-v1, num_envs: 2}\nactors: {count: 1}\n"
+    run_dir = checkpointed_run_dir(tmp_path, text)
     rc, err = run_cli(["--resume", str(run_dir), "-o", "aggregation.d=0.5"], capsys)
     assert rc == 2 and "\n" not in err
     assert "aggregation.d would change from 0.96 to 0.5" in err and "stop.*" in err
@@ -192,14 +199,10 @@ def test_resume_refuses_a_change_the_checkpoint_depends_on_and_writes_nothing(tm
 
 
 def test_a_resume_with_no_intact_checkpoint_is_one_line_and_keeps_config_yaml(tmp_path, capsys):
-    from hpcrl.runtime.record.checkpoint import checkpoint_path, save_checkpoint
+    from hpcrl.runtime.record.checkpoint import checkpoint_path
 
-    run_dir = tmp_path / "r"
-    run_dir.mkdir()
     text = "name: r\nenv: {id: CartPole-v1, num_envs: 2}\nactors: {count: 1}\nlaunch: {runner: serial}\n"
-    (run_dir / "config.yaml").write_text(text)
-    save_checkpoint(run_dir, {"version": 3})
-    save_checkpoint(run_dir, {"version": 4})
+    run_dir = checkpointed_run_dir(tmp_path, text, versions=(3, 4))
     for path in checkpoint_path(run_dir).parent.glob("*.pt"):  # latest.pt and previous.pt both damaged
         path.write_bytes(path.read_bytes()[:20])
     rc, err = run_cli(["--resume", str(run_dir), "-o", "stop.total_env_steps=5000"], capsys)

@@ -107,3 +107,8 @@ def test_stellaris_csv_takes_eval_rewards_from_the_evaluations(tmp_path):
         got = [row.eval_reward_max, row.eval_reward_mean, row.eval_reward_min, row.eval_reward_std]
         np.testing.assert_allclose(got, last, rtol=1e-5, err_msg=f"round {row.round_id}")
     assert (info["eval_reward_mean"].iloc[:3] == 0).all() and info["eval_reward_mean"].iloc[3] > 0
+    # the timeline is the evaluation episodes (the artifact's is), each evaluation at the end of the rounds before it
+    timeline = pd.read_csv(out / "stellaris~CartPole-v1~ppo~timeline.csv")
+    np.testing.assert_allclose(timeline["Episodic reward"].iloc[1:], ev["return"].astype(np.float64), rtol=1e-6)
+    clock = timeline["Wall clock time (s)"].to_numpy()
+    assert clock[0] == 0 and (np.diff(clock) >= 0).all() and clock[1] > 0

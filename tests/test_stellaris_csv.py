@@ -81,3 +81,24 @@ def test_scheduler_names_and_collisions(run, tmp_path):
                        "--out", str(out)]) == 0
     assert (out / "stellaris~CartPole-v1~ppo~timeline.csv").is_file()  # the run's policy is stellaris
     assert hpcrl_main(["analyze", str(run), str(run), "--no-figures", "--stellaris-csv", "--out", str(out)]) == 2
+
+
+def test_artifact_names_lay_out_a_folder_that_the_artifacts_plot_reads(run, tmp_path, capsys):
+    """--artifact-names: the files the artifact's plot.py opens, SCHEDULER~ENV~ALGO~{timeline,info}.csv for schedulers
+    stellaris and rllib on its MuJoCo ids, read as it reads them (the timeline's two columns, cost's last value)."""
+    ha = load_analysis()
+    S = ha.stellaris_csv
+    runs = []
+    for policy, env in (("stellaris", "Hopper-v5"), ("sync", "Hopper-v5"), ("stellaris", "Walker2d-v4")):
+        r = ha.load_run(run)
+        r.attrs = {**r.attrs, "config_yaml": f"env:\n  id: {env}\naggregation:\n  policy: {policy}\nalgo:\n  name: ppo\n"}
+        runs.append(r)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    S.write_stellaris_csv(runs, logs, ha.metrics.load_prices(None), artifact_names=True)
+    assert "has no evaluation episodes" in capsys.readouterr().err  # this run's timeline is its training episodes
+    for scheduler in ("stellaris", "rllib"):  # plot.py's scheduler_names; its env_names are config.envs' keys
+        timeline = pd.read_csv(logs / f"{scheduler}~Hopper-v3~ppo~timeline.csv")
+        assert len(timeline["Wall clock time (s)"]) == len(timeline["Episodic reward"]) > 1
+        assert pd.read_csv(logs / f"{scheduler}~Hopper-v3~ppo~info.csv")["cost"].iloc[-1] > 0
+    assert (logs / "stellaris~Walker2d-v3~ppo~timeline.csv").is_file()

@@ -30,7 +30,7 @@ class Outputs:
 
 def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, prices: str | Path | None = None,
             labels: list[str] | None = None, html: bool = True, figures: bool = True,
-            stellaris_csv: bool = False, stellaris_scheduler: str = "stellaris") -> Outputs:
+            stellaris_csv: bool = False, stellaris_scheduler: str = "stellaris", artifact_names: bool = False) -> Outputs:
     """Analyse runs (same label = repeats of one setting: mean and spread); write everything into out_dir.
 
     figures=False writes only the CSV and the Markdown summary (no PNG, no HTML); stellaris_csv also
@@ -53,7 +53,8 @@ def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, price
         if MA.is_marl(r):  # policies, map changes and active roles per round (analysis/README.md)
             csvs.append(out / f"marl-rounds-{name}.csv")
             MA.write_csv(r, csvs[-1])
-    stellaris = S.write_stellaris_csv(runs, out, price_table, stellaris_scheduler) if stellaris_csv else []
+    stellaris = (S.write_stellaris_csv(runs, out, price_table, stellaris_scheduler, artifact_names)
+                 if stellaris_csv else [])
     md = out / "summary.md"
     md.write_text(R.markdown(runs, price_table))
     page = None
@@ -90,6 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stellaris-csv", action="store_true",
                    help="also write the Stellaris artifact's SCHEDULER~ENV~ALGO~info.csv and ~timeline.csv per run "
                         "(its evaluation/experiment/plot.py reads them)")
+    p.add_argument("--artifact-names", action="store_true",
+                   help="with --stellaris-csv: the artifact's file names (Hopper-v3, Humanoid-v3, Walker2d-v3; scheduler "
+                        "stellaris for the Stellaris policies, rllib for sync), so its plot.py runs unedited")
     p.add_argument("--stellaris-scheduler", default="stellaris", metavar="NAME",
                    help="SCHEDULER in those file names (default stellaris; 'policy': each run's aggregation.policy)")
 
@@ -117,7 +121,7 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         res = analyze(args.run_dirs, args.out, args.prices, args.label, html=not args.no_html,
                       figures=not args.no_figures, stellaris_csv=args.stellaris_csv,
-                      stellaris_scheduler=args.stellaris_scheduler)
+                      stellaris_scheduler=args.stellaris_scheduler, artifact_names=args.artifact_names)
     except AnalysisError as exc:
         print(f"analyze: error: {exc}", file=sys.stderr)
         return 2

@@ -18,11 +18,22 @@ greedy policy on its own env copies, table eval_episodes) of the evaluation that
 round, carried forward to the rounds between evaluations (0 before the first), as an RLlib
 evaluation interval leaves them; a run without evaluations gives its training episodes' returns
 of the round instead.
+
+The timeline holds the evaluation episodes when the run has them, as the artifact's does (its
+``env.py`` takes ``train_results['evaluation']['hist_stats']['episode_reward']``): each evaluation's
+returns at the cumulative duration of the rounds it followed. A run without evaluation episodes
+gives its training episodes, and :func:`write_stellaris_csv` says so in one line on stderr.
+
+``artifact_names``: file names as the artifact's ``plot.py`` iterates them, so it runs unedited on a
+folder of hpcrl runs: ENV with the artifact's MuJoCo ids (Hopper-v3, Humanoid-v3, Walker2d-v3 for
+any version of those envs) and SCHEDULER ``stellaris`` for the Stellaris policies and ``rllib`` for
+a sync run (the artifact's baseline is RLlib's synchronous PPO); other policies keep their names.
 """
 from __future__ import annotations
 
 import csv
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +46,10 @@ INFO_COLUMNS = ("round_id", "duration", "num_rollout_workers", "num_envs_per_wor
                 "eval_reward_std", "staleness_max", "staleness_mean", "staleness_min", "staleness_std",
                 "learner_loss", "cost", "serverless_bound")
 TIMELINE_COLUMNS = ("Wall clock time (s)", "Episodic reward")
+ARTIFACT_ENVS = {"Hopper": "Hopper-v3", "Humanoid": "Humanoid-v3", "Walker2d": "Walker2d-v3"}
+"""The artifact's env ids (its config.envs, which plot.py iterates), by the env's name without version."""
+ARTIFACT_SCHEDULERS = {"stellaris": "stellaris", "stellaris_code": "stellaris", "sync": "rllib"}
+"""aggregation.policy -> the artifact's scheduler name (plot.py iterates stellaris and rllib)."""
 
 
 def config_value(run: Run, section: str, key: str, default: str = "") -> str:
@@ -53,13 +68,15 @@ def config_value(run: Run, section: str, key: str, default: str = "") -> str:
     return default
 
 
-def names(run: Run, scheduler: str = "stellaris") -> tuple[str, str, str]:
-    """(SCHEDULER, ENV, ALGO) of a run's file names; scheduler "policy" means the run's aggregation.policy."""
+def names(run: Run, scheduler: str = "stellaris", artifact_names: bool = False) -> tuple[str, str, str]:
+    """(SCHEDULER, ENV, ALGO) of a run's file names; scheduler "policy" means the run's aggregation.policy;
+    ``artifact_names`` maps both to the artifact's (ARTIFACT_ENVS, ARTIFACT_SCHEDULERS)."""
     env = config_value(run, "env", "id", "env").rsplit("/", 1)[-1]
     algo = config_value(run, "algo", "name", "ppo")
-    if scheduler == "policy":
-        scheduler = config_value(run, "aggregation", "policy", "stellaris")
-    return scheduler, env, algo
+    policy = config_value(run, "aggregation", "policy", "stellaris")
+    if artifact_names:
+        return ARTIFACT_SCHEDULERS.get(policy, policy), ARTIFACT_ENVS.get(env.split("-v")[0], env), algo
+    return (policy if scheduler == "policy" else scheduler), env, algo
 
 
 def _zero_if_nan(v) -> float:
@@ -94,8 +111,17 @@ def info_rows(run: Run, prices: dict) -> list[list]:
 
 
 def timeline_rows(run: Run) -> list[list[float]]:
-    """(wall-clock s, episodic reward): a (0, 0) row, then each round's episodes at the round's cumulative end."""
+    """(wall-clock s, episodic reward): a (0, 0) row, then each evaluation's episodes at the cumulative duration
+    of the rounds it followed; without evaluations, each round's training episodes at the round's end."""
     ids, starts, ends = M.round_windows(run)
+    ev = run.table("eval_episodes")
+    if ev and len(ev["round"]):
+        ended = np.concatenate([[0.0], np.cumsum(np.asarray(ends, np.float64) - np.asarray(starts, np.float64))])
+        rows = [[0.0, 0.0]]
+        for k in np.unique(ev["round"]):  # k rounds had ended when this evaluation was asked for
+            clock = float(ended[min(int(k), len(ended) - 1)])
+            rows += [[clock, float(r)] for r in ev["return"][ev["round"] == k]]
+        return rows
     ep = run.table("episodes")
     times = ep["time"].astype(np.float64) if ep else np.zeros(0)
     which = M.assign_rounds(times, starts, ends)
@@ -116,18 +142,22 @@ def _write(path: Path, header, rows) -> Path:
     return path
 
 
-def write_stellaris_csv(runs: list[Run], out_dir: Path, prices: dict, scheduler: str = "stellaris") -> list[Path]:
+def write_stellaris_csv(runs: list[Run], out_dir: Path, prices: dict, scheduler: str = "stellaris",
+                        artifact_names: bool = False) -> list[Path]:
     """Both files for every run into ``out_dir``; two runs that would share a file name are refused."""
     seen: dict[str, Path] = {}
     for run in runs:
-        stem = "~".join(names(run, scheduler))
+        stem = "~".join(names(run, scheduler, artifact_names))
         if stem in seen:
             raise AnalysisError(f"--stellaris-csv: {run.path} and {seen[stem]} would both write {stem}~info.csv; "
                                 "use --stellaris-scheduler policy or analyse them with separate --out folders")
         seen[stem] = run.path
     written = []
     for run in runs:
-        stem = "~".join(names(run, scheduler))
+        stem = "~".join(names(run, scheduler, artifact_names))
+        if not run.rows("eval_episodes"):
+            print(f"--stellaris-csv: {run.path} has no evaluation episodes: {stem}~timeline.csv holds its training "
+                  "episodes (the artifact's holds evaluation episodes; run with eval.episodes > 0)", file=sys.stderr)
         written.append(_write(out_dir / f"{stem}~info.csv", INFO_COLUMNS, info_rows(run, prices)))
         written.append(_write(out_dir / f"{stem}~timeline.csv", TIMELINE_COLUMNS, timeline_rows(run)))
     return written

@@ -22,7 +22,7 @@ RESTART=${SLURM_RESTART_COUNT:-0}
 MAX_RESTARTS=10
 if [ ! -f "$CONFIG" ]; then  # a script saved from `hpcrl submit --dry-run`: its first start makes the job folder
     mkdir -p "$JOB_DIR" && cat >"$CONFIG" <<'HPCRL_CONFIG_YAML' || exit 1
-(job.config_yaml: the resolved config, 99 lines)
+(job.config_yaml: the resolved config)
 HPCRL_CONFIG_YAML
 fi
 cd "$JOB_DIR" || exit 1

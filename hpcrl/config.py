@@ -303,7 +303,7 @@ class RunConfig(Section):
         from hpcrl.staleness import POLICY_FIELDS
 
         agg = self.aggregation
-        for name in ("d", "v", "delta_max", "ssp_s", "softsync_c"):
+        for name in dict.fromkeys(f for fields in POLICY_FIELDS.values() for f in fields):  # in declaration order
             if name not in POLICY_FIELDS[agg.policy] and getattr(agg, name) != AggregationConfig.model_fields[name].default:
                 users = [p for p, used in POLICY_FIELDS.items() if name in used]
                 raise ValueError(f"aggregation.{name}={getattr(agg, name)!r} does nothing under aggregation.policy="

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 
 from hpcrl.errors import ConfigError
 
@@ -55,6 +56,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the command began when this process did (imports included), unless a program calls main() itself
+    called_at = None if argv is None else time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     if next((a for a in argv if not a.startswith("-")), None) == "run":
         from hpcrl.runtime.signals import remember_stop_signals
@@ -62,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         remember_stop_signals()  # before the imports: a cancel during start-up ends the run as a cancel
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    args.command_unix = called_at
     if args.command is None:
         parser.print_help()
         return 2

@@ -126,6 +126,10 @@ def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(tmp_path):
     # every rank's randomness is seeded and a learner orders its batch by actor, so arrival timing changes nothing
     first, second = run_job(tmp_path / "a", "hopper", "mpi"), run_job(tmp_path / "b", "hopper", "mpi")
     assert torch.equal(load_checkpoint(first)["params"], load_checkpoint(second)["params"])
+    trained = ROUNDS * 64  # steps of each actor's ROUNDS fragments (fragment_length 64, one env)
     for actor in range(2):
         a, b = read_trajectory(first / traj_filename(actor)), read_trajectory(second / traj_filename(actor))
-        assert np.array_equal(a["actions"], b["actions"]) and np.array_equal(a["rewards"], b["rewards"])
+        # an actor may sample one more fragment before the stop reaches it (timing): the trained ones must agree
+        assert min(len(a["rewards"]), len(b["rewards"])) >= trained
+        for name in ("actions", "rewards"):
+            assert np.array_equal(a[name][:trained], b[name][:trained]), f"actor {actor}: {name} differ"

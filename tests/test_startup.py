@@ -60,3 +60,19 @@ def test_mpi_run_records_seconds_to_the_first_env_step(tmp_path):
     seconds = float(attrs["startup_seconds"])
     assert 0.0 < seconds < 180.0 and attrs["command_unix"] < attrs["start_unix"] + seconds
     assert f"first environment step {seconds:.2f} s after the command" in res.stdout
+
+
+def test_a_program_calling_main_times_its_start_from_the_call(tmp_path):
+    """cli.main(argv) from a long-lived program (a notebook, a Parsl python_app, pytest) counts from the call,
+    not from when its process began (CI printed "first environment step 536.07 s after the command")."""
+    import time
+
+    from hpcrl.cli import main as cli_main
+
+    run_dir = tmp_path / "run"
+    time.sleep(2.0)  # this process began at least two seconds before the call
+    called = time.time()
+    assert cli_main(["run", "--runner", "serial", "-o", "stop.total_env_steps=256", "-o", "stop.target_return=null",
+                     "-o", f"io.run_dir={run_dir}"]) == 0
+    attrs = read_attrs(run_dir / "run.h5")
+    assert attrs["command_unix"] >= called - 0.01 and float(attrs["startup_seconds"]) < time.time() - called

@@ -199,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume).resolve() if args.resume else None
         return start_inside_job(config_for, run_dir, resume=run_dir is not None, make_run_dir=create_run_dir,
                                 progress=progress_mode()).exit_code
-    command_unix = process_start_unix()
+    command_unix = getattr(args, "command_unix", None) or process_start_unix()
     # the ranks' libraries are imported by the prestart server while this process checks the config
     server = start_prestart() if args.runner != "serial" else None
     job_ran = False

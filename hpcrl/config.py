@@ -119,6 +119,13 @@ class LearnersConfig(Section):
     """With CUDA graphs: push each minibatch gradient while the GPU computes the next one, so the next one's
     weights lack the gradient just pushed (staleness at least 1): about 1.1x the gradients/s, more env steps
     to a target (docs/results/runtime.md). Not under sync admission (lockstep)."""
+    push: Literal["gradient", "update"] = "gradient"
+    """What a learner group pushes to the parameter rank. gradient: one gradient per minibatch, each computed on
+    the newest weights (Stellaris' design: one round trip through rank 0 per minibatch). update: the group runs the
+    algorithm's whole update on its batch itself (every epoch and minibatch, the fused loop's steps, with its own
+    optimizer and the algorithm's lr schedule) from the version it pulled, and pushes one update, the weights it
+    started from minus the weights it ended with; rank 0 admits it like a gradient (staleness in versions) and
+    applies it with the outer step (aggregation.outer_lr, outer_momentum, outer_nesterov)."""
 
     @model_validator(mode="after")
     def _active_bounds(self) -> "LearnersConfig":
@@ -156,6 +163,19 @@ class AggregationConfig(Section):
     """ssp: a group's gradient waits while the group has had more than s gradients applied beyond the slowest active group."""
     softsync_c: int | None = Field(None, ge=1)
     """softsync: gradients averaged into one step (None: the number of active learner groups)."""
+    outer_lr: float = Field(1.0, gt=0.0, le=10.0)
+    """learners.push=update: the outer step theta <- theta - outer_lr * d, d the admitted updates' (staleness-scaled)
+    mean, with momentum d <- m d_prev + d; 1 with no momentum makes one group at staleness 0 equal the fused loop."""
+    outer_momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    """learners.push=update: momentum m of the outer step (0: plain)."""
+    outer_nesterov: bool = False
+    """learners.push=update: Nesterov momentum (the step is d + m * buffer); needs outer_momentum > 0."""
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self) -> "AggregationConfig":
+        if self.outer_nesterov and self.outer_momentum == 0.0:
+            raise ValueError("aggregation.outer_nesterov=true needs aggregation.outer_momentum > 0 (allowed: 0 < m < 1)")
+        return self
 
 
 ALGO_NAMES = tuple(c.model_fields["name"].default for c in ALGO_CONFIGS)
@@ -308,6 +328,19 @@ class RunConfig(Section):
                 users = [p for p, used in POLICY_FIELDS.items() if name in used]
                 raise ValueError(f"aggregation.{name}={getattr(agg, name)!r} does nothing under aggregation.policy="
                                  f"{agg.policy}; it is read by {', '.join(users)} (remove it or pick one of those)")
+        return self
+
+    @model_validator(mode="after")
+    def _what_an_update_push_needs(self) -> "RunConfig":
+        outer = {f: getattr(self.aggregation, f) for f in ("outer_lr", "outer_momentum", "outer_nesterov")}
+        if self.learners.push == "gradient":
+            changed = [f"aggregation.{f}" for f, v in outer.items() if v != AggregationConfig.model_fields[f].default]
+            if changed:
+                raise ValueError(f"{changed[0]} is read only with learners.push=update (this run pushes gradients)")
+            return self
+        if self.algo.round_regime != "batch" or self.algo.routing() != "own_group":
+            raise ValueError(f"learners.push=update: algo {self.algo.name} has no batch of its own per learner group "
+                             "(allowed: an algorithm whose groups each train their own batch, e.g. ppo)")
         return self
 
     @model_validator(mode="after")

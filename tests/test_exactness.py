@@ -24,7 +24,7 @@ import torch
 
 from hpcrl.algos import make_algorithm
 from hpcrl.config import load_config
-from hpcrl.io import read_trajectory
+from hpcrl.io import read_table, read_trajectory
 from hpcrl.io.schema import traj_filename
 from hpcrl.runtime.record.checkpoint import load_checkpoint
 from hpcrl.runtime.roles.learner import minibatch_generator
@@ -50,10 +50,10 @@ JOBS = {
 }
 
 
-def run_job(tmp_path: Path, job: str, runner: str) -> Path:
+def run_job(tmp_path: Path, job: str, runner: str, extra: list[str] = ()) -> Path:
     config, overrides = JOBS[job]
     run_dir = tmp_path / f"{job}-{runner}"
-    overrides = [*overrides, f"stop.max_rounds={ROUNDS}", f"io.run_dir={run_dir}", "io.log_seconds=60"]
+    overrides = [*overrides, *extra, f"stop.max_rounds={ROUNDS}", f"io.run_dir={run_dir}", "io.log_seconds=60"]
     cmd = [sys.executable, "-m", "hpcrl", "run", config, "--runner", runner, *[a for o in overrides for a in ("-o", o)]]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -93,7 +93,9 @@ def replay(run_dir: Path, batches: int) -> torch.Tensor:
     actors = [recorded_fragments(run_dir, a, cfg.actors.fragment_length) for a in range(cfg.actors.count)]
     per_batch = cfg.algo.train_batch_size // (cfg.actors.fragment_length * env.num_envs)
     assert per_batch == cfg.actors.count, "on-policy sync: one fragment of every actor per batch"
-    versions_per_batch = cfg.algo.num_sgd_iter * -(-cfg.algo.train_batch_size // cfg.algo.minibatch_size)
+    # a version per minibatch gradient, or one per batch when the group pushes its whole update
+    versions_per_batch = (1 if cfg.learners.push == "update"
+                          else cfg.algo.num_sgd_iter * -(-cfg.algo.train_batch_size // cfg.algo.minibatch_size))
     for k in range(batches):
         fragments = [frags[k] for frags in actors]  # the learner's order: by actor
         for f in fragments:  # on-policy: batch k was sampled with the weights batch k - 1 made
@@ -119,6 +121,23 @@ def test_job_weights_equal_the_fused_update_on_its_recorded_batches(tmp_path, jo
     # the check can fail: the same replay one batch short is far off
     short = float((trained - replay(run_dir, ROUNDS - 1)).abs().max())
     assert short > 100 * TOLERANCE, f"one batch fewer moves the weights by only {short:.3g}"
+
+
+@pytest.mark.parametrize("runner", ["serial", "mpi"])
+@pytest.mark.slow
+def test_update_push_weights_equal_the_fused_update_on_its_recorded_batches(tmp_path, runner):
+    """learners.push=update: the group runs every minibatch step itself with its own Adam (lr annealed per batch
+    from the CONSUMED word) and pushes theta_start - theta_end; rank 0's outer step (lr 1, no momentum) lands on
+    the group's weights, so the job trains what the fused loop trains, one version per batch."""
+    run_dir = run_job(tmp_path, "hopper", runner, ["learners.push=update"])
+    trained = load_checkpoint(run_dir)["params"]
+    expected = replay(run_dir, ROUNDS)
+    gap = float((trained - expected).abs().max())
+    assert gap < TOLERANCE, f"update push/{runner}: the job's weights differ from the fused update by up to {gap:.3g}"
+    short = float((trained - replay(run_dir, ROUNDS - 1)).abs().max())
+    assert short > 100 * TOLERANCE, f"one batch fewer moves the weights by only {short:.3g}"
+    updates = read_table(run_dir / "run.h5", "gradients")
+    assert list(updates["inner_steps"]) == [8] * ROUNDS  # 2 passes x 4 minibatches of 32 per batch of 128
 
 
 @pytest.mark.slow

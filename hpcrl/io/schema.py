@@ -140,6 +140,8 @@ TABLE_LIST = (
         _c("queue_seconds", "f4", "s", "time in the parameter rank's admission queue"),
         _c("compute_seconds", "f4", "s", "learner group wall time computing the gradient"),
         _c("mailbox_wait_seconds", "f4", "s", "time the learner waited for a free mailbox slot"),
+        _c("inner_steps", "i4", "", "learners.push=update: optimizer steps the group took to make the update "
+           "(the row is then an update, its loss their mean); 0 for a gradient"),
     )),
     TableSpec("episodes", "One row per finished episode on any actor.", (
         _c("time", "f8", "s", "time the episode ended, since run start", True),

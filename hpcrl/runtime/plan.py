@@ -9,7 +9,8 @@ Each fact comes from the component that owns it, never from a test of another co
   applied, so every gradient has staleness 0 (sync); ``held``: a group waits while rank 0 holds
   one of its gradients back (SSP));
 - **the learning-rate schedule** from the algorithm's config (``lr_schedule``: PPO's linear
-  anneal; None: constant);
+  anneal; None: constant), and **what a learner group pushes** (``push``: a gradient per minibatch, or
+  one update per batch made with the group's own optimizer, ``learners.push``);
 - **the reward discount** the actors' reward normalisation uses (the algorithm's ``gamma``);
 - **round length, per-group batch and fragment size** from the algorithm's round regime: a
   batch algorithm's round is ``train_batch_size`` env steps split over the groups, any other's
@@ -32,6 +33,7 @@ from hpcrl.staleness import POLICY_PACING
 Pacing = Literal["free", "lockstep", "held"]
 Routing = Literal["own_group", "every_group", "postprocess_first"]
 Runner = Literal["mpi", "serial", "fused"]
+Push = Literal["gradient", "update"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,10 @@ class Plan:
     on_policy: bool
     """Each batch is sampled with the weights the previous batch made (actors.on_policy)."""
     lr_schedule: LinearAnneal | None
-    """The rate rank 0 sets before each step from the env steps consumed; None: the optimiser's own."""
+    """The rate set before each step from the env steps consumed (by rank 0 before each gradient step; by a learner
+    group before each batch it updates on with push=update); None: the optimiser's own."""
+    push: Push
+    """What a learner group pushes: one gradient per minibatch, or one update per batch (learners.push)."""
     reward_gamma: float
     """Discount of the discounted return whose std normalises rewards (env.normalize_reward)."""
     runner: Runner
@@ -94,7 +99,7 @@ def make_plan(cfg: Any) -> Plan:
     return Plan(actors=cfg.actors.count, groups=cfg.learners.groups, fragment_steps=fragment_steps,
                 round_steps=round_steps, group_batch_size=group_batch, routing=routing,
                 pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
-                lr_schedule=algo.lr_schedule(), reward_gamma=algo.reward_discount(), runner=runner,
+                lr_schedule=algo.lr_schedule(), push=cfg.learners.push, reward_gamma=algo.reward_discount(), runner=runner,
                 runner_reason=reason, config=cfg)
 
 

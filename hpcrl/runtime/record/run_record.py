@@ -117,6 +117,7 @@ class RunRecord:
             "admitted": int(admitted), "reason": REASON[reason], "queue_seconds": now - rec.received_at,
             "compute_seconds": rec.stats.get("compute_seconds", math.nan),
             "mailbox_wait_seconds": rec.stats.get("mailbox_wait_seconds", math.nan),
+            "inner_steps": _whole(rec.stats.get("inner_steps", 0.0)),
         })
 
     def step(self, step, adm, version: int, round_index: int, lr: float, active: int, t_agg: float,
@@ -347,3 +348,8 @@ class RunRecord:
                 step()
             except Exception:
                 pass
+
+
+def _whole(value: float) -> int:
+    """A count that travelled as a float64 stat (NaN from a learner that did not send it: 0)."""
+    return int(value) if value == value else 0

@@ -79,15 +79,21 @@ class LearnerGroup:
         self.last_base: int | None = None
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
+        # learners.push=update: the group's own optimizer makes one update per batch (kept across batches)
+        self.inner = self.algo.make_optimizer(self.model) if self.plan.push == "update" and self.is_root else None
         self.graphed = (GraphedGradient(self.algo, self.model)  # single-rank groups (no allreduce), no IS window
                         if (self.model.device.type == "cuda" and self.cfg.learners.cuda_graphs and self.size == 1
-                            and not self.window and hasattr(self.algo, "gradient_tensors")) else None)
+                            and not self.window and self.inner is None and hasattr(self.algo, "gradient_tensors"))
+                        else None)
         # push each gradient while the GPU computes the next (not in lockstep: there the next needs this one applied)
         self.overlap = self.graphed is not None and self.cfg.learners.overlap_push and not self.lockstep
 
     # ---- group root ----------------------------------------------------------------------
     def run(self) -> None:
         self.seq = self.job.startup["seq_next"][self.g]
+        saved = self.job.startup.get("inner_states", {}).get(self.g)
+        if self.inner is not None and saved is not None:  # --resume: the optimizer state of this group's last update
+            self.inner.load_state_dict(saved)
         if not self.is_root:
             return self._run_member()
         counters = self.job.counters
@@ -181,16 +187,14 @@ class LearnerGroup:
         """One gradient push per minibatch of one batch (the last one reports ``new_steps`` env steps
         consumed); False when the run is stopping. ``prepared``: a batch the post-processing group made
         from the fragments (it sent their report)."""
+        if self.inner is not None:
+            return self._update(fragments, steps, new_steps, prepared)
         start_unix, compute = time.time(), 0.0
         lap = self.cycles.lap
         if self._pull_weights() is None:
             return False
         lap("weights")
-        if prepared is None:
-            batch = self.algo.prepare(fragments, self.model)
-            report = self.algo.learner_report(batch)  # reaches algo.end_round on the parameter rank
-        else:
-            batch, report = {k: torch.as_tensor(v, device=self.model.device) for k, v in prepared.items()}, None
+        batch, report = self._batch(fragments, prepared)
         compute += lap("prepare")
         completed, pending = False, None  # pending: the push of the previous minibatch's gradient (overlap)
         # the batch's env steps count as consumed with its last gradient, so the parameter rank's round, stop rule
@@ -237,6 +241,70 @@ class LearnerGroup:
             completed = False
         self._activity(start_unix, compute, steps, report)
         return completed
+
+    def _batch(self, fragments: list[dict] | None, prepared: dict | None) -> tuple[dict, dict | None]:
+        """The batch to train on (``algo.prepare`` with the weights in the model, or the one the post-processing
+        group prepared) and its report for ``algo.end_round`` on the parameter rank."""
+        if prepared is None:
+            batch = self.algo.prepare(fragments, self.model)
+            return batch, self.algo.learner_report(batch)
+        return {k: torch.as_tensor(v, device=self.model.device) for k, v in prepared.items()}, None
+
+    def _update(self, fragments: list[dict] | None, steps: int, new_steps: int, prepared: dict | None = None) -> bool:
+        """learners.push=update: the algorithm's whole update on one batch (every minibatch of
+        ``algo.minibatches``, each stepped by the group's own optimizer at the lr the schedule gives the env
+        steps consumed so far: the fused loop's steps) from the newest version, pushed as one update: the
+        weights it started from minus the weights it ended with. False when the run is stopping."""
+        start_unix, lap = time.time(), self.cycles.lap
+        version = self._pull_weights()
+        if version is None:
+            return False
+        lap("weights")
+        t = time.perf_counter()
+        start = self.model.flat.params.detach().clone()
+        batch, report = self._batch(fragments, prepared)
+        schedule = self.plan.lr_schedule
+        if schedule is not None:
+            lr = schedule.at(self.job.counters.read(control.CONSUMED))
+            for group in self.inner.param_groups:
+                group["lr"] = lr
+        words = self.job.counters.read_all()
+        lap("prepare")
+        sums: dict[str, float] = {}
+        steps_taken = 0
+        for mb in self.algo.minibatches(batch, self.generator):
+            self.fault.check()
+            self.heartbeat.beat()
+            if self._stopping():
+                return False
+            window = self._window_logps(mb, version, words)
+            lap("window")
+            if self.size == 1 and window is None:  # the fused loop's own step (HDDPG orders its losses in it)
+                stats = self.algo.update(mb, self.model, self.inner)
+            else:
+                mine = mb
+                if self.size > 1:  # the group's ranks compute shares at the group's current weights
+                    mine, window = self.group_reduce.hand_out(self.model.flat.params.detach().cpu().numpy(), mb, window)
+                    lap("allreduce")
+                grad, stats = self._local_gradient(mine, window, lap)
+                self.algo.apply(self.model, self.inner, grad)
+            for k, v in stats.items():  # summed as they come (tensors stay on the device until the end)
+                sums[k] = sums.get(k, 0.0) + v
+            steps_taken += 1
+            lap("gradient")
+        update = (start - self.model.flat.params).cpu().numpy()
+        self.loaded = -1  # the model holds this group's own weights now, not a published version
+        stats = {k: float(v) / max(steps_taken, 1) for k, v in sums.items()}
+        stats["inner_steps"] = steps_taken
+        self.fault.slow_down()  # debug.learner_delay_seconds
+        compute = time.perf_counter() - t
+        lap("flatten")
+        rows = len(next(iter(batch.values())))
+        if not self._push(update, version, rows, stats, compute, new_steps):
+            return False
+        self._activity(start_unix, compute, steps, report, inner={
+            "group": self.g, "seq": self.seq - 1, "optimizer": _on_host(self.inner.state_dict())})
+        return True
 
     def _overlapped_gradient(self, mb: dict, pending: tuple | None) -> tuple[np.ndarray, dict, float] | None:
         """The minibatch's gradient from its CUDA graph, with the previous gradient (``pending``: the arguments
@@ -378,7 +446,7 @@ class LearnerGroup:
         fragments) while none is free. False when the run stops meanwhile."""
         def vector(waited: float) -> list[float]:
             extra = {"compute_seconds": compute, "mailbox_wait_seconds": waited, "new_env_steps": new_steps,
-                     "busy_seconds": self.cycles.busy_so_far()}
+                     "busy_seconds": self.cycles.busy_so_far(), "inner_steps": stats.get("inner_steps", 0)}
             return [extra[k] if k in extra else stats.get(k, np.nan) for k in control.GRAD_STATS]
 
         def abandon() -> bool:
@@ -396,11 +464,14 @@ class LearnerGroup:
         self.last_base = version
         return True
 
-    def _activity(self, start_unix: float, compute: float, samples: int, report: dict | None = None) -> None:
+    def _activity(self, start_unix: float, compute: float, samples: int, report: dict | None = None,
+                  inner: dict | None = None) -> None:
         row = {"time_start": start_unix, "time_end": time.time(), "group": self.g, "compute_seconds": compute,
                "samples": samples, "cycles": self.cycles.take_rows()}
         if report is not None:
             row["algo_report"] = report
+        if inner is not None:  # the optimizer state after an update: the parameter rank checkpoints it
+            row["inner_state"] = inner
         self.job.reports.send("activity", row)
 
     def _finish(self) -> None:
@@ -437,6 +508,17 @@ class LearnerGroup:
 def minibatch_generator(seed: int, group: int) -> torch.Generator:
     """The generator a learner group draws its minibatch order from (its own stream per group)."""
     return torch.Generator().manual_seed(seed + 7919 * (group + 1))
+
+
+def _on_host(state):
+    """An optimizer state dict with its tensors on the CPU (it travels to the parameter rank, which may have no GPU)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    if isinstance(state, dict):
+        return {k: _on_host(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_on_host(v) for v in state]
+    return state
 
 
 def _with_last(items):

@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from hpcrl.algos.base import round_changes
+from hpcrl.algos.outer_step import OuterStep
 from hpcrl.io.rollback import record_counts
 from hpcrl.io.schema import TRAJ_DIR
 from hpcrl.runtime.transport import control
@@ -70,7 +72,11 @@ class ParameterRank:
         self.model, self.algo = job.model, job.algo
         self.flat = self.model.flat
         self._optimizer = None  # built on first use (see optimizer)
-        self._lr_schedule = self.plan.lr_schedule  # the algorithm's (PPO: algo.lr_anneal), None: constant
+        self.update_push = self.plan.push == "update"  # groups push whole updates: rank 0 takes the outer step
+        # the algorithm's (PPO: algo.lr_anneal), None: constant; with update pushes each group's own optimizer follows it
+        self._lr_schedule = None if self.update_push else self.plan.lr_schedule
+        # update pushes: each group's optimizer state after its updates (seq -> state), for the checkpoint
+        self.inner_states: dict[int, dict[int, dict]] = {g: {} for g in range(self.cfg.learners.groups)}
         self._postprocess_groups = self.plan.postprocess_groups
         self.policy = make_policy(self.cfg.aggregation)
         self.counters, self.mailbox, self.board = job.counters, job.mailbox, job.board
@@ -116,7 +122,9 @@ class ParameterRank:
         hpcrl's Adam costs nothing to build, but a torch.optim optimizer (``algo.optimizer: sgd``) imports
         torch._dynamo (about 1.5 s of CPU), which would delay every actor's first step."""
         if self._optimizer is None:
-            self._optimizer = self.algo.make_optimizer(self.model)
+            agg = self.cfg.aggregation
+            self._optimizer = (OuterStep(self.flat.params, agg.outer_lr, agg.outer_momentum, agg.outer_nesterov)
+                               if self.update_push else self.algo.make_optimizer(self.model))
         return self._optimizer
 
     # ---- set-up --------------------------------------------------------------------------
@@ -139,12 +147,14 @@ class ParameterRank:
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.runners.mpi)."""
         return {"start_unix": self.record.file.start_unix, "version": self.version, "seq_next": list(self.seq_next),
-                "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers)}
+                "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
+                "inner_states": self._newest_inner_states(wait=False)}
 
     def publish_initial(self) -> None:
         self._groups_from_algo(record=False)
         self.counters.set(control.ACTIVE, self.active)
         self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
+        self.counters.set(control.CONSUMED, self.consumed)
         if self.env_steps_start:
             self.counters.add(control.ENV_STEPS, self.env_steps_start)
         self._publish()
@@ -168,6 +178,7 @@ class ParameterRank:
             "rng": rng_state(), "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
             "record": record_counts(self.job.run_dir, run_file=self.record.file),
+            "inner_states": self._newest_inner_states(wait=True),
         }
 
     def _restore(self, s: dict[str, Any]) -> None:
@@ -186,6 +197,8 @@ class ParameterRank:
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
+        for g, inner in s.get("inner_states", {}).items():
+            self.inner_states[g] = {self.seq_next[g] - 1: inner}
         self.active = min(max(s["active"], self.cfg.learners.active_range[0]), self.cfg.learners.active_range[1])
         # all of the checkpointing job's actors active: all of this job's too (fragment_next keeps the numbers of
         # actors a smaller job left out, so its length is not that job's actor count)
@@ -251,6 +264,8 @@ class ParameterRank:
                 self.record.gradient(rec, False, "nonfinite", self.version, self.round)
                 continue
             self.queue.append(rec)
+            if self.update_push:  # before the version it makes is published: the group's next lr reads it
+                self.counters.set(control.CONSUMED, self.consumed + new_steps)
             self.lap("admit")
             self._admit()
             # counted after the step it came with: a batch's last gradient (the one that reports its steps)
@@ -284,7 +299,7 @@ class ParameterRank:
             for step in adm.steps:
                 if self._lr_schedule is not None:
                     self._set_lr()
-                self.algo.apply(self.model, self.optimizer, self.algo.aggregate(step))
+                self._apply(self.algo.aggregate(step))
                 self.version += 1
                 t_agg = lap("apply")
                 self._publish()
@@ -300,6 +315,40 @@ class ParameterRank:
                 if g in held or self._held.get(g):
                     self._held[g] = g in held
                     self.counters.set(control.held_word(self.cfg.learners.groups, g), int(g in held))
+
+    def _apply(self, aggregate: np.ndarray) -> None:
+        """One step with an admitted aggregate: the algorithm's optimizer step on a gradient, or the outer step on
+        an update (hpcrl/algos/outer_step.py)."""
+        if self.update_push:
+            self.optimizer.step(torch.from_numpy(np.ascontiguousarray(aggregate, dtype=np.float32)))
+        else:
+            self.algo.apply(self.model, self.optimizer, aggregate)
+
+    def _keep_inner_state(self, inner: dict | None) -> None:
+        """A group's optimizer state after one of its updates (the learner sends it right after the push)."""
+        if inner is None:
+            return
+        kept = self.inner_states[inner["group"]]
+        kept[inner["seq"]] = inner["optimizer"]
+        while len(kept) > self.cfg.aggregation.mailbox_slots + 1:  # pushed, not yet taken: at most the slots
+            kept.pop(min(kept))
+
+    def _newest_inner_states(self, wait: bool) -> dict[int, dict]:
+        """Each group's optimizer state after the newest update rank 0 has taken (seq_next - 1), for a checkpoint
+        or a resumed group; with ``wait``, drain reports up to 30 s for one that is still on its way."""
+        if not self.update_push:
+            return {}
+        deadline = time.monotonic() + 30.0
+        while True:
+            missing = [g for g, n in enumerate(self.seq_next) if n and n - 1 not in self.inner_states[g]]
+            if not missing or not wait or time.monotonic() > deadline:
+                break
+            self._drain_messages()
+            time.sleep(1e-3)
+        if missing and wait:
+            print(f"hpcrl: warning: no optimizer state from learner group(s) {missing} for their newest update; "
+                  "the checkpoint resumes them with fresh optimizer state", flush=True)
+        return {g: self.inner_states[g][n - 1] for g, n in enumerate(self.seq_next) if n and g not in missing}
 
     def _set_lr(self) -> None:
         """The algorithm's schedule at the env steps consumed so far (so a resumed run goes on where it stopped)."""
@@ -340,6 +389,7 @@ class ParameterRank:
             self._fragment_report(msg)
             busy = True
         for row in reports.drain("activity"):
+            self._keep_inner_state(row.pop("inner_state", None))
             self.record.activity(row)
             busy = True
         for msg in reports.drain("eval"):

@@ -15,6 +15,8 @@ ENV_STEPS              add     environment steps sampled by all actors
 EVAL                   set     rounds ended at the newest evaluation request (``eval.every_rounds``)
 ACTIVE_ACTORS          set     actor ranks that sample (actors 0 .. ACTIVE_ACTORS-1; the others park;
                                actors.count unless the algorithm scales them, MARLess section 4.4)
+CONSUMED               set     env steps the learners have trained on, set before the version they made is
+                               published (learners.push=update: a group's lr schedule reads it per batch)
 BACKLOG + g            add     fragments sent to group g and not yet trained on
 base_word(G, g)        set     policy version group g is computing its gradients with
 held_word(G, g)        set     1 while group g has a gradient held back by the admission policy
@@ -36,7 +38,7 @@ import time
 
 from hpcrl.runtime.backoff import Backoff
 
-STOP, ACTIVE, ACTORS_DONE, LEARNERS_DONE, ENV_STEPS, EVAL, ACTIVE_ACTORS, BACKLOG = range(8)
+STOP, ACTIVE, ACTORS_DONE, LEARNERS_DONE, ENV_STEPS, EVAL, ACTIVE_ACTORS, CONSUMED, BACKLOG = range(9)
 
 TAG_EPISODES = 11
 """Actor -> parameter rank: a pickled list of finished episodes (and sampling stats)."""
@@ -48,10 +50,11 @@ TAG_EVAL = 14
 """Evaluating actor -> parameter rank: the episodes of one evaluation."""
 
 GRAD_STATS = ("loss", "compute_seconds", "mailbox_wait_seconds", "new_env_steps", "policy_loss",
-              "value_loss", "entropy", "kl", "busy_seconds")
+              "value_loss", "entropy", "kl", "busy_seconds", "inner_steps")
 """The float64 stats a learner pushes with each gradient, in this order (the mailbox's stats capacity).
 busy_seconds: the gradient's learner cycle so far without its waits (for data, for a mailbox slot),
-the elastic rule's measure of a group's capacity."""
+the elastic rule's measure of a group's capacity. inner_steps: optimizer steps the group took to make an
+update (learners.push=update; the losses are then their means); 0 for a gradient."""
 
 
 def base_word(groups: int, g: int) -> int:

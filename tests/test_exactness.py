@@ -53,7 +53,7 @@ JOBS = {
 def run_job(tmp_path: Path, job: str, runner: str, extra: list[str] = ()) -> Path:
     config, overrides = JOBS[job]
     run_dir = tmp_path / f"{job}-{runner}"
-    overrides = [*overrides, *extra, f"stop.max_rounds={ROUNDS}", f"io.run_dir={run_dir}", "io.log_seconds=60"]
+    overrides = [*overrides, f"stop.max_rounds={ROUNDS}", f"io.run_dir={run_dir}", "io.log_seconds=60", *extra]
     cmd = [sys.executable, "-m", "hpcrl", "run", config, "--runner", runner, *[a for o in overrides for a in ("-o", o)]]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -152,3 +152,31 @@ def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(tmp_path):
         assert min(len(a["rewards"]), len(b["rewards"])) >= trained
         for name in ("actions", "rewards"):
             assert np.array_equal(a[name][:trained], b[name][:trained]), f"actor {actor}: {name} differ"
+
+
+@pytest.mark.slow
+def test_update_push_resume_goes_on_with_each_groups_optimizer_state(tmp_path):
+    """--resume of an update-push job: the group's Adam continues (its step count and moments are those of the
+    checkpoint, not a fresh optimizer's) and so does its minibatch order's generator."""
+    run_dir = run_job(tmp_path, "hopper", "mpi", ["learners.push=update", "stop.max_rounds=2"])
+    first = load_checkpoint(run_dir)["inner_states"][0]
+    assert _adam_steps(first["optimizer"]) == 2 * 8
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--resume", str(run_dir), "-o", "stop.max_rounds=3"],
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    second = load_checkpoint(run_dir)["inner_states"][0]
+    assert _adam_steps(second["optimizer"]) == 3 * 8  # a fresh optimizer would have taken 8
+    # the generator went on from where the first job left it: one batch's draws past the first job's state
+    g = torch.Generator()
+    g.set_state(first["minibatch_rng"])
+    cfg = load_config(run_dir / "config.yaml")
+    algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
+    for _ in algo.minibatches({"advantages": torch.zeros(cfg.algo.train_batch_size)}, g):
+        pass
+    assert torch.equal(g.get_state(), second["minibatch_rng"])
+
+
+def _adam_steps(state: dict) -> int:
+    steps = {int(s["step"]) for s in state["state"].values()}
+    assert len(steps) == 1
+    return steps.pop()

@@ -92,8 +92,9 @@ class LearnerGroup:
     def run(self) -> None:
         self.seq = self.job.startup["seq_next"][self.g]
         saved = self.job.startup.get("inner_states", {}).get(self.g)
-        if self.inner is not None and saved is not None:  # --resume: the optimizer state of this group's last update
-            self.inner.load_state_dict(saved)
+        if self.inner is not None and saved is not None:  # --resume: as this group was after its last update
+            self.inner.load_state_dict(saved["optimizer"])
+            self.generator.set_state(saved["minibatch_rng"])
         if not self.is_root:
             return self._run_member()
         counters = self.job.counters
@@ -302,8 +303,8 @@ class LearnerGroup:
         rows = len(next(iter(batch.values())))
         if not self._push(update, version, rows, stats, compute, new_steps):
             return False
-        self._activity(start_unix, compute, steps, report, inner={
-            "group": self.g, "seq": self.seq - 1, "optimizer": _on_host(self.inner.state_dict())})
+        self._activity(start_unix, compute, steps, report, inner={"group": self.g, "seq": self.seq - 1, "state": {
+            "optimizer": _on_host(self.inner.state_dict()), "minibatch_rng": self.generator.get_state()}})
         return True
 
     def _overlapped_gradient(self, mb: dict, pending: tuple | None) -> tuple[np.ndarray, dict, float] | None:

@@ -325,11 +325,12 @@ class ParameterRank:
             self.algo.apply(self.model, self.optimizer, aggregate)
 
     def _keep_inner_state(self, inner: dict | None) -> None:
-        """A group's optimizer state after one of its updates (the learner sends it right after the push)."""
+        """A group's optimizer state (and minibatch order's generator) after one of its updates (the learner sends it
+        right after the push)."""
         if inner is None:
             return
         kept = self.inner_states[inner["group"]]
-        kept[inner["seq"]] = inner["optimizer"]
+        kept[inner["seq"]] = inner["state"]
         while len(kept) > self.cfg.aggregation.mailbox_slots + 1:  # pushed, not yet taken: at most the slots
             kept.pop(min(kept))
 

@@ -12,6 +12,10 @@ two pushes of one batch: that is the asynchrony Stellaris' admission governs. Wi
 ``learners.overlap_push`` a CUDA-graph learner pushes each gradient while the GPU computes the next
 (whose base version then lacks it).
 
+Update push (``learners.push: update``, ``_update``): the group takes every minibatch step of the batch itself
+with its own optimizer (``algo.update``, the fused loop's step; kept across batches, checkpointed by rank 0 from
+the activity reports) and pushes one update, the weights it started from minus those it ended with.
+
 Post-processing learner (MARL ``algo.postprocess_learner``, ``plan.postprocess_groups``): group 0
 takes every fragment, runs ``algo.prepare`` and sends the prepared batch to the active groups behind
 it (``fragments.batch_sender``) instead of computing gradients; those groups train each prepared

@@ -14,6 +14,11 @@ the update is exactly the paper's ``theta -= (1/H) sum_c alpha_c g_c``; with Ada
 estimates are those of the gradients actually applied (see hpcrl.staleness for what Adam's
 normalisation does to a shared scale).
 
+Update push (``learners.push: update``): what arrives is a group's whole update on a batch; it is admitted the same
+way and the admitted mean is applied with the outer step (``hpcrl.algos.outer_step``) instead of ``algo.apply``;
+the lr schedule is then the groups' (rank 0 sets the CONSUMED word before it publishes), and each group's
+optimizer state, sent after each update, is kept for the checkpoint.
+
 Rounds (Stellaris k, RLlib training iterations) end each time the learners have consumed
 another ``plan.round_steps`` environment steps; ``policy.end_round`` and ``algo.end_round``
 (e.g. PPO's adaptive KL coefficient) are called then, the latter with the round's episodes and

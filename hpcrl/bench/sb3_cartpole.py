@@ -9,7 +9,7 @@ linearly from 1e-3 and 0.2 over 1e5 steps), each in its own process. Reported pe
 that reached 475, env steps to it, training seconds (hpcrl: the record's last round end; SB3:
 ``learn()``), process seconds (command start to exit, start-up included), and the ratios.
 
-    hpcrl bench sb3-cartpole [--seeds 5] [--runner mpi|serial] [--max-steps 150000]
+    hpcrl bench sb3-cartpole [--seeds 5] [--runner mpi|serial] [--max-steps 150000] [-o KEY=VALUE ...]
 
 Needs ``pip install 'hpcrl[bench]'`` (stable-baselines3) for the SB3 side.
 """
@@ -68,12 +68,13 @@ def run_sb3(seed: int, max_steps: int) -> dict:
     return {**result, "process_seconds": time.monotonic() - start}
 
 
-def run_hpcrl(seed: int, max_steps: int, runner: str, run_dir: Path) -> dict:
+def run_hpcrl(seed: int, max_steps: int, runner: str, run_dir: Path, extra: list[str] = ()) -> dict:
     from hpcrl.io import read_table
 
     start = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "hpcrl.cli", "run", "--runner", runner, "-o", f"env.seed={seed}",
-                          "-o", f"stop.total_env_steps={max_steps}", "-o", f"io.run_dir={run_dir}"],
+                          "-o", f"stop.total_env_steps={max_steps}", "-o", f"io.run_dir={run_dir}",
+                          *[a for o in extra for a in ("-o", o)]],
                          capture_output=True, text=True, timeout=3600)
     process_seconds = time.monotonic() - start
     if out.returncode != 0:
@@ -103,6 +104,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--runner", choices=["mpi", "serial"], default="mpi")
     p.add_argument("--max-steps", type=int, default=150_000, help="give up on a seed after this many env steps")
+    p.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for the hpcrl side (e.g. learners.push=update)")
     args = p.parse_args(argv)
     try:
         import stable_baselines3  # noqa: F401
@@ -110,13 +113,14 @@ def main(argv: list[str]) -> int:
         print("hpcrl bench sb3-cartpole: needs stable-baselines3: pip install 'hpcrl[bench]'", file=sys.stderr)
         return 2
 
-    print(f"# CartPole-v1 to a mean of 475 over 20 episodes; {args.seeds} seeds; hpcrl runner {args.runner}")
+    print(f"# CartPole-v1 to a mean of 475 over 20 episodes; {args.seeds} seeds; hpcrl runner {args.runner}"
+          + "".join(f" -o {o}" for o in args.overrides))
     print(f"{'seed':>4} {'side':6} {'reached':>7} {'env steps':>10} {'train s':>8} {'process s':>10}")
     ours, theirs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):
             for side, results, run in (("hpcrl", ours, lambda: run_hpcrl(seed, args.max_steps, args.runner,
-                                                                         Path(tmp) / f"seed{seed}")),
+                                                                         Path(tmp) / f"seed{seed}", args.overrides)),
                                        ("sb3", theirs, lambda: run_sb3(seed, args.max_steps))):
                 r = run()
                 results.append(r)

@@ -97,7 +97,7 @@ class LearnerGroup:
         self.seq = self.job.startup["seq_next"][self.g]
         saved = self.job.startup.get("inner_states", {}).get(self.g)
         if self.inner is not None and saved is not None:  # --resume: as this group was after its last update
-            self.inner.load_state_dict(saved["optimizer"])
+            self.inner.load_state_dict(_as_tensors(saved["optimizer"]))
             self.generator.set_state(saved["minibatch_rng"])
         if not self.is_root:
             return self._run_member()
@@ -516,13 +516,25 @@ def minibatch_generator(seed: int, group: int) -> torch.Generator:
 
 
 def _on_host(state):
-    """An optimizer state dict with its tensors on the CPU (it travels to the parameter rank, which may have no GPU)."""
+    """An optimizer state dict with numpy arrays for its tensors: it travels to the parameter rank (which may have
+    no GPU) after every update, and a pickled numpy array costs a tenth of a pickled tensor."""
     if isinstance(state, torch.Tensor):
-        return state.detach().cpu()
+        return state.detach().cpu().numpy()
     if isinstance(state, dict):
         return {k: _on_host(v) for k, v in state.items()}
     if isinstance(state, list):
         return [_on_host(v) for v in state]
+    return state
+
+
+def _as_tensors(state):
+    """:func:`_on_host`'s state dict with tensors again (what ``load_state_dict`` takes)."""
+    if isinstance(state, np.ndarray):
+        return torch.from_numpy(state.copy())
+    if isinstance(state, dict):
+        return {k: _as_tensors(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_as_tensors(v) for v in state]
     return state
 
 

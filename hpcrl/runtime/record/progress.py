@@ -149,6 +149,10 @@ class ProgressView:
             print_summary(summary, self.stream, rich_table=self.tty)
 
 
+PUSHES = {"gradient": "gradients, one per minibatch (learners.push=gradient)",
+          "update": "updates, one per batch: the group's whole update (learners.push=update)"}
+
+
 def print_summary(s: dict[str, Any], stream: TextIO, rich_table: bool = False) -> None:
     """The end-of-run table: what happened and where the files are."""
     rows = [
@@ -159,10 +163,13 @@ def print_summary(s: dict[str, Any], stream: TextIO, rich_table: bool = False) -
         (f"mean return (last {s.get('return_window', '?')})", _num(s.get("mean_return"), ".2f")),
         ("policy version", str(s.get("version", 0))),
         ("rounds", str(s.get("round", 0))),
-        ("gradients received / admitted", f"{s.get('gradients', 0)} / {s.get('admitted', 0)}"),
+        (f"{'updates' if s.get('push') == 'update' else 'gradients'} received / admitted",
+         f"{s.get('gradients', 0)} / {s.get('admitted', 0)}"),
         ("mean staleness", _num(s.get("staleness"), ".2f")),
         ("run directory", str(s.get("run_dir", "?"))),
     ]
+    if "push" in s:  # the roles' runs: what the learners pushed and how old the sampling weights could be
+        rows[-1:-1] = [("learners push", PUSHES[s["push"]]), ("batches sampled with", s["sampled_with"])]
     rows += [(name, str(path)) for name, path in s.get("files", {}).items()]
     if rich_table:
         from rich.console import Console

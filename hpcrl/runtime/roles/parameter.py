@@ -488,7 +488,9 @@ class ParameterRank:
         ckpt = self.checkpoint()
         self.summary = self.record.summary(self.stats(), self.stop_reason, self.job.run_dir, {
             "trajectories": f"{self.job.run_dir / TRAJ_DIR}/actor-NNNNN.h5 ({self.cfg.actors.count} files)",
-            "checkpoint": str(ckpt)})
+            "checkpoint": str(ckpt)}, push=self.plan.push, sampled_with=(
+            "the weights the previous batch made (actors.on_policy=true)" if self.plan.on_policy else
+            "weights up to a batch old: actors sample the next batch while learners train (actors.on_policy=false)"))
         self.record.close()
         self.job.progress.finish(self.summary)
 

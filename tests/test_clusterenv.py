@@ -93,6 +93,8 @@ def test_bad_options_are_one_line_config_errors_before_any_process_starts():
         hpcrl.ClusterEnv("CartPole-v1", 4, workers=2, kl=0.1)
     with pytest.raises(ConfigError, match="autoreset_mode"):
         hpcrl.ClusterEnv("CartPole-v1", 4, workers=2, autoreset_mode="sometimes")
+    with pytest.raises(ConfigError, match="step_timeout: 0 must be > 0 seconds or None"):
+        hpcrl.ClusterEnv("CartPole-v1", 4, workers=2, step_timeout=0)
 
 
 def test_import_hpcrl_stays_cheap():
@@ -183,6 +185,59 @@ def test_worker_errors_and_a_killed_worker_end_step_with_its_name_and_close_stil
     while alive(survivor) and time.time() < deadline:
         time.sleep(0.1)
     assert not alive(survivor)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("wait", ["socket", pytest.param("poll", marks=pytest.mark.slow)])
+def test_a_stopped_worker_ends_step_after_step_timeout_naming_it_and_close_ends_it(tmp_path, wait):
+    code = f"""
+    import os, signal, time, numpy as np
+    import hpcrl
+    from hpcrl.clusterenv import WorkerStalled
+    env = hpcrl.ClusterEnv("CartPole-v1", 4, workers=2, wait="{wait}", step_timeout=1.5)
+    env.reset(seed=0)
+    env.step(np.zeros(4, dtype=np.int64))
+    pids = [r["pid"] for r in env.pool.reports]
+    print("PIDS", *pids, flush=True)
+    os.kill(pids[1], signal.SIGSTOP)  # alive, its lifeline open: only a bounded wait ends step()
+    t = time.time()
+    try:
+        for _ in range(10000):
+            env.step(np.zeros(4, dtype=np.int64))
+        raise SystemExit("no error")
+    except WorkerStalled as exc:
+        print("ERROR", str(exc).splitlines()[0], "|", round(time.time() - t, 2), flush=True)
+    t = time.time()
+    env.close()
+    print("CLOSED", round(time.time() - t, 2), flush=True)
+    """
+    proc = run_head(tmp_path, code)
+    pids: list[int] = []
+    try:
+        out = ""
+        for line in proc.stdout:  # the pids first, so that teardown can always free the stopped worker
+            out += line
+            if line.startswith("PIDS"):
+                pids = [int(p) for p in line.split()[1:]]
+                break
+        out += finish(proc, timeout=60)
+    finally:
+        for pid in pids:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+    err = next(line for line in out.splitlines() if line.startswith("ERROR"))
+    assert f"worker 1 (rank 2 of the head's communicator, host" in err and f"pid {pids[1]}" in err, err
+    assert "worker 0" not in err and "stopped (SIGSTOP" in err and "step_timeout=1.5 s" in err, err
+    assert 1.4 < float(err.split()[-1]) < 10, err
+    closed = next(line for line in out.splitlines() if line.startswith("CLOSED")).split()
+    assert float(closed[1]) < 8, closed  # close() ended the stopped worker: no 10 s wait for mpiexec
+    deadline = time.time() + 10
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids)
 
 
 @pytest.mark.mpi

@@ -3,6 +3,6 @@
 ``hpcrl.ClusterEnv(env_id, num_envs, workers=W, **options)``; see :mod:`hpcrl.clusterenv.env`.
 Importing this package imports neither mpi4py nor torch (the constructor does).
 """
-from hpcrl.clusterenv.env import ClusterEnv, WorkerError, WorkerLost
+from hpcrl.clusterenv.env import ClusterEnv, WorkerError, WorkerLost, WorkerStalled
 
-__all__ = ["ClusterEnv", "WorkerError", "WorkerLost"]
+__all__ = ["ClusterEnv", "WorkerError", "WorkerLost", "WorkerStalled"]

@@ -21,6 +21,8 @@ actions taken, their log-probabilities and the acting policy's version come back
 """
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import numpy as np
@@ -28,11 +30,11 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from hpcrl.clusterenv.options import ClusterOptions
-from hpcrl.clusterenv.pool import WorkerError, WorkerLost, WorkerPool
+from hpcrl.clusterenv.pool import WorkerError, WorkerLost, WorkerPool, WorkerStalled
 from hpcrl.clusterenv.protocol import split
 from hpcrl.errors import ConfigError
 
-__all__ = ["ClusterEnv", "WorkerError", "WorkerLost"]
+__all__ = ["ClusterEnv", "WorkerError", "WorkerLost", "WorkerStalled"]
 
 
 def _options(env_id, num_envs, workers, options) -> ClusterOptions:
@@ -148,7 +150,8 @@ class ClusterEnv(VectorEnv):
         self.head_threads = HeadThreads(o.head_threads, reports)  # workers on the head's cores: no spinning pool
         self.observation_space = batch_space(obs_space, o.num_envs)
         self.action_space = batch_space(act_space, o.num_envs)
-        self.pool = WorkerPool(self.link, counts, reports, obs_space, act_space, width, doorbell=o.wait == "socket")
+        self.pool = WorkerPool(self.link, counts, reports, obs_space, act_space, width, doorbell=o.wait == "socket",
+                               step_timeout=o.step_timeout)
         self._obs = None
         self.version = -1
         self.aaps = None
@@ -250,10 +253,17 @@ class ClusterEnv(VectorEnv):
         return self.version
 
     def close(self, **kwargs) -> None:
-        """Tell the workers to leave and wait for them; after a worker died, only the survivors are told."""
+        """Tell the workers to leave and wait for them; after a worker died, only the survivors are told; workers
+        this head started (``launch="local"``) that did not answer within ``step_timeout`` are killed."""
         if self.closed:
             return
         self.closed = True
+        if self.pool is not None and self.launch == "local":
+            for pid in self.pool.stalled_pids():  # stopped or hung: they would never read the lifeline's end
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         self._teardown(collective=self.pool is not None and self.pool.broken is None)
 
     def _teardown(self, collective: bool) -> None:

@@ -25,6 +25,10 @@ class ClusterOptions:
     this job; batch: submit a worker job to ``site`` (or attach to one through ``rendezvous``)."""
     timeout: float = 120.0
     """Seconds to wait for every worker to connect."""
+    step_timeout: float | None = 600.0
+    """Seconds ``reset()`` and ``step()`` wait for every worker's result before raising :class:`WorkerStalled`
+    naming the workers that did not answer (a stopped or hung worker keeps its lifeline open); None: no limit.
+    Raise it for envs slower than this per step."""
     mpiexec: str = "mpiexec"
     """local: the mpiexec to start workers with (a name is looked up next to python, then on PATH)."""
     mpiexec_args: list = field(default_factory=list)
@@ -74,6 +78,9 @@ class ClusterOptions:
             raise ConfigError("site: batch launch needs site=NAME (submit a worker job) or rendezvous=FILE (attach)")
         if not self.timeout > 0:
             raise ConfigError(f"timeout: {self.timeout} must be > 0 seconds")
+        if self.step_timeout is not None and not (isinstance(self.step_timeout, (int, float))
+                                                  and not isinstance(self.step_timeout, bool) and self.step_timeout > 0):
+            raise ConfigError(f"step_timeout: {self.step_timeout!r} must be > 0 seconds or None (no limit)")
         if not self.kl_threshold >= 0:
             raise ConfigError(f"kl_threshold: {self.kl_threshold} must be >= 0")
         if int(self.kl_window) < 1:

@@ -6,12 +6,18 @@ worker into its result buffer, sleep in ``select`` until every worker rang back 
 before sending), then test the receives. With ``wait="poll"`` there are no doorbells: the head
 polls MPI (a short spin, then sleeps of 10 us doubling to 1 ms). Either way it watches for worker
 errors (``TAG_ERROR``) and for closed lifelines: a worker whose process is gone ends the wait with
-:class:`WorkerLost` naming it. After a loss the pool only closes (the survivors are told to exit).
+:class:`WorkerLost` naming it. A worker that is alive but does not answer (stopped by SIGSTOP, hung
+in its env) keeps its lifeline open: after ``step_timeout`` seconds the wait ends with
+:class:`WorkerStalled` naming it (and, on the head's host, its process state). After a loss or a stall
+the pool only closes (the survivors are told to exit).
 """
 from __future__ import annotations
 
+import math
 import pickle
+import socket
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -33,11 +39,17 @@ class WorkerError(RuntimeError):
     """A worker's envs raised: the message names the worker and carries its traceback."""
 
 
+class WorkerStalled(RuntimeError):
+    """A worker did not answer within ``step_timeout`` seconds (stopped or hung): the message names it."""
+
+
 class WorkerPool:
     def __init__(self, link, counts: list[int], reports: list[dict], obs_space, act_space, policy_width: int = 0,
-                 doorbell: bool = True):
+                 doorbell: bool = True, step_timeout: float | None = None):
         from mpi4py import MPI
 
+        self.step_timeout = step_timeout
+        """Seconds a command waits for every worker's result (None: no limit); then WorkerStalled."""
         self.doorbell = doorbell
         """Ring each worker's lifeline after a command and sleep in select() for theirs (else poll MPI)."""
         self.MPI, self.link, self.comm = MPI, link, link.comm
@@ -54,6 +66,8 @@ class WorkerPool:
         self.views = [lay.views(buf) for lay, buf in zip(self.layouts, self.buffers)]
         self.decoders = [InfoDecoder(k) for k in counts]
         self.broken: str | None = None
+        self.stalled: list[int] = []
+        """Workers a WorkerStalled named."""
         self.wait_seconds = 0.0
         self._status = MPI.Status()
 
@@ -93,6 +107,11 @@ class WorkerPool:
             reqs = [self.comm.isend(None, dest=i + 1, tag=P.TAG_CLOSE) for i in range(self.workers)]
             self._wait(self._rang(reqs), "close()")
 
+    def stalled_pids(self) -> list[int]:
+        """Pids of the workers on this host that a WorkerStalled named (close() ends them)."""
+        here = socket.gethostname()
+        return [self.reports[i]["pid"] for i in self.stalled if self.reports[i].get("host") == here]
+
     # ---- waiting --------------------------------------------------------------------------
     def _rang(self, sends: list) -> list:
         if self.doorbell:
@@ -100,10 +119,12 @@ class WorkerPool:
                 self.link.lifeline.ring(i)
         return sends
 
-    def _wait_rings(self, sends: list, recvs: list) -> None:
+    def _wait_rings(self, sends: list, recvs: list, deadline: float) -> None:
         """Sleep in select() until every worker rang (its result is on the way); progress MPI between naps."""
         MPI, pending = self.MPI, set(range(self.workers))
         while pending:
+            if time.perf_counter() > deadline:
+                self._stalled(sorted(pending), sends + recvs)
             rung, gone = self.link.lifeline.wait_rings(pending, 1e-3)
             if gone:
                 self._lost(gone, sends + recvs)
@@ -125,9 +146,10 @@ class WorkerPool:
         statuses = [MPI.Status() for _ in recvs]
         done = [False] * len(recvs)
         t0 = time.perf_counter()
+        deadline = t0 + (math.inf if self.step_timeout is None else self.step_timeout)
         if self.doorbell:
-            self._wait_rings(sends, recvs)
-        self._wait(sends, "step()")
+            self._wait_rings(sends, recvs, deadline)
+        self._wait(sends, "step()", deadline, recvs)
         spin = DOORBELL_SPIN_SECONDS if self.doorbell else SPIN_SECONDS  # rung: the results are on their way
         spin_until, delay, next_check = time.perf_counter() + spin, 1e-5, 0.0
         while not all(done):
@@ -140,19 +162,24 @@ class WorkerPool:
             if now >= next_check:
                 next_check = now + LIFELINE_CHECK_SECONDS
                 self._check_errors(recvs, done)
+                if now > deadline:
+                    self._stalled([i for i in range(self.workers) if not done[i]], sends + recvs)
             if now > spin_until:
                 time.sleep(delay)
                 delay = min(delay * 2, 1e-3)
         self.wait_seconds += time.perf_counter() - t0
         return [self._unpack(i, statuses[i]) for i in range(self.workers)]
 
-    def _wait(self, reqs: list, what: str) -> None:
+    def _wait(self, reqs: list, what: str, deadline: float = math.inf, others: tuple = ()) -> None:
+        """Wait for ``reqs`` (one per worker, or fewer); WorkerStalled after ``deadline`` (cancelling ``others`` too)."""
         delay, next_check = 1e-5, 0.0
         while not self.MPI.Request.Testall(reqs):
             now = time.perf_counter()
             if now >= next_check:
                 next_check = now + LIFELINE_CHECK_SECONDS
                 self._check_errors(reqs, None)
+                if now > deadline:
+                    self._stalled([i for i, r in enumerate(reqs) if not r.Test()], [*reqs, *others])
             time.sleep(delay)
             delay = min(delay * 2, 1e-3)
 
@@ -178,6 +205,20 @@ class WorkerPool:
                     pass
             raise WorkerLost(f"ClusterEnv: {names} died (its lifeline socket closed); the head stays usable "
                              "for close()")
+
+    def _stalled(self, silent: list[int], reqs: list) -> None:
+        """WorkerStalled naming the workers that did not answer within step_timeout; the pool only closes after it."""
+        names = "; ".join(f"{self.describe(i)}{_process_state(self.reports[i])}" for i in silent)
+        self.broken = f"{names} did not answer"
+        self.stalled = list(silent)
+        for req in reqs:
+            try:
+                req.Cancel()
+            except Exception:
+                pass
+        raise WorkerStalled(f"ClusterEnv: {names} did not answer within step_timeout={self.step_timeout:g} s "
+                            "(its lifeline is open: stopped or hung, not dead); the head stays usable for close(), "
+                            "which ends it")
 
     def _drain(self, reqs: list, done, failed: set) -> None:
         """After a worker error: wait for the others' results so the next command starts clean."""
@@ -215,3 +256,17 @@ class WorkerPool:
         infos = merge([(int(lo), int(hi), p["info_leaves"]) for (lo, hi), p in zip(self._slices(), parts)],
                       self.num_envs)
         return arrays, infos
+
+
+def _process_state(report: dict) -> str:
+    """", its process is stopped (SIGSTOP)" and the like for a worker on this host; "" elsewhere or unknown."""
+    if report.get("host") != socket.gethostname():
+        return ""
+    try:
+        text = Path(f"/proc/{report['pid']}/stat").read_text()
+    except OSError:
+        return ""
+    state = text[text.rfind(")") + 2:].split()[0]
+    named = {"T": "stopped (SIGSTOP or SIGTSTP)", "t": "stopped by a debugger", "D": "in uninterruptible I/O",
+             "R": "running", "S": "sleeping", "Z": "a zombie"}
+    return f", its process is {named.get(state, 'in state ' + state)}"

@@ -222,6 +222,28 @@ class ContainerConfig(Section):
     """Expose GPUs (apptainer --nv, podman-hpc --gpu, shifter --module=mpich,gpu)."""
 
 
+class PlacementConfig(Section):
+    """Which rank takes which role, by the nodes the launcher put them on (hpcrl/runtime/placement.py)."""
+
+    roles: Literal["in_launch_order", "learners_first"] = "in_launch_order"
+    """in_launch_order: rank 0 is the parameter rank, the next G x L ranks the learners, the rest the actors.
+    learners_first: the parameter rank first, learner ranks packed onto the first nodes, actors on every other
+    rank, node by node (the same under mpiexec, srun, PALS and Parsl: the ranks order themselves by hostname)."""
+    learners_per_node: int | None = Field(None, ge=1)
+    """learners_first: at most this many learner ranks on a node (a GPU node: its GPU count; each learner takes
+    the GPU of its index among its node's learners); None: as many as the node has ranks."""
+    parameter: Literal["with_learners", "apart"] = "with_learners"
+    """learners_first: with_learners puts learner ranks beside the parameter rank on the first node; apart leaves
+    that node's other ranks to actors, and learners start on the next node."""
+
+    @model_validator(mode="after")
+    def _options_of_learners_first(self) -> "PlacementConfig":
+        if self.roles == "in_launch_order" and (self.learners_per_node is not None or self.parameter != "with_learners"):
+            raise ValueError("launch.placement.learners_per_node and .parameter are read only with "
+                             "launch.placement.roles=learners_first")
+        return self
+
+
 class LaunchConfig(Section):
     runner: Literal["mpi", "serial"] = "mpi"
     """Where the roles run: 'mpi' (one MPI rank each, started by mpiexec/srun/PALS) or 'serial'
@@ -247,6 +269,8 @@ class LaunchConfig(Section):
     prestart: bool = True
     """Local MPI runs without a container: the ranks are forked from one process that imported torch, h5py,
     gymnasium and mpi4py once (hpcrl.runtime.runners.prestart), instead of each importing them; false: each imports."""
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    """Where the parameter rank, the learner groups and the actors go across nodes (docs/sites.md, "Placement")."""
     actor_nice: int = Field(10, ge=0, le=19)
     """Runner mpi: actor ranks lower their scheduling priority by this much (nice). Where ranks outnumber cores, the learner and parameter ranks that every gradient waits on then get a core first (default job, 4 ranks on 2 cores: +8 % env steps/s); actors wait on back-pressure anyway, and where every rank has a core nothing changes. 0: off."""
 

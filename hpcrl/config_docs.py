@@ -59,8 +59,8 @@ def render_markdown() -> str:
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             out += _section(f"`{name}`", ann, f"{name}.")
             for sub, subfield in ann.model_fields.items():
-                inner = [a for a in typing.get_args(subfield.annotation) if isinstance(a, type)
-                         and issubclass(a, BaseModel)]
+                inner = [a for a in (subfield.annotation, *typing.get_args(subfield.annotation))
+                         if isinstance(a, type) and issubclass(a, BaseModel)]
                 for model in inner:
                     out += _section(f"`{name}.{sub}`", model, f"{name}.{sub}.")
     out += ["## `algo`", "", "`algo.name` picks the algorithm (default `ppo`); each has its own fields.", ""]

@@ -188,6 +188,28 @@ def resolve_run_dir(cfg: RunConfig, run_dir: str | None, cwd: Path, stamp: str) 
     return path if path.is_absolute() else cwd / path
 
 
+def check_placement(cfg: RunConfig, site: Site, ranks: int, per_node: int) -> None:
+    """launch.placement on the block layout the script asks for: the learners fit, and learners_first on a GPU
+    site gives no node more learner ranks than GPUs (each takes the GPU of its index among its node's learners;
+    in launch order they share them by node-local rank, as before)."""
+    from hpcrl.runtime.placement import block_hosts, role_order
+
+    placement, learners = cfg.launch.placement, cfg.learners.groups * cfg.learners.ranks_per_group
+    try:
+        order = role_order(block_hosts(ranks, per_node), learners, placement.roles, placement.learners_per_node,
+                           placement.parameter)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if placement.roles == "learners_first" and site.gpus_per_node and cfg.learners.device != "cpu":
+        hosts = block_hosts(ranks, per_node)
+        per_host = {h: sum(1 for r in order[1:1 + learners] if hosts[r] == h) for h in set(hosts)}
+        most = max(per_host.values(), default=0)
+        if most > site.gpus_per_node:
+            raise ConfigError(f"launch.placement: {most} learner ranks on one node of {site.name}, which has "
+                              f"{site.gpus_per_node} GPUs a node; allowed: launch.placement.roles=learners_first with "
+                              f"learners_per_node <= {site.gpus_per_node}, or learners.device=cpu")
+
+
 def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str | None = None,
              account: str | None = None, queue: str | None = None, run_dir: str | None = None,
              python: str | None = None, warning_seconds: int = 120, max_restarts: int = 10,
@@ -219,6 +241,7 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
                           f"({seconds(time)} s)")
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts: {max_restarts} must be 0 or more")
+    check_placement(cfg, site, ranks, per_node)
 
     stamp = stamp or _time.strftime("%Y%m%d-%H%M%S")
     run_path = resolve_run_dir(cfg, run_dir, cwd or Path.cwd(), stamp)

@@ -103,11 +103,13 @@ PARK_REASONS = (
 
 TABLE_LIST = (
     TableSpec("rank_map", "One row per MPI rank the run has had: its role and place (written at creation; a resume with more actors appends their ranks).", (
-        _c("rank", "i4", "", "MPI rank in COMM_WORLD", True),
+        _c("rank", "i4", "", "MPI rank in the job's communicator: 0 the parameter rank, then the learners, then the actors", True),
         _c("role", "i1", "code", "0 parameter, 1 learner, 2 actor", True, ROLES),
         _c("group", "i4", "", "learner group index (-1 for other roles)"),
         _c("index", "i4", "", "actor index (traj file number) or rank within the learner group; 0 for the parameter rank"),
         _c("node", "S64", "", "host name"),
+        _c("world_rank", "i4", "", "the rank its launcher gave it (COMM_WORLD); differs from rank where "
+           "launch.placement.roles=learners_first reordered the ranks by node"),
     )),
     TableSpec("updates", "One row per aggregation event on the parameter rank (Stellaris Section V-C).", (
         _c("time", "f8", "s", "time the update was applied, since run start", True),
@@ -272,6 +274,19 @@ TABLE_LIST = (
         _c("parked_seconds", "f4", "s", "how long the actor was parked"),
         _c("cpu_seconds", "f4", "s", "CPU seconds the actor's thread used while parked"),
         _c("active_actors", "i4", "", "active actor ranks when the park ended"),
+    )),
+    TableSpec("weight_fetches", "One row per version the parameter rank published (MPI runner): the copies of "
+              "it that readers took from rank 0's weight board, and their bytes, by reader kind. Actors that share "
+              "a node's weight cache (runtime/transport/node_cache.py) fetch a version once per node; a version "
+              "nobody read has zeros. A resumed job republishes the checkpoint's version: it can have a row "
+              "from each job (add them).", (
+        _c("version", "i8", "", "the published version", True),
+        _c("actor_fetches", "i4", "", "copies of the version's data actor ranks took from rank 0 (one per node "
+           "with the node cache; probe-only reads of actors.weight_sync=aaps count too)", True),
+        _c("actor_bytes", "i8", "B", "bytes of those copies", True),
+        _c("learner_fetches", "i4", "", "copies learner ranks took (the newest weights, older versions for "
+           "the IS window)", True),
+        _c("learner_bytes", "i8", "B", "bytes of those copies", True),
     )),
     TableSpec("actors", "Optional: one row per trajectory fragment an actor produced (latency breakdown).", (
         _c("time", "f8", "s", "time the fragment was handed to transport, since run start", True),

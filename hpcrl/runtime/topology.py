@@ -53,7 +53,7 @@ def plan_roles(world_size: int, groups: int, ranks_per_group: int, actors: int) 
 def one_process_rank_map() -> dict[str, list]:
     """run.h5's rank_map of a run that is one process (the fused loop): rank 0, the parameter role, this host."""
     return {"rank": [0], "role": [ROLE_CODES[PARAMETER]], "group": [-1], "index": [0],
-            "node": [platform.node().encode()[:64]]}
+            "node": [platform.node().encode()[:64]], "world_rank": [0]}
 
 
 @dataclass
@@ -76,14 +76,27 @@ class Topology:
     roles: list[Role] = field(repr=False)
     nodes: list[str] = field(repr=False)
     node_ranks: list[int] = field(repr=False)
+    world_ranks: list[int] = field(repr=False, default_factory=list)
+    """Each rank's rank in the communicator the job was started with (its launcher's rank number)."""
 
     @classmethod
-    def from_config(cls, comm, learners_cfg, actors_count: int) -> "Topology":
-        """Collective over ``comm``: check the size against the config and split the communicators."""
+    def from_config(cls, comm, learners_cfg, actors_count: int, placement=None) -> "Topology":
+        """Collective over ``comm``: check the size against the config, order the ranks by the placement
+        (hpcrl/runtime/placement.py: ``self.comm`` is then a reordered copy of ``comm``) and split the
+        communicators."""
         from mpi4py import MPI
+
+        from hpcrl.runtime.placement import role_order
 
         groups, per_group = learners_cfg.groups, learners_cfg.ranks_per_group
         roles = plan_roles(comm.Get_size(), groups, per_group, actors_count)
+        world_rank = comm.Get_rank()
+        order = list(range(comm.Get_size()))
+        if placement is not None and placement.roles != "in_launch_order":
+            hosts = comm.allgather(MPI.Get_processor_name())
+            order = role_order(hosts, groups * per_group, placement.roles, placement.learners_per_node,
+                               placement.parameter)
+            comm = comm.Split(0, key=order.index(world_rank))
         rank = comm.Get_rank()
         mine = roles[rank]
         color = mine.group if mine.role == LEARNER else MPI.UNDEFINED
@@ -94,7 +107,7 @@ class Topology:
             comm=comm, rank=rank, size=comm.Get_size(), role=mine.role, group=mine.group,
             group_rank=mine.group_rank, group_comm=group_comm, node_comm=node_comm,
             groups=groups, ranks_per_group=per_group, roles=roles,
-            nodes=[t[0] for t in table], node_ranks=[t[1] for t in table],
+            nodes=[t[0] for t in table], node_ranks=[t[1] for t in table], world_ranks=order,
         )
 
     @property
@@ -109,6 +122,15 @@ class Topology:
     def node_rank(self) -> int:
         """Node-local rank (GPU binding: a learner uses the device with this index modulo the count)."""
         return self.node_ranks[self.rank]
+
+    @property
+    def device_index(self) -> int:
+        """A learner's GPU on its node: its index among the learner ranks of its node (distinct GPUs while a
+        node holds no more learners than GPUs); other roles: their node-local rank."""
+        if self.role != LEARNER:
+            return self.node_rank
+        mine = self.nodes[self.rank]
+        return sum(1 for r in self.learner_ranks if r < self.rank and self.nodes[r] == mine)
 
     @property
     def node_name(self) -> str:
@@ -145,6 +167,7 @@ class Topology:
             "group": [x.group for x in self.roles],
             "index": [actors.index(r) if x.role == ACTOR else max(x.group_rank, 0) for r, x in enumerate(self.roles)],
             "node": [n.encode()[:64] for n in self.nodes],
+            "world_rank": list(self.world_ranks or range(self.size)),
         }
 
     def free(self) -> None:

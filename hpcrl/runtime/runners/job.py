@@ -99,14 +99,14 @@ def roll_back_record(run_dir: Path) -> dict | None:
 
 
 def role_device(learners_cfg, topo: Topology) -> torch.device:
-    """Learner ranks use the GPU given by their node-local rank (when asked or available); others the CPU."""
+    """Learner ranks use the GPU of their index among their node's learners (when asked or available); others the CPU."""
     if topo.role != "learner" or learners_cfg.device == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         if learners_cfg.device == "cuda":
             raise RuntimeError("learners.device=cuda but torch sees no CUDA device on this node")
         return torch.device("cpu")
-    index = topo.node_rank % torch.cuda.device_count()
+    index = topo.device_index % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 

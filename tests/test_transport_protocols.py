@@ -9,12 +9,13 @@ import inspect
 
 import pytest
 
-from hpcrl.runtime.transport import group_reduce, links as transport, local, protocols, windows
+from hpcrl.runtime.transport import group_reduce, links as transport, local, node_cache, protocols, windows
 
 PAIRS = [
     (protocols.Counters, windows.CounterWindow, local.LocalCounters),
     (protocols.Mailbox, windows.GradientMailbox, local.LocalMailbox),
     (protocols.Board, windows.WeightBoard, local.LocalBoard),
+    (protocols.Board, node_cache.NodeWeightCache, local.LocalBoard),
     (protocols.Reports, transport.MpiReports, local.LocalReports),
     (protocols.Fragments, transport.MpiFragments, local.LocalFragments),
     (protocols.ActorLink, transport.ActorLink, local.LocalActorLink),

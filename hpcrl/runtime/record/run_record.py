@@ -10,6 +10,8 @@ happened and the record writes the rows; it knows no MPI, no admission rule and 
     consumed(env_steps, learner_seconds)   what the learners reported with a gradient (the round's counts)
     fragment(msg, env_steps)           an actor's fragment report: actors and episodes rows, returns
     actor_park(row), activity(row), evaluation(msg)   the other ranks' rows
+    weight_fetches(rows)               what rank 0's weight board served per version (Board.fetch_rows)
+    collect(table, source)             rows another object keeps, taken with each load row and flush
     group_event(group, action, reason, active, ...)   rank 0 activated or parked a learner group
     active(groups)                     the active learner groups changed without a row (the round keeps the most)
     iterations(first, times, stats, episodes, ...)   the fused loop's window of iterations, fetched from the
@@ -31,7 +33,7 @@ import json
 import math
 from collections import deque
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -61,6 +63,7 @@ class RunRecord:
         self.staleness_recent: deque[int] = deque(maxlen=64)
         self.last_stats: dict[str, float] = {}  # the fused loop's newest iteration: the algorithm's numbers
         self._load_counts = (gradients, admitted, updates)
+        self._sources: list[tuple[str, Callable[[], Mapping[str, Sequence]]]] = []
 
     @classmethod
     def create(cls, run_dir: Path, io, config_yaml: str, rank_map: Mapping[str, Sequence], stop_rule: StopRule,
@@ -167,6 +170,22 @@ class RunRecord:
 
     def actor_park(self, row: dict) -> None:
         self.file.append("actor_parks", self.times(row, ("time",)))
+
+    def weight_fetches(self, rows: Mapping[str, Sequence[int]]) -> None:
+        """What rank 0's weight board served per version (``Board.fetch_rows``: columns of ``weight_fetches``)."""
+        if rows and len(rows["version"]):
+            self.file.append("weight_fetches", dict(rows))
+
+    def collect(self, table: str, source: Callable[[], Mapping[str, Sequence]]) -> None:
+        """Rows another object keeps for ``table`` (``source()``: columns, maybe empty), taken with every load row
+        (twice a second) and at every :meth:`flush` (before a checkpoint counts the rows)."""
+        self._sources.append((table, source))
+
+    def _collect(self) -> None:
+        for table, source in self._sources:
+            rows = source()
+            if rows and len(next(iter(rows.values()))):
+                self.file.append(table, dict(rows))
 
     def activity(self, row: dict) -> None:
         """A learner group's batch (learner_activity, its learner_cycles, its algo report) or park report."""
@@ -287,6 +306,7 @@ class RunRecord:
 
     def load(self, clock) -> None:
         """One parameter_load row: the interval since the last one (gradients in, phases, absorption rate)."""
+        self._collect()
         elapsed, sec = clock.take()
         g0, a0, u0 = self._load_counts
         self._load_counts = (self.gradients, self.admitted, self.updates)
@@ -327,6 +347,7 @@ class RunRecord:
     def flush(self) -> None:
         """Every kept row into the file, and the file to disk (before a checkpoint counts the rows); the live
         scalars too (their writer thread also flushes them every io.flush_seconds)."""
+        self._collect()
         self.rows.flush()
         self.file.flush()
         if self.scalars is not None:

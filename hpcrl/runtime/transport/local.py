@@ -176,6 +176,11 @@ class LocalBoard:
         with self._lock:
             return [v for v, _, _ in self._ring]
 
+    def fetch_rows(self, final: bool = False) -> dict[str, list[int]]:
+        """Nothing: in one process no weight bytes travel from the parameter role (run.h5 ``weight_fetches``
+        stays empty under the serial runner)."""
+        return {}
+
     def free(self) -> None:
         pass
 

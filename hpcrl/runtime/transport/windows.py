@@ -33,6 +33,7 @@ MPI rules this module relies on, and how it meets them:
 from __future__ import annotations
 
 import time
+from collections import deque
 from contextlib import contextmanager
 
 import numpy as np
@@ -46,6 +47,10 @@ FREE, CLAIMED, FULL = 0, 1, 2
 
 _I8 = 8  # bytes of an int64 control word
 _SLOTS = 1 << 16  # the weight board's latest word: version * _SLOTS + slot
+FETCH_KINDS = ("actor", "learner")
+"""Who reads the weight board: each kind's fetches of a version are counted apart (run.h5 ``weight_fetches``)."""
+_TALLIES = 1024  # versions whose fetch counts the board keeps words for (a ring indexed by version)
+_TALLY_LAG = 64  # versions a fetch count waits behind the newest before it is read, so late counts still land
 _INT64 = MPI.INT64_T  # one datatype for every atomic on a control word (numpy's int64 maps to MPI_LONG)
 
 
@@ -262,28 +267,47 @@ class WeightBoard(_OwnedWindow):
     returned v never returns less. The newest version is never the slot being rewritten
     (history >= 2), so readers rarely retry; the older slots serve ``read_version`` for
     Stellaris' IS truncation.
+
+    Fetch counts: after the ctrl words, ``int64 tally[1024][2 * len(FETCH_KINDS)]`` (SUM only),
+    row ``version % 1024``: per reader kind (``reader``, this rank's), the copies of that version's
+    data it took and their bytes. A reader adds to them after a copy succeeded (a retried copy is
+    not counted; ``retries`` counts those); ``read_latest`` with the newest version held copies
+    nothing and counts nothing. The owner turns them into one row per published version
+    (:meth:`fetch_rows`): what rank 0 served, whoever read it (a node's actors through a
+    :class:`~hpcrl.runtime.transport.node_cache.NodeWeightCache` count once per node).
     """
 
     _what = "WeightBoard"
 
-    def __init__(self, comm, owner_rank: int, num_params: int, history: int = 4, probe_size: int = 0):
+    def __init__(self, comm, owner_rank: int, num_params: int, history: int = 4, probe_size: int = 0,
+                 reader: str = "actor"):
         if num_params < 1 or not 1 <= history < _SLOTS or probe_size < 0:
             raise ValueError(f"WeightBoard: num_params >= 1, 1 <= history < {_SLOTS}, probe_size >= 0")
+        if reader not in FETCH_KINDS:
+            raise ValueError(f"WeightBoard: reader {reader!r} is not one of {', '.join(FETCH_KINDS)}")
         self.num_params, self.history, self.probe_size = num_params, history, probe_size
         self._nctrl = 4 + 2 * history
-        self._data_disp = _align(_I8 * self._nctrl)
+        self._tally_disp = _align(_I8 * self._nctrl)
+        self._tally_width = 2 * len(FETCH_KINDS)
+        self._data_disp = _align(self._tally_disp + _I8 * _TALLIES * self._tally_width)
         self._slot_bytes = _align(4 * (num_params + probe_size))
         super().__init__(comm, owner_rank, self._data_disp + history * self._slot_bytes)
         self._res = np.zeros(1, dtype=np.int64)
         self._ctrl = np.zeros(self._nctrl, dtype=np.int64)
+        self._kind = FETCH_KINDS.index(reader)
+        self._count = np.zeros(2, dtype=np.int64)  # this reader's (1, bytes), added to a version's tally
         self._latest_slot = -1
         self._latest_version = -1
+        self._unread: deque[int] = deque()  # owner: versions published whose fetch counts are not read yet
+        self._tally_seen = np.zeros((_TALLIES, self._tally_width), dtype=np.int64)  # owner: the sums read so far
+        self._rows: list[tuple[int, ...]] = []  # owner: counts read, not yet taken by fetch_rows
         self.retries = 0
         if self.is_owner:
             init = np.zeros(self._nctrl, dtype=np.int64)
             init[0] = -1
             init[5::2] = -1
             self._init_words(0, init)
+            self._init_words(self._tally_disp, np.zeros(_TALLIES * self._tally_width, dtype=np.int64))
             self._fill_floats(self._data_disp, history * self._slot_bytes // 4, np.nan)
         comm.Barrier()
 
@@ -309,6 +333,8 @@ class WeightBoard(_OwnedWindow):
         probe = np.ascontiguousarray([] if probe is None else probe, dtype=np.float32).reshape(-1)
         if probe.size != self.probe_size:
             raise ValueError(f"WeightBoard.publish: probe has {probe.size} values, board expects {self.probe_size}")
+        while self._unread and version - self._unread[0] >= _TALLIES // 2:  # its tally row is about to be reused
+            self._take_tallies(1)
         slot = (self._latest_slot + 1) % self.history
         base = self._data_disp + slot * self._slot_bytes
         seq = self._seq_word(slot)
@@ -328,6 +354,45 @@ class WeightBoard(_OwnedWindow):
             win.Flush(self.owner)
         del odd, even  # origin buffers live until their Flush
         self._latest_slot, self._latest_version = slot, version
+        self._unread.append(version)
+
+    # ---- fetch counts -------------------------------------------------------------------
+    def fetch_rows(self, final: bool = False) -> dict[str, list[int]]:
+        """Owner: one row per published version whose fetch counts are settled (columns of run.h5's
+        ``weight_fetches``: version, then fetches and bytes per reader kind), each version once.
+
+        A version's counts are read once it is 64 versions behind the newest (a reader still adding
+        to them would have to stall across 64 publishes); ``final`` (no reader reads any more: the run's
+        end) reads every version's."""
+        self._require_owner("fetch_rows")
+        self._take_tallies(len(self._unread) if final else max(len(self._unread) - _TALLY_LAG, 0))
+        rows, self._rows = self._rows, []
+        names = ["version"] + [f"{k}_{what}" for k in FETCH_KINDS for what in ("fetches", "bytes")]
+        return {name: [r[i] for r in rows] for i, name in enumerate(names)}
+
+    def _take_tallies(self, n: int) -> None:
+        """Owner: read the tally rows of the ``n`` oldest unread versions into ``_rows``."""
+        if n <= 0:
+            return
+        words = _TALLIES * self._tally_width
+        now = np.zeros(words, dtype=np.int64)
+        with self._epoch() as win:
+            win.Get_accumulate(_i64(np.zeros(words, dtype=np.int64)), _i64(now), self.owner,
+                               (self._tally_disp, words, _INT64), op=MPI.NO_OP)
+            win.Flush(self.owner)
+        now = now.reshape(_TALLIES, self._tally_width)
+        for _ in range(n):
+            version = self._unread.popleft()
+            i = version % _TALLIES
+            self._rows.append((version, *(int(x) for x in now[i] - self._tally_seen[i])))
+            self._tally_seen[i] = now[i]
+
+    def _tally(self, win, version: int, nbytes: int) -> None:
+        """Reader: count one successful copy of ``version`` (``nbytes``) for this rank's kind."""
+        self._count[:] = (1, nbytes)
+        disp = self._tally_disp + _I8 * ((version % _TALLIES) * self._tally_width + 2 * self._kind)
+        win.Accumulate(_i64(self._count), self.owner, (disp, 2, _INT64), op=MPI.SUM)
+        win.Flush(self.owner)
 
     def _accumulate(self, win, updates: list[tuple[int, int, object]]) -> list[np.ndarray]:
         """Start ``(word, value, op)`` updates (Accumulate, no Flush); returns their origin buffers."""
@@ -385,6 +450,7 @@ class WeightBoard(_OwnedWindow):
                     return -1
                 got = self._read_slot(win, slot, offset, out)
                 if got is not None and got == version_wanted:
+                    self._tally(win, got, out.nbytes)
                     return got
             self.retries += 1
             backoff.sleep()
@@ -409,6 +475,12 @@ class WeightBoard(_OwnedWindow):
         """Copy the newest probe outputs into ``out`` (float32, probe_size); return their version."""
         self._check_out(out, self.probe_size, "read_probe")
         return self._read(self.num_params, out.reshape(-1), None)
+
+    def read_latest_with_probe(self, out: np.ndarray, have: int = -1) -> int:
+        """The newest params and their probe outputs in one copy (``out``: float32, num_params + probe_size,
+        params first): what a node's cache holds of one version. ``have`` as in :meth:`read_latest`."""
+        self._check_out(out, self.num_params + self.probe_size, "read_latest_with_probe")
+        return self._read(0, out.reshape(-1), None, have)
 
     def versions(self) -> list[int]:
         """Versions the ring holds now, oldest first (a snapshot: publish may change it)."""

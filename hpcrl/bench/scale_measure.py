@@ -1,0 +1,262 @@
+"""The per-operation costs the scale model needs, measured with the runtime's own objects (no main: see scale_model).
+
+:func:`transport` is one ``mpiexec -n 3`` micro-run: rank 0 owns a :class:`GradientMailbox` and a
+:class:`WeightBoard` and does what the parameter rank does with each arrival (poll, the job's admission policy,
+Adam or the outer step, publish); rank 1 pushes gradients as a learner does; rank 2, an actor, reads every new
+version from the board while the pushes go on, then sends the job's fragments to rank 1 (``FragmentSender`` /
+``FragmentReceiver``) and a fragment report per fragment to rank 0 (``MpiReports``, a report of the shape the
+actor sends). All of it at each weight size of ``sizes``; medians per operation. :func:`workload` times the
+actor's env step (its ``VectorSampler`` with the policy) and the learner's minibatch gradient in this process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hpcrl.bench.scale_predict import Costs, Linear, Workload
+
+WORKER_FLAG = "--scale-measure-worker"
+TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "MPIR_CVAR_NOLOCAL": "1", "FI_TCP_IFACE": "lo"}
+"""A micro-run's ranks as if on different nodes: MPICH's OFI netmod over TCP, no shared memory (the local
+cluster's TaskProlog sets the same netmod between its nodes)."""
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs)) if xs else float("nan")
+
+
+def _report_message(actor: int, fragment: int, steps: int) -> dict:
+    """A fragment report as the actor sends it (runtime/roles/actor.py: _report), one finished episode."""
+    return {"fragment": {"time": time.time(), "actor": actor, "fragment": fragment, "steps": steps,
+                         "sample_seconds": 0.01, "transport_wait_seconds": 0.0, "weight_sync_seconds": 0.0,
+                         "policy_version": 1, "group": 0},
+            "episodes": [{"time": time.time(), "actor": actor, "return": 100.0, "length": 100}], "normalizer": None}
+
+
+def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
+    import torch
+    from mpi4py import MPI
+
+    from hpcrl.algos.adam import Adam
+    from hpcrl.algos.outer_step import OuterStep
+    from hpcrl.config import load_config
+    from hpcrl.runtime.backoff import Backoff
+    from hpcrl.runtime.roles.sampler import describe_env
+    from hpcrl.runtime.transport.channels import FragmentReceiver, FragmentSender
+    from hpcrl.runtime.transport.layout import FragmentLayout
+    from hpcrl.runtime.transport.links import MpiReports
+    from hpcrl.runtime.transport.windows import GradientMailbox, WeightBoard
+    from hpcrl.staleness import GradientRecord, make_policy
+
+    torch.set_num_threads(1)
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    if comm.Get_size() != 3:
+        raise SystemExit("scale-model's micro-run needs 3 ranks (parameter, learner, actor)")
+    cfg = load_config(config)
+    rows = {}
+    for P in sizes:
+        t: dict[str, list[float]] = {k: [] for k in ("push", "receive", "admit", "apply_gradient", "apply_update",
+                                                      "publish", "fetch", "node_copy")}
+        mb = GradientMailbox(comm, 0, 1, cfg.aggregation.mailbox_slots, P)
+        board = WeightBoard(comm, 0, P, history=cfg.aggregation.weight_history)
+        grad = np.full(P, 1e-3, dtype=np.float32)
+        n = max(20, min(400, int(seconds / (2e-4 + 2e-8 * P))))
+        if rank == 0:
+            params = torch.zeros(P, requires_grad=True)
+            params.grad = torch.zeros(P)
+            adam = Adam([params], lr=1e-3)
+            outer = OuterStep(params.detach(), lr=1.0)
+            policy = make_policy(cfg.aggregation)
+            version, queue, backoff = 0, [], Backoff(cap=1e-4)
+            board.publish(version, params.detach().numpy())
+            comm.Barrier()
+            got = 0
+            while got < n:
+                s = time.perf_counter()
+                items = mb.poll()
+                if not items:
+                    backoff.sleep()
+                    continue
+                t["receive"].append((time.perf_counter() - s) / len(items))
+                for header, g in items:
+                    got += 1
+                    queue.append(GradientRecord(group=0, seq=header["seq"], base_version=header["base_version"],
+                                                samples=header["samples"], grad=g, stats={}, received_at=0.0))
+                    s = time.perf_counter()
+                    adm = policy.admit(queue, version, 1)
+                    t["admit"].append(time.perf_counter() - s)
+                    if adm is None:
+                        continue
+                    adm.remove_from(queue)
+                    s = time.perf_counter()
+                    params.grad.copy_(torch.from_numpy(g))
+                    adam.step()
+                    t["apply_gradient"].append(time.perf_counter() - s)
+                    s = time.perf_counter()
+                    outer.step(torch.from_numpy(g))
+                    t["apply_update"].append(time.perf_counter() - s)
+                    version += 1
+                    s = time.perf_counter()
+                    board.publish(version, params.detach().numpy())
+                    t["publish"].append(time.perf_counter() - s)
+            comm.Barrier()
+        elif rank == 1:
+            comm.Barrier()
+            weights = np.empty(P, dtype=np.float32)
+            have = -1
+            for seq in range(n):
+                s = time.perf_counter()
+                waited = mb.push(0, seq, max(have, 0), 1, grad)  # waiting for a free slot is not the push's cost
+                t["push"].append(time.perf_counter() - s - waited)
+                have = board.read_latest(weights, have=have)  # the learner's read before its next minibatch
+            comm.Barrier()
+        else:
+            comm.Barrier()
+            weights, copy = np.empty(P, dtype=np.float32), np.empty(P, dtype=np.float32)
+            have, backoff, done = -1, Backoff(cap=1e-4), False
+            while not done:
+                s = time.perf_counter()
+                v = board.read_latest(weights, have=have)
+                if v != have:
+                    t["fetch"].append(time.perf_counter() - s)
+                    have = v
+                    s = time.perf_counter()
+                    np.copyto(copy, weights)  # what an actor pays to take its node's cached copy
+                    t["node_copy"].append(time.perf_counter() - s)
+                else:
+                    backoff.sleep()
+                done = have >= n - 2 or len(t["fetch"]) >= n
+            comm.Barrier()
+        mb.free()
+        board.free()
+        rows[P] = comm.gather({k: v for k, v in t.items() if v}, root=0)
+    # fragments (actor -> learner) and reports (actor -> rank 0), the job's fragment layout
+    info = describe_env(cfg.env)
+    layout = FragmentLayout(cfg.actors.fragment_length, cfg.env.num_envs, info.observation_space.shape,
+                            np.dtype(info.observation_space.dtype), getattr(info.action_space, "shape", ()) or (),
+                            np.int64 if hasattr(info.action_space, "n") else np.float32)
+    reps = max(50, int(seconds / 2e-4))
+    frag_s, report_s = float("nan"), []
+    comm.Barrier()
+    if rank == 2:
+        sender, reports = FragmentSender(comm, layout, cfg.actors.max_in_flight), MpiReports(comm, 0)
+        fragment = {k: v for k, v in layout.views(layout.empty()).items()}
+        s = time.perf_counter()
+        for i in range(reps):
+            sender.send(1, fragment)
+            reports.send("episodes", _report_message(0, i, cfg.actors.fragment_length * cfg.env.num_envs))
+        sender.close([1])
+        frag_s = (time.perf_counter() - s) / reps
+        reports.close()
+    elif rank == 1:
+        receiver, backoff = FragmentReceiver(comm, layout), Backoff(cap=1e-4)
+        while not receiver.finished([2]):
+            if receiver.poll() is None:
+                backoff.sleep()
+        receiver.close()
+    else:
+        reports, taken, backoff = MpiReports(comm, 0), 0, Backoff(cap=1e-4)
+        while taken < reps:
+            s = time.perf_counter()
+            msgs = reports.drain("episodes")
+            if msgs:
+                report_s.append((time.perf_counter() - s) / len(msgs))
+                taken += len(msgs)
+            else:
+                backoff.sleep()
+    frag_s = comm.bcast(frag_s, root=2)
+    if rank == 0:
+        per_size = {}
+        for P, parts in rows.items():
+            merged = {}
+            for part in parts:
+                merged.update({k: _median(v) for k, v in part.items()})
+            per_size[P] = merged
+        Path(out).write_text(json.dumps({"sizes": per_size, "fragment_send": frag_s, "report": _median(report_s),
+                                         "fragment_bytes": layout.nbytes}))
+
+
+def transport(config: str, sizes: list[int], seconds: float, tcp: bool, timeout: float = 600) -> dict:
+    """Run the 3-rank micro-run (``tcp``: as if on three nodes); its medians as ``{"sizes": {P: {op: s}}, ...}``."""
+    import tempfile
+
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    with tempfile.TemporaryDirectory(prefix="hpcrl-scale-") as tmp:
+        out = Path(tmp) / "costs.json"
+        cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", "3", sys.executable, "-m", "mpi4py", "-m",
+               "hpcrl.bench.scale_measure", WORKER_FLAG, config, ",".join(map(str, sizes)), str(seconds), str(out)]
+        env = dict(os.environ, UCX_LOG_LEVEL=os.environ.get("UCX_LOG_LEVEL", "error"), **(TCP_ENV if tcp else {}))
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        try:
+            log, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise RuntimeError(f"scale-model: the micro-run did not end within {timeout:.0f} s")
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"scale-model: the micro-run failed ({proc.returncode}):\n{log[-2000:]}")
+        got = json.loads(out.read_text())
+    got["sizes"] = {int(k): v for k, v in got["sizes"].items()}
+    return got
+
+
+def workload(config: str, overrides: list[str], seconds: float) -> tuple[Workload, dict]:
+    """The job's sizes, and its actor's seconds per env step and learner's seconds per minibatch gradient (CPU)."""
+    import torch
+
+    from hpcrl.algos import make_algorithm
+    from hpcrl.bench.learner_step import time_case
+    from hpcrl.config import load_config
+    from hpcrl.runtime.roles.sampler import VectorSampler, describe_env
+
+    torch.set_num_threads(1)
+    cfg = load_config(config, overrides)
+    info = describe_env(cfg.env)
+    algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
+    model = algo.make_model(info.observation_space, info.action_space)
+    P = model.flat.params.numel()
+    B, mb = cfg.algo.train_batch_size, cfg.algo.minibatch_size
+    work = Workload(floats=P, batch_steps=B, minibatches=cfg.algo.num_sgd_iter * -(-B // mb),
+                    fragment_steps=cfg.actors.fragment_length * cfg.env.num_envs)
+    sampler = VectorSampler(cfg.env, 0, cfg.algo.gamma)
+    T = cfg.actors.fragment_length
+    actor_step = time_case(lambda: sampler.sample(algo, model, T, 0, 0), seconds) / (T * sampler.num_envs)
+    sampler.close()
+    g = torch.Generator().manual_seed(0)
+    obs = torch.randn(mb, *info.observation_space.shape, generator=g)
+    space = info.action_space
+    actions = (torch.randint(0, space.n, (mb,), generator=g) if hasattr(space, "n")
+               else torch.randn(mb, *space.shape, generator=g))
+    batch = {"obs": obs, "actions": actions, "behaviour_logp": torch.randn(mb, generator=g) * 0.1 - 1.0,
+             "values": torch.randn(mb, generator=g), "advantages": torch.randn(mb, generator=g),
+             "returns": torch.randn(mb, generator=g)}
+    gradient = time_case(lambda: algo.compute_gradient(batch, model), seconds)
+    return work, {"actor_step": actor_step, "gradient": gradient}
+
+
+def costs_from(measured: dict, steps: dict) -> Costs:
+    """A micro-run's medians (and the workload's) as the model's costs, fitted over the weight sizes."""
+    sizes = sorted(measured["sizes"])
+
+    def fit(op: str) -> Linear:
+        return Linear.fit(sizes, [measured["sizes"][P][op] for P in sizes])
+
+    return Costs(push=fit("push"), receive=fit("receive"), admit=fit("admit").fixed,
+                 apply_gradient=fit("apply_gradient"), apply_update=fit("apply_update"), publish=fit("publish"),
+                 fetch=fit("fetch"), node_copy=fit("node_copy"), fragment_send=measured["fragment_send"],
+                 report=measured["report"], actor_step=steps["actor_step"], gradient=steps["gradient"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == WORKER_FLAG:
+        _worker(sys.argv[2], [int(s) for s in sys.argv[3].split(",")], float(sys.argv[4]), sys.argv[5])
+    else:
+        raise SystemExit("usage: hpcrl bench scale-model (this module is its micro-run)")

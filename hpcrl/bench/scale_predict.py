@@ -1,0 +1,221 @@
+"""The scale model of an hpcrl job: measured per-operation costs + a layout -> env steps/s and rank 0's load.
+
+A pure function (:func:`predict`) and the layouts it is asked about; ``hpcrl bench scale-model`` measures the
+costs and prints the tables (docs/scaling.md says what the model assumes).
+
+Every role is a loop of operations whose costs are measured; each gives a bound on env steps/s:
+
+- actors (``A`` ranks, a core each): per env step ``actor_step``, per fragment of ``F`` steps one fragment send,
+  and a weight fetch whenever a newer version exists (per-actor fetch: from rank 0; per-node fetch: the node's
+  copy, and the node's leader fetches from rank 0 once per version);
+- learner groups (``G``, one rank each): per minibatch one gradient; ``push: gradient`` pushes each and reads the
+  newest weights before the next, ``push: update`` steps its own optimizer and pushes once per batch of ``B``
+  env steps (``M`` minibatches);
+- rank 0: per push a receive and an admission; per step (one per push) an apply and a publish; per fragment an
+  actor's report;
+- rank 0's network interface: every fetch sends the weights (4 P bytes) out, every push brings 4 P bytes in;
+- where ranks share cores (the local cluster): all their seconds per env step over the cores there are.
+
+The job runs at the smallest bound; the role that sets it is the bottleneck.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+PUSH_MODES = ("gradient", "update")
+FETCH_MODES = ("actor", "node")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A cost in seconds that grows with the weights: ``fixed + per_float * P``."""
+
+    fixed: float
+    per_float: float = 0.0
+
+    def __call__(self, floats: int) -> float:
+        return self.fixed + self.per_float * floats
+
+    @classmethod
+    def fit(cls, sizes: list[int], seconds: list[float]) -> "Linear":
+        """Least squares through (size, seconds), both terms kept >= 0 (one size: all of it fixed)."""
+        if len(set(sizes)) < 2:
+            return cls(max(sum(seconds) / len(seconds), 0.0))
+        n = len(sizes)
+        mx, my = sum(sizes) / n, sum(seconds) / n
+        slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sum((x - mx) ** 2 for x in sizes)
+        slope = max(slope, 0.0)
+        return cls(max(my - slope * mx, 0.0), slope)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds per operation (``Linear`` ones at P weight floats)."""
+
+    push: Linear            # learner: one mailbox push (gradient or update), claim to FULL
+    receive: Linear         # rank 0: one push copied out of the mailbox
+    admit: float            # rank 0: the admission policy on one arrival
+    apply_gradient: Linear  # rank 0: the optimizer (Adam) step; also a learner's inner step under push: update
+    apply_update: Linear    # rank 0: the outer step on an admitted update
+    publish: Linear         # rank 0: one weight board publish
+    fetch: Linear           # any rank: one read of a new version from rank 0's weight board
+    node_copy: Linear       # an actor: its node's cached copy of the weights (a memcpy)
+    fragment_send: float    # actor -> learner: one fragment, sent and taken
+    report: float           # rank 0: one actor fragment report taken in
+    actor_step: float       # actor: one env step (env + policy), per env step of its vector
+    gradient: float         # learner: one minibatch gradient
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the job trains: weights, and its steps per batch, minibatch and fragment."""
+
+    floats: int          # P: weight (= gradient = update) float32 values
+    batch_steps: int     # B: env steps one learner group trains per batch
+    minibatches: int     # M: minibatch steps per batch (PPO: num_sgd_iter x B / minibatch_size)
+    fragment_steps: int  # F: env steps per fragment (fragment_length x num_envs)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the ranks are: actors, the nodes holding them, learner groups, shared cores, rank 0's link."""
+
+    nodes: int
+    actors: int
+    actor_nodes: int
+    learners: int
+    cores: float | None = None            # None: every rank has a core of its own
+    nic_bytes_per_s: float | None = None  # rank 0's injection bandwidth; None: no limit
+
+
+@dataclass(frozen=True)
+class Prediction:
+    env_steps_per_s: float
+    pushes_per_s: float
+    rank0_busy: float              # share of rank 0's time at work (1: saturated)
+    rank0_out_bytes_per_s: float   # weights sent by rank 0 (fetches)
+    rank0_in_bytes_per_s: float    # pushes received
+    bottleneck: str
+    bounds: dict                   # env steps/s each part allows
+
+
+def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch: str, combine: int = 1,
+                 shards: int = 1) -> dict:
+    """Seconds (summed over each role's ranks) and rank-0 bytes per env step, and the rates behind them.
+
+    ``combine`` (hierarchical aggregation, not built): pushes are summed ``combine`` at a time on the way, so rank
+    0 receives, admits, applies and publishes one in ``combine``. ``shards`` (sharded parameter ranks, not built):
+    ``shards`` parameter ranks own P / shards floats each; every push and fetch is one per shard of that size,
+    the reports still go to one of them (the busiest, which the result describes)."""
+    if push not in PUSH_MODES or fetch not in FETCH_MODES:
+        raise ValueError(f"push must be one of {PUSH_MODES}, fetch one of {FETCH_MODES}")
+    if combine < 1 or shards < 1:
+        raise ValueError("combine and shards must be >= 1")
+    P, B, M, F = work.floats, work.batch_steps, work.minibatches, work.fragment_steps
+    if shards > 1:
+        P = -(-P // shards)
+        costs = replace(costs, push=_times(costs.push, shards), fetch=_times(costs.fetch, shards))
+    learner_pushes = (M if push == "gradient" else 1) / B  # per env step, of all groups together
+    pushes = learner_pushes / combine  # what reaches rank 0; one rank-0 step (a new version) per push
+    versions = pushes
+    # a reader fetches when a version newer than its own exists: at most once per version, and (actors) once
+    # per fragment of its own; A actors' fragments come every A*F env steps, so A*versions or 1/F per env step
+    readers = layout.actors if fetch == "actor" else layout.actor_nodes
+    remote_fetches = min(readers * versions, 1.0 / F)
+    learner_fetches = min(learner_pushes, layout.learners * versions)
+    actor = costs.actor_step + costs.fragment_send / F + remote_fetches * costs.fetch(P)
+    if fetch == "node":
+        actor += min(layout.actors * versions, 1.0 / F) * costs.node_copy(P)
+    if push == "gradient":
+        learner = learner_pushes * (costs.gradient + costs.push(P)) + learner_fetches * costs.fetch(P)
+    else:
+        learner = (M / B) * (costs.gradient + costs.apply_gradient(P)) + learner_pushes * costs.push(P) \
+            + learner_fetches * costs.fetch(P)
+    apply = costs.apply_gradient if push == "gradient" else costs.apply_update
+    rank0 = pushes * (costs.receive(P) + costs.admit) + versions * (apply(P) + costs.publish(P)) + costs.report / F
+    return {"actor": actor, "learner": learner, "rank0": rank0, "pushes": pushes,
+            "out_bytes": 4 * P * (remote_fetches + learner_fetches), "in_bytes": 4 * P * pushes}
+
+
+def _times(cost: Linear, n: int) -> Linear:
+    """``n`` operations of P / n floats each cost ``n`` fixed parts (the per-float part is unchanged in total,
+    and the caller evaluates it at P / n, so it is scaled back up here)."""
+    return Linear(n * cost.fixed, n * cost.per_float)
+
+
+def predict(costs: Costs, work: Workload, layout: Layout, push: str = "gradient", fetch: str = "actor",
+            combine: int = 1, shards: int = 1) -> Prediction:
+    """Env steps/s of the job: the smallest of the bounds its roles, rank 0's link and the cores set."""
+    s = per_env_step(costs, work, layout, push, fetch, combine, shards)
+    def bound(capacity: float, need: float) -> float:
+        return capacity / need if need > 0 else math.inf
+
+    bounds = {"actors": bound(layout.actors, s["actor"]), "learners": bound(layout.learners, s["learner"]),
+              "rank 0 CPU": bound(1.0, s["rank0"])}
+    if layout.nic_bytes_per_s:
+        bounds["rank 0 link"] = bound(layout.nic_bytes_per_s, max(s["out_bytes"], s["in_bytes"]))
+    if layout.cores:
+        bounds["cores"] = bound(layout.cores, s["actor"] + s["learner"] + s["rank0"])
+    bottleneck = min(bounds, key=bounds.get)
+    x = bounds[bottleneck]
+    return Prediction(env_steps_per_s=x, pushes_per_s=x * s["pushes"], rank0_busy=x * s["rank0"],
+                      rank0_out_bytes_per_s=x * s["out_bytes"], rank0_in_bytes_per_s=x * s["in_bytes"],
+                      bottleneck=bottleneck, bounds=bounds)
+
+
+def perlmutter(nodes: int, gpu_share: float = 0.5, actors_per_node: int = 64, learners_per_node: int = 4,
+               nic_bytes_per_s: float = 25e9) -> Layout:
+    """``nodes`` of a Perlmutter-like allocation: a ``gpu_share`` of them GPU nodes with ``learners_per_node``
+    learner ranks (rank 0 on the first, on a core of its own), the rest CPU nodes of ``actors_per_node`` actors;
+    one node alone is a GPU node whose free cores run actors. Rank 0 sends through one Slingshot-11 NIC."""
+    gpu = max(1, min(nodes, round(nodes * gpu_share)))
+    cpu = nodes - gpu
+    actors = cpu * actors_per_node if cpu else actors_per_node - learners_per_node - 1
+    return Layout(nodes=nodes, actors=actors, actor_nodes=max(cpu, 1), learners=gpu * learners_per_node,
+                  nic_bytes_per_s=nic_bytes_per_s)
+
+
+def blend(local: Costs, remote: Costs, share: float) -> Costs:
+    """Costs of a job whose actors sit on other nodes than rank 0 and the learners for ``share`` of them: the
+    actors' fetch, fragment send and report taken at ``remote`` for that share, at ``local`` for the rest."""
+    def mix(a, b):
+        if isinstance(a, Linear):
+            return Linear(a.fixed + share * (b.fixed - a.fixed), a.per_float + share * (b.per_float - a.per_float))
+        return a + share * (b - a)
+
+    return replace(local, fetch=mix(local.fetch, remote.fetch), fragment_send=mix(local.fragment_send, remote.fragment_send),
+                   report=mix(local.report, remote.report))
+
+
+def saturation_nodes(costs: Costs, work: Workload, push: str, fetch: str, layout_of=perlmutter,
+                     limit: int = 1_000_000, **variant) -> int | None:
+    """The fewest nodes at which rank 0 (CPU or link) is the bottleneck, or None below ``limit`` (``variant``:
+    ``combine``, ``shards`` as :func:`predict` takes them)."""
+    def saturated(n: int) -> bool:
+        return predict(costs, work, layout_of(n), push, fetch, **variant).bottleneck.startswith("rank 0")
+
+    lo, hi = 1, 1
+    while not saturated(hi):
+        if hi >= limit:
+            return None
+        lo, hi = hi, min(hi * 2, limit)
+    if saturated(lo):
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if saturated(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def fmt_rate(x: float) -> str:
+    """1,234 / 12.3K / 4.56M for a table."""
+    if not math.isfinite(x):
+        return "-"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= 10 * scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:,.0f}"

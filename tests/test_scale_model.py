@@ -1,0 +1,136 @@
+"""The scale model (hpcrl/bench/scale_predict.py) on hand-made costs, and one quick run of its measuring part."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hpcrl.bench.scale_predict import Costs, Layout, Linear, Workload, perlmutter, predict, saturation_nodes
+
+ROOT = Path(__file__).resolve().parent.parent
+MS = 1e-3
+
+
+def costs(**kw) -> Costs:
+    """Cheap everywhere unless given: the tests make one part expensive and see it bind."""
+    base = dict(push=Linear(0.0), receive=Linear(0.0), admit=0.0, apply_gradient=Linear(0.0),
+                apply_update=Linear(0.0), publish=Linear(0.0), fetch=Linear(0.0), node_copy=Linear(0.0),
+                fragment_send=0.0, report=0.0, actor_step=1e-9, gradient=1e-9)
+    return Costs(**{**base, **kw})
+
+
+WORK = Workload(floats=10_000, batch_steps=256, minibatches=8, fragment_steps=128)
+
+
+def test_rank0_saturates_where_its_cost_says():
+    c = costs(receive=Linear(1 * MS), gradient=2 * MS)  # rank 0: 1 ms per push; a learner: 2 ms per gradient
+    lay = lambda learners: Layout(nodes=1, actors=1000, actor_nodes=1, learners=learners)  # noqa: E731
+    one = predict(c, WORK, lay(1))  # 500 pushes/s offered, rank 0 could take 1,000/s
+    assert one.bottleneck == "learners"
+    assert one.pushes_per_s == pytest.approx(500.0) and one.rank0_busy == pytest.approx(0.5)
+    two = predict(c, WORK, lay(2))  # exactly what rank 0 takes
+    assert two.pushes_per_s == pytest.approx(1000.0) and two.rank0_busy == pytest.approx(1.0)
+    many = predict(c, WORK, lay(4))
+    assert many.bottleneck == "rank 0 CPU"
+    assert many.pushes_per_s == pytest.approx(1000.0) and many.rank0_busy == pytest.approx(1.0)
+    assert many.env_steps_per_s == pytest.approx(1000.0 * WORK.batch_steps / WORK.minibatches)
+    assert many.bounds["learners"] == pytest.approx(2 * many.env_steps_per_s)
+
+
+def test_update_push_lifts_rank0_by_the_minibatches_per_batch():
+    c = costs(receive=Linear(0.2 * MS, 1e-8), publish=Linear(0.1 * MS, 1e-8))
+    lay = Layout(nodes=1, actors=10**6, actor_nodes=1, learners=10**4)
+    grad, upd = predict(c, WORK, lay, "gradient"), predict(c, WORK, lay, "update")
+    assert grad.bottleneck == upd.bottleneck == "rank 0 CPU"
+    assert upd.env_steps_per_s / grad.env_steps_per_s == pytest.approx(WORK.minibatches)
+    assert upd.pushes_per_s == pytest.approx(grad.pushes_per_s)  # rank 0 takes as many pushes/s either way
+    # the actors' fragment reports do not fall with the pushes: with them the lift is smaller, as the costs say
+    with_reports = replace(c, report=0.5 * MS)
+    g2, u2 = predict(with_reports, WORK, lay, "gradient"), predict(with_reports, WORK, lay, "update")
+    per_push = 0.3 * MS + 2e-8 * WORK.floats  # receive + publish at P
+    reports = 0.5 * MS / WORK.fragment_steps
+    expected = (WORK.minibatches / WORK.batch_steps * per_push + reports) / (per_push / WORK.batch_steps + reports)
+    assert u2.env_steps_per_s / g2.env_steps_per_s == pytest.approx(expected)
+    assert 1 < expected < WORK.minibatches
+
+
+def test_per_node_fetch_divides_link_traffic_by_actors_per_node_when_versions_are_rare():
+    # update push on a long batch: far fewer versions than fragments, so every actor fetches every version
+    work = Workload(floats=1_000_000, batch_steps=1_000_000, minibatches=8, fragment_steps=100)
+    lay = Layout(nodes=11, actors=640, actor_nodes=10, learners=1, nic_bytes_per_s=1e9)
+    c = costs(gradient=1e-12)
+    per_actor, per_node = predict(c, work, lay, "update", "actor"), predict(c, work, lay, "update", "node")
+    assert per_actor.bottleneck == per_node.bottleneck == "rank 0 link"
+    # the learner's own fetch (one per version) is in both
+    assert per_node.env_steps_per_s / per_actor.env_steps_per_s == pytest.approx((640 + 1) / (10 + 1))
+    assert per_actor.rank0_out_bytes_per_s == pytest.approx(1e9)
+
+
+def test_per_node_fetch_changes_nothing_when_every_fragment_meets_a_new_version():
+    lay = Layout(nodes=3, actors=128, actor_nodes=2, learners=8, nic_bytes_per_s=1e8)
+    c = costs(gradient=1e-6)
+    a, n = predict(c, WORK, lay, "gradient", "actor"), predict(c, WORK, lay, "gradient", "node")
+    assert a.rank0_out_bytes_per_s == pytest.approx(n.rank0_out_bytes_per_s)
+    assert a.env_steps_per_s == pytest.approx(n.env_steps_per_s)
+
+
+def test_shared_cores_bound_the_sum_of_every_roles_seconds():
+    c = costs(actor_step=50e-6, gradient=0.2 * MS, receive=Linear(0.1 * MS))
+    lay = Layout(nodes=2, actors=4, actor_nodes=2, learners=1, cores=2.0)
+    r = predict(c, WORK, lay)
+    p = WORK.minibatches / WORK.batch_steps
+    assert r.bottleneck == "cores"  # each role alone could go faster: actors 80K, learner 160K, rank 0 320K steps/s
+    assert min(v for k, v in r.bounds.items() if k != "cores") > 2 * r.env_steps_per_s
+    assert r.env_steps_per_s == pytest.approx(2.0 / (50e-6 + p * 0.2 * MS + p * 0.1 * MS))
+
+
+def test_perlmutter_saturation_node_count_and_how_update_push_moves_it():
+    # rank 0: 0.3 ms per push (3,333/s); a learner rank: 4 ms per gradient (250/s): 14 learners saturate it,
+    # 4 learner ranks per GPU node and half the nodes GPU nodes: 4 GPU nodes, i.e. 7 nodes (round(3.5) = 4)
+    c = costs(receive=Linear(0.3 * MS), gradient=4 * MS)
+    assert saturation_nodes(c, WORK, "gradient", "actor") == 7
+    assert predict(c, WORK, perlmutter(6), "gradient").bottleneck == "learners"
+    assert predict(c, WORK, perlmutter(7), "gradient").bottleneck == "rank 0 CPU"
+    # update push: a learner makes 8 minibatch steps per push, so 8 x 14 = 107 learner ranks, 27 GPU nodes, 54 nodes
+    n = saturation_nodes(c, WORK, "update", "actor")
+    assert perlmutter(n).learners * 250 / WORK.minibatches >= 1 / (0.3 * MS)
+    assert perlmutter(n - 1).learners * 250 / WORK.minibatches < 1 / (0.3 * MS)
+    assert n == 54
+
+
+def test_hierarchical_aggregation_and_shards_lift_rank0_as_their_costs_say():
+    c = costs(receive=Linear(0.1 * MS, 20e-9), publish=Linear(0.1 * MS, 10e-9))
+    lay = Layout(nodes=1, actors=10**6, actor_nodes=1, learners=10**5)
+    base = predict(c, WORK, lay)
+    assert predict(c, WORK, lay, combine=4).env_steps_per_s / base.env_steps_per_s == pytest.approx(4)
+    sharded = predict(c, WORK, lay, shards=4)
+    per_push = lambda P: 0.2 * MS + 30e-9 * P  # noqa: E731
+    assert sharded.env_steps_per_s / base.env_steps_per_s == pytest.approx(per_push(WORK.floats) / per_push(2500))
+
+
+def test_linear_fit_recovers_a_line_and_keeps_terms_non_negative():
+    f = Linear.fit([1000, 100_000, 1_000_000], [1e-4 + 2e-9 * n for n in (1000, 100_000, 1_000_000)])
+    assert f.fixed == pytest.approx(1e-4) and f.per_float == pytest.approx(2e-9)
+    assert Linear.fit([10, 20], [2.0, 1.0]).per_float == 0.0
+    assert math.isclose(Linear.fit([5], [3.0])(10**6), 3.0)
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_measuring_part_runs_the_real_micro_run():
+    from hpcrl.bench import scale_measure
+
+    config = str(ROOT / "hpcrl" / "configs" / "cartpole.yaml")
+    work, steps = scale_measure.workload(config, [], 0.05)
+    assert work.floats > 1000 and work.minibatches == 20 and work.fragment_steps == 128
+    got = scale_measure.transport(config, [work.floats, 200_000], 0.05, tcp=False, timeout=120)
+    c = scale_measure.costs_from(got, steps)
+    for name in ("push", "receive", "apply_gradient", "apply_update", "publish", "fetch", "node_copy"):
+        small, large = getattr(c, name)(work.floats), getattr(c, name)(200_000)
+        assert 0 < small < 1.0 and small <= large, (name, small, large)
+    assert 0 < c.fragment_send < 1.0 and 0 < c.report < 1.0 and 0 < c.admit < 1.0
+    assert 0 < c.actor_step < 1e-2 and 0 < c.gradient < 1.0
+    r = predict(c, work, Layout(nodes=1, actors=2, actor_nodes=1, learners=1, cores=2.0))
+    assert r.env_steps_per_s > 0 and r.bottleneck in {"actors", "learners", "rank 0 CPU", "cores"}

@@ -11,6 +11,11 @@ A lock whose holder is gone is taken over with one line on stderr:
   ``heartbeat_seconds`` from a background thread, so a live job's lock never gets that old;
 - an unreadable lock file (it is written whole, by a hard link, so this means damage).
 
+A directory that cannot be written (read-only file system, no permission) cannot be locked:
+:meth:`RunLock.acquire` raises ConfigError in one line saying so. A lock that cannot be removed at
+the end (the directory turned read-only during the run) is left with one line on stderr; it names
+this process, so the next run or ``--resume`` of the directory takes it over as stale.
+
 The file is created by writing a private temporary file and hard-linking it to ``run.lock``
 (the link fails if the lock exists: atomic on local disks, NFS, Lustre and GPFS).
 
@@ -137,7 +142,12 @@ class RunLock:
             self._thread.join()
             self._thread = None
         if self.info is not None and read_lock(self.run_dir) == self.info:
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as exc:
+                print(f"hpcrl: cannot remove the run lock {self.path} ({exc.strerror or exc}); it names this "
+                      "process, so the next run or --resume of the directory takes it over", file=sys.stderr,
+                      flush=True)
         self.info = None
 
     def __enter__(self) -> "RunLock":
@@ -149,12 +159,21 @@ class RunLock:
     # ---- internals ------------------------------------------------------------------------
     def _create(self, mine: LockInfo) -> bool:
         """Write our lock whole under a private name and link it into place; False if one exists."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.run_dir / f".{LOCK_FILE}.{mine.token}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(mine.to_bytes())
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(mine.to_bytes())
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            try:
+                tmp.unlink(missing_ok=True)  # written in part (a full disk)
+            except OSError:
+                pass
+            raise ConfigError(f"run directory {self.run_dir} cannot be written ({exc.strerror or exc}): a run or "
+                              "--resume writes its record there, so it cannot take the run lock "
+                              f"({self.path})") from None
         try:
             os.link(tmp, self.path)
             return True

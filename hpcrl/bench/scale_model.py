@@ -10,9 +10,9 @@ job to 1, 2 and 3 nodes of the local Slurm cluster (scripts/local_cluster.sh) an
 for that layout (every rank on this machine's cores, TCP between nodes) beside what the runs measured.
 
     hpcrl bench scale-model [--config FILE] [-o KEY=VALUE ...] [--sizes job,262144,1048576] [--seconds 0.5]
-                            [--nodes 1,2,4,...,1000] [--gpu-share 0.5] [--gpu-gradient-ms 0.43] [--nic-gbs 25]
+                            [--nodes 1,2,4,...,1000] [--large P,B,M,F] [--gpu-share 0.5] [--gpu-gradient-ms 0.43] [--nic-gbs 25]
                             [--check-cluster [--cluster-nodes 1,2,3] [--actors-per-node 2] [--steps 30000]
-                             [--push gradient,update]] [--json FILE]
+                             [--push gradient,update]] [--tcp] [--costs FILE] [--json FILE]
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from hpcrl.bench.scale_predict import (FETCH_MODES, PUSH_MODES, Costs, Layout, Workload, blend, fmt_rate, perlmutter,
-                                       predict, saturation_nodes)
+from hpcrl.bench.scale_predict import (FETCH_MODES, PUSH_MODES, Costs, Layout, Linear, Workload, blend, fmt_rate,
+                                       per_env_step, perlmutter, predict, saturation_nodes)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NODES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000]
@@ -52,30 +52,53 @@ def print_costs(title: str, costs: Costs, work: Workload) -> None:
             print(f"  {name:15s} {1e3 * value:9.4f}")
 
 
-def table(costs: Costs, work: Workload, nodes: list[int], gpu_share: float, nic: float) -> None:
-    print(f"\nPerlmutter-like layout: {gpu_share:.0%} GPU nodes (4 learner ranks each, rank 0 on the first), the rest "
-          f"CPU nodes of 64 actors; rank 0's link {nic / 1e9:.0f} GB/s. Env steps/s, pushes/s, rank 0 busy share, "
-          f"rank 0's outgoing weight bytes/s, and the bottleneck, per push mode x fetch mode:")
+LARGE = "1048576,65536,64,128"
+"""A large job for the table beside the measured one: P (4 MB of weights), B, M (4 epochs of 16 minibatches), F."""
+VARIANTS = [("update push, per-node fetch (built and being built)", {}),
+            ("+ hierarchical aggregation (a GPU node's 4 pushes summed on the node)", {"combine": 4}),
+            ("+ 4 parameter shards", {"shards": 4}),
+            ("+ 16 parameter shards", {"shards": 16}),
+            ("+ hierarchical aggregation and 16 shards", {"combine": 4, "shards": 16})]
+
+
+def table(title: str, costs: Costs, work: Workload, nodes: list[int], gpu_share: float, nic: float) -> None:
+    layout_of = lambda n: perlmutter(n, gpu_share, nic_bytes_per_s=nic)  # noqa: E731
+    print(f"\n{title}: P = {work.floats:,} floats, B = {work.batch_steps:,}, M = {work.minibatches}, "
+          f"F = {work.fragment_steps}. Perlmutter-like layout: {gpu_share:.0%} GPU nodes (4 learner ranks each, rank 0 "
+          f"on the first), the rest CPU nodes of 64 actors; rank 0's link {nic / 1e9:.0f} GB/s; a GPU learner's gradient "
+          f"{1e3 * costs.gradient:.2f} ms. Per push mode / fetch mode: env steps/s, pushes/s into rank 0, rank 0's busy "
+          f"share, rank 0's outgoing weight bytes/s, the bottleneck:")
     modes = [(p, f) for p in PUSH_MODES for f in FETCH_MODES]
     print(f"{'nodes':>5} {'actors':>6} {'lrn':>4} | " + " | ".join(f"{p + '/' + f:^39}" for p, f in modes))
     for n in nodes:
-        lay = perlmutter(n, gpu_share, nic_bytes_per_s=nic)
+        lay = layout_of(n)
         cells = []
         for p, f in modes:
             r = predict(costs, work, lay, p, f)
             cells.append(f"{fmt_rate(r.env_steps_per_s):>6} {fmt_rate(r.pushes_per_s):>6} {min(r.rank0_busy, 9.99):>4.2f} "
                          f"{fmt_rate(r.rank0_out_bytes_per_s) + 'B':>7} {r.bottleneck[:11]:>11}")
         print(f"{n:>5} {lay.actors:>6} {lay.learners:>4} | " + " | ".join(cells))
-    print("\nwhere the single parameter rank becomes the bottleneck (fewest nodes; rank 0 CPU or its link), and "
-          "the env steps/s it then allows:")
+    print("where the single parameter rank becomes the bottleneck (fewest nodes; rank 0 CPU or its link), and what "
+          "it then allows:")
     for p, f in modes:
-        at = saturation_nodes(costs, work, p, f, lambda n: perlmutter(n, gpu_share, nic_bytes_per_s=nic))
-        if at is None:
-            print(f"  {p:8s} push, per-{f} fetch: not below 1,000,000 nodes")
-            continue
-        r = predict(costs, work, perlmutter(at, gpu_share, nic_bytes_per_s=nic), p, f)
-        print(f"  {p:8s} push, per-{f} fetch: {at:>6,} nodes ({r.bottleneck}), {fmt_rate(r.env_steps_per_s)} env steps/s, "
-              f"{fmt_rate(r.pushes_per_s)} pushes/s, {fmt_rate(r.rank0_out_bytes_per_s)}B/s of weights out")
+        saturation(costs, work, layout_of, f"{p} push, per-{f} fetch", p, f)
+    print("what would come next (not built), on top of update push and per-node fetch:")
+    for name, variant in VARIANTS:
+        saturation(costs, work, layout_of, name, "update", "node", **variant)
+
+
+def saturation(costs: Costs, work: Workload, layout_of, name: str, push: str, fetch: str, **variant) -> None:
+    at = saturation_nodes(costs, work, push, fetch, layout_of, **variant)
+    big = predict(costs, work, layout_of(1000), push, fetch, **variant)
+    head = f"  {name:70s}"
+    if at is None:
+        print(f"{head} not below 1,000,000 nodes; at 1,000 nodes {fmt_rate(big.env_steps_per_s)} env steps/s "
+              f"({big.bottleneck})")
+        return
+    r = predict(costs, work, layout_of(at), push, fetch, **variant)
+    print(f"{head} {at:>7,} nodes ({r.bottleneck}): {fmt_rate(r.env_steps_per_s)} env steps/s, "
+          f"{fmt_rate(r.pushes_per_s)} pushes/s, {fmt_rate(r.rank0_out_bytes_per_s)}B/s out; at 1,000 nodes "
+          f"{fmt_rate(big.env_steps_per_s)} ({big.bottleneck})")
 
 
 # ---- the local cluster -------------------------------------------------------------------------
@@ -114,47 +137,81 @@ def placement(run_h5: Path) -> dict:
             "remote_share": sum(a != home for a in actors) / max(len(actors), 1)}
 
 
-def cluster_check(config: str, overrides: list[str], local: Costs, remote: Costs, work: Workload, args) -> list[dict]:
-    from hpcrl.bench.update_push import measure
+def job_cpu(job_id: str) -> tuple[float, float]:
+    """(CPU seconds, elapsed seconds) of the job's step 0 (the ranks), from sacct."""
+    out = subprocess.run(["sacct", "-j", f"{job_id}.0", "-n", "-P", "-o", "TotalCPU,ElapsedRaw"], capture_output=True,
+                         text=True, timeout=30).stdout.split()
+    if not out:
+        return float("nan"), float("nan")
+    cpu, elapsed = out[0].split("|")
+    days, _, clock = cpu.rpartition("-")
+    seconds = sum(float(x) * 60 ** i for i, x in enumerate(reversed(clock.split(":"))))
+    return seconds + 86400 * float(days or 0), float(elapsed)
 
-    out = Path(args.cluster_dir or tempfile.mkdtemp(prefix="hpcrl-scale-cluster-", dir=Path.cwd()))
+
+def cluster_runs(config: str, overrides: list[str], args) -> list[dict]:
+    """Submit the job per push mode and node count (a run already in ``--cluster-dir`` is kept); wait for each."""
+    out = Path(args.cluster_dir or tempfile.mkdtemp(prefix="hpcrl-scale-cluster-", dir=Path.cwd())).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    runs = []
     for push in args.push:
         for n in args.cluster_nodes:
-            actors = args.actors_per_node * n
-            run_dir = out / f"{push}-n{n}"
-            print(f"local cluster: {n} node(s), {actors} actors, push {push}, {args.steps} env steps ...",
-                  file=sys.stderr, flush=True)
-            load_before = os.getloadavg()[0]
-            job = submit(config, n, actors, args.steps, push, run_dir, overrides)
-            state = wait_job(job, args.job_timeout)
-            if state != "COMPLETED":
-                rows.append({"push": push, "nodes": n, "job": job, "state": state})
-                print(f"  job {job}: {state}", file=sys.stderr, flush=True)
-                continue
-            got, where = measure(run_dir), placement(run_dir / "run.h5")
-            lay = Layout(nodes=n, actors=actors, actor_nodes=where["actor_nodes"], learners=1, cores=args.cores)
-            pred = predict(blend(local, remote, where["remote_share"]), work, lay, push, "actor")
-            rows.append({"push": push, "nodes": n, "job": job, "state": state, "where": where, "measured": got,
-                         "predicted": {**asdict(pred)}, "load": (load_before, os.getloadavg()[0])})
-    print(f"\nlocal cluster (scripts/local_cluster.sh; every node a namespace on this machine's {os.cpu_count()} cores, "
-          f"the model given {args.cores} cores), {args.actors_per_node} actors per node, 1 learner, {args.steps} env "
-          f"steps per job; measured from each run's run.h5 (rounds, gradients, parameter_load):")
-    print(f"{'push':8} {'nodes':>5} {'actors':>6} {'remote':>6} | {'env steps/s':>17} {'pushes/s':>15} "
-          f"{'rank0 busy':>11} | {'bottleneck':>10} {'meas/pred':>9} {'load':>9}")
-    for r in rows:
-        if r["state"] != "COMPLETED":
-            print(f"{r['push']:8} {r['nodes']:>5} job {r['job']} {r['state']}")
+            run_dir, id_file = out / f"{push}-n{n}", out / f"{push}-n{n}.jobid"
+            if not id_file.exists():
+                print(f"local cluster: {n} node(s), {args.actors_per_node * n} actors, push {push}, {args.steps} env "
+                      "steps ...", file=sys.stderr, flush=True)
+                load = os.getloadavg()[0]
+                job = submit(config, n, args.actors_per_node * n, args.steps, push, run_dir, overrides)
+                id_file.write_text(f"{job} {load:.1f}\n")
+                wait_job(job, args.job_timeout)
+            job, load = id_file.read_text().split()
+            runs.append({"push": push, "nodes": n, "job": job, "run_dir": str(run_dir), "load": float(load)})
+    return runs
+
+
+def cluster_table(runs: list[dict], local: Costs, remote: Costs, work: Workload, args) -> list[dict]:
+    """Each cluster run measured (run.h5, sacct) beside the model's prediction for its placement."""
+    from hpcrl.bench.update_push import measure
+
+    rows = []
+    for run in runs:
+        run_dir = Path(run["run_dir"])
+        if not (run_dir / "run.h5").exists():
+            rows.append({**run, "state": "no run.h5"})
             continue
-        m, p = r["measured"], r["predicted"]
+        got, where = measure(run_dir), placement(run_dir / "run.h5")
+        cpu, elapsed = job_cpu(run["job"])
+        n = run["nodes"]
+        lay = Layout(nodes=n, actors=args.actors_per_node * n, actor_nodes=where["actor_nodes"], learners=1,
+                     cores=args.cores)
+        costs = blend(local, remote, where["remote_share"])
+        pred = predict(costs, work, lay, run["push"], "actor")
+        got_cores = cpu / elapsed if elapsed else float("nan")
+        pred_got = predict(costs, work, replace(lay, cores=got_cores), run["push"], "actor")
+        need = per_env_step(costs, work, lay, run["push"], "actor")
+        rows.append({**run, "state": "done", "where": where, "measured": got, "cpu_seconds": cpu, "elapsed": elapsed,
+                     "predicted": asdict(pred), "predicted_at_cores_got": asdict(pred_got), "cores_got": got_cores,
+                     "model_ms_per_step": {k: 1e3 * need[k] for k in ("actor", "learner", "rank0")}})
+    print(f"\nlocal cluster (scripts/local_cluster.sh: every node a namespace on this machine's {os.cpu_count()} cores), "
+          f"{args.actors_per_node} actors per node, 1 learner, {args.steps:,} env steps per job. Measured from each "
+          "run's run.h5 and sacct; predicted by the model for the run's placement (rank_map):")
+    print(f"{'push':8} {'nodes':>5} {'actors':>6} {'remote':>6} | {'env steps/s: meas':>17} {'pred 2 cores':>12} "
+          f"{'cores got':>9} {'pred at got':>11} | {'CPU ms/step: meas':>17} {'pred':>5} | "
+          f"{'rank 0 ms/1k steps: meas':>24} {'pred':>5} | {'pushes/1k':>9} {'pred':>5} | {'load':>4}")
+    for r in rows:
+        if r["state"] != "done":
+            print(f"{r['push']:8} {r['nodes']:>5} job {r['job']}: {r['state']}")
+            continue
+        m, p, pg, ms = r["measured"], r["predicted"], r["predicted_at_cores_got"], r["model_ms_per_step"]
         print(f"{r['push']:8} {r['nodes']:>5} {args.actors_per_node * r['nodes']:>6} {r['where']['remote_share']:>6.0%} | "
-              f"{m['steps_per_s']:>7,.0f} / {p['env_steps_per_s']:>7,.0f} {m['pushes_per_s']:>6.0f} / {p['pushes_per_s']:>6.0f} "
-              f"{m['rank0_busy_share']:>5.2f}/{p['rank0_busy']:>4.2f} | {p['bottleneck']:>10} "
-              f"{m['steps_per_s'] / p['env_steps_per_s']:>9.2f} {r['load'][0]:>4.1f}-{r['load'][1]:<4.1f}")
-    print("(measured / predicted in each pair; remote: the actors on another node than rank 0 and the learner; "
-          "load: this machine's load average before and after the job)")
-    print(f"run directories: {out}")
+              f"{m['steps_per_s']:>17,.0f} {p['env_steps_per_s']:>12,.0f} {r['cores_got']:>9.2f} "
+              f"{pg['env_steps_per_s']:>11,.0f} | {1e3 * r['cpu_seconds'] / m['env_steps']:>17.2f} {sum(ms.values()):>5.2f} | "
+              f"{m['rank0_ms_per_1k_steps']:>24.0f} {1e3 * ms['rank0']:>5.0f} | "
+              f"{1e3 * m['pushes_per_s'] / m['steps_per_s']:>9.1f} {1e3 * p['pushes_per_s'] / p['env_steps_per_s']:>5.1f} | "
+              f"{r['load']:>4.1f}")
+    print("(remote: share of the actors on another node than rank 0 and the learner; cores got: the job step's CPU "
+          "seconds over its elapsed seconds (sacct TotalCPU / ElapsedRaw, start-up included); CPU ms/step measured: "
+          "sacct TotalCPU over the run's env steps (start-up included); load: the machine's load average at submit)")
     return rows
 
 
@@ -168,6 +225,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--gpu-share", type=float, default=0.5, help="share of the nodes that are GPU (learner) nodes")
     p.add_argument("--gpu-gradient-ms", type=float, default=H200_GRAPH_GRADIENT_MS,
                    help="a GPU learner's minibatch gradient in the table (default: the H200 CUDA-graph figure)")
+    p.add_argument("--large", default=LARGE, help="P,B,M,F of a second job for the table (default %(default)s)")
     p.add_argument("--nic-gbs", type=float, default=25.0, help="rank 0's link in GB/s (Slingshot-11: 25)")
     p.add_argument("--check-cluster", action="store_true", help="also run the job on 1, 2, 3 local cluster nodes")
     p.add_argument("--cluster-nodes", type=ints, default=[1, 2, 3])
@@ -176,19 +234,54 @@ def main(argv: list[str]) -> int:
     p.add_argument("--push", type=lambda s: [x for x in s.split(",") if x], default=list(PUSH_MODES))
     p.add_argument("--cores", type=float, default=float(os.cpu_count() or 1), help="cores the cluster's ranks share")
     p.add_argument("--job-timeout", type=float, default=600.0)
-    p.add_argument("--cluster-dir", help="keep the cluster runs here (default: a new folder under the current one)")
+    p.add_argument("--cluster-dir", help="keep the cluster runs here (default: a new folder under the current one); "
+                   "a run of the same push mode and nodes already there is read, not submitted again")
+    p.add_argument("--tcp", action="store_true", help="also measure the costs as between nodes (OFI over TCP)")
+    p.add_argument("--costs", help="take the workload and costs from an earlier --json instead of measuring")
     p.add_argument("--json", help="write the costs, tables' inputs and cluster rows here")
     args = p.parse_args(argv)
     if any(m not in PUSH_MODES for m in args.push):
         p.error(f"--push: allowed {', '.join(PUSH_MODES)}")
+    if args.costs:
+        work, local, remote = load_costs(Path(args.costs))
+        if args.check_cluster and remote is None:
+            p.error("--check-cluster needs the TCP costs: leave out --costs, or give a --json that has them")
+    else:
+        work, local, remote = measure_costs(args)
+    print_costs("costs on this machine, ranks on one node (shared memory)", local, work)
+    if remote is not None:
+        print_costs("costs with the ranks as on different nodes (OFI netmod over TCP, no shared memory)", remote, work)
+    gpu = replace(local, gradient=args.gpu_gradient_ms * 1e-3)
+    for P, B, M, F in ([work.floats, work.batch_steps, work.minibatches, work.fragment_steps], ints(args.large)):
+        table("the job" if P == work.floats and B == work.batch_steps else "a large job", gpu,
+              Workload(P, B, M, F), args.nodes, args.gpu_share, args.nic_gbs * 1e9)
+    rows = (cluster_table(cluster_runs(args.config, args.overrides, args), local, remote, work, args)
+            if args.check_cluster else [])
+    if args.json:
+        Path(args.json).write_text(json.dumps({"work": asdict(work), "local": asdict(local),
+                                               "remote": asdict(remote) if remote else None, "cluster": rows},
+                                              indent=1, default=str))
+    return 0
+
+
+def load_costs(path: Path) -> tuple[Workload, Costs, Costs | None]:
+    """The workload and costs an earlier ``--json`` wrote."""
+    got = json.loads(path.read_text())
+
+    def costs(d: dict | None) -> Costs | None:
+        return None if d is None else Costs(**{k: Linear(**v) if isinstance(v, dict) else v for k, v in d.items()})
+
+    return Workload(**got["work"]), costs(got["local"]), costs(got["remote"])
+
+
+def measure_costs(args) -> tuple[Workload, Costs, Costs | None]:
     from hpcrl.bench import scale_measure
+    from hpcrl.config import load_config
 
     work, steps = scale_measure.workload(args.config, args.overrides, args.seconds)
     sizes = sorted({work.floats if s.strip() == "job" else int(s) for s in args.sizes.split(",") if s.strip()})
     # the micro-run reads the job's config for its layouts and admission policy
     with tempfile.TemporaryDirectory(prefix="hpcrl-scale-cfg-") as tmp:
-        from hpcrl.config import load_config
-
         cfg_path = Path(tmp) / "config.yaml"
         cfg_path.write_text(load_config(args.config, args.overrides).to_yaml())
         print(f"# {args.config}{''.join(' -o ' + o for o in args.overrides)}: P = {work.floats:,} floats, "
@@ -196,18 +289,8 @@ def main(argv: list[str]) -> int:
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
         local = scale_measure.costs_from(scale_measure.transport(str(cfg_path), sizes, args.seconds, tcp=False), steps)
         remote = (scale_measure.costs_from(scale_measure.transport(str(cfg_path), sizes, args.seconds, tcp=True), steps)
-                  if args.check_cluster else None)
-    print_costs("costs on this machine, ranks on one node (shared memory)", local, work)
-    if remote is not None:
-        print_costs("costs with the ranks as on different nodes (OFI netmod over TCP, no shared memory)", remote, work)
-    gpu = replace(local, gradient=args.gpu_gradient_ms * 1e-3)
-    table(gpu, work, args.nodes, args.gpu_share, args.nic_gbs * 1e9)
-    rows = cluster_check(args.config, args.overrides, local, remote, work, args) if args.check_cluster else []
-    if args.json:
-        Path(args.json).write_text(json.dumps({"work": asdict(work), "local": asdict(local),
-                                               "remote": asdict(remote) if remote else None, "cluster": rows},
-                                              indent=1, default=str))
-    return 0
+                  if args.check_cluster or args.tcp else None)
+    return work, local, remote
 
 
 if __name__ == "__main__":

@@ -212,10 +212,11 @@ def saturation_nodes(costs: Costs, work: Workload, push: str, fetch: str, layout
 
 
 def fmt_rate(x: float) -> str:
-    """1,234 / 12.3K / 4.56M for a table."""
+    """1,234 / 12.3K / 400K / 4.56M for a table."""
     if not math.isfinite(x):
         return "-"
     for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(x) >= 10 * scale:
-            return f"{x / scale:.1f}{unit}"
+        if abs(x) >= 10 * scale or (unit != "K" and abs(x) >= scale):
+            v = x / scale
+            return f"{v:.2f}{unit}" if abs(v) < 10 else f"{v:.1f}{unit}" if abs(v) < 100 else f"{v:.0f}{unit}"
     return f"{x:,.0f}"

@@ -12,7 +12,7 @@ which runner runs the job (``plan.runner_reason``), one saying where the live sc
   checkpoints), ``launch.timeout_seconds`` enforced;
 - ``serial`` (:mod:`~hpcrl.runtime.runners.serial`): every role in this process, same record;
 - ``fused`` (:mod:`~hpcrl.runtime.runners.fused`): HA2C/HDDPG on a batched env as one device loop
-  in this process; no checkpoints, so ``--resume`` and ``--ranks`` are refused.
+  in this process, with the roles' checkpoints (``--resume`` goes on); ``--ranks`` is refused.
 
 The result's one-line message (stopped, timed out, failed) goes to stderr and its exit code is
 the command's. With ``--inside-mpi``, or when the process is already one rank of a multi-rank
@@ -68,13 +68,9 @@ def resolve_plan(args: argparse.Namespace, ranks_from: str = "--ranks") -> tuple
     args = argparse.Namespace(**{**vars(args), "overrides": overrides})
     cfg = load_config(run_dir / CONFIG_FILE if run_dir else args.config, args.overrides)
     plan = make_plan(cfg)
-    if plan.runner == "fused":
-        flag = "--resume" if args.resume else "--ranks" if args.ranks is not None else None
-        if flag:
-            raise ConfigError(f"{flag}: not supported by the fused loop (algo.name={cfg.algo.name} on a batched env "
-                              "with one actor and one learner group runs in this process, no checkpoints)")
-        validate(plan)
-        return plan, None
+    if plan.runner == "fused" and args.ranks is not None:
+        raise ConfigError(f"--ranks: not supported by the fused loop (algo.name={cfg.algo.name} on a batched env "
+                          "with one actor and one learner group runs in this process)")
     if run_dir is not None:
         from hpcrl.runtime.record.checkpoint import checkpoint_path, has_checkpoint
 

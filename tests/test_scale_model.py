@@ -117,6 +117,14 @@ def test_linear_fit_recovers_a_line_and_keeps_terms_non_negative():
     assert math.isclose(Linear.fit([5], [3.0])(10**6), 3.0)
 
 
+def test_sacct_cpu_times_read_as_seconds():
+    from hpcrl.bench.scale_model import sacct_seconds
+
+    assert sacct_seconds("00:34.590") == pytest.approx(34.59)
+    assert sacct_seconds("01:02:03") == pytest.approx(3723)
+    assert sacct_seconds("1-00:00:01.5") == pytest.approx(86401.5)
+
+
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_measuring_part_runs_the_real_micro_run():

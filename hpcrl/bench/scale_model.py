@@ -144,9 +144,13 @@ def job_cpu(job_id: str) -> tuple[float, float]:
     if not out:
         return float("nan"), float("nan")
     cpu, elapsed = out[0].split("|")
-    days, _, clock = cpu.rpartition("-")
-    seconds = sum(float(x) * 60 ** i for i, x in enumerate(reversed(clock.split(":"))))
-    return seconds + 86400 * float(days or 0), float(elapsed)
+    return sacct_seconds(cpu), float(elapsed)
+
+
+def sacct_seconds(text: str) -> float:
+    """sacct's TotalCPU ([D-][HH:]MM:SS[.mmm]) in seconds."""
+    days, _, clock = text.rpartition("-")
+    return sum(float(x) * 60 ** i for i, x in enumerate(reversed(clock.split(":")))) + 86400 * float(days or 0)
 
 
 def cluster_runs(config: str, overrides: list[str], args) -> list[dict]:
@@ -154,14 +158,16 @@ def cluster_runs(config: str, overrides: list[str], args) -> list[dict]:
     out = Path(args.cluster_dir or tempfile.mkdtemp(prefix="hpcrl-scale-cluster-", dir=Path.cwd())).resolve()
     out.mkdir(parents=True, exist_ok=True)
     runs = []
-    for push in args.push:
+    # a short job per node count first: its CPU seconds are the start-up and shutdown the long jobs' CPU includes
+    for push, steps in [("short", args.short_steps), *((push, args.steps) for push in args.push)]:
         for n in args.cluster_nodes:
             run_dir, id_file = out / f"{push}-n{n}", out / f"{push}-n{n}.jobid"
             if not id_file.exists():
-                print(f"local cluster: {n} node(s), {args.actors_per_node * n} actors, push {push}, {args.steps} env "
+                print(f"local cluster: {n} node(s), {args.actors_per_node * n} actors, push {push}, {steps} env "
                       "steps ...", file=sys.stderr, flush=True)
                 load = os.getloadavg()[0]
-                job = submit(config, n, args.actors_per_node * n, args.steps, push, run_dir, overrides)
+                job = submit(config, n, args.actors_per_node * n, steps, "gradient" if push == "short" else push,
+                             run_dir, overrides)
                 id_file.write_text(f"{job} {load:.1f}\n")
                 wait_job(job, args.job_timeout)
             job, load = id_file.read_text().split()
@@ -173,8 +179,12 @@ def cluster_table(runs: list[dict], local: Costs, remote: Costs, work: Workload,
     """Each cluster run measured (run.h5, sacct) beside the model's prediction for its placement."""
     from hpcrl.bench.update_push import measure
 
-    rows = []
+    rows, startup = [], {}
     for run in runs:
+        if run["push"] == "short":  # CPU seconds that are not training: start-up, shutdown, the short job's steps
+            got = measure(Path(run["run_dir"])) if (Path(run["run_dir"]) / "run.h5").exists() else None
+            startup[run["nodes"]] = (job_cpu(run["job"])[0], got["env_steps"]) if got else (float("nan"), 0)
+            continue
         run_dir = Path(run["run_dir"])
         if not (run_dir / "run.h5").exists():
             rows.append({**run, "state": "no run.h5"})
@@ -182,14 +192,17 @@ def cluster_table(runs: list[dict], local: Costs, remote: Costs, work: Workload,
         got, where = measure(run_dir), placement(run_dir / "run.h5")
         cpu, elapsed = job_cpu(run["job"])
         n = run["nodes"]
+        base_cpu, base_steps = startup.get(n, (float("nan"), 0))
         lay = Layout(nodes=n, actors=args.actors_per_node * n, actor_nodes=where["actor_nodes"], learners=1,
                      cores=args.cores)
         costs = blend(local, remote, where["remote_share"])
         pred = predict(costs, work, lay, run["push"], "actor")
-        got_cores = cpu / elapsed if elapsed else float("nan")
+        got_cores = (cpu - base_cpu) / got["train_seconds"]  # the cores the job's training got (others share them)
         pred_got = predict(costs, work, replace(lay, cores=got_cores), run["push"], "actor")
         need = per_env_step(costs, work, lay, run["push"], "actor")
+        train_cpu_ms = 1e3 * (cpu - base_cpu) / (got["env_steps"] - base_steps)
         rows.append({**run, "state": "done", "where": where, "measured": got, "cpu_seconds": cpu, "elapsed": elapsed,
+                     "startup_cpu_seconds": base_cpu, "train_cpu_ms_per_step": train_cpu_ms,
                      "predicted": asdict(pred), "predicted_at_cores_got": asdict(pred_got), "cores_got": got_cores,
                      "model_ms_per_step": {k: 1e3 * need[k] for k in ("actor", "learner", "rank0")}})
     print(f"\nlocal cluster (scripts/local_cluster.sh: every node a namespace on this machine's {os.cpu_count()} cores), "
@@ -205,13 +218,14 @@ def cluster_table(runs: list[dict], local: Costs, remote: Costs, work: Workload,
         m, p, pg, ms = r["measured"], r["predicted"], r["predicted_at_cores_got"], r["model_ms_per_step"]
         print(f"{r['push']:8} {r['nodes']:>5} {args.actors_per_node * r['nodes']:>6} {r['where']['remote_share']:>6.0%} | "
               f"{m['steps_per_s']:>17,.0f} {p['env_steps_per_s']:>12,.0f} {r['cores_got']:>9.2f} "
-              f"{pg['env_steps_per_s']:>11,.0f} | {1e3 * r['cpu_seconds'] / m['env_steps']:>17.2f} {sum(ms.values()):>5.2f} | "
+              f"{pg['env_steps_per_s']:>11,.0f} | {r['train_cpu_ms_per_step']:>17.3f} {sum(ms.values()):>5.3f} | "
               f"{m['rank0_ms_per_1k_steps']:>24.0f} {1e3 * ms['rank0']:>5.0f} | "
               f"{1e3 * m['pushes_per_s'] / m['steps_per_s']:>9.1f} {1e3 * p['pushes_per_s'] / p['env_steps_per_s']:>5.1f} | "
               f"{r['load']:>4.1f}")
-    print("(remote: share of the actors on another node than rank 0 and the learner; cores got: the job step's CPU "
-          "seconds over its elapsed seconds (sacct TotalCPU / ElapsedRaw, start-up included); CPU ms/step measured: "
-          "sacct TotalCPU over the run's env steps (start-up included); load: the machine's load average at submit)")
+    print("(remote: share of the actors on another node than rank 0 and the learner; cores got: the job's CPU seconds "
+          "less the short job's, over its training seconds; CPU ms/step measured: "
+          "sacct TotalCPU of the job less that of a short job on as many nodes (start-up, shutdown), over the env steps "
+          "between them; load: the machine's load average at submit)")
     return rows
 
 
@@ -231,6 +245,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cluster-nodes", type=ints, default=[1, 2, 3])
     p.add_argument("--actors-per-node", type=int, default=2)
     p.add_argument("--steps", type=int, default=30_000, help="env steps per cluster job")
+    p.add_argument("--short-steps", type=int, default=2048, help="env steps of the start-up job per node count")
     p.add_argument("--push", type=lambda s: [x for x in s.split(",") if x], default=list(PUSH_MODES))
     p.add_argument("--cores", type=float, default=float(os.cpu_count() or 1), help="cores the cluster's ranks share")
     p.add_argument("--job-timeout", type=float, default=600.0)

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from hpcrl.errors import ConfigError
 
@@ -57,6 +56,8 @@ def has_checkpoint(run_dir: str | Path) -> bool:
 
 def rng_state() -> dict[str, Any]:
     """Python, NumPy and torch generator states (torch CUDA too when present)."""
+    import torch  # here, not at the top: the launcher asks has_checkpoint without loading torch (seconds)
+
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -64,6 +65,8 @@ def rng_state() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    import torch
+
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -100,6 +103,8 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
     _step("cleaned")
     final, previous = folder / LATEST, folder / PREVIOUS
     tmp = folder / f".{LATEST}.{os.getpid()}.tmp"
+    import torch
+
     with open(tmp, "wb") as fh:
         torch.save({"format": FORMAT, **state}, fh)
         fh.flush()
@@ -154,6 +159,8 @@ def _try_load(path: Path) -> tuple[Any, str | None]:
         return None, "missing"
     if path.stat().st_size == 0:
         return None, "empty file"
+    import torch
+
     try:
         # our own file: it holds numpy RNG state and optimizer dicts, not only tensors
         return torch.load(path, map_location="cpu", weights_only=False), None

@@ -3,12 +3,15 @@
 Each rank runs :mod:`hpcrl.runtime.runners.mpi` (``--progress pipe``); this process renders their
 progress lines, forwards SIGINT/SIGTERM/SIGUSR1 as a graceful stop once the ranks run (the parameter
 rank checkpoints; a second Ctrl-C kills the job), ends a job whose ranks report nothing within
-``launch.startup_seconds``, stops one past ``launch.timeout_seconds``, and hands back the summary
-the parameter rank printed, or the first rank failure mpiexec reported.
+``launch.startup_seconds``, ends one whose parameter rank falls silent for ``launch.watchdog_seconds``
+(:class:`ParameterWatch`: rank 0 watches every other rank, this process watches rank 0), stops one past
+``launch.timeout_seconds``, and hands back the summary the parameter rank printed, or the first rank
+failure mpiexec reported.
 """
 from __future__ import annotations
 
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -31,6 +34,48 @@ BANNER_CODE = re.compile(r"^=\s+(?:EXIT CODE|KILLED BY SIGNAL): (\d+)")
 """MPICH hydra's report of the first process it saw end badly (with prestart: a rank's stand-in)."""
 KILLED_LINE = re.compile(r"^hpcrl: rank (\d+) \(pid \d+ on (\S+)\) was killed by (signal \d+ \(\w+\))$")
 """A prestart stand-in's line when its rank died of a signal (runners.prestart.killed_line)."""
+
+
+class ParameterWatch:
+    """The launcher's watchdog for rank 0, which runs the other ranks' watchdog and so has none of its own.
+
+    Rank 0's progress lines (``@@hpcrl``, one a second while its loop runs; :mod:`~hpcrl.runtime.record.progress`)
+    are its heartbeat. Silent for ``launch.watchdog_warn_seconds``: one warning line; for
+    ``launch.watchdog_seconds``: :meth:`check` returns how long, and the launcher ends the job (a stopped,
+    hung or dead-locked parameter rank; a dead one ends the job through mpiexec)."""
+
+    def __init__(self, launch_cfg, who: str):
+        self.warn, self.limit, self.who = launch_cfg.watchdog_warn_seconds, launch_cfg.watchdog_seconds, who
+        self.warned = False
+
+    def check(self, last_line: float | None, now: float, echo) -> float | None:
+        """Seconds since rank 0's last progress line (monotonic ``last_line``) once past the limit, else None;
+        ``echo(line)`` gets the warning, once per silence."""
+        if last_line is None:  # not started yet: launch.startup_seconds covers that
+            return None
+        quiet = now - last_line
+        if quiet >= self.limit:
+            return quiet
+        if quiet < self.warn:
+            self.warned = False
+        elif not self.warned:
+            self.warned = True
+            echo(f"hpcrl: warning: {self.who} has made no progress for {quiet:.0f} s "
+                 f"(the job ends after launch.watchdog_seconds={self.limit:g})")
+        return None
+
+    def message(self, quiet: float, run_dir: Path) -> str:
+        """The launcher's last line when it ended the job for rank 0's silence."""
+        return (f"{self.who} made no progress for {quiet:.0f} s (launch.watchdog_seconds={self.limit:g}); "
+                f"ended the job: {how_to_go_on(run_dir)}")
+
+
+def how_to_go_on(run_dir: Path) -> str:
+    """``hpcrl run --resume`` from the last checkpoint (named), or that there is none yet."""
+    from hpcrl.runtime.record.checkpoint import checkpoint_path, has_checkpoint
+
+    return (f"`hpcrl run --resume {run_dir}` goes on from its last checkpoint ({checkpoint_path(run_dir)})"
+            if has_checkpoint(run_dir) else f"it has no checkpoint yet: run directory {run_dir}")
 
 
 def run(plan, run_dir: Path, resume: bool = False, progress: str = "plain",
@@ -65,7 +110,9 @@ def supervise(cmd: list[str], cfg, run_dir: Path, extra_env: Mapping[str, str] |
     # a stop signal is passed on once the ranks run (their first progress line): before that it would
     # kill ranks still starting; one that came before mpiexec was started waits the same way
     state = {"stop_requested_at": None, "killed": False, "timed_out": False, "stuck_starting": False,
-             "pending": early_signal(), "asked": None, "second_interrupt": False}
+             "pending": early_signal(), "asked": None, "second_interrupt": False, "silent": None}
+    roles = roles or []
+    watch = ParameterWatch(cfg.launch, f"rank 0 ({roles[0] if roles else 'parameter'} on {platform.node()})")
     if state["pending"] is not None:
         state["stop_requested_at"] = time.monotonic()
 
@@ -80,7 +127,7 @@ def supervise(cmd: list[str], cfg, run_dir: Path, extra_env: Mapping[str, str] |
 
     old = {s: signal.signal(s, graceful) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     summary: dict = {}
-    reader = threading.Thread(target=_pump, args=(proc, view, summary, parse_line, roles or [], run_dir), daemon=True)
+    reader = threading.Thread(target=_pump, args=(proc, view, summary, parse_line, roles, run_dir), daemon=True)
     reader.start()
     start = time.monotonic()
     try:
@@ -98,6 +145,12 @@ def supervise(cmd: list[str], cfg, run_dir: Path, extra_env: Mapping[str, str] |
             if "progress" not in summary and now - start > cfg.launch.startup_seconds and not state["killed"]:
                 _kill(proc)  # the role loops' watchdog runs only once every rank has started
                 state["killed"] = state["stuck_starting"] = True
+            quiet = None if "summary" in summary else watch.check(summary.get("line_at"), now, view.echo)
+            if quiet is not None and not state["killed"]:
+                _kill(proc)  # rank 0 cannot checkpoint; what the others flushed stays readable
+                state["killed"] = True
+                if "failed" not in summary:  # a rank that failed first is named instead
+                    state["silent"] = quiet
             t = state["stop_requested_at"]
             if t is not None and now - t > GRACE_SECONDS and not state["killed"]:
                 _kill(proc)
@@ -111,23 +164,21 @@ def supervise(cmd: list[str], cfg, run_dir: Path, extra_env: Mapping[str, str] |
         ended = {**ended, "stop_reason": "signal SIGINT"}  # the ranks got Ctrl-C as SIGTERM (see graceful)
     view.finish(ended or None)
     if state["second_interrupt"]:
-        from hpcrl.runtime.record.checkpoint import checkpoint_path, has_checkpoint
-
-        after = (f"`hpcrl run --resume {run_dir}` goes on from its last checkpoint ({checkpoint_path(run_dir)})"
-                 if has_checkpoint(run_dir) else f"it has no checkpoint yet: run directory {run_dir}")
-        return RunResult.failed("mpi", run_dir, f"ended by a second Ctrl-C without waiting for a checkpoint; {after}",
-                                EXIT_STOPPED, summary=ended)
+        return RunResult.failed("mpi", run_dir, "ended by a second Ctrl-C without waiting for a checkpoint; "
+                                f"{how_to_go_on(run_dir)}", EXIT_STOPPED, summary=ended)
     if state["stuck_starting"]:
         return RunResult.failed("mpi", run_dir, f"the ranks reported no progress within launch.startup_seconds="
                                 f"{cfg.launch.startup_seconds:g} of the start (a rank stuck starting); ended the job: "
                                 f"run directory {run_dir}", summary=ended)
+    if state["silent"] is not None:
+        return RunResult.failed("mpi", run_dir, watch.message(state["silent"], run_dir), summary=ended)
     if state["timed_out"]:
         return RunResult.failed("mpi", run_dir, f"stopped after launch.timeout_seconds={cfg.launch.timeout_seconds}",
                                 EXIT_TIMEOUT, summary=ended)
     result = RunResult.ended("mpi", run_dir, ended)
     if result.exit_code == 0 and rc != 0:
         first = f"{summary['failed']}; " if "failed" in summary else ""
-        return RunResult.failed("mpi", run_dir, f"the MPI job failed (exit code {rc}): {first}run directory {run_dir}",
+        return RunResult.failed("mpi", run_dir, f"the MPI job failed (exit code {rc}): {first}{how_to_go_on(run_dir)}",
                                 summary=ended)
     return result
 
@@ -152,6 +203,7 @@ def _pump(proc: subprocess.Popen, view, summary: dict, parse_line, roles: list[s
                 summary["failed"] = f"{summary['banner']} ended first, mpiexec reports {_code_name(int(code[1]))}"
             view.echo(line)
             continue
+        summary["line_at"] = time.monotonic()  # rank 0's sign of life (ParameterWatch)
         if rec.get("kind") == "progress":
             if "pids" not in summary:  # the ranks run: which local process is which rank, to name one that dies
                 summary["pids"] = {pid: rank for rank, pid in local_rank_pids(run_dir).items()}

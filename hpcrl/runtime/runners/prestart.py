@@ -374,4 +374,5 @@ def _reap(pid: int, children: dict, pidfds: dict, sel, block: bool = True) -> No
 
 
 if __name__ == "__main__":
-    sys.exit(serve(Path(sys.argv[1]), int(sys.argv[2])))
+    # no interpreter teardown: with torch imported it takes seconds on a busy machine, and hpcrl run waits for it
+    os._exit(serve(Path(sys.argv[1]), int(sys.argv[2])))

@@ -45,9 +45,12 @@ def record_startup(run_dir: str | Path, command_unix: float) -> float | None:
     import h5py
 
     from hpcrl.io.h5format import APPEND_LIBVER
+    from hpcrl.io.recovery import writer_has_open
 
     path = Path(run_dir) / "run.h5"
     try:
+        if writer_has_open(path):  # its writer was killed (a rank, or the job ended by a watchdog): it may hold a
+            return None  # half-written block, on which a reader waits (HDF5 retries it); a resume clears the flags
         first = first_step_unix(path, after=command_unix)
         if first is None:
             return None

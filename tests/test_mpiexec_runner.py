@@ -48,3 +48,26 @@ def test_hydras_banner_pid_is_mapped_to_its_rank():
 def test_a_rank_that_raised_is_named_by_its_abort_line_first():
     abort = "[rank 1] hpcrl: rank 1 (learner on node1) failed: ValueError: x; aborting the job"
     assert pumped([abort, *BANNER], pids={4242: 2})["failed"] == "rank 1 (learner on node1) failed: ValueError: x"
+
+
+def test_the_launchers_watch_of_rank_0_warns_once_then_ends_the_job_at_the_limit(tmp_path):
+    from hpcrl.config import LaunchConfig
+    from hpcrl.runtime.runners.mpiexec import ParameterWatch
+
+    watch = ParameterWatch(LaunchConfig(watchdog_warn_seconds=2, watchdog_seconds=5), "rank 0 (parameter on node0)")
+    lines: list[str] = []
+    assert watch.check(None, 100.0, lines.append) is None and not lines  # no progress line yet: startup_seconds
+    assert watch.check(10.0, 11.9, lines.append) is None and not lines
+    assert watch.check(10.0, 12.0, lines.append) is None and watch.check(10.0, 14.0, lines.append) is None
+    assert lines == ["hpcrl: warning: rank 0 (parameter on node0) has made no progress for 2 s "
+                     "(the job ends after launch.watchdog_seconds=5)"]
+    assert watch.check(14.5, 15.0, lines.append) is None  # a line came: a later silence is warned again
+    assert watch.check(14.5, 17.0, lines.append) is None and len(lines) == 2
+    assert watch.check(14.5, 19.5, lines.append) == 5.0
+    assert watch.message(5.0, tmp_path) == ("rank 0 (parameter on node0) made no progress for 5 s "
+                                            f"(launch.watchdog_seconds=5); ended the job: it has no checkpoint "
+                                            f"yet: run directory {tmp_path}")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest.pt").write_bytes(b"x")
+    assert watch.message(5.0, tmp_path).endswith(f"`hpcrl run --resume {tmp_path}` goes on from its last checkpoint "
+                                                 f"({tmp_path / 'checkpoints' / 'latest.pt'})")

@@ -81,7 +81,7 @@ def test_truncate_record_never_lengthens_and_names_bad_input(tmp_path):
     counts = record_counts(run_dir)
     more = {name: n + 10 for name, n in counts["tables"].items()}
     removed = truncate_record(run_dir, more, {0: 10 ** 6, 7: 5})  # actor 7 has no file: nothing to cut
-    assert removed == {"tables": {name: 0 for name in TABLES}, "traj_steps": {0: 0, 7: 0}}
+    assert removed == {"tables": {name: 0 for name in TABLES}, "traj_steps": {0: 0, 7: 0}, "lost_steps": {}}
     assert record_counts(run_dir) == counts
     with pytest.raises(RunFileError, match="no table 'epsiodes'"):
         truncate_record(run_dir, {"epsiodes": 1}, {})

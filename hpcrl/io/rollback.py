@@ -6,28 +6,42 @@ the resumed job will redo (with other weights under the same version numbers), s
 first calls :func:`truncate_record` with those counts, with no writer open (before
 ``RunFile.open_append`` / ``TrajectoryWriter.open_append``).
 
+A fragment is in two files written by two processes at different times: its steps in the
+actor's trajectory file (buffered, written every ``io.flush_seconds``) and its row in run.h5's
+``actors`` table (rank 0, from the actor's report, which is sent before the steps are flushed).
+At a checkpoint either may be ahead of the other, so an actor's kept steps are the fragments
+both hold: ``traj_steps[a]`` is the smaller of its file's committed steps and the steps its rows
+report. :func:`truncate_record` cuts the file to that, and drops the actor's rows past it from
+the ``actors`` table (rows of other actors keep their order); an actor's file that holds fewer
+steps than the checkpoint counted (deleted, or cut short) is said in one line on stderr, and
+its rows are cut to what the file holds. After a resume each actor's rows and file hold the same
+fragments, so the actor numbers its next fragment from its file (steps / fragment steps).
+
 API::
 
     record_counts(run_dir, run_file=None) -> {"tables": {name: rows}, "traj_steps": {actor: steps}}
         # run_file: the parameter rank's open RunFile (flushed here first); otherwise run.h5 is read
     truncate_record(run_dir, counts: dict[str, int], traj_steps: dict[int, int])
-        -> {"tables": {name: rows removed}, "traj_steps": {actor: steps removed}}
+        -> {"tables": {name: rows removed}, "traj_steps": {actor: steps removed},
+            "lost_steps": {actor: steps the checkpoint counted that its file no longer holds}}
 """
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 from hpcrl.io.errors import RunFileError
 from hpcrl.io.h5format import APPEND_LIBVER
-from hpcrl.io.readers import _read_trajectory_steps, _retry, read_row_counts
+from hpcrl.io.readers import _read_trajectory_steps, _retry, read_row_counts, read_table
 from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.run_file import RunFile
 from hpcrl.io.schema import RUN_FILE, TABLES, TRAJ_DIR, traj_filename
-from hpcrl.io.tables import Table
+from hpcrl.io.tables import COMMITTED_STEPS, Table
 from hpcrl.io.traj_file import cut_trajectory
 
 _TRAJ_NAME = re.compile(r"actor-(\d+)\.h5")
@@ -52,45 +66,107 @@ def record_counts(run_dir: str | Path, run_file: RunFile | None = None) -> dict[
     trajectory files belong to the actor processes and are read as an SWMR reader (their
     buffered steps are not counted); mid-job without the bounded check of :mod:`hpcrl.io.probe`
     (no child process per file at every checkpoint of the parameter rank).
+
+    An actor's ``traj_steps`` are the fragments both its file and its ``actors`` rows hold: the
+    smaller of the file's committed steps and the steps its rows report (module docstring).
     """
     run_dir = Path(run_dir)
     if run_file is not None:
         run_file.flush()
     tables = run_file.row_counts() if run_file is not None else read_row_counts(run_dir / RUN_FILE)
-    steps = {a: _retry(_read_trajectory_steps, p, run_file is None) for a, p in trajectory_files(run_dir).items()}
+    if run_file is not None:
+        reported = run_file.actor_steps()
+    else:
+        reported = _steps_by_actor(read_table(run_dir / RUN_FILE, "actors", ["actor", "steps"])
+                                   if "actors" in tables else {"actor": np.zeros(0, int), "steps": np.zeros(0, int)})
+    on_disk = {a: _retry(_read_trajectory_steps, p, run_file is None) for a, p in trajectory_files(run_dir).items()}
+    steps = {a: min(on_disk.get(a, 0), reported.get(a, 0)) for a in sorted(set(on_disk) | set(reported))}
     return {"tables": dict(tables), "traj_steps": steps}
+
+
+def _steps_by_actor(rows: Mapping[str, np.ndarray]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for actor, steps in zip(rows["actor"].tolist(), rows["steps"].tolist()):
+        out[int(actor)] = out.get(int(actor), 0) + max(int(steps), 0)
+    return out
 
 
 def truncate_record(run_dir: str | Path, counts: Mapping[str, int], traj_steps: Mapping[int, int]) -> dict[str, dict]:
     """Cut run.h5's tables to ``counts`` rows and each listed trajectory file to ``traj_steps`` steps.
 
     Never lengthens; tables and actors not named are left as they are (rows a killed writer
-    left uncommitted are dropped from every file opened). Returns what was removed. Run it
-    with no writer open on these files (the run lock held).
+    left uncommitted are dropped from every file opened). The ``actors`` table then keeps, of each
+    listed actor, only the rows of the fragments its file still holds (module docstring); a file
+    holding fewer steps than ``traj_steps`` says (deleted, cut short) is one line on stderr.
+    Returns what was removed. Run it with no writer open on these files (the run lock held).
     """
     run_dir = Path(run_dir)
     unknown = sorted(set(counts) - set(TABLES))
     if unknown:
         raise RunFileError(f"truncate_record: no table {unknown[0]!r} in the hpcrl schema; tables: {', '.join(TABLES)}")
-    removed_rows = {}
-    if counts:
-        path = run_dir / RUN_FILE
-        if not path.is_file():
-            raise RunFileError(f"{path}: no such run file to truncate")
-        with _open_for_cutting(path) as f:
-            for name, rows in counts.items():
-                if name not in f:
-                    raise RunFileError(f"{path}: table '{name}' is missing")
-                removed_rows[name] = Table.open(f, TABLES[name]).cut(int(rows))
-    removed_steps = {}
+    removed_rows: dict[str, int] = {}
+    if not counts:
+        return {"tables": removed_rows, **_cut_trajectories(run_dir, traj_steps, None)}
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise RunFileError(f"{path}: no such run file to truncate")
+    with _open_for_cutting(path) as f:
+        tables = {}
+        for name, rows in counts.items():
+            if name not in f:
+                raise RunFileError(f"{path}: table '{name}' is missing")
+            tables[name] = Table.open(f, TABLES[name])
+            removed_rows[name] = tables[name].cut(int(rows))
+        actors = tables.get("actors")
+        reported = _steps_by_actor(actors.read_written(("actor", "steps"))) if actors is not None else None
+        cut = _cut_trajectories(run_dir, traj_steps, reported)
+        if actors is not None:
+            removed_rows["actors"] += _keep_fragments_on_file(actors, cut.pop("kept"))
+    cut.pop("kept", None)
+    return {"tables": removed_rows, **cut}
+
+
+def _cut_trajectories(run_dir: Path, traj_steps: Mapping[int, int], reported: Mapping[int, int] | None) -> dict:
+    """Cut each listed actor's file to its ``traj_steps`` (and to the steps its ``actors`` rows report, when
+    ``reported`` is given: a checkpoint of an older hpcrl counted the file alone); one line for each file that
+    holds fewer steps than the checkpoint counted. Steps removed, lost and kept per actor."""
+    removed, kept, lost = {}, {}, {}
     for actor, steps in traj_steps.items():
-        path = run_dir / traj_filename(int(actor))
+        actor, steps, path = int(actor), int(steps), run_dir / traj_filename(int(actor))
+        target = steps if reported is None else min(steps, reported.get(actor, 0))
         if not path.is_file():
-            removed_steps[int(actor)] = 0
-            continue
-        with _open_for_cutting(path) as f:
-            removed_steps[int(actor)] = cut_trajectory(f, int(steps))
-    return {"tables": removed_rows, "traj_steps": removed_steps}
+            removed[actor], kept[actor] = 0, 0
+        else:
+            with _open_for_cutting(path) as f:
+                removed[actor] = cut_trajectory(f, target)
+                kept[actor] = int(f.attrs[COMMITTED_STEPS])
+        if kept[actor] < target:
+            lost[actor] = target - kept[actor]
+            why = "is missing" if not path.is_file() else f"holds {kept[actor]:,} steps"
+            print(f"hpcrl: --resume: {path} {why}, not the {target:,} the checkpoint counted: "
+                  f"{lost[actor]:,} steps of actor {actor} are lost (its rows past them leave the actors table; "
+                  "the actor goes on from what the file holds)", file=sys.stderr, flush=True)
+    return {"traj_steps": removed, "lost_steps": lost, "kept": kept}
+
+
+def _keep_fragments_on_file(table: Table, kept: Mapping[int, int]) -> int:
+    """Drop the rows of each actor in ``kept`` whose fragments lie past the steps its file keeps (the
+    other rows keep their order); returns the rows dropped."""
+    rows = table.read_written(("actor", "steps"))
+    actors, steps = rows["actor"].astype(np.int64), np.maximum(rows["steps"].astype(np.int64), 0)
+    keep = np.ones(len(actors), dtype=bool)
+    for actor, limit in kept.items():
+        mine = actors == actor
+        reach = np.cumsum(np.where(mine, steps, 0))  # the actor's steps up to and including each row
+        keep &= ~mine | (reach <= limit)
+    if keep.all():
+        return 0
+    first = int(np.argmin(keep))  # rows before the first dropped one stay where they are
+    tail = table.read_written(table.spec.names, first)
+    table.cut(first)
+    table.append({name: col[keep[first:]] for name, col in tail.items()})
+    table.flush()
+    return int((~keep).sum())
 
 
 def _open_for_cutting(path: Path) -> h5py.File:

@@ -42,6 +42,7 @@ API::
     run.append(name, rows) -> int          # same as run.table(name).append(rows)
     run.flush()                            # tables -> file, then h5py flush; RecordWriteError if that fails
     run.row_counts() -> dict[str, int]     # committed rows per table (call flush first to include the buffer)
+    run.actor_steps() -> dict[int, int]    # committed env steps per actor in the actors table (read incrementally)
     run.maybe_flush(now=None) -> bool      # flush if flush_seconds passed (now: any clock, default monotonic)
     run.close()                            # flush and close; also a context manager
 """
@@ -73,6 +74,8 @@ class RunFile(TimedFlushFile):
         self.start_unix = float(file.attrs["start_unix"])
         self._tables: dict[str, Table] = {}
         self._timer = FlushTimer(flush_seconds)
+        self._actor_steps: dict[int, int] = {}
+        self._actor_rows = 0  # rows of the actors table summed into _actor_steps
 
     @classmethod
     def create(cls, path: str | Path, config_yaml: str, rank_map: Mapping[str, object], compression: str = "gzip",
@@ -179,6 +182,15 @@ class RunFile(TimedFlushFile):
     def row_counts(self) -> dict[str, int]:
         """Committed rows of every table (what a reader sees after the last flush)."""
         return {name: t.committed for name, t in self._tables.items()}
+
+    def actor_steps(self) -> dict[int, int]:
+        """Env steps per actor that the committed rows of the ``actors`` table report (their fragments' steps);
+        only rows committed since the last call are read."""
+        rows = self.table("actors").read_written(("actor", "steps"), self._actor_rows)
+        for actor, steps in zip(rows["actor"].tolist(), rows["steps"].tolist()):
+            self._actor_steps[actor] = self._actor_steps.get(actor, 0) + max(int(steps), 0)
+        self._actor_rows += len(rows["actor"])
+        return dict(self._actor_steps)
 
     def _add_trajectory_view(self, layout: TrajLayout, num_actors: int) -> None:
         """Create trajectories/<field> [num_actors, steps, ...] over traj/actor-NNNNN.h5 (sources may not exist yet)."""

@@ -327,6 +327,10 @@ class Table:
         self.pending = 0
         self._buffer = {c.name: [] for c in self.spec.columns}
 
+    def read_written(self, names: Sequence[str], start: int = 0) -> dict[str, np.ndarray]:
+        """Columns ``names`` of the committed rows from ``start`` on (the buffer not included)."""
+        return {name: self._columns[name][start:self._on_disk] for name in names}
+
     def read(self) -> dict[str, np.ndarray]:
         """All rows, written and buffered."""
         buf = self._buffered()

@@ -10,7 +10,10 @@ the committed count raised (the one-element dataset ``committed/steps``, for rea
 file open, then the root attribute ``committed_steps``); a killed actor leaves the file as it was at
 its last flush, and readers use ``min(committed_steps, shortest dataset)`` steps. A failed
 write raises :class:`~hpcrl.io.errors.RecordWriteError` once and ends the writer (see
-:mod:`hpcrl.io.tables`).
+:mod:`hpcrl.io.tables`). A file deleted (or replaced) while its writer runs would lose every step
+when the writer closes it, so each flush checks that the path still names the open file; if not,
+the file is written again at its path from the open one (every committed step kept) and one line
+on stderr says so.
 
 API::
 
@@ -28,6 +31,8 @@ API::
 """
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import h5py
@@ -114,6 +119,7 @@ class TrajectoryWriter(TimedFlushFile):
         self._buffer: dict[str, list[np.ndarray]] = {f.name: [] for f in TRAJ_FIELDS}
         self._pending = 0
         self._timer = FlushTimer(flush_seconds)
+        self._identity = _identity(self.path)
 
     @classmethod
     def open_append(cls, path: str | Path, flush_seconds: float = 5.0) -> "TrajectoryWriter":
@@ -185,3 +191,41 @@ class TrajectoryWriter(TimedFlushFile):
                 self._buffer = {f.name: [] for f in TRAJ_FIELDS}
                 self._on_disk, self._pending = stop, 0
             self.file.flush()
+            if _identity(self.path) != self._identity:
+                self._write_again()
+
+    def _write_again(self) -> None:
+        """The path no longer names the open file (deleted or replaced): copy the open file to the path and go
+        on writing the copy, saying so in one line."""
+        gone = "deleted" if not self.path.exists() else "replaced by another file"
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        steps = self._on_disk
+        with h5py.File(tmp, "w", libver=WRITE_LIBVER, locking=False) as copy:  # not H5Ocopy: it fails on an
+            for key, value in self.file.attrs.items():                        # SWMR file reopened for appending
+                copy.attrs[key] = value
+            for name, d in self._datasets.items():
+                c = copy.create_dataset(name, shape=(steps, *d.shape[1:]), maxshape=d.maxshape, dtype=d.dtype,
+                                        chunks=d.chunks, fillvalue=d.fillvalue, **filter_kwargs(d.compression or "none"))
+                for key, value in d.attrs.items():
+                    c.attrs[key] = value
+                for lo in range(0, steps, d.chunks[0]):
+                    c[lo:lo + d.chunks[0]] = d[lo:min(lo + d.chunks[0], steps)]
+            set_live_count(copy, LIVE_STEPS, steps)
+            copy.attrs[COMMITTED_STEPS] = np.int64(steps)
+        os.replace(tmp, self.path)
+        self.file.close()
+        again = type(self).open_append(self.path, flush_seconds=self.flush_seconds)
+        self.file, self._datasets, self._live = again.file, again._datasets, again._live
+        self._identity = _identity(self.path)
+        print(f"hpcrl: actor {self.actor}: {self.path} was {gone} while the run went on; written again from the "
+              f"open file ({self._on_disk:,} steps kept, none lost)", file=sys.stderr, flush=True)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``; None when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino

@@ -61,7 +61,10 @@ class Actor:
                                            flush_seconds=flush)
 
     def run(self) -> None:
-        self.fragments = self.job.startup["fragment_next"][self.index]  # numbering goes on after a resume
+        # numbering goes on after a resume from what this actor's file holds: the resume's rollback left in the
+        # actors table exactly the fragments the file holds (hpcrl.io.rollback), which may be fewer than rank 0's
+        # fragment_next (reported fragments whose steps were never flushed; a deleted file starts again at 0)
+        self.fragments = self.writer.committed // (self.cfg.actors.fragment_length * self.sampler.num_envs)
         saved = self.job.startup.get("normalizers") or []
         if self.index < len(saved) and saved[self.index] is not None:  # a resume: the statistics go on
             self.sampler.load_normalizer_state(saved[self.index])

@@ -83,18 +83,52 @@ def ranks(run: Run) -> dict[str, int]:
             "groups": groups, "ranks_per_group": learners // groups if groups else 1}
 
 
-def wall_seconds(run: Run) -> float:
-    """Run length: the last time any table recorded."""
-    last = 0.0
-    for name, col in (("updates", "time"), ("gradients", "time"), ("episodes", "time"),
-                      ("learner_activity", "time_end"), ("actors", "time")):
-        t = finite(run.table(name).get(col, []))
-        if t.size:
-            last = max(last, float(t.max()))
+def job_starts(run: Run) -> np.ndarray:
+    """Seconds from the run's start at which each of its jobs began: 0, then each resume (run.h5's
+    ``resumed_unix`` against ``start_unix``)."""
+    resumed = np.atleast_1d(np.asarray(run.attrs.get("resumed_unix", []), dtype=np.float64))
+    start = float(run.attrs.get("start_unix", math.nan))
+    if not resumed.size or not math.isfinite(start):
+        return np.zeros(1)
+    return np.concatenate([[0.0], np.sort(resumed) - start])
+
+
+def row_times(run: Run) -> np.ndarray:
+    """Every time the record holds (seconds from the run's start): rows of the timed tables and round ends."""
+    parts = [finite(run.table(name).get(col, [])) for name, col in (
+        ("updates", "time"), ("gradients", "time"), ("episodes", "time"), ("learner_activity", "time_end"),
+        ("actors", "time"))]
     r = run.table("rounds")
     if r.get("start") is not None and len(r["start"]):
-        last = max(last, float(np.nanmax(r["start"] + r["duration"])))
-    return last
+        parts.append(finite(r["start"] + r["duration"]))
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def wall_seconds(run: Run) -> float:
+    """Seconds the run's jobs ran: for each job (the first and every resume), from its start to the last row it
+    recorded. The time between a job's end and the next resume does not count: the run summary's wall time
+    (the jobs' training time, carried from checkpoint to checkpoint) counts the same."""
+    times, starts = row_times(run), job_starts(run)
+    ends = np.append(starts[1:], np.inf)
+    total = 0.0
+    for start, end in zip(starts, ends):
+        mine = times[(times >= start) & (times < end)]
+        if mine.size:
+            total += float(mine.max()) - start
+    return total
+
+
+def env_steps(run: Run) -> int:
+    """Env steps the run sampled, as the run summary counts them: the actors' fragments (``actors`` rows), or the
+    fused loop's (``rounds`` env_steps_total, it has no actor rows); else the last episode's ``env_steps``."""
+    steps = run.table("actors").get("steps")
+    if steps is not None and len(steps):
+        return int(np.sum(steps))
+    total = finite(run.table("rounds").get("env_steps_total", []))
+    if total.size:
+        return int(total.max())
+    ep = episode_axes(run)["env_steps"]
+    return int(ep[-1]) if len(ep) else 0
 
 
 # ---- learning curves -------------------------------------------------------------------------
@@ -425,7 +459,7 @@ def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
         "run": run.label,
         "directory": str(run.path),
         "wall-clock (s)": c["wall_seconds"],
-        "env steps": int(ax["env_steps"][-1]) if len(ax["env_steps"]) else 0,
+        "env steps": env_steps(run),
         "episodes": int(len(rets)),
         "rounds": int(len(pr["round_id"])),
         "updates": run.rows("updates"),

@@ -395,6 +395,15 @@ class RunConfig(Section):
         """1 parameter rank + G x L learner ranks + actor ranks."""
         return 1 + self.learners.groups * self.learners.ranks_per_group + self.actors.count
 
+    def actors_for(self, ranks: int, what: str = "--ranks") -> int:
+        """The actor count of a job of ``ranks`` ranks: the ranks beyond the parameter and learner ranks
+        (ValueError, one line, when there are too few)."""
+        learner_ranks = self.learners.groups * self.learners.ranks_per_group
+        if ranks - 1 - learner_ranks < 1:
+            raise ValueError(f"{what} {ranks}: too few; this config needs 1 parameter + {learner_ranks} learner ranks "
+                             f"+ at least 1 actor = {learner_ranks + 2}")
+        return ranks - 1 - learner_ranks
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 

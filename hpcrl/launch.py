@@ -96,11 +96,12 @@ def mpi_flavour(mpiexec: str) -> str:
 
 def rank_command(run_dir: str | Path, *, python: str = sys.executable, resume: bool = False,
                  progress: str = "plain", container: ContainerConfig | None = None,
-                 binds: Iterable[str] = ()) -> list[str]:
+                 binds: Iterable[str] = (), fit_actors: bool = False) -> list[str]:
     """The argv of one rank, the same for every launcher (local mpiexec, batch scripts, Parsl apps).
 
-    ``python -m hpcrl.runtime.runners.mpi RUN_DIR --progress=MODE [--resume]``; the run directory holds the
-    resolved ``config.yaml``. With a container the rank runs inside it with the image's Python;
+    ``python -m hpcrl.runtime.runners.mpi RUN_DIR --progress=MODE [--resume] [--fit-actors]``; the run directory
+    holds the resolved ``config.yaml`` (``fit_actors``: the actors are the ranks the job has beyond the
+    parameter and learner ranks, for a job whose node count varies). With a container the rank runs inside it with the image's Python;
     ``binds`` are the site's host paths every container needs, and the run directory's parent is
     bound too (apptainer binds only home and cwd, podman-hpc nothing; shifter mounts scratch and
     home itself and refuses other volumes).
@@ -108,6 +109,8 @@ def rank_command(run_dir: str | Path, *, python: str = sys.executable, resume: b
     cmd = [python, "-m", "hpcrl.runtime.runners.mpi", str(run_dir), f"--progress={progress}"]
     if resume:
         cmd.append("--resume")
+    if fit_actors:
+        cmd.append("--fit-actors")
     if container is None:
         return cmd
     binds = list(binds)

@@ -43,11 +43,15 @@ def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def check_layout(kind: str, ranks: int, ranks_per_node: int, cpus_per_rank: int | None) -> None:
-    """One-line ValueError naming what is allowed, for a layout no launcher can start."""
-    if not _count(ranks):
+def check_layout(kind: str, ranks: int | ShellWord, ranks_per_node: int, cpus_per_rank: int | None) -> None:
+    """One-line ValueError naming what is allowed, for a layout no launcher can start. ``ranks`` may be a
+    :class:`ShellWord` the script sets when it runs (a job whose node count varies)."""
+    if isinstance(ranks, ShellWord):
+        if not _count(ranks_per_node):
+            raise ValueError(f"{kind}: ranks_per_node={ranks_per_node!r}; allowed: an int of 1 or more")
+    elif not _count(ranks):
         raise ValueError(f"{kind}: ranks={ranks!r}; allowed: an int of 1 or more")
-    if not _count(ranks_per_node) or ranks_per_node > ranks:
+    elif not _count(ranks_per_node) or ranks_per_node > ranks:
         raise ValueError(f"{kind}: ranks_per_node={ranks_per_node!r}; allowed: an int from 1 to ranks ({ranks})")
     if cpus_per_rank is not None and not _count(cpus_per_rank):
         raise ValueError(f"{kind}: cpus_per_rank={cpus_per_rank!r}; allowed: None (no binding) or an int of 1 or more")
@@ -151,7 +155,10 @@ class Srun(Launcher):
     def words(self, ranks: int, ranks_per_node: int, cpus_per_rank: int | None = None) -> list[str]:
         check_layout(self.kind, ranks, ranks_per_node, cpus_per_rank)
         per_node = [] if self.overcommit else [f"--ntasks-per-node={ranks_per_node}"]
-        return ["srun", f"--ntasks={ranks}", *per_node, *self.options(cpus_per_rank)]
+        ntasks = f"--ntasks={ranks}"
+        if isinstance(ranks, ShellWord):  # the script's own count, expanded when it runs
+            ntasks = ShellWord(ntasks)
+        return ["srun", ntasks, *per_node, *self.options(cpus_per_rank)]
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import jinja2
 from hpcrl.config import RunConfig
 from hpcrl.errors import ConfigError
 from hpcrl.launch import rank_command
-from hpcrl.launchers import for_site
+from hpcrl.launchers import ShellWord, for_site
 from hpcrl.sites import Site
 
 TEMPLATE_DIR = Path(os.environ.get("HPCRL_TEMPLATE_DIR") or Path(__file__).resolve().parent.parent / "slurm_templates")
@@ -35,6 +35,8 @@ HPCRL_TEMPLATE_DIR points elsewhere, e.g. at a site's own edited copies."""
 CHECKPOINT = "checkpoints/latest.pt"
 """Relative to the run directory (hpcrl.runtime.record.checkpoint): its presence means resume."""
 JOB_SUFFIX = ".job"
+RANKS_NOW = ShellWord('"$RANKS"')
+"""With --min-nodes, the ranks of this start (the script sets RANKS from the nodes Slurm gave it)."""
 """The job directory (script, resolved config, scheduler output) sits next to the run directory."""
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -86,7 +88,8 @@ class RankStart:
     """The site's shell lines for that runtime (module loads, ABI paths); trusted: they come from this package."""
 
 
-def plan_rank_start(cfg: RunConfig, site: Site | None, run_dir: str | Path, python: str) -> RankStart:
+def plan_rank_start(cfg: RunConfig, site: Site | None, run_dir: str | Path, python: str,
+                    fit_actors: bool = False) -> RankStart:
     """How the ranks of ``cfg`` start on ``site`` (None: this machine, no site facts); checks the container first."""
     box = cfg.launch.container
     binds: list[str] = []
@@ -98,7 +101,7 @@ def plan_rank_start(cfg: RunConfig, site: Site | None, run_dir: str | Path, pyth
         binds = list(site.container_binds)
 
     def argv(resume: bool) -> list[str]:
-        return rank_command(run_dir, python=python, resume=resume, container=box, binds=binds)
+        return rank_command(run_dir, python=python, resume=resume, container=box, binds=binds, fit_actors=fit_actors)
 
     return RankStart(start=argv(False), resume=argv(True), env=dict(site.env) if site else {},
                      container_runtime=box.runtime if box else None,
@@ -131,6 +134,9 @@ class BatchJob:
     config_yaml: str = ""
     """The resolved config the run starts from (io.run_dir = run_dir). The script carries it and writes it
     to ``job_dir`` on its first start if it is not there, so a script saved from --dry-run runs as saved."""
+    min_nodes: int | None = None
+    """Slurm ``--nodes=min_nodes-nodes``: a job that lost nodes comes back on as few as this; its ranks are then
+    ranks_per_node x the nodes it got, and the actors what is left after the parameter and learner ranks."""
 
     @property
     def filesystems(self) -> str | None:
@@ -148,7 +154,8 @@ class BatchJob:
     @property
     def launch(self) -> str:
         """The site's launch line for the ranks, without the rank command (:func:`hpcrl.launchers.for_site`)."""
-        return for_site(self.site).prefix(self.ranks, self.ranks_per_node, self.cpus_per_rank)
+        ranks = RANKS_NOW if self.min_nodes else self.ranks
+        return for_site(self.site).prefix(ranks, self.ranks_per_node, self.cpus_per_rank)
 
     @property
     def walltime_seconds(self) -> int:
@@ -210,11 +217,29 @@ def check_placement(cfg: RunConfig, site: Site, ranks: int, per_node: int) -> No
                               f"learners_per_node <= {site.gpus_per_node}, or learners.device=cpu")
 
 
+def check_min_nodes(cfg: RunConfig, site: Site, min_nodes: int, nodes: int, per_node: int) -> None:
+    """--min-nodes: Slurm only, at most --nodes, and as few nodes must still hold the parameter rank, the
+    learners and one actor (the placement too)."""
+    if site.scheduler != "slurm":
+        raise ConfigError(f"--min-nodes: {site.name} schedules with {site.scheduler}, which has no node range; "
+                          "allowed on Slurm sites only")
+    if not 1 <= min_nodes <= nodes:
+        raise ConfigError(f"--min-nodes: {min_nodes}; allowed: 1 to --nodes ({nodes})")
+    if site.overcommit and site.cores_per_node and per_node > site.cores_per_node:
+        raise ConfigError(f"--min-nodes: {per_node} ranks a node is more than a {site.name} node's "
+                          f"{site.cores_per_node} cores, which Slurm refuses as --ntasks-per-node; use more --nodes")
+    try:
+        cfg.actors_for(min_nodes * per_node, f"--min-nodes {min_nodes}: {min_nodes} node(s) x {per_node} ranks =")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    check_placement(cfg, site, min_nodes * per_node, per_node)
+
+
 def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str | None = None,
              account: str | None = None, queue: str | None = None, run_dir: str | None = None,
              python: str | None = None, warning_seconds: int = 120, max_restarts: int = 10,
              env_script: str | None = None, overrides: tuple[str, ...] = (), cwd: Path | None = None,
-             stamp: str | None = None) -> BatchJob:
+             stamp: str | None = None, min_nodes: int | None = None) -> BatchJob:
     """Validate the flags against the site and the config; nothing is written."""
     if not cfg.uses_mpi:
         raise ConfigError("launch.runner: serial runs every role in one process; a batch job starts MPI ranks "
@@ -242,6 +267,8 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts: {max_restarts} must be 0 or more")
     check_placement(cfg, site, ranks, per_node)
+    if min_nodes is not None:
+        check_min_nodes(cfg, site, min_nodes, nodes, per_node)
 
     stamp = stamp or _time.strftime("%Y%m%d-%H%M%S")
     run_path = resolve_run_dir(cfg, run_dir, cwd or Path.cwd(), stamp)
@@ -253,8 +280,8 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
     box = cfg.launch.container
     return BatchJob(site=site, name=check_name("name", cfg.name), nodes=nodes, ranks=ranks, ranks_per_node=per_node,
                     cpus_per_rank=cpus, time=time, account=account, queue=queue, run_dir=run_text,
-                    job_dir=run_text + JOB_SUFFIX, rank_start=plan_rank_start(cfg, site, run_text, python),
-                    warning_seconds=warning_seconds, max_restarts=max_restarts,
+                    job_dir=run_text + JOB_SUFFIX, rank_start=plan_rank_start(cfg, site, run_text, python, fit_actors=min_nodes is not None),
+                    warning_seconds=warning_seconds, max_restarts=max_restarts, min_nodes=min_nodes,
                     container_image=box.image if box else None, env_script=env_script, overrides=tuple(overrides),
                     config_yaml=run_config(cfg, run_text).to_yaml())
 

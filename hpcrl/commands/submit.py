@@ -21,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config value, e.g. -o stop.total_env_steps=2000 (repeatable)")
     parser.add_argument("--nodes", type=int, help="nodes (default: enough for one rank per core)")
+    parser.add_argument("--min-nodes", type=int, help="Slurm: a job that lost nodes comes back on as few as this "
+                        "(--nodes=MIN-N); its actors are the ranks the nodes it gets hold beyond the parameter and "
+                        "learner ranks")
     parser.add_argument("--time", help="walltime HH:MM:SS (default: the site's)")
     parser.add_argument("--account", help="project to charge (Slurm -A, PBS -A)")
     parser.add_argument("--queue", help="PBS queue, Slurm QOS (Perlmutter) or partition (default: the site's)")
@@ -38,7 +41,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     job = plan_job(cfg, site, nodes=args.nodes, time=args.time, account=args.account, queue=args.queue,
                    run_dir=args.run_dir, python=args.python, warning_seconds=args.warning_seconds,
-                   max_restarts=args.max_restarts, env_script=args.env_script, overrides=tuple(args.overrides))
+                   max_restarts=args.max_restarts, env_script=args.env_script, overrides=tuple(args.overrides),
+                   min_nodes=args.min_nodes)
     script = render(job)
     if args.dry_run:
         sys.stdout.write(script)

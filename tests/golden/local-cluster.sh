@@ -48,10 +48,13 @@ fi
 # The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on
 # to the ranks, whose parameter rank writes a checkpoint before the job ends.
 REQUEUE=0
+CANCELLED=0
 LAUNCHER_PID=
 forward() { if [ -n "$LAUNCHER_PID" ]; then kill -s "$1" "$LAUNCHER_PID" 2>/dev/null; fi; }
 trap 'REQUEUE=1; echo "hpcrl: walltime warning: checkpoint and requeue"; forward USR1' USR1
-trap 'echo "hpcrl: terminated: checkpoint and stop"; forward TERM' TERM
+trap 'CANCELLED=1; echo "hpcrl: terminated: checkpoint and stop"; forward TERM' TERM
+checkpoint_time() { stat -c %Y "$RUN_DIR/checkpoints/latest.pt" 2>/dev/null || echo none; }
+CHECKPOINT_AT_START=$(checkpoint_time)
 
 srun --ntasks=4 --overcommit --mpi=pmi2 \
     "${RANK_ARGS[@]}" &
@@ -62,6 +65,12 @@ while :; do
     kill -0 "$LAUNCHER_PID" 2>/dev/null || break  # wait was cut short by a signal: the ranks still run
 done
 echo "hpcrl: ranks exited with code $RC"
+# a failure (a lost node or rank) after a new checkpoint comes back and resumes from it; one before any
+# progress does not (the same failure would repeat)
+if [ "$RC" != 0 ] && [ "$REQUEUE" = 0 ] && [ "$CANCELLED" = 0 ] && [ "$(checkpoint_time)" != "$CHECKPOINT_AT_START" ]; then
+    REQUEUE=1
+    echo "hpcrl: the ranks failed (exit $RC) after writing a new checkpoint: requeue to resume from it"
+fi
 
 if [ "$REQUEUE" = 1 ]; then
     if [ ! -f "$RUN_DIR/checkpoints/latest.pt" ]; then

@@ -49,10 +49,13 @@ fi
 # The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on
 # to the ranks, whose parameter rank writes a checkpoint before the job ends.
 REQUEUE=0
+CANCELLED=0
 LAUNCHER_PID=
 forward() { if [ -n "$LAUNCHER_PID" ]; then kill -s "$1" "$LAUNCHER_PID" 2>/dev/null; fi; }
 trap 'REQUEUE=1; echo "hpcrl: walltime warning: checkpoint and requeue"; forward USR1' USR1
-trap 'echo "hpcrl: terminated: checkpoint and stop"; forward TERM' TERM
+trap 'CANCELLED=1; echo "hpcrl: terminated: checkpoint and stop"; forward TERM' TERM
+checkpoint_time() { stat -c %Y "$RUN_DIR/checkpoints/latest.pt" 2>/dev/null || echo none; }
+CHECKPOINT_AT_START=$(checkpoint_time)
 # PBS sends no warning before the walltime: a timer signals this shell 120 s before it ends
 ( sleep 3480 && kill -s USR1 $$ ) &
 TIMER_PID=$!
@@ -68,6 +71,12 @@ while :; do
 done
 echo "hpcrl: ranks exited with code $RC"
 kill "$TIMER_PID" 2>/dev/null
+# a failure (a lost node or rank) after a new checkpoint comes back and resumes from it; one before any
+# progress does not (the same failure would repeat)
+if [ "$RC" != 0 ] && [ "$REQUEUE" = 0 ] && [ "$CANCELLED" = 0 ] && [ "$(checkpoint_time)" != "$CHECKPOINT_AT_START" ]; then
+    REQUEUE=1
+    echo "hpcrl: the ranks failed (exit $RC) after writing a new checkpoint: requeue to resume from it"
+fi
 
 if [ "$REQUEUE" = 1 ]; then
     if [ ! -f "$RUN_DIR/checkpoints/latest.pt" ]; then

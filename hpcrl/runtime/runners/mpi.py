@@ -43,12 +43,40 @@ def run_rank(argv: list[str]) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--progress", choices=("pipe", "plain", "tty"), default="plain")
+    parser.add_argument("--fit-actors", action="store_true",
+                        help="the ranks beyond the parameter and learner ranks are the actors (a batch job whose "
+                             "node count varies between restarts: hpcrl submit --min-nodes)")
     args = parser.parse_args(argv)
     from hpcrl.config import load_config
 
     run_dir = Path(args.run_dir).resolve()
     cfg = load_config(run_dir / CONFIG_FILE)
+    if args.fit_actors:
+        cfg = fit_actors(cfg, run_dir)
     return run_job(cfg, run_dir, resume=args.resume, progress=args.progress).exit_code
+
+
+def fit_actors(cfg, run_dir: Path):
+    """The config with ``actors.count`` fitted to this job's size (every rank computes the same); rank 0 says so
+    in one line and rewrites RUN_DIR/config.yaml (atomically: a rank still reading it sees the old or the new)."""
+    from mpi4py import MPI
+
+    from hpcrl.config import load_config
+
+    comm = MPI.COMM_WORLD
+    try:
+        actors = cfg.actors_for(comm.Get_size(), "--fit-actors: this job's size,")
+    except ValueError:
+        _abort(comm, f"rank {comm.Get_rank()} (fitting the actors to the job)")
+    if actors == cfg.actors.count:
+        return cfg
+    fitted = load_config(run_dir / CONFIG_FILE, [f"actors.count={actors}"])
+    if comm.Get_rank() == 0:
+        print(f"hpcrl: this job has {comm.Get_size()} ranks: actors.count {cfg.actors.count} -> {actors}", flush=True)
+        tmp = run_dir / f".{CONFIG_FILE}.fit"
+        tmp.write_text(fitted.to_yaml())
+        os.replace(tmp, run_dir / CONFIG_FILE)
+    return fitted
 
 
 def start_inside_job(config_for: Callable[[int], Any], run_dir: Path | None, resume: bool,

@@ -1,9 +1,10 @@
-"""`hpcrl run | submit | analyze | bench | info | convert | eval | export`.
+"""`hpcrl [-q | -v] run | submit | analyze | bench | info | convert | eval | export`.
 
 Each subcommand lives in its own module under ``hpcrl.commands`` with two
 functions: ``add_arguments(parser)`` and ``main(args) -> int``. The module is
 imported only when its subcommand is used, so ``hpcrl info`` never imports
-torch or mpi4py.
+torch or mpi4py. ``-q`` / ``-v`` (before or after the command name) set how much is printed
+(:mod:`hpcrl.verbosity`).
 """
 from __future__ import annotations
 
@@ -43,13 +44,26 @@ class _PrintVersion(argparse.Action):
         parser.exit()
 
 
+def add_verbosity(parser: argparse.ArgumentParser, default=None) -> None:
+    """``-q`` / ``-v`` (:mod:`hpcrl.verbosity`), accepted before and after the command name."""
+    from hpcrl.verbosity import QUIET, VERBOSE
+
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=QUIET, default=default,
+                       help="print only warnings, errors and the final summary (no start or progress lines)")
+    group.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=VERBOSE, default=default,
+                       help="print more: the run's plan, and a progress line with every update (loss terms too)")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpcrl", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action=_PrintVersion, help="print hpcrl's version and exit")
+    add_verbosity(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        add_verbosity(p, default=argparse.SUPPRESS)  # after the name: overrides one given before it
         if name == wanted:  # import only the module that will run
             importlib.import_module(module).add_arguments(p)
     return parser
@@ -66,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     args.command_unix = called_at
+    from hpcrl import verbosity
+
+    verbosity.set_level(verbosity.NORMAL if args.verbosity is None else args.verbosity)
     if args.command is None:
         parser.print_help()
         return 2

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpcrl import launch
+from hpcrl import launch, verbosity
 from hpcrl.config import RunConfig, load_config
 from hpcrl.errors import ConfigError
 from hpcrl.io.run_lock import RunLock
@@ -207,12 +207,15 @@ def main(args: argparse.Namespace) -> int:
             server.stop(wait=0)
             server = None
         if args.config is None and run_dir is None:
-            print("hpcrl run: no CONFIG given: the default job, hpcrl/configs/cartpole.yaml", flush=True)
+            verbosity.say("hpcrl run: no CONFIG given: the default job, hpcrl/configs/cartpole.yaml", flush=True)
         if run_dir is None:
             run_dir = create_run_dir(cfg)
-        print(f"hpcrl run: {plan.runner_reason}, run directory {run_dir}", flush=True)
+        verbosity.say(f"hpcrl run: {plan.runner_reason}, run directory {run_dir}", flush=True)
         if cfg.io.tensorboard:
-            print(f"hpcrl run: {live_scalars_line(run_dir)}", flush=True)
+            verbosity.say(f"hpcrl run: {live_scalars_line(run_dir)}", flush=True)
+        if verbosity.level() >= verbosity.VERBOSE:
+            for line in plan_lines(plan, run_dir if args.resume else None):
+                print(f"hpcrl run: {line}", flush=True)
         with RunLock(run_dir):  # one run or resume of a directory at a time
             if args.resume and (args.overrides or args.ranks is not None or args.runner):
                 from hpcrl.runtime.record.checkpoint import load_checkpoint
@@ -228,6 +231,23 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if server is not None:  # after a job its children have ended; before one (a mistake) nothing waits
             server.stop(wait=10.0 if job_ran else 0.0)
+
+
+def plan_lines(plan: Plan, resume_dir: Path | None) -> list[str]:
+    """What ``hpcrl -v run`` adds at start: the plan's sizes and, for a resume, the checkpoint it goes on from."""
+    cfg = plan.config
+    lines = [f"plan: {cfg.algo.name} on {cfg.env.id} x {cfg.env.num_envs} per actor; "
+             + ("one device loop, " if plan.runner == "fused" else
+                f"{plan.actors} actor(s), {plan.groups} learner group(s) of {cfg.learners.ranks_per_group} rank(s), ")
+             + f"fragments of {plan.fragment_steps} steps, rounds of {plan.round_steps} steps, "
+             f"{plan.push} push, learners.device={cfg.learners.device}"]
+    if resume_dir is not None:
+        from hpcrl.runtime.record.checkpoint import checkpoint_path, load_checkpoint
+
+        state = load_checkpoint(resume_dir) or {}
+        lines.append(f"resuming from {checkpoint_path(resume_dir)}: version {state.get('version')}, "
+                     f"{state.get('env_steps')} env steps, {state.get('wall_seconds', 0.0):.1f} s so far")
+    return lines
 
 
 def live_scalars_line(run_dir: Path) -> str:
@@ -272,7 +292,7 @@ def report_startup(run_dir: Path, command_unix: float, show: bool = True) -> Non
     """Record the seconds from the command to the first environment step (run.h5 startup_seconds); print them
     when ``show`` (not after a failure, whose message stays the last line)."""
     seconds = record_startup(run_dir, command_unix)
-    if seconds is not None and show:
+    if seconds is not None and show and verbosity.level() >= verbosity.NORMAL:
         print(f"hpcrl run: first environment step {seconds:.2f} s after the command "
               "(run.h5 attribute startup_seconds)", flush=True)
 

@@ -14,7 +14,9 @@ max_rounds (None where unset). The summary dict adds run_dir, stop_reason, files
 
 Every line ends with what the stop rule heads to and when it gets there at the rate so far, e.g.
 ``-> 475 return or 300,000 steps  ETA 04:48``: the step budget's (or wall limit's, or round
-limit's) ETA, whichever comes first; a target return has none.
+limit's) ETA, whichever comes first; a target return has none. ``hpcrl -q`` shows no progress at all
+(the summary only), ``hpcrl -v`` a line for every record with the numbers the line leaves out
+(:func:`format_detail`; :mod:`hpcrl.verbosity`).
 """
 from __future__ import annotations
 
@@ -80,6 +82,18 @@ def format_eta(seconds: float | None) -> str:
     return f"ETA {h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"ETA {rest // 60:02d}:{rest % 60:02d}"
 
 
+LINE_KEYS = {"env_steps", "total_steps", "episodes", "mean_return", "version", "staleness", "active_groups", "groups",
+             "round", "elapsed", "kind", "target_return", "max_wall_seconds", "max_rounds"}
+"""What :func:`format_line` shows; the rest of a stats record is the verbose line's detail."""
+
+
+def format_detail(s: dict[str, Any]) -> str:
+    """The numbers of a stats record the plain line leaves out (``hpcrl -v``): the algorithm's loss terms and
+    the like, ``name value`` each."""
+    return "  ".join(f"{k} {v:.4g}" for k, v in s.items()
+                     if k not in LINE_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
 def format_line(s: dict[str, Any]) -> str:
     """One plain progress line."""
     total = s.get("total_steps") or 0
@@ -118,6 +132,20 @@ class ProgressView:
         self._bar.start()
 
     def update(self, s: dict[str, Any]) -> None:
+        """Show a stats record: nothing with ``-q``; with ``-v`` a line for every record, its detail added
+        (above the bar on a terminal)."""
+        from hpcrl import verbosity
+
+        level = verbosity.level()
+        if level == verbosity.QUIET:
+            return
+        if level == verbosity.VERBOSE:
+            line = format_line(s)
+            detail = format_detail(s)
+            if not self.tty:
+                print(f"{line}  {detail}" if detail else line, file=self.stream, flush=True)
+                return
+            self.echo(f"{line}  {detail}" if detail else line)
         if self.tty:
             if self._bar is None:
                 self._start_bar(int(s.get("total_steps") or 0))

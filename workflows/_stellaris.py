@@ -1,16 +1,19 @@
 """What the two Stellaris workflows share: the shipped workload configs, per-algorithm overrides,
-the per-run numbers read from HDF5 (through the standalone analysis package), and the figures."""
+the per-run numbers read from HDF5 (hpcrl.bench.stellaris_runs, shared with the benches), and the figures."""
 from __future__ import annotations
 
 import csv
 import math
 from pathlib import Path
 
+from hpcrl.bench.stellaris_runs import artifact_logs, run_numbers  # noqa: F401 (the workflows import them from here)
 from hpcrl.config import RunConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs" / "stellaris"
 WORKLOADS = ("hopper", "humanoid", "walker2d", "spaceinvaders", "qbert", "gravitar")
-RUN_COLUMNS = ("final_return", "best_return", "wall_seconds", "env_steps", "episodes", "cost", "staleness_mean")
+RUN_COLUMNS = ("final_return", "best_return", "eval_return", "wall_seconds", "env_steps", "episodes", "updates", "cost",
+               "staleness_mean")
+"""The columns of :func:`run_numbers` (one run's numbers; hpcrl/bench/stellaris_runs.py, shared with the benches)."""
 
 
 def workload_config(workload: str, algo: str, overrides: list[str], extra: list[str] = ()) -> RunConfig:
@@ -20,39 +23,6 @@ def workload_config(workload: str, algo: str, overrides: list[str], extra: list[
     fields = type(load_config(path).algo).model_fields
     kept = [o for o in overrides if not o.startswith("algo.") or o.split("=", 1)[0].split(".")[1] in fields]
     return load_config(path, [*kept, *extra])
-
-
-def run_numbers(run_dir: str, window: int = 20) -> dict:
-    """One run's headline numbers from its run.h5 (h5py through hpcrl_analysis): final and best return
-    (mean of the last / best ``window`` episodes), wall-clock, env steps, episodes, the Stellaris cost
-    (sum of the per-round cost, USD at the paper's AWS prices) and the mean admitted staleness."""
-    import numpy as np
-
-    from hpcrl.commands.analyze import load_analysis
-
-    ha = load_analysis()
-    M = ha.metrics
-    run = ha.load_run(run_dir)
-    prices = M.load_prices(None)
-    ax = M.episode_axes(run)
-    ret = ax["return"]
-    smooth = M.smooth(ret, window) if len(ret) else ret
-    st = M.admitted_staleness(run)["staleness"]
-    cost = M.per_round(run, prices)["cost"]
-    return {"final_return": float(ret[-window:].mean()) if len(ret) else math.nan,
-            "best_return": float(smooth.max()) if len(smooth) else math.nan,
-            "wall_seconds": M.wall_seconds(run), "env_steps": int(ax["env_steps"][-1]) if len(ret) else 0,
-            "episodes": int(len(ret)), "cost": float(np.nansum(cost)) if len(cost) else 0.0,
-            "staleness_mean": float(st.mean()) if len(st) else math.nan}
-
-
-def artifact_logs(run_dir: str, logs_dir: Path) -> None:
-    """The Stellaris artifact's info/timeline CSV files of one run (scheduler = its aggregation.policy)."""
-    from hpcrl.commands.analyze import load_analysis
-
-    ha = load_analysis()
-    logs_dir.mkdir(parents=True, exist_ok=True)
-    ha.stellaris_csv.write_stellaris_csv([ha.load_run(run_dir)], logs_dir, ha.metrics.load_prices(None), "policy")
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

@@ -31,17 +31,14 @@ from parsl import python_app
 from _common import ConfigError, fail, make_config, site_settings, stamp
 from _stellaris import (RUN_COLUMNS, WORKLOADS, artifact_logs, curves, mean_std, pyplot, run_grid, run_numbers,
                         workload_config, write_csv)
+from hpcrl.bench.stellaris_runs import ABLATION, policy_overrides
 from hpcrl.parsl_runs import prepare
 from hpcrl.sites.parsl_configs import SITES
 
 POLICIES = ("stellaris", "sync", "pure_async", "ssp", "softsync")
-VARIANTS = {"stellaris_no_is": ["aggregation.policy=stellaris", "aggregation.is_truncation=false"]}
+VARIANTS = {"stellaris_no_is": ABLATION["stellaris_no_is"]}
 SUMMARY_COLUMNS = ["algo", "policy", "repeats"] + [f"{c}_{s}" for c in ("final_return", "wall_seconds", "cost",
                                                                         "staleness_mean") for s in ("mean", "std")]
-
-
-def policy_overrides(policy: str) -> list[str]:
-    return VARIANTS.get(policy, [f"aggregation.policy={policy}"])
 
 
 @python_app(executors=["local"])

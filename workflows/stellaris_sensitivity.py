@@ -27,10 +27,11 @@ from parsl import python_app
 from _common import ConfigError, fail, make_config, site_settings, stamp
 from _stellaris import (RUN_COLUMNS, WORKLOADS, artifact_logs, mean_std, pyplot, run_grid, run_numbers,
                         workload_config, write_csv)
+from hpcrl.bench.stellaris_runs import SENSITIVITY_GRID
 from hpcrl.parsl_runs import prepare
 from hpcrl.sites.parsl_configs import SITES
 
-GRID = {"d": (0.92, 0.94, 0.96, 0.98, 1.0), "v": (1, 2, 3, 4), "rho": (0.6, 0.8, 1.0, 1.2)}
+GRID = SENSITIVITY_GRID
 COLUMNS = ["parameter", "value", "repeats", "final_return_mean", "final_return_std", "cost_mean", "cost_std"]
 
 

@@ -6,6 +6,7 @@ different rates are compared at the same budget.
 """
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -46,3 +47,13 @@ def run_hpcrl(config: str | Path, run_dir: Path, runner: str, overrides: list[st
         tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(f"hpcrl run {Path(config).name} failed with exit code {done.returncode}: {tail[0]} ({log})")
     return wall
+
+
+def welch(a: list[float], b: list[float]) -> float:
+    """Two-sided p-value of Welch's t-test (NaN with fewer than two finite values a side)."""
+    from scipy import stats
+
+    a, b = [x for x in a if math.isfinite(x)], [x for x in b if math.isfinite(x)]
+    if len(a) < 2 or len(b) < 2:
+        return float("nan")
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcrl.bench import curves
-from hpcrl.bench.curves import return_at
+from hpcrl.bench.curves import return_at, welch
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "hopper.yaml"
 CLEANRL_EPISODE = re.compile(r"global_step=(\d+), episodic_return=\[?([-+0-9.eE]+)\]?")
@@ -79,15 +79,6 @@ def load_results(path: Path) -> dict[tuple[str, int], dict]:
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return {(r["impl"], r["seed"]): r for r in rows}
-
-
-def welch(a: list[float], b: list[float]) -> float:
-    """Two-sided p-value of Welch's t-test (NaN with fewer than two values a side)."""
-    from scipy import stats
-
-    if len(a) < 2 or len(b) < 2:
-        return float("nan")
-    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
 def report(results: dict[tuple[str, int], dict], seeds: list[int], marks: list[int]) -> bool:

@@ -269,6 +269,9 @@ class LaunchConfig(Section):
     prestart: bool = True
     """Local MPI runs without a container: the ranks are forked from one process that imported torch, h5py,
     gymnasium and mpi4py once (hpcrl.runtime.runners.prestart), instead of each importing them; false: each imports."""
+    node_weight_cache: Literal["auto", "on", "off"] = "auto"
+    """Runner mpi: a node's actors read the weight board through one shared-memory copy per node, fetched once per
+    version from rank 0 (runtime/transport/node_cache.py); auto: when some node holds more than one actor."""
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     """Where the parameter rank, the learner groups and the actors go across nodes (docs/sites.md, "Placement")."""
     actor_nice: int = Field(10, ge=0, le=19)

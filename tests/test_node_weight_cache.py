@@ -39,5 +39,5 @@ def test_auto_turns_the_cache_on_when_a_node_holds_several_actors():
     assert wanted("auto", ["node1", "node1", "node2"])
     assert not wanted("auto", ["node1", "node2", "node3"])
     assert wanted("on", ["node1"]) and not wanted("off", ["node1", "node1"])
-    with pytest.raises(ValueError, match="HPCRL_NODE_WEIGHT_CACHE"):
+    with pytest.raises(ValueError, match="launch.node_weight_cache"):
         wanted("yes", ["node1"])

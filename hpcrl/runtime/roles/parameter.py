@@ -113,6 +113,7 @@ class ParameterRank:
         # active messages), so its idle naps stay short: a learner's push waits for them.
         self.backoff = Backoff(2e-5, 2e-4)
         self.record = self._open_record()
+        self.record.collect("weight_fetches", self._weight_fetch_rows)  # what the weight board served, per version
         self.summary: dict[str, Any] = {}  # the closing summary (after run)
         self.t0 = time.monotonic()
         self._last_ckpt_update = self.record.updates
@@ -148,6 +149,13 @@ class ParameterRank:
                                 {"discarded": job.rolled_back, "version": self.version},
                                 {k: state[k] for k in ("episodes", "updates", "gradients", "admitted")}, **files,
                                 env_steps=self.consumed)
+
+    def _weight_fetch_rows(self) -> dict:
+        """The board's fetch counts per version (rows of a version once it is old enough that no late count can
+        come; all of them once every actor and learner group is done)."""
+        words = self.counters.read_all()
+        return self.board.fetch_rows(final=words[control.ACTORS_DONE] >= self.cfg.actors.count
+                                     and words[control.LEARNERS_DONE] >= self.cfg.learners.groups)
 
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.runners.mpi)."""
@@ -193,7 +201,9 @@ class ParameterRank:
         self.algo.load_parameter_state(s.get("algo_state", {}))
         self.version, self.round, self.consumed = s["version"], s["round"], s["consumed"]
         # env steps restart from what the trajectory files hold at the checkpoint (sampled, unwritten ones are redone)
-        self.env_steps_start = sum(s["record"]["traj_steps"].values()) if "record" in s else s["env_steps"]
+        # (less the steps of files found missing or short at the resume: io/rollback.py's lost_steps)
+        lost = sum(((self.job.rolled_back or {}).get("lost_steps") or {}).values())
+        self.env_steps_start = (sum(s["record"]["traj_steps"].values()) - lost) if "record" in s else s["env_steps"]
         kept = list(s.get("fragment_next", []))  # a resume may bring more actors: they start at 0
         self.fragment_next = kept + [0] * max(self.cfg.actors.count - len(kept), 0)
         saved = list(s.get("normalizers", []))[:self.cfg.actors.count]  # an actor added by the resume starts from
@@ -481,6 +491,7 @@ class ParameterRank:
             if time.monotonic() >= self._next_elastic:  # a stuck rank must not hang the shutdown either
                 self._next_elastic = time.monotonic() + 0.5
                 self._watch()
+                self.job.progress.update(self.stats())  # rank 0's heartbeat for the launcher's watch of it
             backoff.reset() if busy else backoff.sleep()
         for rec in self.queue:
             self.record.gradient(rec, False, "shutdown", self.version, self.round)

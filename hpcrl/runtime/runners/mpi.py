@@ -129,7 +129,6 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> RunRes
             os.nice(cfg.launch.actor_nice)  # on an oversubscribed node the gradient path gets the cores first
         role = make_role(job)
         if job.topo.role == "parameter":
-            _record_weight_fetches(job, role)
             role.publish_initial()
             job.startup = role.startup_info()
         job.startup = _polling_bcast(job.topo.comm, job.startup)
@@ -185,31 +184,15 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
 
 def _weight_board(cfg, comm, topo, num_params: int, probe_size: int):
     """The weight board (collective); an actor's is its node's cache of it (one fetch from rank 0 per node and
-    version) when ``HPCRL_NODE_WEIGHT_CACHE`` (auto: a node holds several actors) says so."""
+    version) when ``launch.node_weight_cache`` (auto: a node holds several actors) says so."""
     from hpcrl.runtime.transport import node_cache
     from hpcrl.runtime.transport.windows import WeightBoard
 
     board = WeightBoard(comm, 0, num_params, history=max(2, cfg.aggregation.weight_history), probe_size=probe_size,
                         reader="learner" if topo.role == "learner" else "actor")
-    mode = getattr(cfg.launch, "node_weight_cache", None) or os.environ.get(node_cache.ENV_VAR, "auto")
-    mode = _polling_bcast(comm, mode)  # rank 0's choice for all: the split below is collective
-    if not node_cache.wanted(mode, [topo.nodes[r] for r in topo.actor_ranks]):
+    if not node_cache.wanted(cfg.launch.node_weight_cache, [topo.nodes[r] for r in topo.actor_ranks]):
         return board
     return node_cache.for_actors(board, comm, topo.role == "actor")
-
-
-def _record_weight_fetches(job: Job, role) -> None:
-    """Until the parameter role takes them itself: rank 0's run.h5 takes the weight board's fetch counts at
-    every load row and flush (each checkpoint), all of them once every actor and learner group is done."""
-    from hpcrl.runtime.transport import control
-
-    A, G, board, record = job.cfg.actors.count, job.cfg.learners.groups, job.board, role.record
-
-    def rows() -> dict:
-        words = job.counters.read_all()
-        return board.fetch_rows(final=words[control.ACTORS_DONE] >= A and words[control.LEARNERS_DONE] >= G)
-
-    record.collect("weight_fetches", rows)
 
 
 def make_role(job: Job):

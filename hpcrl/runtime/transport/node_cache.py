@@ -198,16 +198,14 @@ class NodeWeightCache:
 
 # ---- choosing and wiring it (the MPI runner) ---------------------------------------------------
 MODES = ("auto", "on", "off")
-ENV_VAR = "HPCRL_NODE_WEIGHT_CACHE"
-"""Until the config has a field for it: ``auto`` (default: on when a node holds more than one actor), ``on``,
-``off``; rank 0's value decides for every rank."""
+"""``launch.node_weight_cache``: auto (default: on when a node holds more than one actor), on, off."""
 
 
 def wanted(mode: str, actor_nodes: list[str]) -> bool:
     """Whether the actors read through node caches: ``on``, ``off``, or ``auto`` = some node holds more than one
     actor (with one actor per node a cache only adds a shared copy)."""
     if mode not in MODES:
-        raise ValueError(f"{ENV_VAR}: {mode!r} is not one of {', '.join(MODES)}")
+        raise ValueError(f"launch.node_weight_cache: {mode!r}; allowed: {', '.join(MODES)}")
     return mode == "on" or (mode == "auto" and len(set(actor_nodes)) < len(actor_nodes))
 
 

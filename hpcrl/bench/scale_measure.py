@@ -7,6 +7,7 @@ version from the board while the pushes go on, then sends the job's fragments to
 ``FragmentReceiver``) and a fragment report per fragment to rank 0 (``MpiReports``, a report of the shape the
 actor sends). All of it at each weight size of ``sizes``; medians per operation. :func:`workload` times the
 actor's env step (its ``VectorSampler`` with the policy) and the learner's minibatch gradient in this process.
+Costs are CPU seconds of the paying rank's thread (``clock``), so a loaded machine does not inflate them.
 """
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ WORKER_FLAG = "--scale-measure-worker"
 TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "MPIR_CVAR_NOLOCAL": "1", "FI_TCP_IFACE": "lo"}
 """A micro-run's ranks as if on different nodes: MPICH's OFI netmod over TCP, no shared memory (the local
 cluster's TaskProlog sets the same netmod between its nodes)."""
+
+
+clock = time.thread_time
+"""Every cost is CPU seconds of the rank that pays it: on a machine shared with other work, wall-clock times count
+the time a rank waited for a core; CPU seconds are what the operation costs a rank that has a core of its own."""
 
 
 def _median(xs: list[float]) -> float:
@@ -80,57 +86,61 @@ def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
             comm.Barrier()
             got = 0
             while got < n:
-                s = time.perf_counter()
+                s = clock()
                 items = mb.poll()
                 if not items:
                     backoff.sleep()
                     continue
-                t["receive"].append((time.perf_counter() - s) / len(items))
+                t["receive"].append((clock() - s) / len(items))
                 for header, g in items:
                     got += 1
                     queue.append(GradientRecord(group=0, seq=header["seq"], base_version=header["base_version"],
                                                 samples=header["samples"], grad=g, stats={}, received_at=0.0))
-                    s = time.perf_counter()
+                    s = clock()
                     adm = policy.admit(queue, version, 1)
-                    t["admit"].append(time.perf_counter() - s)
+                    t["admit"].append(clock() - s)
                     if adm is None:
                         continue
                     adm.remove_from(queue)
-                    s = time.perf_counter()
+                    s = clock()
                     params.grad.copy_(torch.from_numpy(g))
                     adam.step()
-                    t["apply_gradient"].append(time.perf_counter() - s)
-                    s = time.perf_counter()
+                    t["apply_gradient"].append(clock() - s)
+                    s = clock()
                     outer.step(torch.from_numpy(g))
-                    t["apply_update"].append(time.perf_counter() - s)
+                    t["apply_update"].append(clock() - s)
                     version += 1
-                    s = time.perf_counter()
+                    s = clock()
                     board.publish(version, params.detach().numpy())
-                    t["publish"].append(time.perf_counter() - s)
+                    t["publish"].append(clock() - s)
             comm.Barrier()
         elif rank == 1:
             comm.Barrier()
             weights = np.empty(P, dtype=np.float32)
-            have = -1
+            have, waiting = -1, []
             for seq in range(n):
-                s = time.perf_counter()
-                waited = mb.push(0, seq, max(have, 0), 1, grad)  # waiting for a free slot is not the push's cost
-                t["push"].append(time.perf_counter() - s - waited)
+                s = clock()
+                waited = mb.push(0, seq, max(have, 0), 1, grad)
+                # this loop pushes faster than a learner, whose slot is mostly free when it pushes: the pushes that
+                # found one free at once are the cost (all of them if too few did)
+                (t["push"] if waited == 0.0 else waiting).append(clock() - s)
                 have = board.read_latest(weights, have=have)  # the learner's read before its next minibatch
+            if len(t["push"]) < 3:
+                t["push"] += waiting
             comm.Barrier()
         else:
             comm.Barrier()
             weights, copy = np.empty(P, dtype=np.float32), np.empty(P, dtype=np.float32)
             have, backoff, done = -1, Backoff(cap=1e-4), False
             while not done:
-                s = time.perf_counter()
+                s = clock()
                 v = board.read_latest(weights, have=have)
                 if v != have:
-                    t["fetch"].append(time.perf_counter() - s)
+                    t["fetch"].append(clock() - s)
                     have = v
-                    s = time.perf_counter()
+                    s = clock()
                     np.copyto(copy, weights)  # what an actor pays to take its node's cached copy
-                    t["node_copy"].append(time.perf_counter() - s)
+                    t["node_copy"].append(clock() - s)
                 else:
                     backoff.sleep()
                 done = have >= n - 2 or len(t["fetch"]) >= n
@@ -149,12 +159,12 @@ def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
     if rank == 2:
         sender, reports = FragmentSender(comm, layout, cfg.actors.max_in_flight), MpiReports(comm, 0)
         fragment = {k: v for k, v in layout.views(layout.empty()).items()}
-        s = time.perf_counter()
+        s = clock()
         for i in range(reps):
             sender.send(1, fragment)
             reports.send("episodes", _report_message(0, i, cfg.actors.fragment_length * cfg.env.num_envs))
         sender.close([1])
-        frag_s = (time.perf_counter() - s) / reps
+        frag_s = (clock() - s) / reps
         reports.close()
     elif rank == 1:
         receiver, backoff = FragmentReceiver(comm, layout), Backoff(cap=1e-4)
@@ -165,10 +175,10 @@ def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
     else:
         reports, taken, backoff = MpiReports(comm, 0), 0, Backoff(cap=1e-4)
         while taken < reps:
-            s = time.perf_counter()
+            s = clock()
             msgs = reports.drain("episodes")
             if msgs:
-                report_s.append((time.perf_counter() - s) / len(msgs))
+                report_s.append((clock() - s) / len(msgs))
                 taken += len(msgs)
             else:
                 backoff.sleep()
@@ -208,12 +218,23 @@ def transport(config: str, sizes: list[int], seconds: float, tcp: bool, timeout:
     return got
 
 
+def time_case(step, seconds: float) -> float:
+    """Median CPU seconds of ``step()`` over about ``seconds`` of CPU (after 3 warm-up calls)."""
+    for _ in range(3):
+        step()
+    times, end = [], clock() + seconds
+    while clock() < end or len(times) < 10:
+        t = clock()
+        step()
+        times.append(clock() - t)
+    return float(np.median(times))
+
+
 def workload(config: str, overrides: list[str], seconds: float) -> tuple[Workload, dict]:
     """The job's sizes, and its actor's seconds per env step and learner's seconds per minibatch gradient (CPU)."""
     import torch
 
     from hpcrl.algos import make_algorithm
-    from hpcrl.bench.learner_step import time_case
     from hpcrl.config import load_config
     from hpcrl.runtime.roles.sampler import VectorSampler, describe_env
 

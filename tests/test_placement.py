@@ -56,3 +56,25 @@ def test_submit_refuses_more_learners_on_a_node_than_gpus(tmp_path):
     fits = load_config(None, ["learners.groups=6", "actors.count=57", "algo.train_batch_size=1536", "launch.placement.roles=learners_first",
                               "launch.placement.learners_per_node=4"])
     assert plan_job(fits, load_site("perlmutter-gpu"), nodes=2, account="m0000", run_dir=str(tmp_path / "run")).nodes == 2
+
+
+@pytest.mark.parametrize("site, kwargs, message", [
+    ("polaris", {"nodes": 2, "min_nodes": 1, "account": "p"}, "polaris schedules with pbs, which has no node range"),
+    ("local-cluster", {"nodes": 2, "min_nodes": 3}, "--min-nodes: 3; allowed: 1 to --nodes \\(2\\)"),
+    ("local-cluster", {"nodes": 3, "min_nodes": 1}, "--min-nodes 1: 1 node\\(s\\) x 2 ranks = 2: too few"),
+])
+def test_min_nodes_that_cannot_work_are_refused_before_anything_is_written(site, kwargs, message, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        plan_job(load_config(None, ["actors.count=4"]), load_site(site), run_dir=str(tmp_path / "run"), **kwargs)
+    assert not list(tmp_path.iterdir())
+
+
+def test_min_nodes_counts_the_ranks_when_the_job_starts(tmp_path):
+    from hpcrl.submit import render
+
+    job = plan_job(load_config(None, ["actors.count=4"]), load_site("local-cluster"), nodes=3, min_nodes=2,
+                   run_dir=str(tmp_path / "run"))
+    script = render(job)
+    assert "#SBATCH --nodes=2-3" in script and "#SBATCH --ntasks=" not in script
+    assert 'RANKS=$((SLURM_JOB_NUM_NODES * 2))' in script and 'srun --ntasks="$RANKS"' in script
+    assert script.count("--fit-actors") == 2  # the start and the resume

@@ -11,9 +11,14 @@ from . import clusterenv as CE
 from . import figures as F
 from . import marl as MA
 from . import metrics as M
+from . import pricing as P
 from . import report as R
 from . import stellaris_csv as S
 from .h5read import AnalysisError, Run, load_run
+
+
+PRICINGS = ("stellaris", "marless")
+"""--pricing: the Stellaris EC2 table alone (default), or MARLess' Lambda vs c6a.16xlarge as well."""
 
 
 @dataclass
@@ -30,12 +35,17 @@ class Outputs:
 
 def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, prices: str | Path | None = None,
             labels: list[str] | None = None, html: bool = True, figures: bool = True,
-            stellaris_csv: bool = False, stellaris_scheduler: str = "stellaris", artifact_names: bool = False) -> Outputs:
+            stellaris_csv: bool = False, stellaris_scheduler: str = "stellaris", artifact_names: bool = False,
+            pricing: str = "stellaris", marless_prices: str | Path | None = None) -> Outputs:
     """Analyse runs (same label = repeats of one setting: mean and spread); write everything into out_dir.
 
     figures=False writes only the CSV and the Markdown summary (no PNG, no HTML); stellaris_csv also
     writes the Stellaris artifact's SCHEDULER~ENV~ALGO~{info,timeline}.csv per run (stellaris_csv.py).
+    pricing="marless" adds MARLess' pricing to summary.md (AWS Lambda functions vs a c6a.16xlarge, both ratios;
+    pricing.py), with ``marless_prices`` a JSON table overriding its defaults (prices-marless.json).
     """
+    if pricing not in PRICINGS:
+        raise AnalysisError(f"--pricing {pricing!r}: allowed {', '.join(PRICINGS)}")
     if labels and len(labels) != len(run_dirs):
         raise AnalysisError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
     runs = [load_run(d, labels[i] if labels else None) for i, d in enumerate(run_dirs)]
@@ -57,6 +67,9 @@ def analyze(run_dirs: list[str | Path], out_dir: str | Path | None = None, price
                  if stellaris_csv else [])
     md = out / "summary.md"
     md.write_text(R.markdown(runs, price_table))
+    if pricing == "marless":
+        with md.open("a") as fh:
+            fh.write(P.markdown([(r, r.label) for r in runs], P.load_marless_prices(marless_prices)))
     page = None
     if html and figures:
         page = out / "report.html"
@@ -85,6 +98,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default: RUN_DIR/analysis for one run, analysis-compare/ in the "
                                  "folder holding several)")
     p.add_argument("--prices", help="JSON price table overriding the defaults (see prices.json next to this script)")
+    p.add_argument("--pricing", choices=PRICINGS, default="stellaris",
+                   help="marless: summary.md also prices every run as MARLess does (AWS Lambda GB-seconds and requests, "
+                        "pre-warm charged, against a c6a.16xlarge), cost ratio both ways")
+    p.add_argument("--marless-prices", metavar="JSON", help="with --pricing marless: a table overriding its defaults "
+                                                           "(see prices-marless.json next to this script)")
     p.add_argument("--label", action="append", help="label per run directory, in order (default: config name and policy)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML report")
     p.add_argument("--no-figures", action="store_true", help="only the CSV and the Markdown summary (fast)")
@@ -121,7 +139,8 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         res = analyze(args.run_dirs, args.out, args.prices, args.label, html=not args.no_html,
                       figures=not args.no_figures, stellaris_csv=args.stellaris_csv,
-                      stellaris_scheduler=args.stellaris_scheduler, artifact_names=args.artifact_names)
+                      stellaris_scheduler=args.stellaris_scheduler, artifact_names=args.artifact_names,
+                      pricing=args.pricing, marless_prices=args.marless_prices)
     except AnalysisError as exc:
         print(f"analyze: error: {exc}", file=sys.stderr)
         return 2

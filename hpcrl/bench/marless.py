@@ -27,9 +27,11 @@ also ``sharing`` or ``scaling`` alone. Per run: the final return
 (mean of the last ``--last`` rounds), rounds, learner and actor active rank-seconds and the
 learner+actor serverless cost, computed by ``hpcrl analyze``'s own accounting (hpcrl_analysis'
 ``marl.cost_split``, ``--prices`` or analysis/prices.json); then per algorithm the means over the
-seeds and the cost ratio on/off.
+seeds and the cost ratio on/off. ``--pricing marless`` adds MARLess' own pricing per arm (AWS Lambda
+functions with pre-warm against a c6a.16xlarge, hpcrl_analysis/pricing.py), the ratio both ways.
 
-    hpcrl bench marless --compare [--algos ippo] [--seeds 3] [--rounds 100] [--arms off,on] [-o actors.count=6 ...]
+    hpcrl bench marless --compare [--algos ippo] [--seeds 3] [--rounds 100] [--arms off,on] [--pricing marless]
+        [-o actors.count=6 ...]
 """
 from __future__ import annotations
 
@@ -210,14 +212,21 @@ COMPARE = {"off": ["algo.sharing=false", "algo.actor_scaling=false"],
 sharing (w/o scaling) and scaling (w/o sharing)."""
 
 
-def run_cost(run_dir: Path, prices: str | None) -> dict:
-    """Learner and actor active rank-seconds and the learner+actor serverless cost, as `hpcrl analyze` counts them."""
+def run_cost(run_dir: Path, prices: str | None, pricing: str = "stellaris", marless_prices: str | None = None) -> dict:
+    """Learner and actor active rank-seconds and the learner+actor serverless cost, as `hpcrl analyze` counts them;
+    with ``pricing="marless"`` also MARLess' Lambda cost (every function, pre-warm and requests included) and the
+    c6a.16xlarge's (``hpcrl analyze --pricing marless``)."""
     from hpcrl.commands.analyze import load_analysis
 
     ha = load_analysis()
-    split = ha.marl.cost_split(ha.load_run(run_dir), ha.metrics.load_prices(prices))
-    return {"learner_s": split["learner_seconds"], "actor_s": split["actor_seconds"],
-            "cost": split["serverless_learner_actor"]}
+    run = ha.load_run(run_dir)
+    split = ha.marl.cost_split(run, ha.metrics.load_prices(prices))
+    out = {"learner_s": split["learner_seconds"], "actor_s": split["actor_seconds"],
+           "cost": split["serverless_learner_actor"]}
+    if pricing == "marless":
+        c = ha.pricing.marless_cost(run, ha.pricing.load_marless_prices(marless_prices))
+        out.update({"lambda": c["serverless"], "serverful": c["serverful"]})
+    return out
 
 
 def compare(args) -> int:
@@ -235,7 +244,7 @@ def compare(args) -> int:
                     run_dir = Path(tmp) / f"{algo}-{seed}-{arm}"
                     overrides = [f"stop.max_rounds={args.rounds}", *args.override, *extra]
                     r = train("spread", algo, seed, 10**12, args.runner, overrides, run_dir)
-                    c = run_cost(run_dir, args.prices)
+                    c = run_cost(run_dir, args.prices, args.pricing, args.marless_prices)
                     rounds = read_table(run_dir / "run.h5", "rounds")
                     sc = read_table(run_dir / "run.h5", "actor_scaling")
                     count = int(read_table(run_dir / "run.h5", "rank_map")["role"].tolist().count(2))
@@ -258,7 +267,23 @@ def compare(args) -> int:
             print(f"{algo:6s} {arm:7s} {final.mean():7.2f}+-{final.std():5.2f} "
                   f"{np.mean([x['learner_s'] for x in rows]):9.1f} {np.mean([x['actor_s'] for x in rows]):8.1f} "
                   f"{cost:10.3g} {cost / base if base > 0 else float('nan'):8.3f}")
+    if args.pricing == "marless":
+        marless_table(out, args)
     return 0
+
+
+def marless_table(out: dict, args) -> None:
+    """Per algorithm and arm, MARLess' pricing (mean over seeds): Lambda, c6a.16xlarge, both ratios, and vs off."""
+    print("\nMARLess pricing (hpcrl analyze --pricing marless): every function at AWS Lambda's GB-second and request "
+          "prices, pre-warm charged, against a c6a.16xlarge for the wall-clock; USD, mean over seeds")
+    print(f"{'algo':6s} {'arm':7s} {'Lambda':>10s} {'c6a.16xl':>10s} {'L / c6a':>8s} {'c6a / L':>8s} {'L / L off':>9s}")
+    for algo in args.algos.split(","):
+        base = np.mean([x["lambda"] for x in out[(algo, "off")]]) if (algo, "off") in out else float("nan")
+        for arm in args.arms:
+            lam = float(np.mean([x["lambda"] for x in out[(algo, arm)]]))
+            sf = float(np.mean([x["serverful"] for x in out[(algo, arm)]]))
+            print(f"{algo:6s} {arm:7s} {lam:10.4g} {sf:10.4g} {lam / sf if sf > 0 else float('nan'):8.3f} "
+                  f"{sf / lam if lam > 0 else float('nan'):8.3f} {lam / base if base > 0 else float('nan'):9.3f}")
 
 
 def main(argv=None) -> int:
@@ -277,6 +302,10 @@ def main(argv=None) -> int:
                    help="sharing + actor scaling on vs off at equal rounds: final return and serverless cost")
     p.add_argument("--rounds", type=int, default=100, help="--compare: rounds per run (stop.max_rounds)")
     p.add_argument("--prices", default=None, help="--compare: price table (default analysis/prices.json)")
+    p.add_argument("--pricing", choices=("stellaris", "marless"), default="stellaris",
+                   help="--compare: marless also prices every run as MARLess does (AWS Lambda vs c6a.16xlarge, both ways)")
+    p.add_argument("--marless-prices", default=None, help="--compare --pricing marless: a table overriding "
+                                                        "analysis/prices-marless.json's defaults")
     p.add_argument("--arms", default="off,on", help="--compare: arms to run, of " + ",".join(COMPARE)
                    + " (on = sharing + scaling; cost/off needs off)")
     args = p.parse_args(argv)

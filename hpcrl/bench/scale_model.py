@@ -46,8 +46,9 @@ def print_costs(title: str, costs: Costs, work: Workload) -> None:
     for name, value in asdict(costs).items():
         if isinstance(value, dict):  # a Linear
             at = lambda n: 1e3 * (value["fixed"] + value["per_float"] * n)  # noqa: E731
+            rate = f" ({4e-9 / value['per_float']:.2f} GB/s)" if value["per_float"] else ""
             print(f"  {name:15s} {at(P):9.4f} {at(1 << 20):9.3f}   = {1e3 * value['fixed']:.4f} ms + "
-                  f"{1e9 * value['per_float']:.3f} ns/float ({4e-9 / value['per_float'] if value['per_float'] else float('inf'):.2f} GB/s)")
+                  f"{1e9 * value['per_float']:.3f} ns/float{rate}")
         else:
             print(f"  {name:15s} {1e3 * value:9.4f}")
 

@@ -225,9 +225,6 @@ def check_min_nodes(cfg: RunConfig, site: Site, min_nodes: int, nodes: int, per_
                           "allowed on Slurm sites only")
     if not 1 <= min_nodes <= nodes:
         raise ConfigError(f"--min-nodes: {min_nodes}; allowed: 1 to --nodes ({nodes})")
-    if site.overcommit and site.cores_per_node and per_node > site.cores_per_node:
-        raise ConfigError(f"--min-nodes: {per_node} ranks a node is more than a {site.name} node's "
-                          f"{site.cores_per_node} cores, which Slurm refuses as --ntasks-per-node; use more --nodes")
     try:
         cfg.actors_for(min_nodes * per_node, f"--min-nodes {min_nodes}: {min_nodes} node(s) x {per_node} ranks =")
     except ValueError as exc:

@@ -43,9 +43,10 @@ def run_dir(clean_run, tmp_path):
     return copy
 
 
-def header_address(path: Path, name: str) -> tuple[int, int]:
-    """(address, length) of the first chunk of object ``name``'s header (version 2: ``OHDR``, checksummed)."""
-    with h5py.File(path, "r", locking=False) as f:
+def header_address(path: Path, name: str, swmr: bool = False) -> tuple[int, int]:
+    """(address, length) of the first chunk of object ``name``'s header (version 2: ``OHDR``, checksummed);
+    ``swmr``: the file is still open for writing by a (stopped) writer."""
+    with h5py.File(path, "r", swmr=swmr, locking=False) as f:
         at = h5py.h5o.get_info(f[name].id).addr
     raw = path.read_bytes()
     assert raw[at:at + 4] == b"OHDR"

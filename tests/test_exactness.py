@@ -113,12 +113,15 @@ def replay(run_dir: Path, batches: int) -> torch.Tensor:
 @pytest.mark.parametrize("job", sorted(JOBS))
 @pytest.mark.slow
 def test_job_weights_equal_the_fused_update_on_its_recorded_batches(tmp_path, job, runner):
-    run_dir = run_job(tmp_path, job, runner)
+    assert_trained_as_the_fused_update(run_job(tmp_path, job, runner), f"{job}/{runner}")
+
+
+def assert_trained_as_the_fused_update(run_dir: Path, label: str) -> None:
+    """The job's final weights equal the replay of its ROUNDS batches, and (so the check can fail) the same
+    replay one batch short is far off."""
     trained = load_checkpoint(run_dir)["params"]
-    expected = replay(run_dir, ROUNDS)
-    gap = float((trained - expected).abs().max())
-    assert gap < TOLERANCE, f"{job}/{runner}: the job's weights differ from the fused update by up to {gap:.3g}"
-    # the check can fail: the same replay one batch short is far off
+    gap = float((trained - replay(run_dir, ROUNDS)).abs().max())
+    assert gap < TOLERANCE, f"{label}: the job's weights differ from the fused update by up to {gap:.3g}"
     short = float((trained - replay(run_dir, ROUNDS - 1)).abs().max())
     assert short > 100 * TOLERANCE, f"one batch fewer moves the weights by only {short:.3g}"
 
@@ -130,12 +133,7 @@ def test_update_push_weights_equal_the_fused_update_on_its_recorded_batches(tmp_
     from the CONSUMED word) and pushes theta_start - theta_end; rank 0's outer step (lr 1, no momentum) lands on
     the group's weights, so the job trains what the fused loop trains, one version per batch."""
     run_dir = run_job(tmp_path, "hopper", runner, ["learners.push=update"])
-    trained = load_checkpoint(run_dir)["params"]
-    expected = replay(run_dir, ROUNDS)
-    gap = float((trained - expected).abs().max())
-    assert gap < TOLERANCE, f"update push/{runner}: the job's weights differ from the fused update by up to {gap:.3g}"
-    short = float((trained - replay(run_dir, ROUNDS - 1)).abs().max())
-    assert short > 100 * TOLERANCE, f"one batch fewer moves the weights by only {short:.3g}"
+    assert_trained_as_the_fused_update(run_dir, f"update push/{runner}")
     updates = read_table(run_dir / "run.h5", "gradients")
     assert list(updates["inner_steps"]) == [8] * ROUNDS  # 2 passes x 4 minibatches of 32 per batch of 128
 

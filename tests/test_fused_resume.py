@@ -28,12 +28,7 @@ N, T, K = 32, 8, 5  # instances, fragment length, iterations per window (stats_e
 STEPS = N * T  # env steps per iteration
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def config(algo: str, iterations: int, **io):

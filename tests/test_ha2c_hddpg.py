@@ -22,13 +22,7 @@ from hpcrl.io import read_table
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small tensors: a second intra-op thread only waits for a busy core on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def setup(env_id: str, algo: dict, num_envs: int, device: str, model: dict | None = None, seed: int = 0,

@@ -20,6 +20,7 @@ from pathlib import Path
 import h5py
 import pytest
 import yaml
+from test_damaged_record import header_address
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -166,18 +167,6 @@ def test_a_stopped_or_killed_parameter_rank_ends_every_job_naming_rank_0(tmp_pat
     assert len(times["SIGKILL"]) >= 2 and len(times["SIGSTOP"]) >= 3
 
 
-def header_address(path: Path, name: str) -> tuple[int, int]:
-    """(address, length) of object ``name``'s first header chunk (version 2 ``OHDR``), through its checksum."""
-    with h5py.File(path, "r", swmr=True, locking=False) as f:
-        at = h5py.h5o.get_info(f[name].id).addr
-    raw = path.read_bytes()
-    assert raw[at:at + 4] == b"OHDR"
-    flags = raw[at + 5]
-    start = at + 6 + (16 if flags & 0x20 else 0) + (4 if flags & 0x10 else 0)
-    width = 1 << (flags & 3)
-    return at, start + width + int.from_bytes(raw[start:start + width], "little") + 4 - at
-
-
 def test_a_killed_parameter_rank_that_left_a_torn_block_in_run_h5_still_ends_the_job_at_once(tmp_path):
     """The rare never-ending kill -9 of rank 0: killed in the middle of writing metadata, it leaves a block whose
     checksum does not match in a file its superblock says a writer holds; the launcher then read run.h5 (the
@@ -192,7 +181,7 @@ def test_a_killed_parameter_rank_that_left_a_torn_block_in_run_h5_still_ends_the
         time.sleep(0.5)
         os.kill(pid, signal.SIGSTOP)
         h5 = run_dir / "run.h5"
-        at, length = header_address(h5, "actors")
+        at, length = header_address(h5, "actors", swmr=True)
         with open(h5, "r+b") as fh:  # one byte of the actors table's header: its checksum no longer matches
             fh.seek(at + length // 2)
             byte = fh.read(1)[0]

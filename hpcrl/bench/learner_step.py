@@ -24,6 +24,18 @@ import torch
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
+def random_minibatch(info, size: int, seed: int = 0) -> dict:
+    """A PPO minibatch of ``size`` rows with random observations, actions, log-probs, values and advantages for
+    ``info``'s spaces (what a gradient costs does not depend on the numbers)."""
+    g = torch.Generator().manual_seed(seed)
+    space = info.action_space
+    actions = (torch.randint(0, space.n, (size,), generator=g) if hasattr(space, "n")
+               else torch.randn(size, *space.shape, generator=g))
+    return {"obs": torch.randn(size, *info.observation_space.shape, generator=g), "actions": actions,
+            "behaviour_logp": torch.randn(size, generator=g) * 0.1 - 1.0, "values": torch.randn(size, generator=g),
+            "advantages": torch.randn(size, generator=g), "returns": torch.randn(size, generator=g)}
+
+
 def make_case(config: str, size: int, device: str):
     """(algo, model, minibatch on ``device``, host weights) for one config's network (weights seeded alike
     on every device, so the gradients can be compared)."""
@@ -37,15 +49,7 @@ def make_case(config: str, size: int, device: str):
     torch.manual_seed(0)
     weights = algo.make_model(info.observation_space, info.action_space).flat.params.detach().numpy().copy()
     model = algo.make_model(info.observation_space, info.action_space, torch.device(device))
-    g = torch.Generator().manual_seed(0)
-    obs = torch.randn(size, *info.observation_space.shape, generator=g)
-    space = info.action_space
-    actions = (torch.randint(0, space.n, (size,), generator=g) if hasattr(space, "n")
-               else torch.randn(size, *space.shape, generator=g))
-    mb = {"obs": obs, "actions": actions, "behaviour_logp": torch.randn(size, generator=g) * 0.1 - 1.0,
-          "values": torch.randn(size, generator=g), "advantages": torch.randn(size, generator=g),
-          "returns": torch.randn(size, generator=g)}
-    mb = {k: v.to(device) for k, v in mb.items()}
+    mb = {k: v.to(device) for k, v in random_minibatch(info, size).items()}
     return algo, model, mb, weights
 
 

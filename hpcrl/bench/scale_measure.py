@@ -251,14 +251,9 @@ def workload(config: str, overrides: list[str], seconds: float) -> tuple[Workloa
     T = cfg.actors.fragment_length
     actor_step = time_case(lambda: sampler.sample(algo, model, T, 0, 0), seconds) / (T * sampler.num_envs)
     sampler.close()
-    g = torch.Generator().manual_seed(0)
-    obs = torch.randn(mb, *info.observation_space.shape, generator=g)
-    space = info.action_space
-    actions = (torch.randint(0, space.n, (mb,), generator=g) if hasattr(space, "n")
-               else torch.randn(mb, *space.shape, generator=g))
-    batch = {"obs": obs, "actions": actions, "behaviour_logp": torch.randn(mb, generator=g) * 0.1 - 1.0,
-             "values": torch.randn(mb, generator=g), "advantages": torch.randn(mb, generator=g),
-             "returns": torch.randn(mb, generator=g)}
+    from hpcrl.bench.learner_step import random_minibatch
+
+    batch = random_minibatch(info, mb)
     gradient = time_case(lambda: algo.compute_gradient(batch, model), seconds)
     return work, {"actor_step": actor_step, "gradient": gradient}
 

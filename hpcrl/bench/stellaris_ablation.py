@@ -57,10 +57,7 @@ def main(argv: list[str]) -> int:
                    help=f"comma-separated, from {', '.join(SR.ABLATION)} (default: all)")
     args = p.parse_args(argv)
     check(p, args)
-    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
-    unknown = [s for s in settings if s not in SR.ABLATION]
-    if unknown:
-        p.error(f"unknown setting {unknown[0]!r}; choose from {', '.join(SR.ABLATION)}")
+    settings = SR.chosen(p, args.settings, SR.ABLATION, "setting")
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="hpcrl-stellaris-ablation-"))
     bench = SR.Bench("stellaris-ablation", {s: SR.ABLATION[s] for s in settings}, list(range(args.seeds)),
                      args.budget, out, layout_extra(args), args.runner)

@@ -69,6 +69,15 @@ def sensitivity_settings(params: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def chosen(parser, text: str, allowed, what: str) -> list[str]:
+    """The comma-separated names of ``text``; the parser's one-line error for a name not in ``allowed``."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in allowed]
+    if unknown:
+        parser.error(f"unknown {what} {unknown[0]!r}; choose from {', '.join(allowed)}")
+    return names
+
+
 def run_numbers(run_dir: str | Path, window: int = 20) -> dict:
     """One run's headline numbers from its run.h5 (through hpcrl_analysis): final and best training return
     (mean of the last / best ``window`` episodes), the last evaluation's mean return (NaN without one),

@@ -26,10 +26,7 @@ def main(argv: list[str]) -> int:
                    help="comma-separated, from d, v, rho (default: all three)")
     args = p.parse_args(argv)
     check(p, args)
-    params = [x.strip() for x in args.params.split(",") if x.strip()]
-    unknown = [x for x in params if x not in SR.SENSITIVITY_GRID]
-    if unknown:
-        p.error(f"unknown parameter {unknown[0]!r}; choose from {', '.join(SR.SENSITIVITY_GRID)}")
+    params = SR.chosen(p, args.params, SR.SENSITIVITY_GRID, "parameter")
     settings = SR.sensitivity_settings(params)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="hpcrl-stellaris-sensitivity-"))
     bench = SR.Bench("stellaris-sensitivity", settings, list(range(args.seeds)), args.budget, out,

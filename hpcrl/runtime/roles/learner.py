@@ -45,6 +45,7 @@ from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.roles.cuda_graph import GraphedGradient
 from hpcrl.runtime.record.cycle_profile import CycleRecord
 from hpcrl.runtime.roles.elastic import ACTION, REASON
+from hpcrl.runtime.roles.group_states import as_tensors, on_host
 from hpcrl.runtime.transport.push import PushAbandoned
 
 
@@ -97,7 +98,7 @@ class LearnerGroup:
         self.seq = self.job.startup["seq_next"][self.g]
         saved = self.job.startup.get("inner_states", {}).get(self.g)
         if self.inner is not None and saved is not None:  # --resume: as this group was after its last update
-            self.inner.load_state_dict(_as_tensors(saved["optimizer"]))
+            self.inner.load_state_dict(as_tensors(saved["optimizer"]))
             self.generator.set_state(saved["minibatch_rng"])
         if not self.is_root:
             return self._run_member()
@@ -308,7 +309,7 @@ class LearnerGroup:
         if not self._push(update, version, rows, stats, compute, new_steps):
             return False
         self._activity(start_unix, compute, steps, report, inner={"group": self.g, "seq": self.seq - 1, "state": {
-            "optimizer": _on_host(self.inner.state_dict()), "minibatch_rng": self.generator.get_state()}})
+            "optimizer": on_host(self.inner.state_dict()), "minibatch_rng": self.generator.get_state()}})
         return True
 
     def _overlapped_gradient(self, mb: dict, pending: tuple | None) -> tuple[np.ndarray, dict, float] | None:
@@ -513,29 +514,6 @@ class LearnerGroup:
 def minibatch_generator(seed: int, group: int) -> torch.Generator:
     """The generator a learner group draws its minibatch order from (its own stream per group)."""
     return torch.Generator().manual_seed(seed + 7919 * (group + 1))
-
-
-def _on_host(state):
-    """An optimizer state dict with numpy arrays for its tensors: it travels to the parameter rank (which may have
-    no GPU) after every update, and a pickled numpy array costs a tenth of a pickled tensor."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().cpu().numpy()
-    if isinstance(state, dict):
-        return {k: _on_host(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_on_host(v) for v in state]
-    return state
-
-
-def _as_tensors(state):
-    """:func:`_on_host`'s state dict with tensors again (what ``load_state_dict`` takes)."""
-    if isinstance(state, np.ndarray):
-        return torch.from_numpy(state.copy())
-    if isinstance(state, dict):
-        return {k: _as_tensors(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_as_tensors(v) for v in state]
-    return state
 
 
 def _with_last(items):

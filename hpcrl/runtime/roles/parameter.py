@@ -50,6 +50,7 @@ from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime.roles import elastic
+from hpcrl.runtime.roles.group_states import GroupStates
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, make_policy
@@ -80,8 +81,8 @@ class ParameterRank:
         self.update_push = self.plan.push == "update"  # groups push whole updates: rank 0 takes the outer step
         # the algorithm's (PPO: algo.lr_anneal), None: constant; with update pushes each group's own optimizer follows it
         self._lr_schedule = None if self.update_push else self.plan.lr_schedule
-        # update pushes: each group's optimizer state after its updates (seq -> state), for the checkpoint
-        self.inner_states: dict[int, dict[int, dict]] = {g: {} for g in range(self.cfg.learners.groups)}
+        # update pushes: each group's optimizer state after its updates, for the checkpoint
+        self.group_states = GroupStates(self.cfg.learners.groups, self.cfg.aggregation.mailbox_slots + 1)
         self._postprocess_groups = self.plan.postprocess_groups
         self.policy = make_policy(self.cfg.aggregation)
         self.counters, self.mailbox, self.board = job.counters, job.mailbox, job.board
@@ -161,7 +162,7 @@ class ParameterRank:
         """What every rank learns at start (broadcast by runtime.runners.mpi)."""
         return {"start_unix": self.record.file.start_unix, "version": self.version, "seq_next": list(self.seq_next),
                 "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
-                "inner_states": self._newest_inner_states(wait=False)}
+                "inner_states": self.group_states.newest(self.seq_next)}
 
     def publish_initial(self) -> None:
         self._groups_from_algo(record=False)
@@ -191,7 +192,7 @@ class ParameterRank:
             "rng": rng_state(), "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
             "record": record_counts(self.job.run_dir, run_file=self.record.file),
-            "inner_states": self._newest_inner_states(wait=True),
+            "inner_states": self.group_states.newest(self.seq_next, self._drain_messages) if self.update_push else {},
         }
 
     def _restore(self, s: dict[str, Any]) -> None:
@@ -212,8 +213,7 @@ class ParameterRank:
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
-        for g, inner in s.get("inner_states", {}).items():
-            self.inner_states[g] = {self.seq_next[g] - 1: inner}
+        self.group_states.restore(s.get("inner_states", {}), self.seq_next)
         self.active = min(max(s["active"], self.cfg.learners.active_range[0]), self.cfg.learners.active_range[1])
         # all of the checkpointing job's actors active: all of this job's too (fragment_next keeps the numbers of
         # actors a smaller job left out, so its length is not that job's actor count)
@@ -339,33 +339,6 @@ class ParameterRank:
         else:
             self.algo.apply(self.model, self.optimizer, aggregate)
 
-    def _keep_inner_state(self, inner: dict | None) -> None:
-        """A group's optimizer state (and minibatch order's generator) after one of its updates (the learner sends it
-        right after the push)."""
-        if inner is None:
-            return
-        kept = self.inner_states[inner["group"]]
-        kept[inner["seq"]] = inner["state"]
-        while len(kept) > self.cfg.aggregation.mailbox_slots + 1:  # pushed, not yet taken: at most the slots
-            kept.pop(min(kept))
-
-    def _newest_inner_states(self, wait: bool) -> dict[int, dict]:
-        """Each group's optimizer state after the newest update rank 0 has taken (seq_next - 1), for a checkpoint
-        or a resumed group; with ``wait``, drain reports up to 30 s for one that is still on its way."""
-        if not self.update_push:
-            return {}
-        deadline = time.monotonic() + 30.0
-        while True:
-            missing = [g for g, n in enumerate(self.seq_next) if n and n - 1 not in self.inner_states[g]]
-            if not missing or not wait or time.monotonic() > deadline:
-                break
-            self._drain_messages()
-            time.sleep(1e-3)
-        if missing and wait:
-            print(f"hpcrl: warning: no optimizer state from learner group(s) {missing} for their newest update; "
-                  "the checkpoint resumes them with fresh optimizer state", flush=True)
-        return {g: self.inner_states[g][n - 1] for g, n in enumerate(self.seq_next) if n and g not in missing}
-
     def _set_lr(self) -> None:
         """The algorithm's schedule at the env steps consumed so far (so a resumed run goes on where it stopped)."""
         lr = self._lr_schedule.at(self.consumed)
@@ -405,7 +378,7 @@ class ParameterRank:
             self._fragment_report(msg)
             busy = True
         for row in reports.drain("activity"):
-            self._keep_inner_state(row.pop("inner_state", None))
+            self.group_states.add(row.pop("inner_state", None))
             self.record.activity(row)
             busy = True
         for msg in reports.drain("eval"):

@@ -125,8 +125,12 @@ def hand_over(argv: list[str], environ: dict[str, str] | None = None) -> int | N
         status = int(json.loads(line)["status"])
     finally:
         sock.close()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        if child:  # the child has ended: a late signal (mpiexec and the launcher may both send SIGTERM) has no one
+            for s in FORWARDED:  # to go to, and must not end the stand-in in place of the child's own status
+                signal.signal(s, signal.SIG_IGN)
+        else:  # this process goes on to run the rank itself, or fails
+            for s, handler in previous.items():
+                signal.signal(s, handler)
     if status < 0:  # the child died of a signal: say which rank, then the stand-in dies of it too
         sys.stderr.write(killed_line(environ, child[0], -status) + "\n")
         sys.stderr.flush()

@@ -137,6 +137,13 @@ def test_default_job_on_two_nodes(cluster, tmp_path):
     counts = read_row_counts(run_dir / "run.h5")
     assert f"| episodes | {counts['episodes']:,} |" in summary, summary[:1500]
     assert f"| updates | {counts['updates']:,} |" in summary and counts["updates"] > 0, summary[:1500]
+    # ... and bills the job as sacct does: its allocation's node-seconds, kept beside the run (issue 26 item 3)
+    alloc = read_table(run_dir / "run.h5", "allocations")
+    assert [j.decode() for j in alloc["job_id"]] == [job_id] and alloc["site"][0] == b"local-cluster", alloc
+    assert int(alloc["nodes"][0]) == 2
+    assert f"| billed node-seconds (sacct) | {node_seconds:,} |" in summary, summary[:3000]
+    assert f"| {job_id} | COMPLETED | 1 | 2 | {int(rows[job_id]['ElapsedRaw']):,} | {node_seconds:,} |" in summary
+    assert (run_dir / "accounting.json").is_file()
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import billing
 from .h5read import Run
 
 GRADIENT_REASONS = ("admitted", "too_stale", "nonfinite", "shutdown", "inactive_group")
@@ -455,6 +456,7 @@ def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
     pr = per_round(run, prices)
     rets = ax["return"]
     cyc, absorb, el = learner_cycle(run), parameter_absorption(run), elastic_events(run)
+    bill = billing.billed(run)
     return {
         "run": run.label,
         "directory": str(run.path),
@@ -474,6 +476,8 @@ def summary(run: Run, prices: dict, window: int = 20) -> dict[str, object]:
         f"cost serverless ({prices['currency']})": c["serverless_learner"] + c["serverless_actor"] + c["serverless_parameter"],
         f"cost serverful ({prices['currency']})": c["serverful_learner"] + c["serverful_actor"] + c["serverful_parameter"],
         f"cost Stellaris per-round sum ({prices['currency']})": float(np.nansum(pr["cost"])) if len(pr["cost"]) else 0.0,
+        "billed node-seconds (sacct)": bill["node_seconds"] if bill["jobs"] else "-",
+        "billed charge": (f"{bill['charge']:.4g} {bill['unit']}" if math.isfinite(bill["charge"]) else bill["note"]),
         "learner cycle (ms per gradient)": 1e3 * cyc.get("cycle", math.nan),
         "learner cycle, largest phases (ms)": ", ".join(
             f"{p} {1e3 * cyc[p]:.2g}" for p in sorted(LEARNER_PHASES, key=lambda q: -cyc[q])[:4]) if cyc else "-",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import billing as B
 from . import marl as MA
 from . import metrics as M
 from .h5read import Run
@@ -67,9 +68,13 @@ def markdown(runs: list[Run], prices: dict) -> str:
         f"{p['learner']['units_per_instance']} {p['learner']['unit']}, {p['learner']['functions_per_unit']} functions per unit; "
         f"actor {p['actor']['instance']} {p['actor']['instance_per_hour']}/h per {p['actor']['units_per_instance']} "
         f"{p['actor']['unit']}. Source: {p['source']}.",
-        "Serverless = active rank-seconds at the per-function price; serverful = wall-clock x every allocated rank.",
+        "Serverless = active rank-seconds at the per-function price; serverful = wall-clock x every allocated rank "
+        "(both the cost model's views). Billed = the batch jobs' node-seconds from sacct x the site's charge factor: "
+        "what the allocation is charged (only for runs started inside a batch job).",
     ]
-    return "# hpcrl run summary\n\n" + "\n".join(lines + notes) + "\n" + MA.markdown(runs, prices)
+    bills = [B.billed(r) for r in runs]
+    jobs = B.markdown(runs, bills) if any(b["jobs"] for b in bills) else ""
+    return "# hpcrl run summary\n\n" + "\n".join(lines + notes) + "\n" + jobs + MA.markdown(runs, prices)
 
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}

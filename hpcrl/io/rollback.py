@@ -40,7 +40,7 @@ from hpcrl.io.h5format import APPEND_LIBVER
 from hpcrl.io.readers import _read_trajectory_steps, _retry, read_row_counts, read_table
 from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.run_file import RunFile
-from hpcrl.io.schema import RUN_FILE, TABLES, TRAJ_DIR, traj_filename
+from hpcrl.io.schema import NEVER_CUT, RUN_FILE, TABLES, TRAJ_DIR, traj_filename
 from hpcrl.io.tables import COMMITTED_STEPS, Table
 from hpcrl.io.traj_file import cut_trajectory
 
@@ -59,7 +59,8 @@ def trajectory_files(run_dir: str | Path) -> dict[int, Path]:
 
 
 def record_counts(run_dir: str | Path, run_file: RunFile | None = None) -> dict[str, dict]:
-    """Committed rows of every run.h5 table and committed steps of every trajectory file.
+    """Committed rows of every run.h5 table (but :data:`~hpcrl.io.schema.NEVER_CUT`'s) and committed steps of
+    every trajectory file.
 
     The parameter rank passes its open ``run_file`` (HDF5 cannot open a file a second time in the
     process that writes it); it is flushed first, so every row appended so far counts. The
@@ -74,6 +75,7 @@ def record_counts(run_dir: str | Path, run_file: RunFile | None = None) -> dict[
     if run_file is not None:
         run_file.flush()
     tables = run_file.row_counts() if run_file is not None else read_row_counts(run_dir / RUN_FILE)
+    tables = {name: rows for name, rows in tables.items() if name not in NEVER_CUT}
     if run_file is not None:
         reported = run_file.actor_steps()
     else:

@@ -95,6 +95,12 @@ ELASTIC_REASONS = (
     "policies_split",         # 5: MARL policy learners: more policies than active groups
 )
 
+SCHEDULERS = ("slurm", "pbs")  # the allocations table's scheduler codes
+
+NEVER_CUT = ("allocations",)
+"""Tables a resume does not cut back to its checkpoint: a batch job that ran was billed, whether or not its
+work survived."""
+
 PARK_REASONS = (
     "woken",       # 0: the park ended: the actor is active again
     "evaluation",  # 1: the evaluating actor woke for an evaluation request (it parks again after it)
@@ -287,6 +293,20 @@ TABLE_LIST = (
         _c("learner_fetches", "i4", "", "copies learner ranks took (the newest weights, older versions for "
            "the IS window)", True),
         _c("learner_bytes", "i8", "B", "bytes of those copies", True),
+    )),
+    TableSpec("allocations", "One row per start of the run inside a batch job (first start, each resume): the "
+              "scheduler's job that ran it, which `hpcrl analyze` looks up in the accounting (sacct) to give the "
+              "node-seconds the user is billed. Written from the parameter rank's environment; a run started "
+              "outside a batch job has none.", (
+        _c("time", "f8", "s", "when the ranks started, since run start", True),
+        _c("scheduler", "i1", "code", "the batch scheduler", True, SCHEDULERS),
+        _c("job_id", "S32", "", "the job (SLURM_JOB_ID, PBS_JOBID)", True),
+        _c("step_id", "S16", "", "Slurm job step of the parameter rank (SLURM_STEP_ID; empty: not in a step)"),
+        _c("cluster", "S32", "", "SLURM_CLUSTER_NAME (sacct --clusters); empty under PBS"),
+        _c("nodes", "i4", "", "nodes of the job when the ranks started"),
+        _c("site", "S32", "", "the hpcrl site that wrote the batch script (hpcrl submit --site; empty: another script)"),
+        _c("charge_unit", "S32", "", "what the site bills (e.g. GPU node-hours), from its site file"),
+        _c("charge_per_node_hour", "f8", "", "the site's charge factor: units billed per node-hour"),
     )),
     TableSpec("actors", "Optional: one row per trajectory fragment an actor produced (latency breakdown).", (
         _c("time", "f8", "s", "time the fragment was handed to transport, since run start", True),

@@ -77,6 +77,12 @@ class Site(BaseModel):
     """Host paths every container on this site needs (Cray MPICH and PALS for the hybrid MPI model)."""
     resubmit: Literal["requeue", "qsub"] = "requeue"
     """After the walltime warning: scontrol requeue (Slurm) or submit the same script again (PBS)."""
+    charge_unit: str = "node-hours"
+    """What the centre bills the allocation in (NERSC: GPU or CPU node-hours; ALCF: node-hours)."""
+    charge_per_node_hour: float = Field(1.0, ge=0)
+    """The charge factor: units billed per node-hour of a job (QOS multipliers such as NERSC premium's are
+    not in it). Every run records it with its job id (run.h5 ``allocations``); ``hpcrl analyze`` prices the
+    job's node-seconds from sacct with it."""
 
 
 def site_names() -> list[str]:

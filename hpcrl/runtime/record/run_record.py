@@ -3,7 +3,8 @@
 The parameter role (MPI and serial runners) and the fused loop tell a :class:`RunRecord` what
 happened and the record writes the rows; it knows no MPI, no admission rule and no algorithm:
 
-    create(...), reopen(...)           run.h5 made for a new run, or reopened to resume one
+    create(...), reopen(...)           run.h5 made for a new run, or reopened to resume one (with the
+                                       allocations row of the batch job it runs in, if any)
     arrived()                          a gradient came out of the mailbox (counted)
     gradient(rec, admitted, reason, version, round, ...)   its row (admitted, refused, or left at shutdown)
     step(step, adm, version, round, lr, active, t_agg, t_pub)   an applied step: updates + gradients rows
@@ -39,6 +40,7 @@ import numpy as np
 
 from hpcrl.io import RunFile
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS, GRADIENT_REASONS, RUN_FILE
+from hpcrl.runtime.record.allocation import batch_job
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES
 from hpcrl.runtime.record.rows import RowBuffer
 from hpcrl.runtime.record.scalars import LiveScalars, open_scalars
@@ -72,7 +74,7 @@ class RunRecord:
         run_file = RunFile.create(Path(run_dir) / RUN_FILE, config_yaml, rank_map, io.compression,
                                   traj_layout=traj_layout, num_actors=num_actors, flush_seconds=io.flush_seconds,
                                   attrs=attrs)
-        return cls(run_file, stop_rule, scalars=open_scalars(run_dir, io))
+        return cls(run_file, stop_rule, scalars=open_scalars(run_dir, io))._started()
 
     @classmethod
     def reopen(cls, run_dir: Path, io, rank_map: Mapping[str, Sequence], stop_rule: StopRule, note: Mapping[str, Any],
@@ -83,7 +85,14 @@ class RunRecord:
         where the live scalars go on)."""
         run_file = RunFile.open_append(Path(run_dir) / RUN_FILE, flush_seconds=io.flush_seconds, note=json.dumps(note),
                                        rank_map=rank_map, traj_layout=traj_layout, num_actors=num_actors)
-        return cls(run_file, stop_rule, **counts, scalars=open_scalars(run_dir, io, resume_step=env_steps))
+        return cls(run_file, stop_rule, **counts, scalars=open_scalars(run_dir, io, resume_step=env_steps))._started()
+
+    def _started(self) -> "RunRecord":
+        """The allocations row of this start, when it runs inside a batch job."""
+        job = batch_job()
+        if job is not None:
+            self.rows.add("allocations", {"time": self.file.now(), **job})
+        return self
 
     @staticmethod
     def _new_round() -> dict[str, Any]:

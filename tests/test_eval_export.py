@@ -127,7 +127,7 @@ def test_eval_of_a_trained_run_matches_its_export_played_in_plain_gymnasium(cart
 
 @pytest.mark.slow
 def test_eval_video_writes_one_mp4_per_episode_with_every_frame(cartpole_run, capsys, tmp_path):
-    pytest.importorskip("moviepy")
+    pytest.importorskip("imageio_ffmpeg")
     iio = pytest.importorskip("imageio.v2")
     rc, out, err = cli(["eval", str(cartpole_run), "--episodes", "2", "--seed", "3", "--video", str(tmp_path / "v")],
                        capsys)
@@ -314,7 +314,7 @@ def test_no_offscreen_renderer_names_mujoco_gl_and_the_choices(tmp_path, capsys,
 @pytest.mark.slow
 def test_hopper_video_renders_offscreen(tmp_path, capsys, monkeypatch):
     pytest.importorskip("mujoco")
-    pytest.importorskip("moviepy")
+    pytest.importorskip("imageio_ffmpeg")
     iio = pytest.importorskip("imageio.v2")
     run = made_run(tmp_path / "run", "hopper.yaml", ["env.kwargs={max_episode_steps: 4}"], hopper_stats())
     if not os.environ.get("MUJOCO_GL"):
@@ -327,3 +327,25 @@ def test_hopper_video_renders_offscreen(tmp_path, capsys, monkeypatch):
     video = tmp_path / "v" / "Hopper-v5-seed1000000-episode-0.mp4"
     steps = int(printed(out, "length")["max"])
     assert iio.get_reader(str(video), "ffmpeg").count_frames() == steps + 1
+
+
+@pytest.mark.parametrize("steps", [10, 11, 12, 13])  # 11-14 frames: moviepy's clip at 50 fps lost the last one
+def test_a_short_recorded_episode_keeps_every_frame(tmp_path, steps):
+    iio = pytest.importorskip("imageio.v2")
+    pytest.importorskip("imageio_ffmpeg")
+    import gymnasium
+
+    from hpcrl.policy.video import FirstEpisodeVideo
+
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    env = FirstEpisodeVideo(gymnasium.make("CartPole-v1", render_mode="rgb_array", max_episode_steps=steps),
+                            tmp_path / "e.mp4")
+    env.reset(seed=0)
+    done, taken = False, 0
+    while not done:
+        _, _, terminated, truncated, _ = env.step(taken % 2)  # alternate pushes: truncated at `steps`
+        taken += 1
+        done = terminated or truncated
+    env.reset(seed=1)  # a second episode is not recorded
+    env.close()
+    assert iio.get_reader(str(tmp_path / "e.mp4"), "ffmpeg").count_frames() == taken + 1

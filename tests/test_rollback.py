@@ -10,7 +10,9 @@ import pytest
 
 from hpcrl.io import (RunFile, RunFileError, TrajectoryWriter, read_table, read_trajectory, record_counts,
                       traj_filename, truncate_record)
-from hpcrl.io.schema import TABLES, TRAJ_FIELD_NAMES
+from hpcrl.io.schema import NEVER_CUT, TABLES, TRAJ_FIELD_NAMES
+
+CUT = [name for name in TABLES if name not in NEVER_CUT]  # allocations: a job that ran was billed
 
 sys.path.insert(0, str(Path(__file__).parent))
 from synthetic_run import LAYOUT, write_synthetic_run  # noqa: E402
@@ -32,6 +34,7 @@ def _grow(run_dir, rng):
         run.append("updates", {"time": np.arange(3.0), "version": 99, "round": 9, "num_gradients": 1})
         run.append("gradients", {"time": np.arange(4.0), "group": 0, "seq": 9, "base_version": 9, "admitted": 1,
                                  "reason": 0})
+        run.append("allocations", {"time": np.array([4.0]), "scheduler": 0, "job_id": b"77"})  # a job that ran
         counts_mid = record_counts(run_dir, run_file=run)  # the parameter rank's way: its own open writer
     added_steps = {0: 16, 2: 32}
     for actor, steps in added_steps.items():
@@ -57,10 +60,11 @@ def test_truncate_record_cuts_back_to_the_checkpoint_counts(tmp_path):
 
     removed = truncate_record(run_dir, at_checkpoint["tables"], at_checkpoint["traj_steps"])
 
-    assert removed["tables"] == {name: added_rows.get(name, 0) for name in TABLES}
+    assert removed["tables"] == {name: added_rows.get(name, 0) for name in CUT}
+    assert list(read_table(run_dir, "allocations")["job_id"]) == [b"77"]  # never cut
     assert removed["traj_steps"] == {0: 16, 1: 0, 2: 32}  # actor 1's uncommitted steps were never counted
     after_tables, after_traj = _snapshot(run_dir)
-    for name in TABLES:
+    for name in CUT:
         for col, values in before_tables[name].items():
             np.testing.assert_array_equal(after_tables[name][col], values, err_msg=f"{name}.{col}")
     for a in range(ACTORS):
@@ -81,7 +85,7 @@ def test_truncate_record_never_lengthens_and_names_bad_input(tmp_path):
     counts = record_counts(run_dir)
     more = {name: n + 10 for name, n in counts["tables"].items()}
     removed = truncate_record(run_dir, more, {0: 10 ** 6, 7: 5})  # actor 7 has no file: nothing to cut
-    assert removed == {"tables": {name: 0 for name in TABLES}, "traj_steps": {0: 0, 7: 0}, "lost_steps": {}}
+    assert removed == {"tables": {name: 0 for name in CUT}, "traj_steps": {0: 0, 7: 0}, "lost_steps": {}}
     assert record_counts(run_dir) == counts
     with pytest.raises(RunFileError, match="no table 'epsiodes'"):
         truncate_record(run_dir, {"epsiodes": 1}, {})

@@ -2,7 +2,7 @@
 
 The policy acts greedily (as a run's evaluation episodes) or, with ``--sampled``, samples as training
 does, through the run's env, observation normalisation and action mapping (:mod:`hpcrl.policy`).
-``--video DIR`` records every episode as an mp4 (Gymnasium's RecordVideo; Gymnasium envs).
+``--video DIR`` records every episode as an mp4 (every frame; Gymnasium envs).
 A parallel (PettingZoo) env's episodes are reported for all agents and per policy group.
 """
 from __future__ import annotations

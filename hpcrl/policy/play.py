@@ -1,4 +1,4 @@
-"""Episodes of a loaded policy (``hpcrl eval``), optionally recorded as mp4 by Gymnasium's RecordVideo.
+"""Episodes of a loaded policy (``hpcrl eval``), optionally recorded as mp4 files.
 
 :func:`play` runs ``episodes`` env copies in lock-step through the env backends the actors use
 (:mod:`hpcrl.runtime.roles.env_backends`: Gymnasium envs, one batched tensor env, PettingZoo copies
@@ -7,7 +7,7 @@ is seeded with ``seed + i``. A parallel env gives one return per agent and copy.
 
 Videos (``video_dir``): Gymnasium envs only (batched tensor envs do not render; PettingZoo envs are
 not Gymnasium envs), each copy made with ``render_mode="rgb_array"`` and wrapped in
-``gymnasium.wrappers.RecordVideo`` (which needs moviepy). MuJoCo renders off-screen through
+:class:`hpcrl.policy.video.FirstEpisodeVideo` (imageio's ffmpeg writer: every frame). MuJoCo renders off-screen through
 ``MUJOCO_GL``: :func:`prepare_rendering` sets it, when unset, to the first of egl and osmesa that
 can make a GL context here. Each is tried in a child process: Gymnasium reads MUJOCO_GL when it makes
 the first renderer, and the GL library that MuJoCo then imports fixes its platform for the process.
@@ -18,7 +18,6 @@ import os
 import re
 import subprocess
 import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +69,7 @@ def play(policy, episodes: int, sampled: bool = False, seed: int = 0, video_dir:
             raise ConfigError(f"an episode of {env_cfg.id} ran past {MAX_EPISODE_STEPS} steps; the env needs a time "
                               "limit (env.kwargs.max_episode_steps)")
     finally:
-        backend.close()  # RecordVideo writes a recording still open
+        backend.close()  # a recording still open is written
     return Episodes(returns, lengths, [v for v in videos if v.is_file()])
 
 
@@ -91,9 +90,9 @@ def _video_backend(policy, episodes: int, video_dir: str | Path, seed: int):
     """(GymBackend of ``episodes`` rgb_array copies, each recording its first episode into ``video_dir``, the
     mp4 files they write)."""
     import gymnasium
-    from gymnasium.wrappers import RecordVideo
 
     from hpcrl.envs import make
+    from hpcrl.policy.video import FirstEpisodeVideo
     from hpcrl.runtime.roles.env_backends import GymBackend
 
     env_id, kwargs = policy.cfg.env.id, dict(policy.cfg.env.kwargs)
@@ -112,15 +111,12 @@ def _video_backend(policy, episodes: int, video_dir: str | Path, seed: int):
             env = make(env_id, **{**kwargs, "render_mode": "rgb_array"})
         except TypeError as exc:
             raise ConfigError(f"--video: {env_id} does not take render_mode='rgb_array' ({exc})") from None
+        videos.append(folder / f"{name}-seed{seed + i}-episode-0.mp4")
         try:
-            with warnings.catch_warnings():  # every copy after the first finds the folder made
-                warnings.filterwarnings("ignore", message=".*Overwriting existing videos.*")
-                envs.append(RecordVideo(env, str(folder), episode_trigger=lambda episode: episode == 0,
-                                        name_prefix=f"{name}-seed{seed + i}"))
-            videos.append(folder / f"{name}-seed{seed + i}-episode-0.mp4")  # RecordVideo's name
+            envs.append(FirstEpisodeVideo(env, videos[-1]))
         except gymnasium.error.DependencyNotInstalled as exc:
             env.close()
-            raise ConfigError(f"--video needs moviepy ({exc}); pip install 'hpcrl[video]'") from None
+            raise ConfigError(f"--video needs imageio with imageio-ffmpeg ({exc}); pip install 'hpcrl[video]'") from None
         except ValueError as exc:  # a render mode that gives no image
             env.close()
             raise ConfigError(f"--video: {env_id}: {exc}") from None

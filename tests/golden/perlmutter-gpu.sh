@@ -50,6 +50,8 @@ else
     mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.yaml" || exit 1  # the ranks read the resolved config there
     RANK_ARGS=(podman-hpc run --rm --mpi --gpu -v /pscratch/sd/m/me/runs:/pscratch/sd/m/me/runs -e HDF5_USE_FILE_LOCKING -e OMP_NUM_THREADS -e PYTHONUNBUFFERED registry.nersc.gov/m1234/hpcrl:0.1 python3 -m hpcrl.runtime.runners.mpi /pscratch/sd/m/me/runs/cartpole --progress=plain)
 fi
+# what the centre bills: the run records it beside this job's id for `hpcrl analyze`
+export HPCRL_SITE=perlmutter-gpu HPCRL_CHARGE_UNIT='GPU node-hours' HPCRL_CHARGE_PER_NODE_HOUR=1.0
 
 # The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on
 # to the ranks, whose parameter rank writes a checkpoint before the job ends.

@@ -45,6 +45,8 @@ else
     mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.yaml" || exit 1  # the ranks read the resolved config there
     RANK_ARGS=(/opt/hpcrl/bin/python -m hpcrl.runtime.runners.mpi /eagle/MyProject/runs/cartpole --progress=plain)
 fi
+# what the centre bills: the run records it beside this job's id for `hpcrl analyze`
+export HPCRL_SITE=polaris HPCRL_CHARGE_UNIT=node-hours HPCRL_CHARGE_PER_NODE_HOUR=1.0
 
 # The walltime warning (USR1) and a cancel (TERM) reach this shell; the launcher passes them on
 # to the ranks, whose parameter rank writes a checkpoint before the job ends.

@@ -23,8 +23,13 @@ system-deps:
 run: setup
 	$(BIN)/hpcrl run
 
+# The tests in two passes, both always run: those that start no MPI job two at a time (one per core),
+# then the MPI and Slurm tests one at a time (each job's ranks already fill the cores, and their
+# bounds on time assume no other test beside them). `pytest` alone runs everything one at a time.
 test: setup system-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not mpi and not slurm" -n 2; a=$$?; \
+	$(BIN)/python -m pytest -q -m "mpi or slurm"; b=$$?; \
+	[ $$a -eq 0 ] && [ $$b -eq 0 ]
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -109,7 +109,7 @@ def replay(run_dir: Path, batches: int) -> torch.Tensor:
     return model.flat.params.detach().clone()
 
 
-@pytest.mark.parametrize("runner", ["serial", "mpi"])
+@pytest.mark.parametrize("runner", ["serial", pytest.param("mpi", marks=pytest.mark.mpi)])
 @pytest.mark.parametrize("job", sorted(JOBS))
 @pytest.mark.slow
 def test_job_weights_equal_the_fused_update_on_its_recorded_batches(tmp_path, job, runner):
@@ -126,7 +126,7 @@ def assert_trained_as_the_fused_update(run_dir: Path, label: str) -> None:
     assert short > 100 * TOLERANCE, f"one batch fewer moves the weights by only {short:.3g}"
 
 
-@pytest.mark.parametrize("runner", ["serial", "mpi"])
+@pytest.mark.parametrize("runner", ["serial", pytest.param("mpi", marks=pytest.mark.mpi)])
 @pytest.mark.slow
 def test_update_push_weights_equal_the_fused_update_on_its_recorded_batches(tmp_path, runner):
     """learners.push=update: the group runs every minibatch step itself with its own Adam (lr annealed per batch
@@ -138,6 +138,7 @@ def test_update_push_weights_equal_the_fused_update_on_its_recorded_batches(tmp_
     assert list(updates["inner_steps"]) == [8] * ROUNDS  # 2 passes x 4 minibatches of 32 per batch of 128
 
 
+@pytest.mark.mpi
 @pytest.mark.slow
 def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(tmp_path):
     # every rank's randomness is seeded and a learner orders its batch by actor, so arrival timing changes nothing
@@ -152,6 +153,7 @@ def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(tmp_path):
             assert np.array_equal(a[name][:trained], b[name][:trained]), f"actor {actor}: {name} differ"
 
 
+@pytest.mark.mpi
 @pytest.mark.slow
 def test_update_push_resume_goes_on_with_each_groups_optimizer_state(tmp_path):
     """--resume of an update-push job: the group's Adam continues (its step count and moments are those of the

@@ -99,7 +99,7 @@ def run_numbers(run_dir: str | Path, window: int = 20) -> dict:
         last_eval = float(ev["return"][ev["round"] == ev["round"].max()].mean())
     return {"final_return": float(ret[-window:].mean()) if len(ret) else math.nan,
             "best_return": float(smooth.max()) if len(smooth) else math.nan, "eval_return": last_eval,
-            "wall_seconds": M.wall_seconds(run), "env_steps": int(ax["env_steps"][-1]) if len(ret) else 0,
+            "wall_seconds": M.wall_seconds(run), "env_steps": M.env_steps(run),  # every step sampled, not the last episode's count
             "episodes": int(len(ret)), "updates": run.rows("updates"),
             "cost": float(np.nansum(cost)) if len(cost) else 0.0,
             "staleness_mean": float(st.mean()) if len(st) else math.nan}

@@ -74,7 +74,7 @@ def test_parsl_workflow_runs_through_the_slurm_provider(slurm, tmp_path):
 
 def test_walltime_warning_checkpoints_requeues_and_resumes(slurm, tmp_path):
     run_dir = tmp_path / "run"
-    job_id = submit(run_dir, "-o", "stop.total_env_steps=30000")
+    job_id = submit(run_dir, "-o", "stop.total_env_steps=18000")
     log_path = tmp_path / "run.job" / f"slurm-{job_id}.out"
 
     def training() -> bool:
@@ -100,5 +100,5 @@ def test_walltime_warning_checkpoints_requeues_and_resumes(slurm, tmp_path):
     assert second, "the requeued job did not resume from the checkpoint"
     resumed_at = int(re.search(r"steps (\d+)", second)[1])
     assert resumed_at > 0  # it went on from the checkpoint, not from step 0
-    assert "stop.total_env_steps=30000 reached" in second
+    assert "stop.total_env_steps=18000 reached" in second
     assert episodes_recorded(run_dir) > 0

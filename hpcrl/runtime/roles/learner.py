@@ -13,8 +13,8 @@ two pushes of one batch: that is the asynchrony Stellaris' admission governs. Wi
 (whose base version then lacks it).
 
 Update push (``learners.push: update``, ``_update``): the group takes every minibatch step of the batch itself
-with its own optimizer (``algo.update``, the fused loop's step; kept across batches, checkpointed by rank 0 from
-the activity reports) and pushes one update, the weights it started from minus those it ended with.
+with its own optimizer (runtime/roles/group_update.py: kept across batches, checkpointed by rank 0 from the
+activity reports) and pushes one update, the weights it started from minus those it ended with.
 
 Post-processing learner (MARL ``algo.postprocess_learner``, ``plan.postprocess_groups``): group 0
 takes every fragment, runs ``algo.prepare`` and sends the prepared batch to the active groups behind
@@ -45,7 +45,7 @@ from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.roles.cuda_graph import GraphedGradient
 from hpcrl.runtime.record.cycle_profile import CycleRecord
 from hpcrl.runtime.roles.elastic import ACTION, REASON
-from hpcrl.runtime.roles.group_states import as_tensors, on_host
+from hpcrl.runtime.roles.group_update import GroupUpdate
 from hpcrl.runtime.transport.push import PushAbandoned
 
 
@@ -85,7 +85,8 @@ class LearnerGroup:
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
         # learners.push=update: the group's own optimizer makes one update per batch (kept across batches)
-        self.inner = self.algo.make_optimizer(self.model) if self.plan.push == "update" and self.is_root else None
+        self.inner = (GroupUpdate(self.algo, self.model, self.generator)
+                      if self.plan.push == "update" and self.is_root else None)
         self.graphed = (GraphedGradient(self.algo, self.model)  # single-rank groups (no allreduce), no IS window
                         if (self.model.device.type == "cuda" and self.cfg.learners.cuda_graphs and self.size == 1
                             and not self.window and self.inner is None and hasattr(self.algo, "gradient_tensors"))
@@ -98,8 +99,7 @@ class LearnerGroup:
         self.seq = self.job.startup["seq_next"][self.g]
         saved = self.job.startup.get("inner_states", {}).get(self.g)
         if self.inner is not None and saved is not None:  # --resume: as this group was after its last update
-            self.inner.load_state_dict(as_tensors(saved["optimizer"]))
-            self.generator.set_state(saved["minibatch_rng"])
+            self.inner.restore(saved)
         if not self.is_root:
             return self._run_member()
         counters = self.job.counters
@@ -257,59 +257,53 @@ class LearnerGroup:
         return {k: torch.as_tensor(v, device=self.model.device) for k, v in prepared.items()}, None
 
     def _update(self, fragments: list[dict] | None, steps: int, new_steps: int, prepared: dict | None = None) -> bool:
-        """learners.push=update: the algorithm's whole update on one batch (every minibatch of
-        ``algo.minibatches``, each stepped by the group's own optimizer at the lr the schedule gives the env
-        steps consumed so far: the fused loop's steps) from the newest version, pushed as one update: the
-        weights it started from minus the weights it ended with. False when the run is stopping."""
+        """learners.push=update: the batch's whole update by the group's own optimizer (GroupUpdate), from the
+        newest version, at the lr the schedule gives the env steps consumed so far; pushed as one update.
+        False when the run is stopping."""
         start_unix, lap = time.time(), self.cycles.lap
         version = self._pull_weights()
         if version is None:
             return False
         lap("weights")
         t = time.perf_counter()
-        start = self.model.flat.params.detach().clone()
         batch, report = self._batch(fragments, prepared)
-        schedule = self.plan.lr_schedule
-        if schedule is not None:
-            lr = schedule.at(self.job.counters.read(control.CONSUMED))
-            for group in self.inner.param_groups:
-                group["lr"] = lr
+        if self.plan.lr_schedule is not None:
+            self.inner.set_lr(self.plan.lr_schedule.at(self.job.counters.read(control.CONSUMED)))
         words = self.job.counters.read_all()
         lap("prepare")
-        sums: dict[str, float] = {}
-        steps_taken = 0
-        for mb in self.algo.minibatches(batch, self.generator):
+
+        def step(mb: dict) -> dict | None:
             self.fault.check()
             self.heartbeat.beat()
             if self._stopping():
-                return False
+                return None
             window = self._window_logps(mb, version, words)
             lap("window")
-            if self.size == 1 and window is None:  # the fused loop's own step (HDDPG orders its losses in it)
-                stats = self.algo.update(mb, self.model, self.inner)
+            if self.size == 1 and window is None:
+                stats = self.inner.fused_step(mb)
             else:
                 mine = mb
                 if self.size > 1:  # the group's ranks compute shares at the group's current weights
                     mine, window = self.group_reduce.hand_out(self.model.flat.params.detach().cpu().numpy(), mb, window)
                     lap("allreduce")
                 grad, stats = self._local_gradient(mine, window, lap)
-                self.algo.apply(self.model, self.inner, grad)
-            for k, v in stats.items():  # summed as they come (tensors stay on the device until the end)
-                sums[k] = sums.get(k, 0.0) + v
-            steps_taken += 1
+                self.inner.apply(grad)
             lap("gradient")
-        update = (start - self.model.flat.params).cpu().numpy()
+            return stats
+
+        got = self.inner.run(batch, step)
+        if got is None:
+            return False
+        update, stats = got
         self.loaded = -1  # the model holds this group's own weights now, not a published version
-        stats = {k: float(v) / max(steps_taken, 1) for k, v in sums.items()}
-        stats["inner_steps"] = steps_taken
         self.fault.slow_down()  # debug.learner_delay_seconds
         compute = time.perf_counter() - t
         lap("flatten")
         rows = len(next(iter(batch.values())))
         if not self._push(update, version, rows, stats, compute, new_steps):
             return False
-        self._activity(start_unix, compute, steps, report, inner={"group": self.g, "seq": self.seq - 1, "state": {
-            "optimizer": on_host(self.inner.state_dict()), "minibatch_rng": self.generator.get_state()}})
+        self._activity(start_unix, compute, steps, report,
+                       inner={"group": self.g, "seq": self.seq - 1, "state": self.inner.state()})
         return True
 
     def _overlapped_gradient(self, mb: dict, pending: tuple | None) -> tuple[np.ndarray, dict, float] | None:

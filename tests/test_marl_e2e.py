@@ -15,6 +15,9 @@ from hpcrl.io import read_attrs, read_table
 from hpcrl.marl.agents import check_agent_count
 from hpcrl.runtime.roles.sampler import describe_env
 
+# MPI jobs here have no time bound: `make test` runs them in its first pass, beside other tests
+pytestmark = pytest.mark.parallel_safe
+
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
 MARL_CONFIGS = sorted(CONFIGS.glob("mpe_*.yaml")) + sorted(CONFIGS.glob("wallmodel_*ppo.yaml"))
 TINY = ["env.num_envs=2", "actors.fragment_length=25", "io.checkpoint_every=5", "io.flush_seconds=0.5"]

@@ -112,14 +112,18 @@ def test_a_hung_node_and_then_a_lost_node_each_bring_the_job_back(cluster, tmp_p
 
 
 def _start_now(job_id: str) -> None:
-    """Make the requeued job eligible at once, once its last run has left every node (a start while a node is
-    still completing it is refused: 'Job credential revoked')."""
-    def settled() -> bool:
+    """Make the requeued job eligible in two seconds, once its last run has left every node (a start while a node
+    is still completing it, or within the second its credential was revoked, is refused: 'Job credential
+    revoked')."""
+    def settled() -> bool:  # every node idle, or out (the lost node): none still completing the last run
         states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20).stdout
-        return "JobState=PENDING" in _show(job_id) and "completing" not in states.lower()
+        return "JobState=PENDING" in _show(job_id) and all(
+            s.strip().lower().rstrip("*~#!%$@^-") in ("idle", "drained", "down") for s in states.split())
 
     wait_for(settled, 60, f"job {job_id}'s last run to leave the nodes")
-    scontrol("update", f"JobId={job_id}", "StartTime=now")
+    # not "now": slurmd revokes the last run's credential with a one-second timestamp, and a start within that
+    # second is killed as "Job credential revoked" (seen in a run: requeued at 41:43.240, restarted and killed at 41:43.444)
+    scontrol("update", f"JobId={job_id}", "StartTime=now+2")
 
 
 def _text(path: Path) -> str:

@@ -107,8 +107,9 @@ class Watchdog:
         self.warned: set[int] = set()
 
     def check(self, words) -> list[str]:
-        """Warnings to print now (each stuck rank once); raises RuntimeError past the limit."""
-        now, out = time.monotonic(), []
+        """Warnings to print now (each stuck rank once); past the limit raises RuntimeError naming the rank quiet
+        the longest (a hung node's ranks stop first; ranks that then wait on them go quiet after)."""
+        now, out, stuck = time.monotonic(), [], []
         for r, (value, since) in self.seen.items():
             beat = int(words[heartbeat_word(self.groups, r)])
             if beat != value:
@@ -118,12 +119,15 @@ class Watchdog:
             quiet = now - since
             who = f"rank {r} ({self.roles[r]} on {self.nodes[r]})"
             if quiet >= self.limit:
-                raise RuntimeError(f"{who} made no progress for {quiet:.0f} s (launch.watchdog_seconds="
-                                   f"{self.limit:g}); ending the job")
-            if quiet >= self.warn and r not in self.warned:
+                stuck.append((quiet, beat, who))
+            elif quiet >= self.warn and r not in self.warned:
                 self.warned.add(r)
                 out.append(f"hpcrl: warning: {who} has made no progress for {quiet:.0f} s "
                            f"(the job ends after launch.watchdog_seconds={self.limit:g})")
+        if stuck:  # the oldest heartbeat first (the watchdog's own clock only starts when it first sees a value)
+            quiet, _, who = max(stuck, key=lambda q: (q[0], -q[1]))
+            raise RuntimeError(f"{who} made no progress for {quiet:.0f} s (launch.watchdog_seconds="
+                               f"{self.limit:g}); ending the job")
         return out
 
 

@@ -330,14 +330,14 @@ def test_hopper_video_renders_offscreen(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("steps", [10, 11, 12, 13])  # 11-14 frames: moviepy's clip at 50 fps lost the last one
-def test_a_short_recorded_episode_keeps_every_frame(tmp_path, steps):
+def test_a_short_recorded_episode_keeps_every_frame(tmp_path, steps, monkeypatch):
     iio = pytest.importorskip("imageio.v2")
     pytest.importorskip("imageio_ffmpeg")
     import gymnasium
 
     from hpcrl.policy.video import FirstEpisodeVideo
 
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    monkeypatch.setenv("SDL_VIDEODRIVER", os.environ.get("SDL_VIDEODRIVER", "dummy"))  # pygame without a display
     env = FirstEpisodeVideo(gymnasium.make("CartPole-v1", render_mode="rgb_array", max_episode_steps=steps),
                             tmp_path / "e.mp4")
     env.reset(seed=0)

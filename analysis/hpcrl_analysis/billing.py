@@ -44,11 +44,11 @@ def recorded_jobs(run: Run) -> list[dict]:
         code = int(t["scheduler"][i])
         scheduler = SCHEDULERS[code] if 0 <= code < len(SCHEDULERS) else str(code)
         job_id, cluster = _text(t["job_id"][i]), _text(t["cluster"][i])
+        factor = float(t["charge_per_node_hour"][i])  # NaN: not from an hpcrl submit script
         jobs.setdefault((cluster, job_id), {
             "scheduler": scheduler, "job_id": job_id, "cluster": cluster, "site": _text(t["site"][i]),
             "charge_unit": _text(t["charge_unit"][i]) or "node-hours",
-            "charge_per_node_hour": float(t["charge_per_node_hour"][i]) if math.isfinite(
-                float(t["charge_per_node_hour"][i])) else 1.0})
+            "charge_per_node_hour": factor if math.isfinite(factor) else 1.0})
     return list(jobs.values())
 
 

@@ -20,10 +20,11 @@ def batch_job(environ: Mapping[str, str] | None = None) -> dict | None:
     env = os.environ if environ is None else environ
     if env.get("SLURM_JOB_ID"):
         scheduler, job_id = "slurm", env["SLURM_JOB_ID"]
-        nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "-1"
+        text = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
+        nodes = int(text) if text.isdigit() else -1
     elif env.get("PBS_JOBID"):
         scheduler, job_id = "pbs", env["PBS_JOBID"]
-        nodes = str(_pbs_nodes(env.get("PBS_NODEFILE", "")))
+        nodes = _pbs_nodes(env.get("PBS_NODEFILE", ""))
     else:
         return None
     try:
@@ -32,7 +33,7 @@ def batch_job(environ: Mapping[str, str] | None = None) -> dict | None:
         per_node_hour = math.nan
     return {"scheduler": SCHEDULERS.index(scheduler), "job_id": job_id.encode(),
             "step_id": env.get("SLURM_STEP_ID", "").encode(), "cluster": env.get("SLURM_CLUSTER_NAME", "").encode(),
-            "nodes": int(nodes) if nodes.lstrip("-").isdigit() else -1, "site": env.get("HPCRL_SITE", "").encode(),
+            "nodes": nodes, "site": env.get("HPCRL_SITE", "").encode(),
             "charge_unit": env.get("HPCRL_CHARGE_UNIT", "").encode(), "charge_per_node_hour": per_node_hour}
 
 

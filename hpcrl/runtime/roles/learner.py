@@ -16,22 +16,16 @@ Update push (``learners.push: update``, ``_update``): the group takes every mini
 with its own optimizer (runtime/roles/group_update.py: kept across batches, checkpointed by rank 0 from the
 activity reports) and pushes one update, the weights it started from minus those it ended with.
 
-Post-processing learner (MARL ``algo.postprocess_learner``, ``plan.postprocess_groups``): group 0
-takes every fragment, runs ``algo.prepare`` and sends the prepared batch to the active groups behind
-it (``fragments.batch_sender``) instead of computing gradients; those groups train each prepared
-batch as it comes, without preparing it again.
-
-IS truncation window (Stellaris Eq. 2, when ``algo.uses_window``): the other active groups
-publish the base version they are computing with; this group reads those versions from the
-weight board's history and evaluates the minibatch under them (``algo.logps``), so
-R' = min(|min_i pi_i/mu|, rho) covers the learner policies of the current aggregation window.
+Post-processing learner (MARL ``algo.postprocess_learner``): group 0 prepares every batch and hands it to the
+groups behind it (runtime/roles/prepared_batches.py). IS truncation window (Stellaris Eq. 2, when
+``algo.uses_window``): each minibatch is also evaluated under the other active groups' base versions
+(runtime/roles/is_window.py). Pacing (sync's lockstep, SSP's held word): runtime/roles/pacing.py.
 
 Elasticity (the parameter rank decides, runtime/roles/elastic.py): a group told to park first trains
-the full batches it already holds, then blocks in ``counters.wait_until`` until it is activated
-or the run stops (no spinning: a condition variable in the serial runner, 50 ms naps between
-counter reads under MPI), keeping what it holds for later. When the park ends it reports its
-length and the CPU it used (elastic_events). Only the seconds spent computing are charged
-(learner_activity); every gradient's cycle is profiled (learner_cycles, runtime/record/cycle_profile.py).
+the full batches it already holds, then blocks until it is activated or the run stops
+(runtime/roles/active_groups.py ``wait_while_parked``), keeping what it holds for later. Only the seconds
+spent computing are charged (learner_activity); every gradient's cycle is profiled (learner_cycles,
+runtime/record/cycle_profile.py).
 """
 from __future__ import annotations
 
@@ -44,18 +38,12 @@ from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.roles.cuda_graph import GraphedGradient
 from hpcrl.runtime.record.cycle_profile import CycleRecord
-from hpcrl.runtime.roles.elastic import ACTION, REASON
+from hpcrl.runtime.roles.active_groups import wait_while_parked
 from hpcrl.runtime.roles.group_update import GroupUpdate
+from hpcrl.runtime.roles.is_window import ISWindow
+from hpcrl.runtime.roles.pacing import SHORT_WAIT_CAP, Pacing
+from hpcrl.runtime.roles.prepared_batches import PreparedBatches
 from hpcrl.runtime.transport.push import PushAbandoned
-
-
-BATCHES_HELD = 2
-"""Prepared batches a policy/critic group may hold (one training, one waiting) before the post-processing
-group skips it."""
-SHORT_WAIT_CAP = 1e-4
-"""Longest nap while waiting for the parameter rank to apply this group's own push (sync admission's
-lockstep, on-policy batches): the wait is a few hundred microseconds, so a nap doubling up to 1 ms would
-add up to half of it again to every gradient."""
 
 
 class LearnerGroup:
@@ -64,10 +52,8 @@ class LearnerGroup:
         self.model, self.algo = job.model, job.algo
         self.g, self.size, self.is_root = job.topo.group, job.topo.ranks_per_group, job.topo.is_group_root
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
-        self.window = self.algo.uses_window and self.cfg.learners.groups > 1
-        # a second network for the other learners' snapshots (deepcopy would detach the flat views)
-        self.snapshot = (self.algo.make_model(job.env.observation_space, job.env.action_space, self.model.device)
-                         if self.window else None)
+        self.window = (ISWindow(self.algo, job.env, self.model, job.board, job.counters, self.cfg.learners.groups, self.g)
+                       if self.algo.uses_window and self.cfg.learners.groups > 1 else None)
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
         self.heartbeat = control.Heartbeat(job.counters, self.cfg.learners.groups, job.rank)
         self.seq = 0  # continues the parameter rank's count on resume (set in run)
@@ -76,14 +62,13 @@ class LearnerGroup:
         self.frags: list[dict] = []
         # MARL post-processing learner (algo.postprocess_learner): group 0 prepares every batch, the others train
         self.pp = self.plan.postprocess_groups
-        self.batch_out = job.fragments.batch_sender() if self.is_root and self.pp and self.g < self.pp else None
-        self.batch_in = job.fragments.batch_receiver(self.g) if self.is_root and self.pp and self.g >= self.pp else None
-        self.prepared: list[dict] = []
+        self.handoff = (PreparedBatches(job.fragments, job.counters, self.g, self.cfg.learners.groups, self.pp)
+                        if self.is_root and self.pp else None)
         self.group_reduce = job.group_reduce  # the group's other ranks: shares of each minibatch, the gradient average
-        self.lockstep = self.plan.pacing == "lockstep"
-        self.last_base: int | None = None
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
+        self.pacing = Pacing(self.plan.pacing, job.counters, job.board, self.cfg.learners.groups, self.g,
+                             self._beat_and_receive, self.cycles.lap)
         # learners.push=update: the group's own optimizer makes one update per batch (kept across batches)
         self.inner = (GroupUpdate(self.algo, self.model, self.generator)
                       if self.plan.push == "update" and self.is_root else None)
@@ -92,7 +77,7 @@ class LearnerGroup:
                             and not self.window and self.inner is None and hasattr(self.algo, "gradient_tensors"))
                         else None)
         # push each gradient while the GPU computes the next (not in lockstep: there the next needs this one applied)
-        self.overlap = self.graphed is not None and self.cfg.learners.overlap_push and not self.lockstep
+        self.overlap = self.graphed is not None and self.cfg.learners.overlap_push and not self.pacing.lockstep
 
     # ---- group root ----------------------------------------------------------------------
     def run(self) -> None:
@@ -126,27 +111,19 @@ class LearnerGroup:
                 lap("idle")
                 continue
             backoff.reset()
-            if self.batch_in is not None:  # a batch the post-processing group prepared
-                item = self.prepared.pop(0)
-                counters.add(control.BACKLOG + self.g, -1)
+            if self.handoff is not None and not self.handoff.sends:  # a batch the post-processing group prepared
+                item = self.handoff.take()
                 lap("control")
                 self.algo.assign_learner(self.g - self.pp, int(words[control.ACTIVE]) - self.pp)
                 trained = self._train(None, item["steps"], item["new_steps"], prepared=item["batch"])
                 if not trained:
                     break
                 continue
-            taken, steps = [], 0
-            while steps < need:
-                f = self.frags.pop(0)
-                taken.append(f)
-                steps += f["rewards"].size
-            # a batch in actor order, not arrival order: the same fragments make the same batch whatever the
-            # timing (on-policy runs repeat themselves, and a batch can be rebuilt from the trajectory files)
-            taken.sort(key=lambda f: (f.get("actor", 0), f.get("fragment", 0)))
+            taken, steps = take_batch(self.frags, need)
             if not self.plan.on_policy:  # free the places now: actors sample the next batch while this one trains
                 counters.add(control.BACKLOG + self.g, -len(taken))
             lap("control")
-            if self.batch_out is not None:  # the post-processing group: prepare, pass on, no gradient
+            if self.handoff is not None and self.handoff.sends:  # the post-processing group: prepare, pass on
                 if not self._postprocess(taken, steps):
                     break
                 continue
@@ -156,38 +133,25 @@ class LearnerGroup:
             trained = self._train(taken, steps, new_steps)
             if self.plan.on_policy:  # actors.on_policy: the next batch is sampled with the weights this one made
                 taken_word = control.taken_word(self.cfg.learners.groups, self.g)
-                trained = trained and self._wait_while(lambda: counters.read(taken_word) < self.seq, cap=SHORT_WAIT_CAP)
+                trained = trained and self.pacing.wait_while(lambda: counters.read(taken_word) < self.seq,
+                                                             cap=SHORT_WAIT_CAP)
                 counters.add(control.BACKLOG + self.g, -len(taken))
             if not trained:
                 break
         self._finish()
 
-    def _stopping(self) -> bool:
-        return bool(self.job.counters.read(control.STOP))
-
     def _park(self) -> bool:
-        """Block until this group is activated (True) or the run stops (False), then report the park.
-
-        Wakes at least once a second to beat and to take fragments an actor sent before it saw the park.
-        """
-        start, cpu = time.time(), time.thread_time()
-        counters, g = self.job.counters, self.g
+        """Block until this group is activated (True) or the run stops (False), then report the park."""
         self.group_reduce.park()  # the group's other ranks wait with long naps too
-        awake = lambda w: bool(w[control.STOP]) or g < w[control.ACTIVE]  # noqa: E731
-        while True:
-            self.heartbeat.beat()
-            self._receive()
-            words = counters.read_all()
-            if awake(words):
-                break
-            counters.wait_until(awake, timeout=1.0, nap=control.PARK_NAP_SECONDS)
-        woken = not words[control.STOP]
-        self.job.reports.send("activity", {"parked": {
-            "time": time.time(), "group": g, "action": ACTION["parked"], "reason": REASON["woken" if woken else "stopped"],
-            "active_groups": int(words[control.ACTIVE]), "parked_seconds": time.time() - start,
-            "cpu_seconds": time.thread_time() - cpu}})
+        woken = wait_while_parked(self.job.counters, self.g, self.job.reports, self._beat_and_receive)
         self.cycles.clock.restart()  # parked time belongs to no gradient's cycle
         return woken
+
+    def _beat_and_receive(self) -> None:
+        self.heartbeat.beat()
+        self.cycles.lap("control")
+        self._receive()
+        self.cycles.lap("receive")
 
     def _train(self, fragments: list[dict] | None, steps: int, new_steps: int, prepared: dict | None = None) -> bool:
         """One gradient push per minibatch of one batch (the last one reports ``new_steps`` env steps
@@ -228,7 +192,7 @@ class LearnerGroup:
                 pending = (grad, version, len(next(iter(mb.values()))), stats, dt, consumed)
                 continue
             t = time.perf_counter()
-            window = self._window_logps(mb, version, words)
+            window = self.window.logps(mb, version, words) if self.window else None
             lap("window")
             mine = mb
             if self.size > 1:  # the group's other ranks are handed their shares; the gradient is the group's average
@@ -275,9 +239,9 @@ class LearnerGroup:
         def step(mb: dict) -> dict | None:
             self.fault.check()
             self.heartbeat.beat()
-            if self._stopping():
+            if self.pacing.stopping():
                 return None
-            window = self._window_logps(mb, version, words)
+            window = self.window.logps(mb, version, words) if self.window else None
             lap("window")
             if self.size == 1 and window is None:
                 stats = self.inner.fused_step(mb)
@@ -324,9 +288,8 @@ class LearnerGroup:
         return grad, stats, launch_seconds + time.perf_counter() - t
 
     def _postprocess(self, fragments: list[dict], steps: int) -> bool:
-        """The post-processing group: prepare the batch with the newest weights and send it to every active
-        policy/critic group that has room (the first of them counts its env steps), waiting while none has
-        any; False when the run is stopping."""
+        """The post-processing group: prepare the batch with the newest weights and hand it to the policy/critic
+        groups (runtime/roles/prepared_batches.py); False when the run is stopping."""
         start_unix = time.time()
         lap = self.cycles.lap
         if self._pull_weights() is None:
@@ -336,91 +299,42 @@ class LearnerGroup:
         host = {k: v.detach().cpu().numpy() for k, v in batch.items()}
         report = self.algo.learner_report(batch)
         compute = lap("prepare")
-        counters, backoff = self.job.counters, Backoff(5e-5, 2e-3)
-        while True:  # a full group misses the batch rather than hold the others back (as actors do with fragments)
-            words = counters.read_all()
-            targets = [g for g in range(self.pp, max(int(words[control.ACTIVE]), self.pp + 1))
-                       if words[control.BACKLOG + g] < BATCHES_HELD]
-            if targets:
-                break
+
+        def idle() -> None:
             self.heartbeat.beat()
-            if words[control.STOP]:
-                return False
             self._receive()
-            backoff.sleep()
             lap("push_wait")
-        for i, g in enumerate(targets):
-            counters.add(control.BACKLOG + g, 1)
-            self.batch_out.send(g, {"batch": host, "steps": steps, "new_steps": steps if i == 0 else 0})
+
+        if not self.handoff.send(host, steps, idle):
+            return False
         lap("push")
         self._activity(start_unix, compute, steps, report)
         return True
 
     def _holds_a_batch(self, need: int) -> bool:
         """A prepared batch waits (behind a post-processing group), or ``need`` env steps of fragments do."""
-        if self.batch_in is not None:
-            return bool(self.prepared)
+        if self.handoff is not None and not self.handoff.sends:
+            return bool(self.handoff.waiting)
         return sum(f["rewards"].size for f in self.frags) >= need
 
     def _receive(self) -> None:
         """Take what has arrived: fragments from actors, prepared batches from the post-processing group."""
         self.frags += self.receiver.poll()
-        if self.batch_in is not None:
-            self.prepared += self.batch_in.poll()
+        if self.handoff is not None:
+            self.handoff.receive()
 
     def _pull_weights(self) -> int | None:
-        """Newest weights into the model (copied only when a newer version was published); their
-        version (None: the run is stopping).
-
-        Under ``sync`` admission a group computes its next gradient only on a version newer than
-        its last base version (lockstep), so every applied gradient has staleness 0.
-        """
-        if self.lockstep and self.last_base is not None:
-            if not self._wait_while(lambda: self.job.board.latest_version() <= self.last_base, cap=SHORT_WAIT_CAP):
-                return None
-        if self.plan.pacing == "held":  # SSP: too far ahead of the slowest group, wait (Ho et al. 2013)
-            held = control.held_word(self.cfg.learners.groups, self.g)
-            if not self._wait_while(lambda: self.job.counters.read(held)):
-                return None
+        """Newest weights into the model once the pacing allows (copied only when a newer version was published);
+        their version (None: the run is stopping)."""
+        if not self.pacing.before_pull():
+            return None
         version = self.job.board.read_latest(self.weights, have=self.loaded)
         if version != self.loaded:  # copied only when newer
             self.model.flat.load_(self.weights)
             if self.window:  # the others' IS window needs our base version
-                self.job.counters.set(control.base_word(self.cfg.learners.groups, self.g), version)
+                self.window.publish_base(version)
             self.loaded = version
         return self.loaded
-
-    def _wait_while(self, condition, cap: float = 1e-3) -> bool:
-        """Sleep (still receiving fragments, still beating) while ``condition()``, naps doubling from 50 us to
-        ``cap``; False if the run stops."""
-        backoff = Backoff(5e-5, cap)
-        lap = self.cycles.lap
-        while condition():
-            self.heartbeat.beat()
-            if self._stopping():
-                return False
-            lap("control")
-            self._receive()
-            lap("receive")
-            backoff.sleep()
-            lap("idle")
-        return True
-
-    def _window_logps(self, mb: dict, version: int, words: np.ndarray) -> list[np.ndarray] | None:
-        """Log-probs of the minibatch actions under the other active groups' base versions."""
-        G = self.cfg.learners.groups
-        if not self.window:
-            return None
-        active = int(words[control.ACTIVE])
-        others = {int(words[control.base_word(G, h)]) for h in range(min(active, G)) if h != self.g}
-        others.discard(version)
-        out = []
-        buf = np.empty_like(self.weights)
-        for v in sorted(x for x in others if x >= 0):
-            if self.job.board.read_version(v, buf):
-                self.snapshot.flat.load_(buf)
-                out.append(self.algo.logps(self.snapshot, mb))
-        return [w.detach().cpu().numpy() for w in out] if out else None
 
     def _local_gradient(self, mb: dict, window, lap=None) -> tuple[np.ndarray, dict]:
         lap = lap or _no_lap
@@ -452,7 +366,7 @@ class LearnerGroup:
         def abandon() -> bool:
             self.heartbeat.beat()
             self._receive()
-            return self._stopping()
+            return self.pacing.stopping()
 
         try:
             waited = self.job.mailbox.push(self.g, self.seq, version, samples, grad, vector, abandon=abandon,
@@ -461,7 +375,7 @@ class LearnerGroup:
             return False
         self.cycles.close(self.seq, version, waited)
         self.seq += 1
-        self.last_base = version
+        self.pacing.pushed(version)
         return True
 
     def _activity(self, start_unix: float, compute: float, samples: int, report: dict | None = None,
@@ -481,14 +395,12 @@ class LearnerGroup:
         while True:  # every actor's last send (and the post-processing group's) must be matched before it can finish
             self.heartbeat.beat()
             self.receiver.poll()
-            if self.batch_in is not None:
-                self.batch_in.poll()
-            if self.receiver.finished() and (self.batch_in is None or self.batch_in.finished()):
+            if self.receiver.finished() and (self.handoff is None or self.handoff.finished()):
                 break
             backoff.sleep()
         self.receiver.close()
-        if self.batch_out is not None:  # no batch follows; wait until the others took every one
-            self.batch_out.close(range(self.pp, self.cfg.learners.groups), self.heartbeat.beat)
+        if self.handoff is not None:
+            self.handoff.close(self.heartbeat.beat)
         self.job.reports.close()
         self.group_reduce.close()
         self.job.counters.add(control.LEARNERS_DONE, 1)
@@ -503,6 +415,19 @@ class LearnerGroup:
 
     def close_on_error(self) -> None:
         pass
+
+
+def take_batch(frags: list[dict], need: int) -> tuple[list[dict], int]:
+    """The oldest fragments (taken out of ``frags``) that hold at least ``need`` env steps, and their step count, in
+    actor order, not arrival order: the same fragments make the same batch whatever the timing (on-policy runs repeat
+    themselves, and a batch can be rebuilt from the trajectory files)."""
+    taken, steps = [], 0
+    while steps < need:
+        f = frags.pop(0)
+        taken.append(f)
+        steps += f["rewards"].size
+    taken.sort(key=lambda f: (f.get("actor", 0), f.get("fragment", 0)))
+    return taken, steps
 
 
 def minibatch_generator(seed: int, group: int) -> torch.Generator:

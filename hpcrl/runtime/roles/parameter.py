@@ -5,7 +5,7 @@ each arrival ask the admission policy (hpcrl.staleness) what to apply; apply eac
 step (``algo.apply``: one optimizer step on ``(1/H) sum_c (alpha_c/alpha_0) g_c``) and publish
 the new version; drain the actors' fragment reports (episodes) and the learners' activity rows;
 every half second let the elastic rule (runtime/roles/elastic.py: actors' supply of env steps vs the
-groups' measured capacity) activate or park a learner group; stop on ``cfg.stop`` or a signal,
+groups' measured capacity) activate or park a learner group (runtime/roles/active_groups.py); stop on ``cfg.stop`` or a signal,
 checkpoint, and take part in the shutdown.
 
 Adam and Stellaris' per-gradient learning rate (Eq. 4): the optimizer keeps its base rate
@@ -49,7 +49,7 @@ from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES, PhaseClock
-from hpcrl.runtime.roles import elastic
+from hpcrl.runtime.roles.active_groups import ActiveGroups
 from hpcrl.runtime.roles.group_states import GroupStates
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
@@ -95,15 +95,11 @@ class ParameterRank:
         self.seq_next = [0] * G
         self.fragment_next = [0] * self.cfg.actors.count  # each actor's next fragment number (kept on resume)
         self.normalizers: list[dict | None] = [None] * self.cfg.actors.count  # each actor's newest statistics
-        self._held: dict[int, bool] = {}  # ssp: groups told to wait
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
-        self.active = self.cfg.learners.active_range[0]
-        self.algo_sets_groups = False  # algo.learner_groups_needed decides them (MARL policy learners)
+        self.groups = ActiveGroups(self.cfg.learners, self.counters, self._new_version)
         self.active_actors = self.cfg.actors.count  # actor ranks 0 .. active_actors-1 sample (algo.end_round)
         self.round_end = self.plan.round_steps  # consumed env steps at which the current round ends
-        lcfg = self.cfg.learners
-        self.elastic = elastic.ElasticRule(*lcfg.active_range, lcfg.elastic_headroom, lcfg.elastic_seconds)
         self.stop_reason: str | None = None
         self.signals = StopSignal()
         self.fault = control.FaultInjector(self.cfg.debug, job.rank)
@@ -165,8 +161,8 @@ class ParameterRank:
                 "inner_states": self.group_states.newest(self.seq_next)}
 
     def publish_initial(self) -> None:
-        self._groups_from_algo(record=False)
-        self.counters.set(control.ACTIVE, self.active)
+        self.groups.from_algo(self.algo, self.model, self.record, events=False)
+        self.counters.set(control.ACTIVE, self.groups.active)
         self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
         self.counters.set(control.CONSUMED, self.consumed)
         if self.env_steps_start:
@@ -183,7 +179,7 @@ class ParameterRank:
             "version": self.version, "round": self.round, "consumed": self.consumed,
             "env_steps": self.env_steps(), "episodes": self.record.episodes, "updates": self.record.updates,
             "gradients": self.record.gradients, "admitted": self.record.admitted, "returns": list(self.stop_rule.returns),
-            "seq_next": list(self.seq_next), "active": self.active,
+            "seq_next": list(self.seq_next), "active": self.groups.active,
             # received, counted in seq_next and consumed, not yet admitted: without them a resume
             # would leave a gap in their group's sequence numbers
             "queue": list(self.queue),
@@ -214,7 +210,7 @@ class ParameterRank:
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
         self.group_states.restore(s.get("inner_states", {}), self.seq_next)
-        self.active = min(max(s["active"], self.cfg.learners.active_range[0]), self.cfg.learners.active_range[1])
+        self.groups.restore(s["active"])
         # all of the checkpointing job's actors active: all of this job's too (fragment_next keeps the numbers of
         # actors a smaller job left out, so its length is not that job's actor count)
         A, before = self.cfg.actors.count, s.get("actors", len(kept))
@@ -247,7 +243,7 @@ class ParameterRank:
             if now >= self._next_elastic:
                 self._next_elastic = now + 0.5
                 self._watch()
-                self._elastic()
+                self.groups.elastic(now, self.record)
                 self._check_stop()
                 progress.update(self.stats())
                 lap("other")
@@ -272,7 +268,7 @@ class ParameterRank:
             rec = self._arrived(header, grad)
             stats = rec.stats
             new_steps = int(stats.get("new_env_steps", 0))
-            self.elastic.gradient(time.monotonic(), new_steps, float(stats.get("busy_seconds", math.nan)))
+            self.groups.rule.gradient(time.monotonic(), new_steps, float(stats.get("busy_seconds", math.nan)))
             self.record.consumed(new_steps, float(stats.get("compute_seconds", 0.0)))
             if not np.isfinite(grad).all():
                 self.consumed += new_steps
@@ -308,7 +304,7 @@ class ParameterRank:
 
     def _admit(self) -> None:
         lap = self.lap
-        pushing = self.active - self._postprocess_groups  # a post-processing group pushes no gradient
+        pushing = self.groups.active - self._postprocess_groups  # a post-processing group pushes no gradient
         while (adm := self.policy.admit(self.queue, self.version, pushing)) is not None:
             lap("admit")
             for step in adm.steps:
@@ -319,17 +315,13 @@ class ParameterRank:
                 t_agg = lap("apply")
                 self._publish()
                 t_pub = lap("publish")
-                self.record.step(step, adm, self.version, self.round, self.optimizer.param_groups[0]["lr"], self.active,
-                                 t_agg, t_pub)
+                self.record.step(step, adm, self.version, self.round, self.optimizer.param_groups[0]["lr"],
+                                 self.groups.active, t_agg, t_pub)
                 lap("record")
             adm.remove_from(self.queue)
         lap("admit")
-        if self.plan.pacing == "held":  # SSP: a group with a held gradient waits before computing more
-            held = {rec.group for rec in self.queue}
-            for g in range(self.cfg.learners.groups):
-                if g in held or self._held.get(g):
-                    self._held[g] = g in held
-                    self.counters.set(control.held_word(self.cfg.learners.groups, g), int(g in held))
+        if self.plan.pacing == "held":
+            self.groups.hold(self.queue)
 
     def _apply(self, aggregate: np.ndarray) -> None:
         """One step with an admitted aggregate: the algorithm's optimizer step on a gradient, or the outer step on
@@ -345,12 +337,17 @@ class ParameterRank:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def _new_version(self) -> None:
+        self.version += 1
+        self._publish()
+
     def _publish(self) -> None:
         probe = self.job.probe_outputs(self.model) if self.job.probe_size else None
         self.board.publish(self.version, self.flat.numpy(), probe)
 
     def _end_round(self) -> None:
-        stats = self.record.end_round(self.round, self.consumed, self.policy.threshold, self.active, len(self.queue))
+        stats = self.record.end_round(self.round, self.consumed, self.policy.threshold, self.groups.active,
+                                      len(self.queue))
         self.policy.end_round(self.round)
         # a changed setting (e.g. the KL coefficient) is in the flat buffer: it reaches the learners
         # with the next published version; what is returned (algos.base.ROUND_CHANGES) is acted on here
@@ -363,8 +360,8 @@ class ParameterRank:
             self.active_actors = min(max(int(changed["active_actors"]), 1), self.cfg.actors.count)
             self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
             for a in range(self.active_actors, self.cfg.actors.count):  # parked actors supply nothing
-                self.elastic.actor_rate.pop(a, None)
-        self._groups_from_algo(record=True)
+                self.groups.rule.actor_rate.pop(a, None)
+        self.groups.from_algo(self.algo, self.model, self.record, events=True)
         self.round_end += self.plan.round_steps_for(self.active_actors)
         self.record.algo_rows(self.algo.records())
         self.round += 1
@@ -391,7 +388,7 @@ class ParameterRank:
             self.record.actor_park(msg["park"])
             return
         a = msg["fragment"]["actor"]
-        self.elastic.fragment(a, msg["fragment"]["steps"], msg["fragment"]["sample_seconds"])
+        self.groups.rule.fragment(a, msg["fragment"]["steps"], msg["fragment"]["sample_seconds"])
         self.fragment_next[a] = max(self.fragment_next[a], msg["fragment"]["fragment"] + 1)
         if msg.get("normalizer") is not None:
             self.normalizers[a] = msg["normalizer"]
@@ -401,41 +398,6 @@ class ParameterRank:
         for line in self.watchdog.check(self.counters.read_all()):
             print(line, flush=True)
 
-    def _groups_from_algo(self, record: bool) -> None:
-        """Active learner groups as ``algo.learner_groups_needed`` says (MARL policy learners: one per policy),
-        each group activated or parked by the change a row of elastic_events (with ``record``)."""
-        G = self.cfg.learners.groups
-        need = self.algo.learner_groups_needed(self.model, G)
-        self.algo_sets_groups = need is not None
-        if need is None or (need := min(max(int(need), 1), G)) == self.active:
-            return
-        more = need > self.active
-        changed = range(self.active, need) if more else range(need, self.active)
-        self.active = need
-        if record:  # the new map first: a learner that sees the new count then pulls weights with the map behind it
-            self.version += 1
-            self._publish()
-        self.counters.set(control.ACTIVE, need)
-        self.record.active(need)
-        for g in changed if record else ():
-            self.record.group_event(g, "activate" if more else "park", "policies_split" if more else "policies_merged",
-                                    need)
-
-    def _elastic(self) -> None:
-        """Activate or park one learner group when the elastic rule says so; record the decision."""
-        lo, hi = self.cfg.learners.active_range
-        if lo == hi or self.algo_sets_groups:
-            return
-        words = self.counters.read_all()
-        waiting = int(sum(words[control.BACKLOG + g] for g in range(self.active)))
-        d = self.elastic.decide(time.monotonic(), self.active, waiting)
-        if d is None:
-            return
-        group = self.active if d.action == "activate" else self.active - 1
-        self.active = d.active
-        self.counters.set(control.ACTIVE, self.active)
-        self.record.group_event(group, d.action, d.reason, self.active, d.supply, d.capacity, d.load, waiting)
-
     def _check_stop(self) -> None:
         if self.signals.received is not None:
             self.stop_reason = f"signal {signal.Signals(self.signals.received).name}"
@@ -444,7 +406,7 @@ class ParameterRank:
                                                      self.round)
 
     def stats(self) -> dict[str, Any]:
-        return self.record.stats(self.env_steps(), self.cfg.stop.total_env_steps, self.version, self.active,
+        return self.record.stats(self.env_steps(), self.cfg.stop.total_env_steps, self.version, self.groups.active,
                                  self.cfg.learners.groups, self.round, self.wall_before + time.monotonic() - self.t0)
 
     # ---- the end -------------------------------------------------------------------------

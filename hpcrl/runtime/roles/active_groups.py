@@ -1,0 +1,100 @@
+"""Which learner groups compute: both sides of the ACTIVE counter word.
+
+Groups 0 .. active-1 take batches; the others park (``wait_while_parked``: blocked in
+``counters.wait_until``, no spinning). On the parameter rank three things move the count, each recorded
+as rows of ``elastic_events``:
+
+- the algorithm (``algo.learner_groups_needed``: MARL policy learners, one group per policy), at
+  the start and at each round's end; when it decides, the elastic rule stays out of it;
+- the elastic rule (runtime/roles/elastic.py: the actors' supply of env steps against the groups'
+  measured capacity), asked every half second, one group at a time;
+- nothing else: a resume keeps the count, clamped to ``learners.active_range``.
+
+SSP's held words (``plan.pacing == "held"``) are here too: a group whose gradient waits in the
+admission queue is told to wait before computing another.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from hpcrl.runtime.roles import elastic
+from hpcrl.runtime.transport import control
+
+
+class ActiveGroups:
+    """The active learner-group count, published in the counter words and recorded as it changes."""
+
+    def __init__(self, learners, counters, publish_version: Callable[[], None]) -> None:
+        self.groups = learners.groups
+        self.lo, self.hi = learners.active_range
+        self.active = self.lo
+        self.counters = counters
+        # a change the algorithm makes goes out with a new weight version (the learners' map of policies moves)
+        self.publish_version = publish_version
+        self.rule = elastic.ElasticRule(self.lo, self.hi, learners.elastic_headroom, learners.elastic_seconds)
+        self.algo_decides = False  # algo.learner_groups_needed decides them (MARL policy learners)
+        self._held: dict[int, bool] = {}
+
+    def restore(self, active: int) -> None:
+        self.active = min(max(active, self.lo), self.hi)
+
+    def from_algo(self, algo, model, record, events: bool) -> None:
+        """As ``algo.learner_groups_needed`` says, each group activated or parked by the change a row of
+        elastic_events in ``record`` (with ``events``; the count at the start is no event)."""
+        need = algo.learner_groups_needed(model, self.groups)
+        self.algo_decides = need is not None
+        if need is None or (need := min(max(int(need), 1), self.groups)) == self.active:
+            return
+        more = need > self.active
+        changed = range(self.active, need) if more else range(need, self.active)
+        self.active = need
+        if events:  # the new map first: a learner that sees the new count then pulls weights with the map behind it
+            self.publish_version()
+        self.counters.set(control.ACTIVE, need)
+        record.active(need)
+        for g in changed if events else ():
+            record.group_event(g, "activate" if more else "park", "policies_split" if more else "policies_merged",
+                                    need)
+
+    def elastic(self, now: float, record) -> None:
+        """Activate or park one learner group when the elastic rule says so; record the decision."""
+        if self.lo == self.hi or self.algo_decides:
+            return
+        words = self.counters.read_all()
+        waiting = int(sum(words[control.BACKLOG + g] for g in range(self.active)))
+        d = self.rule.decide(now, self.active, waiting)
+        if d is None:
+            return
+        group = self.active if d.action == "activate" else self.active - 1
+        self.active = d.active
+        self.counters.set(control.ACTIVE, self.active)
+        record.group_event(group, d.action, d.reason, self.active, d.supply, d.capacity, d.load, waiting)
+
+    def hold(self, queue) -> None:
+        """SSP: a group with a gradient still queued waits before computing more (Ho et al. 2013)."""
+        held = {rec.group for rec in queue}
+        for g in range(self.groups):
+            if g in held or self._held.get(g):
+                self._held[g] = g in held
+                self.counters.set(control.held_word(self.groups, g), int(g in held))
+
+
+def wait_while_parked(counters, group: int, reports, tick: Callable[[], None]) -> bool:
+    """The learner's side: block until ``group`` is activated (True) or the run stops (False), calling ``tick``
+    at least once a second (the group's heartbeat, and fragments an actor sent before it saw the park); then
+    report the park's length and the CPU it used (an ``activity`` row, elastic_events on the parameter rank)."""
+    start, cpu = time.time(), time.thread_time()
+    awake = lambda w: bool(w[control.STOP]) or group < w[control.ACTIVE]  # noqa: E731
+    while True:
+        tick()
+        words = counters.read_all()
+        if awake(words):
+            break
+        counters.wait_until(awake, timeout=1.0, nap=control.PARK_NAP_SECONDS)
+    woken = not words[control.STOP]
+    reports.send("activity", {"parked": {
+        "time": time.time(), "group": group, "action": elastic.ACTION["parked"],
+        "reason": elastic.REASON["woken" if woken else "stopped"], "active_groups": int(words[control.ACTIVE]),
+        "parked_seconds": time.time() - start, "cpu_seconds": time.thread_time() - cpu}})
+    return woken

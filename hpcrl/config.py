@@ -106,6 +106,17 @@ class LearnersConfig(Section):
     parked when the other active groups would still run below 1 - this fraction of their capacity."""
     elastic_seconds: float = Field(2.0, gt=0)
     """Seconds of rate measurements behind each elastic decision, and the least time between two changes."""
+    elastic: Literal["park", "steps"] = "park"
+    """What an inactive learner group holds. park: all its ranks, blocked (they take no core, but the allocation
+    keeps them). steps: only its root (one rank beside the others: it takes fragments, prepares batches, pushes);
+    its other ranks_per_group - 1 ranks join the running job as a new job step while the group is active (srun
+    inside a Slurm allocation, away from the job's own nodes; mpiexec on one machine), connect through an MPI
+    port and leave when it parks, so their step ends and their nodes go back to the allocation
+    (runtime/transport/joining.py)."""
+    join_timeout_seconds: float = Field(120.0, gt=0)
+    """learners.elastic=steps: a group's ranks that have not connected this long after their step was started
+    are given up (the step is ended, a join_given_up row in elastic_events) and the group's root computes its
+    batches alone until the group is parked and activated again."""
     allreduce: Literal["auto", "horovod"] = "auto"
     """How a learner group of several ranks averages its gradients: auto = NCCL (torch.distributed) for CUDA
     learners with a GPU each, else MPI Allreduce; horovod = Horovod's allreduce (horovod must be installed)."""
@@ -126,6 +137,11 @@ class LearnersConfig(Section):
     optimizer and the algorithm's lr schedule) from the version it pulled, and pushes one update, the weights it
     started from minus the weights it ended with; rank 0 admits it like a gradient (staleness in versions) and
     applies it with the outer step (aggregation.outer_lr, outer_momentum, outer_nesterov)."""
+
+    @property
+    def launched_ranks_per_group(self) -> int:
+        """A group's ranks in the job's own launch: all of them, or only its root (elastic=steps)."""
+        return 1 if self.elastic == "steps" else self.ranks_per_group
 
     @model_validator(mode="after")
     def _active_bounds(self) -> "LearnersConfig":
@@ -313,6 +329,9 @@ class DebugConfig(Section):
     """Every learner group sleeps this long per gradient (slow learners, e.g. to test elasticity)."""
     learner_delay_until_seconds: float | None = Field(None, ge=0)
     """The learner delay ends this many seconds after the group's first gradient (None: never)."""
+    active_groups: list[int] | None = None
+    """Learner-group activation without the elastic rule: after round k, groups 0 .. entry min(k, len - 1) - 1 are
+    active and the others park (values clipped to learners.min_active .. max_active; tests of parking and joining)."""
     active_actors: list[int] | None = None
     """Actor parking without an algorithm's demand: after round k, actor ranks 0 .. entry min(k, len - 1) - 1
     sample and the others park (overrides algo.actor_scaling's count; values clipped to 1 .. actors.count)."""
@@ -371,6 +390,20 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _what_joining_groups_need(self) -> "RunConfig":
+        learners = self.learners
+        if learners.elastic == "park":
+            return self
+        if learners.ranks_per_group < 2:
+            raise ValueError("learners.elastic=steps needs learners.ranks_per_group of 2 or more (the group's root stays "
+                             "in the job, its other ranks join while the group is active)")
+        if self.launch.runner != "mpi" or learners.allreduce != "auto":
+            raise ValueError(f"learners.elastic=steps needs launch.runner=mpi and learners.allreduce=auto (ranks join "
+                             f"through MPI ports); got launch.runner={self.launch.runner}, "
+                             f"learners.allreduce={learners.allreduce}")
+        return self
+
+    @model_validator(mode="after")
     def _ppo_batch_sizes(self) -> "RunConfig":
         self.algo.check_run(self)
         if self.algo.round_regime != "batch":
@@ -395,13 +428,13 @@ class RunConfig(Section):
 
     @property
     def num_ranks(self) -> int:
-        """1 parameter rank + G x L learner ranks + actor ranks."""
-        return 1 + self.learners.groups * self.learners.ranks_per_group + self.actors.count
+        """1 parameter rank + G x L learner ranks (G roots with learners.elastic=steps) + actor ranks."""
+        return 1 + self.learners.groups * self.learners.launched_ranks_per_group + self.actors.count
 
     def actors_for(self, ranks: int, what: str = "--ranks") -> int:
         """The actor count of a job of ``ranks`` ranks: the ranks beyond the parameter and learner ranks
         (ValueError, one line, when there are too few)."""
-        learner_ranks = self.learners.groups * self.learners.ranks_per_group
+        learner_ranks = self.learners.groups * self.learners.launched_ranks_per_group
         if ranks - 1 - learner_ranks < 1:
             raise ValueError(f"{what} {ranks}: too few; this config needs 1 parameter + {learner_ranks} learner ranks "
                              f"+ at least 1 actor = {learner_ranks + 2}")

@@ -201,7 +201,7 @@ def check_placement(cfg: RunConfig, site: Site, ranks: int, per_node: int) -> No
     in launch order they share them by node-local rank, as before)."""
     from hpcrl.runtime.placement import block_hosts, role_order
 
-    placement, learners = cfg.launch.placement, cfg.learners.groups * cfg.learners.ranks_per_group
+    placement, learners = cfg.launch.placement, cfg.learners.groups * cfg.learners.launched_ranks_per_group
     try:
         order = role_order(block_hosts(ranks, per_node), learners, placement.roles, placement.learners_per_node,
                            placement.parameter)

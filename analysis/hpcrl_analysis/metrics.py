@@ -20,9 +20,9 @@ GRADIENT_REASONS = ("admitted", "too_stale", "nonfinite", "shutdown", "inactive_
 LEARNER_PHASES = ("idle", "receive", "prepare", "minibatch", "control", "weights", "window", "gradient",
                   "flatten", "allreduce", "push", "push_wait")
 """Phases of the learner_cycles table (hpcrl.runtime.record.cycle_profile; this folder never imports hpcrl)."""
-ELASTIC_ACTIONS = ("activate", "park", "parked")
+ELASTIC_ACTIONS = ("activate", "park", "parked", "joined", "left", "join_given_up")
 ELASTIC_REASONS = ("supply_above_capacity", "supply_below_capacity", "woken", "stopped", "policies_merged",
-                   "policies_split")
+                   "policies_split", "job_step", "join_ended", "join_timeout", "scheduled")
 """Codes of the elastic_events table (hpcrl.io.schema)."""
 
 # Stellaris (SC'24) Section VIII-A footnote: AWS us-east-2 hourly prices; 4 learner functions per V100.

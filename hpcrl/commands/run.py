@@ -77,7 +77,7 @@ def resolve_plan(args: argparse.Namespace, ranks_from: str = "--ranks") -> tuple
         if not has_checkpoint(run_dir):
             raise ConfigError(f"--resume: {args.resume!r} has no checkpoint ({checkpoint_path(run_dir)})")
     if args.ranks is not None:
-        learner_ranks = cfg.learners.groups * cfg.learners.ranks_per_group
+        learner_ranks = cfg.learners.groups * cfg.learners.launched_ranks_per_group
         actors = args.ranks - 1 - learner_ranks
         if actors < 1:
             raise ConfigError(
@@ -137,7 +137,7 @@ def validate(plan: Plan) -> None:
             from hpcrl.marl.agents import check_agent_count
 
             check_agent_count(cfg, info)  # a wrong count that divides the real one would pass silently
-    plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
+    plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.launched_ranks_per_group, cfg.actors.count)
     if cfg.learners.allreduce == "horovod":
         from hpcrl.runtime.transport.group_reduce import horovod_available
 
@@ -238,7 +238,8 @@ def plan_lines(plan: Plan, resume_dir: Path | None) -> list[str]:
     cfg = plan.config
     lines = [f"plan: {cfg.algo.name} on {cfg.env.id} x {cfg.env.num_envs} per actor; "
              + ("one device loop, " if plan.runner == "fused" else
-                f"{plan.actors} actor(s), {plan.groups} learner group(s) of {cfg.learners.ranks_per_group} rank(s), ")
+                f"{plan.actors} actor(s), {plan.groups} learner group(s) of {cfg.learners.ranks_per_group} rank(s)"
+                + (" (joining as job steps)" if cfg.learners.elastic == "steps" else "") + ", ")
              + f"fragments of {plan.fragment_steps} steps, rounds of {plan.round_steps} steps, "
              f"{plan.push} push, learners.device={cfg.learners.device}"]
     if resume_dir is not None:

@@ -85,6 +85,9 @@ ELASTIC_ACTIONS = (
     "activate",  # 0: the parameter rank activated a group
     "park",      # 1: the parameter rank parked a group
     "parked",    # 2: a group's report of a park it left (parked_seconds, cpu_seconds)
+    "joined",    # 3: learners.elastic=steps: a group's other ranks joined as a job step (parked_seconds: the wait)
+    "left",      # 4: ... they left and their step ended (parked_seconds: how long they were in the job)
+    "join_given_up",  # 5: ... they did not connect (parked_seconds: how long the root waited)
 )
 ELASTIC_REASONS = (
     "supply_above_capacity",  # 0: actors' sampling rate above the active groups' capacity (+ headroom)
@@ -93,6 +96,10 @@ ELASTIC_REASONS = (
     "stopped",                # 3: the park ended with the run
     "policies_merged",        # 4: MARL policy learners: fewer policies than active groups (learner sharing)
     "policies_split",         # 5: MARL policy learners: more policies than active groups
+    "job_step",               # 6: joined or left as a job step (learners.elastic=steps)
+    "join_ended",             # 7: the joining step ended before its ranks connected, or left with an error
+    "join_timeout",           # 8: the joining step's ranks did not connect within learners.join_timeout_seconds
+    "scheduled",              # 9: debug.active_groups
 )
 
 SCHEDULERS = ("slurm", "pbs")  # the allocations table's scheduler codes
@@ -226,7 +233,8 @@ TABLE_LIST = (
         _c("group_rate", "f4", "steps/s", "C: env steps a learner group consumes per busy second (no waits)"),
         _c("load", "f4", "", "S / (active groups before the decision x C)"),
         _c("fragments_waiting", "i4", "", "fragments queued at the active groups when deciding"),
-        _c("parked_seconds", "f4", "s", "parked rows: how long the group was parked"),
+        _c("parked_seconds", "f4", "s", "parked rows: how long the group was parked; joined / left / "
+           "join_given_up rows: the wait for the joining ranks / their time in the job / the wait given up"),
         _c("cpu_seconds", "f4", "s", "parked rows: CPU seconds the group root used while parked"),
     )),
     TableSpec("rounds", "One row per training round (train_batch_size new environment steps consumed).", (

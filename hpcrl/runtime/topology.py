@@ -88,7 +88,7 @@ class Topology:
 
         from hpcrl.runtime.placement import role_order
 
-        groups, per_group = learners_cfg.groups, learners_cfg.ranks_per_group
+        groups, per_group = learners_cfg.groups, learners_cfg.launched_ranks_per_group
         roles = plan_roles(comm.Get_size(), groups, per_group, actors_count)
         world_rank = comm.Get_rank()
         order = list(range(comm.Get_size()))

@@ -8,6 +8,7 @@ as rows of ``elastic_events``:
   the start and at each round's end; when it decides, the elastic rule stays out of it;
 - the elastic rule (runtime/roles/elastic.py: the actors' supply of env steps against the groups'
   measured capacity), asked every half second, one group at a time;
+- ``debug.active_groups`` (tests), at each round's end, in place of the elastic rule;
 - nothing else: a resume keeps the count, clamped to ``learners.active_range``.
 
 SSP's held words (``plan.pacing == "held"``) are here too: a group whose gradient waits in the
@@ -25,7 +26,8 @@ from hpcrl.runtime.transport import control
 class ActiveGroups:
     """The active learner-group count, published in the counter words and recorded as it changes."""
 
-    def __init__(self, learners, counters, publish_version: Callable[[], None]) -> None:
+    def __init__(self, learners, counters, publish_version: Callable[[], None], schedule: list[int] | None = None
+                 ) -> None:
         self.groups = learners.groups
         self.lo, self.hi = learners.active_range
         self.active = self.lo
@@ -34,6 +36,7 @@ class ActiveGroups:
         self.publish_version = publish_version
         self.rule = elastic.ElasticRule(self.lo, self.hi, learners.elastic_headroom, learners.elastic_seconds)
         self.algo_decides = False  # algo.learner_groups_needed decides them (MARL policy learners)
+        self.schedule = schedule  # debug.active_groups: the count after each round, the elastic rule left out
         self._held: dict[int, bool] = {}
 
     def restore(self, active: int) -> None:
@@ -57,9 +60,23 @@ class ActiveGroups:
             record.group_event(g, "activate" if more else "park", "policies_split" if more else "policies_merged",
                                     need)
 
+    def end_round(self, round_: int, algo, model, record) -> None:
+        """At a round's end: the algorithm's count, or the debug schedule's."""
+        self.from_algo(algo, model, record, events=True)
+        if not self.schedule or self.algo_decides:
+            return
+        want = min(max(self.schedule[min(round_, len(self.schedule) - 1)], self.lo), self.hi)
+        if want != self.active:
+            changed = range(self.active, want) if want > self.active else range(want, self.active)
+            action = "activate" if want > self.active else "park"
+            self.active = want
+            self.counters.set(control.ACTIVE, want)
+            for g in changed:
+                record.group_event(g, action, "scheduled", want)
+
     def elastic(self, now: float, record) -> None:
         """Activate or park one learner group when the elastic rule says so; record the decision."""
-        if self.lo == self.hi or self.algo_decides:
+        if self.lo == self.hi or self.algo_decides or self.schedule:
             return
         words = self.counters.read_all()
         waiting = int(sum(words[control.BACKLOG + g] for g in range(self.active)))

@@ -50,7 +50,8 @@ class LearnerGroup:
     def __init__(self, job) -> None:
         self.job, self.cfg, self.plan = job, job.cfg, job.plan
         self.model, self.algo = job.model, job.algo
-        self.g, self.size, self.is_root = job.topo.group, job.topo.ranks_per_group, job.topo.is_group_root
+        # size: the group's ranks, joined ones included (learners.elastic=steps: only the root is in the launch)
+        self.g, self.size, self.is_root = job.topo.group, job.group_reduce.size, job.topo.is_group_root
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
         self.window = (ISWindow(self.algo, job.env, self.model, job.board, job.counters, self.cfg.learners.groups, self.g)
                        if self.algo.uses_window and self.cfg.learners.groups > 1 else None)
@@ -157,6 +158,8 @@ class LearnerGroup:
         """One gradient push per minibatch of one batch (the last one reports ``new_steps`` env steps
         consumed); False when the run is stopping. ``prepared``: a batch the post-processing group made
         from the fragments (it sent their report)."""
+        if self.size > 1:  # a group whose ranks join as a job step starts them here (learners.elastic=steps)
+            self.group_reduce.ready(self._beat_and_receive)
         if self.inner is not None:
             return self._update(fragments, steps, new_steps, prepared)
         start_unix, compute = time.time(), 0.0
@@ -407,14 +410,24 @@ class LearnerGroup:
 
     # ---- other ranks of the group --------------------------------------------------------
     def _run_member(self) -> None:
-        def share(weights: np.ndarray, batch: dict, window) -> None:
-            self.model.flat.load_(weights)
-            self._local_gradient({k: torch.as_tensor(v, device=self.model.device) for k, v in batch.items()}, window)
-
-        self.group_reduce.serve(share, self.fault.check, self.heartbeat.beat)
+        self.group_reduce.serve(member_share(self.algo, self.model, self.group_reduce), self.fault.check,
+                                self.heartbeat.beat)
 
     def close_on_error(self) -> None:
         pass
+
+
+def member_share(algo, model, group_reduce):
+    """A member rank's work on one share (``protocols.Share``): the share's gradient at the root's weights, joined
+    to the group's average (runtime/runners/join.py uses it too)."""
+    def share(weights: np.ndarray, batch: dict, window) -> None:
+        model.flat.load_(weights)
+        rows = {k: torch.as_tensor(v, device=model.device) for k, v in batch.items()}
+        wl = None if window is None else torch.as_tensor(np.stack(window), device=model.device)
+        grad, _ = algo.compute_gradient(rows, model, wl)
+        group_reduce.average(grad)
+
+    return share
 
 
 def take_batch(frags: list[dict], need: int) -> tuple[list[dict], int]:

@@ -97,7 +97,7 @@ class ParameterRank:
         self.normalizers: list[dict | None] = [None] * self.cfg.actors.count  # each actor's newest statistics
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
-        self.groups = ActiveGroups(self.cfg.learners, self.counters, self._new_version)
+        self.groups = ActiveGroups(self.cfg.learners, self.counters, self._new_version, self.cfg.debug.active_groups)
         self.active_actors = self.cfg.actors.count  # actor ranks 0 .. active_actors-1 sample (algo.end_round)
         self.round_end = self.plan.round_steps  # consumed env steps at which the current round ends
         self.stop_reason: str | None = None
@@ -361,7 +361,7 @@ class ParameterRank:
             self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
             for a in range(self.active_actors, self.cfg.actors.count):  # parked actors supply nothing
                 self.groups.rule.actor_rate.pop(a, None)
-        self.groups.from_algo(self.algo, self.model, self.record, events=True)
+        self.groups.end_round(self.round, self.algo, self.model, self.record)
         self.round_end += self.plan.round_steps_for(self.active_actors)
         self.record.algo_rows(self.algo.records())
         self.round += 1

@@ -100,22 +100,32 @@ def roll_back_record(run_dir: Path) -> dict | None:
 
 def role_device(learners_cfg, topo: Topology) -> torch.device:
     """Learner ranks use the GPU of their index among their node's learners (when asked or available); others the CPU."""
-    if topo.role != "learner" or learners_cfg.device == "cpu":
+    if topo.role != "learner":
+        return torch.device("cpu")
+    return learner_device(learners_cfg, topo.device_index)
+
+
+def learner_device(learners_cfg, index: int) -> torch.device:
+    """A learner's device: the GPU ``index`` (modulo the node's count) when asked or available, else the CPU."""
+    if learners_cfg.device == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         if learners_cfg.device == "cuda":
             raise RuntimeError("learners.device=cuda but torch sees no CUDA device on this node")
         return torch.device("cpu")
-    index = topo.device_index % torch.cuda.device_count()
+    index = index % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
 
-def role_parts(cfg: RunConfig, env: EnvInfo, topo: Topology) -> tuple[Algorithm, nn.Module, TrajLayout]:
-    """This role's algorithm object, model (same initial weights on every role) and trajectory layout."""
+def role_parts(cfg: RunConfig, env: EnvInfo, topo: Topology | None, device: torch.device | None = None
+               ) -> tuple[Algorithm, nn.Module, TrajLayout]:
+    """This role's algorithm object, model (same initial weights on every role) and trajectory layout; on
+    ``device``, else the role's (``topo``)."""
     algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
     torch.manual_seed(cfg.env.seed)
-    model = algo.make_model(env.observation_space, env.action_space, device=role_device(cfg.learners, topo))
+    model = algo.make_model(env.observation_space, env.action_space,
+                            device=device if device is not None else role_device(cfg.learners, topo))
     traj = TrajLayout(obs_shape=tuple(env.observation_space.shape), action_shape=tuple(model.action_shape),
                       obs_dtype=env.obs_dtype.str.lstrip("<>=|"), action_dtype="i8" if model.discrete else "f4",
                       num_envs=env.num_envs)

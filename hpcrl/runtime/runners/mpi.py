@@ -149,7 +149,6 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     from hpcrl.runtime.record.progress import ProgressEmitter
     from hpcrl.runtime.roles.sampler import describe_env
     from hpcrl.runtime.topology import Topology
-    from hpcrl.runtime.transport.group_reduce import MpiGroupReduce
     from hpcrl.runtime.transport.links import MpiFragments, MpiReports
     from hpcrl.runtime.transport.windows import CounterWindow, GradientMailbox
 
@@ -167,19 +166,33 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
         probe = Probe(_polling_bcast(comm, states), model, cfg.actors.aaps_delta)
     P, G = model.flat.num_params, cfg.learners.groups
     layout = fragment_layout_for(cfg, env, model)
+    counters = CounterWindow(comm, 0, control.num_counters(G, topo.size), initial=0)
+    reports = MpiReports(comm)
     return Job(
         cfg=cfg, plan=make_plan(cfg), topo=topo, run_dir=run_dir, resume=resume, runner="mpi", algo=algo, model=model, env=env,
         traj_layout=traj_layout, probe=probe, rolled_back=rolled_back,
-        counters=CounterWindow(comm, 0, control.num_counters(G, topo.size), initial=0),
+        counters=counters,
         mailbox=GradientMailbox(comm, 0, G, cfg.aggregation.mailbox_slots, P, stats_capacity=len(control.GRAD_STATS)),
         board=_weight_board(cfg, comm, topo, P, 0 if probe is None else probe.size),
-        reports=MpiReports(comm),
+        reports=reports,
         fragments=MpiFragments(comm, layout, cfg.actors.max_in_flight, topo.learner_roots, topo.actor_ranks),
         # a learner group's collectives (NCCL or Horovod set-up) run after the windows', as the role's did
-        group_reduce=(MpiGroupReduce(topo.group_comm, cfg.learners.allreduce, model.device)
-                      if topo.role == "learner" else None),
+        group_reduce=_group_reduce(cfg, topo, run_dir, model.device, counters, reports),
         progress=ProgressEmitter(progress, cfg.io.log_seconds) if topo.role == "parameter" else None,
     )
+
+
+def _group_reduce(cfg, topo, run_dir: Path, device, counters, reports):
+    """A learner rank's group: over its communicator, or (learners.elastic=steps) the root with ranks that join."""
+    if topo.role != "learner":
+        return None
+    if cfg.learners.elastic == "steps":
+        from hpcrl.runtime.transport.joining import JoiningGroupReduce
+
+        return JoiningGroupReduce(run_dir, topo.group, cfg.learners, cfg.launch, topo.nodes, counters, reports)
+    from hpcrl.runtime.transport.group_reduce import MpiGroupReduce
+
+    return MpiGroupReduce(topo.group_comm, cfg.learners.allreduce, device)
 
 
 def _weight_board(cfg, comm, topo, num_params: int, probe_size: int):

@@ -93,8 +93,8 @@ def _role_names(cfg) -> list[str]:
     """Each world rank's role as the launcher's lines name it (``actor 1``, ``learner group 0``, ``parameter``)."""
     from hpcrl.runtime.topology import plan_roles
 
-    roles = plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
-    first_actor = 1 + cfg.learners.groups * cfg.learners.ranks_per_group
+    roles = plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.launched_ranks_per_group, cfg.actors.count)
+    first_actor = 1 + cfg.learners.groups * cfg.learners.launched_ranks_per_group
     return [f"actor {rank - first_actor}" if r.role == "actor" else f"learner group {r.group}" if r.role == "learner"
             else r.role for rank, r in enumerate(roles)]
 

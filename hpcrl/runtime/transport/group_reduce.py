@@ -66,6 +66,9 @@ class MpiGroupReduce:
                            tag=control.TAG_WORK)
         return share_of(minibatch, window, 0, self.size)
 
+    def ready(self, tick) -> None:
+        """Every member is in the job's own launch: always there."""
+
     def park(self) -> None:
         self._tell_members(PARK)
 

@@ -360,6 +360,13 @@ class LocalGroupReduce:
     def __init__(self, group: LocalGroup, rank: int):
         self.group, self.rank = group, rank
 
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    def ready(self, tick) -> None:
+        """Every member is always there."""
+
     def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None
                  ) -> tuple[dict, list[np.ndarray] | None]:
         size = self.group.size

@@ -114,10 +114,17 @@ gradient and joins the group's :meth:`GroupReduce.average`."""
 class GroupReduce(Protocol):
     """One learner group's L ranks (``learners.ranks_per_group``) computing one gradient per minibatch.
 
-    The root: ``hand_out`` gives member r rows ``r::L`` of the minibatch and of the IS window, with the weights,
-    and returns the root's own share; ``park`` lets the members nap long; ``release`` ends them; ``close`` at
-    its end. Every rank: ``average`` (the mean of the L shares' gradients). A member: ``serve`` until released.
+    The root: ``ready(tick)`` before a batch (a group whose members join as a job step starts and connects them
+    there, calling ``tick`` while it waits; the others' members are always there), ``hand_out`` gives member r
+    rows ``r::L`` of the minibatch and of the IS window, with the weights, and returns the root's own share;
+    ``park`` lets the members nap long (or leave); ``release`` ends them; ``close`` at its end. Every rank:
+    ``average`` (the mean of the L shares' gradients). A member: ``serve`` until released.
     """
+
+    size: int
+    """L, the root included."""
+
+    def ready(self, tick: Callable[[], None]) -> None: ...
 
     def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None
                  ) -> tuple[dict, list[np.ndarray] | None]: ...

@@ -1,0 +1,200 @@
+"""A learner group whose other ranks join the running job while it is active (``learners.elastic: steps``).
+
+The group's root is in the job's own launch (it takes fragments, prepares batches and pushes, as any
+root); its other ``ranks_per_group - 1`` ranks are not. The first time the group has a batch to train
+after it was activated (or at the start, for a group active from the start), the root
+
+1. opens an MPI port and writes it to ``RUN_DIR/joins/group-G-N.port``;
+2. starts the ranks as a new job step: ``srun --nodes=1 --ntasks=L-1 --exclude=<the job's own nodes>``
+   inside a Slurm allocation (the site of ``hpcrl submit``'s script, HPCRL_SITE), local ``mpiexec -n L-1``
+   elsewhere; each runs ``python -m hpcrl.runtime.runners.join`` (runtime/runners/join.py);
+3. waits, beating and taking fragments, until their first rank writes ``group-G-N.ready`` just before it
+   connects, then accepts: ``MPI_Comm_accept`` has no timeout and holds MPICH's lock (the other thread
+   of a root waiting in it could not even beat), so the root enters it only once the ranks are there;
+   a step that ends first, or is not ready within ``learners.join_timeout_seconds`` (queued, dead), is
+   killed and given up: the root computes alone until the group is parked and activated again;
+4. merges the intercommunicator into one communicator (the root is rank 0) and works with it exactly as
+   with a launched group (:class:`MpiGroupReduce`: shares out, MPI Allreduce of the gradients).
+
+When the group parks (or the run ends) the root releases the joined ranks; they leave (disconnect) and
+exit, so their step ends and its node goes back to the allocation. Each join, leave and given-up join
+is a row of ``elastic_events`` (via the root's activity reports), with its seconds.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from hpcrl.runtime.transport import control
+from hpcrl.runtime.transport.group_reduce import MpiGroupReduce, share_of
+
+if TYPE_CHECKING:
+    import torch
+
+JOIN_DIR = "joins"
+STEP_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NAME", "SLURM_JOB_NODELIST",
+                  "SLURM_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_SUBMIT_DIR", "SLURM_JOB_PARTITION",
+                  "SLURM_JOB_ACCOUNT", "SLURM_JOB_QOS")
+"""The SLURM_ variables a joining step is started with: the allocation's, not the root's own step's (its task
+counts, ranks and binding would become the new step's defaults)."""
+
+
+def step_environment(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without what makes this process a rank of its own launch (PMI, Hydra, its Slurm step)."""
+    return {k: v for k, v in env.items()
+            if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "MPI_LOCAL"))
+            and (not k.startswith("SLURM_") or k in STEP_VARIABLES)}
+
+
+def join_launch_words(ranks: int, own_hosts: list[str], group: int, env: dict[str, str], launch_cfg) -> list[str]:
+    """The launcher words of a joining step of ``ranks`` ranks: srun on another node of the Slurm allocation
+    (the site from HPCRL_SITE), else this machine's mpiexec (``launch.mpiexec``, ``launch.mpiexec_args``)."""
+    if env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE"):
+        from hpcrl.launchers import Srun, for_site
+        from hpcrl.sites import load_site
+
+        launcher = for_site(load_site(env["HPCRL_SITE"]), gpus=True)
+        if not isinstance(launcher, Srun):
+            raise RuntimeError(f"learners.elastic=steps: site {env['HPCRL_SITE']} launches with {launcher.kind}; "
+                               "allowed: a Slurm site (srun job steps)")
+        return [*launcher.words(ranks, ranks), "--nodes=1", f"--exclude={','.join(sorted(set(own_hosts)))}",
+                f"--job-name=hpcrl-join-group{group}", "--kill-on-bad-exit=1"]
+    from hpcrl.launch import find_mpiexec, mpi_flavour
+    from hpcrl.launchers import LocalMpiexec
+
+    mpiexec = find_mpiexec(launch_cfg)
+    return LocalMpiexec(mpiexec, mpi_flavour(mpiexec), tuple(launch_cfg.mpiexec_args)).words(ranks, ranks)
+
+
+class JoiningGroupReduce:
+    """The group root's :class:`protocols.GroupReduce` for a group whose members join and leave."""
+
+    def __init__(self, run_dir: Path, group: int, learners_cfg, launch_cfg, own_hosts: list[str],
+                 counters, reports) -> None:
+        self.run_dir, self.group, self.size = Path(run_dir), group, learners_cfg.ranks_per_group
+        self.timeout, self.launch_cfg, self.own_hosts = learners_cfg.join_timeout_seconds, launch_cfg, own_hosts
+        self.counters, self.reports = counters, reports
+        self.inner: MpiGroupReduce | None = None  # over the root and the joined ranks, while they are here
+        self.given_up = False  # this activation's join failed: the root computes alone until the next one
+        self.joins = 0
+        self._port = self._inter = self._proc = None
+        self._joined_at = 0.0
+
+    # ---- join and leave ----------------------------------------------------------------------
+    def ready(self, tick: Callable[[], None]) -> None:
+        if self.inner is None and not self.given_up:
+            self._join(tick)
+
+    def _join(self, tick: Callable[[], None]) -> None:
+        from mpi4py import MPI
+
+        folder = self.run_dir / JOIN_DIR
+        folder.mkdir(exist_ok=True)
+        stem = folder / f"group-{self.group}-{self.joins}"
+        self.joins += 1
+        port_file, ready_file = stem.with_suffix(".port"), stem.with_suffix(".ready")
+        self._port = MPI.Open_port()
+        tmp = stem.with_suffix(".port.tmp")
+        tmp.write_text(self._port)
+        os.replace(tmp, port_file)
+        members = self.size - 1
+        words = join_launch_words(members, self.own_hosts, self.group, os.environ, self.launch_cfg)
+        command = [*words, sys.executable, "-m", "hpcrl.runtime.runners.join", str(self.run_dir),
+                   "--group", str(self.group), "--port-file", str(port_file), "--ready-file", str(ready_file),
+                   "--root", f"{socket.gethostname()}:{os.getpid()}"]
+        with open(stem.with_suffix(".log"), "w") as log:
+            self._proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=step_environment(dict(os.environ)), start_new_session=True)
+        start = time.monotonic()
+        while not ready_file.exists():
+            tick()
+            ended = self._proc.poll()
+            if ended is not None or time.monotonic() - start > self.timeout:
+                self._give_up(start, "join_ended" if ended is not None else "join_timeout")
+                return
+            time.sleep(0.02)
+        self._inter = MPI.COMM_SELF.Accept(self._port)
+        # one backend on both sides: the joined ranks may hold GPUs the root does not, so they average over MPI
+        import torch
+
+        self.inner = MpiGroupReduce(self._inter.Merge(high=False), "auto", torch.device("cpu"))
+        self._joined_at = time.monotonic()
+        self._event("joined", "job_step", time.monotonic() - start)
+
+    def _give_up(self, start: float, reason: str) -> None:
+        from mpi4py import MPI
+
+        self._stop_step()
+        MPI.Close_port(self._port)
+        self.given_up = True
+        self._event("join_given_up", reason, time.monotonic() - start)
+        print(f"hpcrl: learner group {self.group}: its {self.size - 1} joining rank(s) "
+              + ("ended before they connected" if reason == "join_ended" else
+                 f"did not connect within learners.join_timeout_seconds={self.timeout:g}")
+              + f" (log: {self.run_dir / JOIN_DIR}); the group's root computes alone until it is parked", flush=True)
+
+    def _stop_step(self) -> int | None:
+        """End the step's process (it ended by itself, or is killed): its exit status."""
+        if self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGTERM)
+                return self._proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        return self._proc.wait()
+
+    def _leave(self) -> None:
+        """Release the joined ranks, disconnect; they exit and their step ends."""
+        from mpi4py import MPI
+
+        if self.inner is None:
+            self.given_up = False  # the next activation tries again
+            return
+        self.inner.release()
+        self.inner.close()
+        self.inner.comm.Free()
+        self._inter.Disconnect()
+        MPI.Close_port(self._port)
+        try:
+            code = self._proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = self._stop_step()
+        self.inner = None
+        self._event("left", "job_step" if code == 0 else "join_ended", time.monotonic() - self._joined_at)
+
+    def _event(self, action: str, reason: str, seconds: float) -> None:
+        from hpcrl.runtime.roles.elastic import ACTION, REASON
+
+        self.reports.send("activity", {"parked": {
+            "time": time.time(), "group": self.group, "action": ACTION[action], "reason": REASON[reason],
+            "active_groups": int(self.counters.read(control.ACTIVE)), "parked_seconds": seconds, "cpu_seconds": 0.0}})
+
+    # ---- protocols.GroupReduce ---------------------------------------------------------------
+    def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None
+                 ) -> tuple[dict, list[np.ndarray] | None]:
+        if self.inner is None:  # given up: the whole minibatch is the root's
+            return share_of(minibatch, window, 0, 1)
+        return self.inner.hand_out(weights, minibatch, window)
+
+    def average(self, grad: torch.Tensor) -> np.ndarray:
+        return grad.detach().cpu().numpy() if self.inner is None else self.inner.average(grad)
+
+    def park(self) -> None:
+        self._leave()
+
+    def release(self) -> None:
+        self._leave()
+
+    def serve(self, share, check, beat) -> None:
+        raise TypeError("a joining group's members serve in hpcrl.runtime.runners.join, not in the job's launch")
+
+    def close(self) -> None:
+        self._leave()

@@ -1,0 +1,117 @@
+"""learners.elastic=steps: a learner group's other ranks join the running job as a separate launch, connect
+through an MPI port, push, and leave when the group parks (runtime/transport/joining.py, runners/join.py).
+
+On one machine the joining step is a second ``mpiexec``; the cluster test (test_joining_cluster.py) starts
+it as a Slurm job step on another node.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from hpcrl.config import ConfigError, build_config
+from hpcrl.io import read_table
+from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
+from hpcrl.runtime.transport.joining import join_launch_words, step_environment
+
+ACTION = {name: i for i, name in enumerate(ELASTIC_ACTIONS)}
+REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
+
+
+def steps_config(run_dir, **extra) -> dict:
+    data = {
+        "name": "joining",
+        "env": {"id": "CartPole-v1", "num_envs": 2},
+        "actors": {"count": 2, "fragment_length": 32},
+        "learners": {"groups": 2, "ranks_per_group": 2, "min_active": 1, "elastic": "steps"},
+        "algo": {"name": "ppo", "train_batch_size": 256, "minibatch_size": 64, "num_sgd_iter": 2},
+        "stop": {"total_env_steps": 10_000_000, "target_return": None, "max_rounds": 24},
+        "io": {"run_dir": str(run_dir), "flush_seconds": 0.5, "checkpoint_every": 1000},
+        "launch": {"timeout_seconds": 240},
+    }
+    for key, value in extra.items():
+        section, name = key.split("__")
+        data.setdefault(section, {})[name] = value
+    return data
+
+
+def run(tmp_path, data: dict) -> subprocess.CompletedProcess:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return subprocess.run([sys.executable, "-m", "hpcrl", "run", "-q", str(path)], capture_output=True, text=True,
+                          timeout=240)
+
+
+def test_steps_launch_only_the_roots_and_need_a_group_of_two(tmp_path):
+    cfg = build_config(steps_config(tmp_path))
+    assert cfg.num_ranks == 1 + 2 + 2  # the parameter rank, two roots, two actors
+    assert cfg.actors_for(6) == 3
+    bad = steps_config(tmp_path)
+    bad["learners"]["ranks_per_group"] = 1
+    with pytest.raises(ConfigError, match="learners.elastic=steps needs learners.ranks_per_group of 2 or more"):
+        build_config(bad)
+    serial = steps_config(tmp_path, launch__runner="serial")
+    with pytest.raises(ConfigError, match="needs launch.runner=mpi"):
+        build_config(serial)
+
+
+def test_a_joining_step_gets_the_allocation_not_the_roots_own_rank():
+    env = {"PMI_RANK": "3", "PMI_FD": "7", "HYDRA_CONTROL_FD": "9", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0",
+           "SLURM_PROCID": "3", "SLURM_NTASKS": "9", "SLURM_JOB_NODELIST": "node[1-3]", "PATH": "/bin",
+           "HPCRL_SITE": "local-cluster"}
+    kept = step_environment(env)
+    assert kept == {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-3]", "PATH": "/bin",
+                    "HPCRL_SITE": "local-cluster"}
+    launch = build_config({}).launch
+    words = join_launch_words(3, ["node1", "node2", "node1"], 1, kept, launch)
+    assert words[0] == "srun" and "--ntasks=3" in words and "--nodes=1" in words and "--mpi=pmi2" in words
+    assert "--exclude=node1,node2" in words and "--job-name=hpcrl-join-group1" in words
+    local = join_launch_words(3, ["vm"], 0, {"PATH": "/bin"}, launch)
+    assert local[1:3] == ["-n", "3"] and local[0].endswith("mpiexec")
+
+
+def events(h5) -> list[tuple[int, str, str]]:
+    ev = read_table(h5, "elastic_events")
+    order = np.argsort(ev["time"], kind="stable")
+    return [(int(ev["group"][i]), ELASTIC_ACTIONS[ev["action"][i]], ELASTIC_REASONS[ev["reason"][i]]) for i in order]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_group_joins_when_activated_pushes_and_leaves_when_parked(tmp_path):
+    run_dir = tmp_path / "run"
+    data = steps_config(run_dir, debug__active_groups=[1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1])
+    res = run(tmp_path, data)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    got = events(run_dir / "run.h5")
+    mine = [(a, r) for g, a, r in got if g == 1]
+    # activated by the schedule, joined as a step, parked by the schedule, left (its step ended with exit 0)
+    assert mine[0] == ("activate", "scheduled") and ("joined", "job_step") in mine
+    assert mine.index(("park", "scheduled")) < mine.index(("left", "job_step"))
+    assert ("joined", "job_step") in [(a, r) for g, a, r in got if g == 0]  # group 0's ranks joined at the start
+    grads = read_table(run_dir / "run.h5", "gradients")
+    for g in (0, 1):
+        seq = grads["seq"][grads["group"] == g]
+        assert len(seq) and len(np.unique(seq)) == len(seq) and seq.max() == len(seq) - 1  # every push once
+    assert grads["admitted"][grads["group"] == 1].sum() > 0
+    logs = sorted(p.name for p in (run_dir / "joins").glob("*.log"))
+    assert logs == ["group-0-0.log", "group-1-0.log"]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_ranks_that_do_not_connect_in_time_are_given_up_and_the_root_trains_alone(tmp_path):
+    run_dir = tmp_path / "run"
+    data = steps_config(run_dir)
+    data["learners"].update(groups=1, join_timeout_seconds=0.05)  # no Python starts that fast
+    data["stop"]["max_rounds"] = 6
+    res = run(tmp_path, data)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "did not connect within learners.join_timeout_seconds=0.05" in res.stdout + res.stderr
+    assert (0, "join_given_up", "join_timeout") in events(run_dir / "run.h5")
+    grads = read_table(run_dir / "run.h5", "gradients")
+    assert grads["admitted"].sum() > 0 and len(np.unique(grads["seq"])) == len(grads["seq"])

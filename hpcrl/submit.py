@@ -137,6 +137,13 @@ class BatchJob:
     min_nodes: int | None = None
     """Slurm ``--nodes=min_nodes-nodes``: a job that lost nodes comes back on as few as this; its ranks are then
     ranks_per_node x the nodes it got, and the actors what is left after the parameter and learner ranks."""
+    join_nodes: int = 0
+    """learners.elastic=steps: nodes the allocation holds beyond the ranks' own, one for each learner group that
+    can be active at once, where the groups' joining ranks run as job steps (runtime/transport/joining.py)."""
+
+    @property
+    def allocation_nodes(self) -> int:
+        return self.nodes + self.join_nodes
 
     @property
     def filesystems(self) -> str | None:
@@ -155,7 +162,9 @@ class BatchJob:
     def launch(self) -> str:
         """The site's launch line for the ranks, without the rank command (:func:`hpcrl.launchers.for_site`)."""
         ranks = RANKS_NOW if self.min_nodes else self.ranks
-        return for_site(self.site).prefix(ranks, self.ranks_per_node, self.cpus_per_rank)
+        line = for_site(self.site).prefix(ranks, self.ranks_per_node, self.cpus_per_rank)
+        # the job's own ranks on their nodes only: the others are the joining groups'
+        return f"{line} --nodes={self.nodes}" if self.join_nodes else line
 
     @property
     def walltime_seconds(self) -> int:
@@ -217,6 +226,20 @@ def check_placement(cfg: RunConfig, site: Site, ranks: int, per_node: int) -> No
                               f"learners_per_node <= {site.gpus_per_node}, or learners.device=cpu")
 
 
+def check_joining(cfg: RunConfig, site: Site, min_nodes: int | None) -> int:
+    """learners.elastic=steps: the nodes the joining groups need (one per group that can be active at once), on a
+    Slurm site (a job step per join) and without --min-nodes; 0 for other configs. One-line ConfigError."""
+    if cfg.learners.elastic != "steps":
+        return 0
+    if site.scheduler != "slurm":
+        raise ConfigError(f"learners.elastic=steps: {site.name} schedules with {site.scheduler}; joining ranks start "
+                          "as Slurm job steps (allowed: a Slurm site, or learners.elastic=park)")
+    if min_nodes is not None:
+        raise ConfigError("--min-nodes with learners.elastic=steps: a job whose node count varies cannot keep nodes "
+                          "for joining groups; allowed: one of the two")
+    return cfg.learners.active_range[1]
+
+
 def check_min_nodes(cfg: RunConfig, site: Site, min_nodes: int, nodes: int, per_node: int) -> None:
     """--min-nodes: Slurm only, at most --nodes, and as few nodes must still hold the parameter rank, the
     learners and one actor (the placement too)."""
@@ -243,6 +266,7 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
                           "(use -o launch.runner=mpi)")
     ranks = cfg.num_ranks
     nodes, per_node, cpus = layout(ranks, site, nodes)
+    join_nodes = check_joining(cfg, site, min_nodes)
     queue = check_name("--queue", queue) if queue else site.default_queue
     time = check_time("--time", time or site.default_time)
     limits = site.queues.get(queue) if queue else None
@@ -251,8 +275,9 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
     if limits is not None:
         if seconds(time) > seconds(limits.max_time):
             raise ConfigError(f"--time: {time} exceeds the {site.name} {queue} limit of {limits.max_time}")
-        if not limits.min_nodes <= nodes <= limits.max_nodes:
-            raise ConfigError(f"--nodes: {nodes} outside the {site.name} {queue} range "
+        if not limits.min_nodes <= nodes + join_nodes <= limits.max_nodes:
+            joining = f" + {join_nodes} for the joining learner groups" if join_nodes else ""
+            raise ConfigError(f"--nodes: {nodes}{joining} outside the {site.name} {queue} range "
                               f"{limits.min_nodes}-{limits.max_nodes}")
     if account:
         check_name("--account", account)
@@ -278,7 +303,7 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
     return BatchJob(site=site, name=check_name("name", cfg.name), nodes=nodes, ranks=ranks, ranks_per_node=per_node,
                     cpus_per_rank=cpus, time=time, account=account, queue=queue, run_dir=run_text,
                     job_dir=run_text + JOB_SUFFIX, rank_start=plan_rank_start(cfg, site, run_text, python, fit_actors=min_nodes is not None),
-                    warning_seconds=warning_seconds, max_restarts=max_restarts, min_nodes=min_nodes,
+                    warning_seconds=warning_seconds, max_restarts=max_restarts, min_nodes=min_nodes, join_nodes=join_nodes,
                     container_image=box.image if box else None, env_script=env_script, overrides=tuple(overrides),
                     config_yaml=run_config(cfg, run_text).to_yaml())
 

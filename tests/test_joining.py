@@ -59,7 +59,7 @@ def test_steps_launch_only_the_roots_and_need_a_group_of_two(tmp_path):
         build_config(serial)
 
 
-def test_a_joining_step_gets_the_allocation_not_the_roots_own_rank():
+def test_a_joining_step_gets_the_allocation_not_the_roots_own_rank(monkeypatch):
     env = {"PMI_RANK": "3", "PMI_FD": "7", "HYDRA_CONTROL_FD": "9", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0",
            "SLURM_PROCID": "3", "SLURM_NTASKS": "9", "SLURM_JOB_NODELIST": "node[1-3]", "PATH": "/bin",
            "HPCRL_SITE": "local-cluster"}
@@ -67,9 +67,18 @@ def test_a_joining_step_gets_the_allocation_not_the_roots_own_rank():
     assert kept == {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-3]", "PATH": "/bin",
                     "HPCRL_SITE": "local-cluster"}
     launch = build_config({}).launch
+    asked = []
+
+    def scontrol(argv, **_):  # the allocation node1..node4, as scontrol show hostnames lists it
+        asked.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "node1\nnode2\nnode3\nnode4\n", "")
+
+    monkeypatch.setattr(subprocess, "run", scontrol)
     words = join_launch_words(3, ["node1", "node2", "node1"], 1, kept, launch)
+    assert asked == [["scontrol", "show", "hostnames", "node[1-3]"]]
     assert words[0] == "srun" and "--ntasks=3" in words and "--nodes=1" in words and "--mpi=pmi2" in words
-    assert "--exclude=node1,node2" in words and "--job-name=hpcrl-join-group1" in words
+    assert "--nodelist=node4" in words and "--job-name=hpcrl-join-group1" in words  # group 1: the second spare node
+    assert "--nodelist=node3" in join_launch_words(3, ["node1", "node2"], 2, kept, launch)
     local = join_launch_words(3, ["vm"], 0, {"PATH": "/bin"}, launch)
     assert local[1:3] == ["-n", "3"] and local[0].endswith("mpiexec")
 

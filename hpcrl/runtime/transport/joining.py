@@ -54,6 +54,20 @@ def step_environment(env: dict[str, str]) -> dict[str, str]:
             and (not k.startswith("SLURM_") or k in STEP_VARIABLES)}
 
 
+def join_node(own_hosts: list[str], group: int, env: dict[str, str]) -> str:
+    """The node of the Slurm allocation where ``group``'s joining ranks run: the allocation's nodes that hold none of
+    the job's own ranks, one per group (``hpcrl submit`` asks for one per group that can be active at once; left to
+    Slurm, two steps queued behind each other on one node)."""
+    out = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True,
+                         timeout=30)
+    spare = [h for h in out.stdout.split() if h not in set(own_hosts)]
+    if out.returncode or not spare:
+        raise RuntimeError(f"learners.elastic=steps: no node of allocation {env['SLURM_JOB_NODELIST']} is free of the "
+                           f"job's own ranks ({', '.join(sorted(set(own_hosts)))}); submit with hpcrl submit, which "
+                           "adds one node per learner group that can be active")
+    return spare[group % len(spare)]
+
+
 def join_launch_words(ranks: int, own_hosts: list[str], group: int, env: dict[str, str], launch_cfg) -> list[str]:
     """The launcher words of a joining step of ``ranks`` ranks: srun on another node of the Slurm allocation
     (the site from HPCRL_SITE), else this machine's mpiexec (``launch.mpiexec``, ``launch.mpiexec_args``)."""
@@ -65,7 +79,7 @@ def join_launch_words(ranks: int, own_hosts: list[str], group: int, env: dict[st
         if not isinstance(launcher, Srun):
             raise RuntimeError(f"learners.elastic=steps: site {env['HPCRL_SITE']} launches with {launcher.kind}; "
                                "allowed: a Slurm site (srun job steps)")
-        return [*launcher.words(ranks, ranks), "--nodes=1", f"--exclude={','.join(sorted(set(own_hosts)))}",
+        return [*launcher.words(ranks, ranks), "--nodes=1", f"--nodelist={join_node(own_hosts, group, env)}",
                 f"--job-name=hpcrl-join-group{group}", "--kill-on-bad-exit=1"]
     from hpcrl.launch import find_mpiexec, mpi_flavour
     from hpcrl.launchers import LocalMpiexec

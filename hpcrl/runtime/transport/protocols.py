@@ -118,11 +118,9 @@ class GroupReduce(Protocol):
     there, calling ``tick`` while it waits; the others' members are always there), ``hand_out`` gives member r
     rows ``r::L`` of the minibatch and of the IS window, with the weights, and returns the root's own share;
     ``park`` lets the members nap long (or leave); ``release`` ends them; ``close`` at its end. Every rank:
-    ``average`` (the mean of the L shares' gradients). A member: ``serve`` until released.
+    ``average`` (the mean of the L shares' gradients). A member: ``serve`` until released. Every
+    implementation also has ``size``, L with the root (not a Protocol member: isinstance checks only methods).
     """
-
-    size: int
-    """L, the root included."""
 
     def ready(self, tick: Callable[[], None]) -> None: ...
 

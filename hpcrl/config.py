@@ -106,13 +106,15 @@ class LearnersConfig(Section):
     parked when the other active groups would still run below 1 - this fraction of their capacity."""
     elastic_seconds: float = Field(2.0, gt=0)
     """Seconds of rate measurements behind each elastic decision, and the least time between two changes."""
-    elastic: Literal["park", "steps"] = "park"
+    elastic: Literal["park", "steps", "jobs"] = "park"
     """What an inactive learner group holds. park: all its ranks, blocked (they take no core, but the allocation
     keeps them). steps: only its root (one rank beside the others: it takes fragments, prepares batches, pushes);
     its other ranks_per_group - 1 ranks join the running job as a new job step while the group is active (srun
     inside a Slurm allocation, away from the job's own nodes; mpiexec on one machine), connect through an MPI
     port and leave when it parks, so their step ends and their nodes go back to the allocation
-    (runtime/transport/joining.py)."""
+    (runtime/transport/joining.py). jobs: likewise, but each join is a separate batch job in the site's queue
+    (sbatch, one node), so a parked group's node goes back to the cluster and is billed only while it is in use
+    (its job is an allocations row: hpcrl analyze prices it from sacct)."""
     join_timeout_seconds: float = Field(120.0, gt=0)
     """learners.elastic=steps: a group's ranks that have not connected this long after their step was started
     are given up (the step is ended, a join_given_up row in elastic_events) and the group's root computes its
@@ -141,7 +143,7 @@ class LearnersConfig(Section):
     @property
     def launched_ranks_per_group(self) -> int:
         """A group's ranks in the job's own launch: all of them, or only its root (elastic=steps)."""
-        return 1 if self.elastic == "steps" else self.ranks_per_group
+        return self.ranks_per_group if self.elastic == "park" else 1
 
     @model_validator(mode="after")
     def _active_bounds(self) -> "LearnersConfig":
@@ -395,10 +397,11 @@ class RunConfig(Section):
         if learners.elastic == "park":
             return self
         if learners.ranks_per_group < 2:
-            raise ValueError("learners.elastic=steps needs learners.ranks_per_group of 2 or more (the group's root stays "
-                             "in the job, its other ranks join while the group is active)")
+            raise ValueError(f"learners.elastic={learners.elastic} needs learners.ranks_per_group of 2 or more (the "
+                             "group's root stays in the job, its other ranks join while the group is active)")
         if self.launch.runner != "mpi" or learners.allreduce != "auto":
-            raise ValueError(f"learners.elastic=steps needs launch.runner=mpi and learners.allreduce=auto (ranks join "
+            raise ValueError(f"learners.elastic={learners.elastic} needs launch.runner=mpi and learners.allreduce=auto "
+                             f"(ranks join "
                              f"through MPI ports); got launch.runner={self.launch.runner}, "
                              f"learners.allreduce={learners.allreduce}")
         return self

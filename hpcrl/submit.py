@@ -228,12 +228,16 @@ def check_placement(cfg: RunConfig, site: Site, ranks: int, per_node: int) -> No
 
 def check_joining(cfg: RunConfig, site: Site, min_nodes: int | None) -> int:
     """learners.elastic=steps: the nodes the joining groups need (one per group that can be active at once), on a
-    Slurm site (a job step per join) and without --min-nodes; 0 for other configs. One-line ConfigError."""
-    if cfg.learners.elastic != "steps":
+    Slurm site (a job step per join) and without --min-nodes; jobs: a Slurm site, no node here; 0 for park.
+    One-line ConfigError."""
+    if cfg.learners.elastic == "park":
         return 0
     if site.scheduler != "slurm":
-        raise ConfigError(f"learners.elastic=steps: {site.name} schedules with {site.scheduler}; joining ranks start "
-                          "as Slurm job steps (allowed: a Slurm site, or learners.elastic=park)")
+        raise ConfigError(f"learners.elastic={cfg.learners.elastic}: {site.name} schedules with {site.scheduler}; "
+                          "joining ranks start as Slurm job steps or jobs (allowed: a Slurm site, or "
+                          "learners.elastic=park)")
+    if cfg.learners.elastic == "jobs":
+        return 0  # each join is a job of its own
     if min_nodes is not None:
         raise ConfigError("--min-nodes with learners.elastic=steps: a job whose node count varies cannot keep nodes "
                           "for joining groups; allowed: one of the two")

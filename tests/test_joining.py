@@ -16,7 +16,7 @@ import yaml
 from hpcrl.config import ConfigError, build_config
 from hpcrl.io import read_table
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
-from hpcrl.runtime.transport.joining import join_launch_words, step_environment
+from hpcrl.runtime.transport.joining import join_command, step_environment
 
 ACTION = {name: i for i, name in enumerate(ELASTIC_ACTIONS)}
 REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
@@ -74,13 +74,23 @@ def test_a_joining_step_gets_the_allocation_not_the_roots_own_rank(monkeypatch):
         return subprocess.CompletedProcess(argv, 0, "node1\nnode2\nnode3\nnode4\n", "")
 
     monkeypatch.setattr(subprocess, "run", scontrol)
-    words = join_launch_words(3, ["node1", "node2", "node1"], 1, kept, launch)
+    ranks = ["python", "-m", "hpcrl.runtime.runners.join", "RUN"]
+    words = join_command("steps", 3, ["node1", "node2", "node1"], 1, kept, launch, ranks, "LOG")
     assert asked == [["scontrol", "show", "hostnames", "node[1-3]"]]
     assert words[0] == "srun" and "--ntasks=3" in words and "--nodes=1" in words and "--mpi=pmi2" in words
     assert "--nodelist=node4" in words and "--job-name=hpcrl-join-group1" in words  # group 1: the second spare node
-    assert "--nodelist=node3" in join_launch_words(3, ["node1", "node2"], 2, kept, launch)
-    local = join_launch_words(3, ["vm"], 0, {"PATH": "/bin"}, launch)
-    assert local[1:3] == ["-n", "3"] and local[0].endswith("mpiexec")
+    assert words[-4:] == ranks
+    assert "--nodelist=node3" in join_command("steps", 3, ["node1", "node2"], 2, kept, launch, ranks, "LOG")
+    local = join_command("steps", 3, ["vm"], 0, {"PATH": "/bin"}, launch, ranks, "LOG")
+    assert local[1:3] == ["-n", "3"] and local[0].endswith("mpiexec") and local[-4:] == ranks
+    # jobs: a batch job of its own, which gets no SLURM_ variable of this one
+    assert step_environment(env, "jobs") == {"PATH": "/bin", "HPCRL_SITE": "local-cluster"}
+    job = join_command("jobs", 3, ["node1"], 0, {**kept, "SLURM_JOB_PARTITION": "debug"}, launch, ranks, "LOG")
+    assert job[:5] == ["sbatch", "--wait", "--parsable", "--nodes=1", "--ntasks=3"] and "--output=LOG" in job
+    assert "--partition=debug" in job and "--exclude=node1" in job and job[-2] == "--wrap"
+    assert job[-1].startswith("srun --ntasks=3") and job[-1].endswith("python -m hpcrl.runtime.runners.join RUN")
+    with pytest.raises(RuntimeError, match="learners.elastic=jobs: this run is not in a Slurm batch job"):
+        join_command("jobs", 3, ["vm"], 0, {"PATH": "/bin"}, launch, ranks, "LOG")
 
 
 def events(h5) -> list[tuple[int, str, str]]:
@@ -93,7 +103,9 @@ def events(h5) -> list[tuple[int, str, str]]:
 @pytest.mark.slow
 def test_a_group_joins_when_activated_pushes_and_leaves_when_parked(tmp_path):
     run_dir = tmp_path / "run"
-    data = steps_config(run_dir, debug__active_groups=[1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1])
+    # group 1 active from round 1 to 39: a join takes 3-7 s on two loaded cores, a round a fraction of a second
+    data = steps_config(run_dir, debug__active_groups=[1] + [2] * 39 + [1])
+    data["stop"]["max_rounds"] = 48
     res = run(tmp_path, data)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = events(run_dir / "run.h5")

@@ -1,9 +1,11 @@
-"""learners.elastic=steps on the local cluster (scripts/local_cluster.sh): a job starts with learner group 0,
-group 1 is activated, its joining rank starts as a Slurm job step on another node of the allocation,
-pushes gradients that are admitted, then the group parks and the step ends (issue 26 item 1).
+"""learners.elastic=steps and jobs on the local cluster (scripts/local_cluster.sh): a job starts with learner
+group 0, group 1 is activated, its joining rank starts on another node, as a Slurm job step of the allocation
+(steps) or as a batch job of its own (jobs), pushes gradients that are admitted, then the group parks and the
+step or job ends (issue 26 item 1).
 
-The job's own 5 ranks (parameter, two group roots, two actors) run on one node; the allocation holds two
-more, one per group that can be active at once, where the groups' joining ranks run as steps.
+The job's own 5 ranks (parameter, two group roots, two actors) run on one node. With steps the allocation
+holds two more, one per group that can be active at once; with jobs it is that one node, and each join is a
+one-node job that ``hpcrl analyze`` bills beside it.
 """
 from __future__ import annotations
 
@@ -17,25 +19,29 @@ from test_local_cluster import cluster, hpcrl, job_state, sacct_rows  # noqa: F4
 
 from hpcrl.io import read_table
 
-SCHEDULE = "[1,2,2,2,2,2,2,2,2,2,2,2,2,2,2,1]"  # group 1 active after round 1, parked after round 15
-CONFIG = ["-o", "learners.elastic=steps", "-o", "learners.groups=2", "-o", "learners.ranks_per_group=2",
-          "-o", "algo.minibatch_size=64", "-o", f"debug.active_groups={SCHEDULE}", "-o", "stop.max_rounds=26",
+SCHEDULE = str([1] + [2] * 29 + [1]).replace(" ", "")  # group 1 active after round 1, parked after round 30
+CONFIG = ["-o", "learners.groups=2", "-o", "learners.ranks_per_group=2",
+          "-o", "algo.minibatch_size=64", "-o", f"debug.active_groups={SCHEDULE}", "-o", "stop.max_rounds=40",
           "-o", "stop.total_env_steps=10000000", "-o", "stop.target_return=null", "-o", "io.log_seconds=1"]
 
 
 @pytest.mark.slurm
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_a_group_joins_as_a_job_step_on_another_node_and_its_step_ends_when_it_parks(cluster, tmp_path):
+@pytest.mark.parametrize("how", ["steps", "jobs"])
+def test_a_group_joins_on_another_node_and_its_step_or_job_ends_when_it_parks(cluster, tmp_path, how):
     nodes = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N"], capture_output=True, text=True,
                            timeout=20).stdout.split()
     if len(set(nodes)) < 3:
         pytest.skip(f"needs a 3-node local cluster (nodes: {nodes})")
     run_dir = tmp_path / "run"
     script = hpcrl("submit", "--site", "local-cluster", "--nodes", "1", "--run-dir", str(run_dir), "--dry-run",
-                   *CONFIG)
+                   "-o", f"learners.elastic={how}", *CONFIG)
     assert script.returncode == 0, script.stderr
-    assert "#SBATCH --nodes=3" in script.stdout and "--nodes=1 " in script.stdout  # 1 for the ranks, 2 for joins
+    if how == "steps":  # 1 node for the ranks, 2 for the joining steps
+        assert "#SBATCH --nodes=3" in script.stdout and "--nodes=1 " in script.stdout
+    else:
+        assert "#SBATCH --nodes=1" in script.stdout
     (tmp_path / "job.sh").write_text(script.stdout)
     out = subprocess.run(["sbatch", "--parsable", "job.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -55,15 +61,33 @@ def test_a_group_joins_as_a_job_step_on_another_node_and_its_step_ends_when_it_p
     own = {n.decode() for n in read_table(run_dir / "run.h5", "rank_map")["node"]}
     assert len(own) == 1, own
 
-    # sacct: the job's own step on its node, each group's joining step on another node, ended
-    def accounted():
-        rows = sacct_rows(job_id)
-        joins = {k: v for k, v in rows.items() if k.startswith(f"{job_id}.") and k.split(".")[1].isdigit()
-                 and k != f"{job_id}.0"}
-        done = rows.get(job_id, {}).get("State") == "COMPLETED" and len(joins) >= 2
-        return (rows, joins) if done else None
+    if how == "steps":  # sacct: the job's own step on its node, each group's joining step on another node, ended
+        def accounted():
+            rows = sacct_rows(job_id)
+            joins = {k: v for k, v in rows.items() if k.startswith(f"{job_id}.") and k.split(".")[1].isdigit()
+                     and k != f"{job_id}.0"}
+            done = rows.get(job_id, {}).get("State") == "COMPLETED" and len(joins) >= 2
+            return (rows, joins) if done else None
 
-    rows, joins = wait_for(accounted, 60, f"sacct to report job {job_id}'s steps")
-    assert rows[f"{job_id}.0"]["NodeList"] in own, rows
-    for key, row in joins.items():
-        assert row["State"] == "COMPLETED" and row["NodeList"] not in own and row["NNodes"] == "1", (key, row)
+        rows, joins = wait_for(accounted, 60, f"sacct to report job {job_id}'s steps")
+        assert rows[f"{job_id}.0"]["NodeList"] in own, rows
+        for key, row in joins.items():
+            assert row["State"] == "COMPLETED" and row["NodeList"] not in own and row["NNodes"] == "1", (key, row)
+        return
+
+    # jobs: each join a one-node job of its own, recorded beside the job and billed with it
+    jobs = [j.decode() for j in read_table(run_dir / "run.h5", "allocations")["job_id"]]
+    assert jobs[0] == job_id and len(jobs) == 3, jobs  # the run's job, group 0's join, group 1's join
+
+    def accounted():
+        rows = {j: sacct_rows(j).get(j, {}) for j in jobs}
+        return rows if all(r.get("State") == "COMPLETED" for r in rows.values()) else None
+
+    rows = wait_for(accounted, 60, f"sacct to report jobs {jobs}")
+    for j in jobs[1:]:
+        assert rows[j]["NNodes"] == "1" and rows[j]["NodeList"] not in own, rows
+    out = hpcrl("analyze", str(run_dir), "--out", str(tmp_path / "analysis"), "--no-html", timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = (tmp_path / "analysis" / "summary.md").read_text()
+    billed = sum(int(rows[j]["ElapsedRaw"]) * int(rows[j]["NNodes"]) for j in jobs)
+    assert f"| billed node-seconds (sacct) | {billed:,} |" in summary, summary[:3000]

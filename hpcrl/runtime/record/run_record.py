@@ -197,12 +197,14 @@ class RunRecord:
                 self.file.append(table, dict(rows))
 
     def activity(self, row: dict) -> None:
-        """A learner group's batch (learner_activity, its learner_cycles, its algo report) or park report."""
+        """A learner group's batch (learner_activity, its learner_cycles, its algo report), park or join report."""
         cycles, parked = row.pop("cycles", None), row.pop("parked", None)
         if (report := row.pop("algo_report", None)) is not None:  # algo.learner_report -> algo.end_round
             self.current["reports"].append(report)
         if parked:
             self.file.append("elastic_events", self.times(parked, ("time",)))
+        if (job := row.pop("allocation", None)) is not None:  # a joining group's batch job (learners.elastic=jobs)
+            self.rows.add("allocations", self.times(job, ("time",)))
         if "time_start" in row:
             self.file.append("learner_activity", self.times(row, ("time_start", "time_end")))
         if cycles and cycles["time"]:

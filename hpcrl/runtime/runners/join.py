@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         group.serve(member_share(algo, model, group), lambda: None, root_watch(args.root))
         comm.Free()
         inter.Disconnect()
+        if world.Get_rank() == 0:  # the root waits for this, not for the launcher (sbatch --wait polls for long)
+            Path(args.ready_file).with_suffix(".left").write_text("0")
     except BaseException:  # noqa: BLE001 - this step only: the job goes on
         sys.stderr.write(f"[joined rank {world.Get_rank()} of group {args.group}] hpcrl: failed\n"
                          + traceback.format_exc())

@@ -186,7 +186,7 @@ def _group_reduce(cfg, topo, run_dir: Path, device, counters, reports):
     """A learner rank's group: over its communicator, or (learners.elastic=steps) the root with ranks that join."""
     if topo.role != "learner":
         return None
-    if cfg.learners.elastic == "steps":
+    if cfg.learners.elastic != "park":
         from hpcrl.runtime.transport.joining import JoiningGroupReduce
 
         return JoiningGroupReduce(run_dir, topo.group, cfg.learners, cfg.launch, topo.nodes, counters, reports)

@@ -1,13 +1,16 @@
-"""A learner group whose other ranks join the running job while it is active (``learners.elastic: steps``).
+"""A learner group whose other ranks join the running job while it is active (``learners.elastic: steps | jobs``).
 
 The group's root is in the job's own launch (it takes fragments, prepares batches and pushes, as any
 root); its other ``ranks_per_group - 1`` ranks are not. The first time the group has a batch to train
 after it was activated (or at the start, for a group active from the start), the root
 
 1. opens an MPI port and writes it to ``RUN_DIR/joins/group-G-N.port``;
-2. starts the ranks as a new job step: ``srun --nodes=1 --ntasks=L-1 --exclude=<the job's own nodes>``
-   inside a Slurm allocation (the site of ``hpcrl submit``'s script, HPCRL_SITE), local ``mpiexec -n L-1``
-   elsewhere; each runs ``python -m hpcrl.runtime.runners.join`` (runtime/runners/join.py);
+2. starts the ranks: with ``steps`` as a new job step, ``srun --nodes=1 --nodelist=<a node of the allocation
+   without the job's own ranks> --ntasks=L-1`` inside a Slurm allocation (the site of ``hpcrl submit``'s
+   script, HPCRL_SITE), local ``mpiexec -n L-1`` elsewhere; with ``jobs`` as a batch job of its own,
+   ``sbatch --wait --nodes=1 --wrap "srun ..."`` in the job's partition, recorded as an ``allocations`` row
+   so that ``hpcrl analyze`` bills it; each rank runs ``python -m hpcrl.runtime.runners.join``
+   (runtime/runners/join.py);
 3. waits, beating and taking fragments, until their first rank writes ``group-G-N.ready`` just before it
    connects, then accepts: ``MPI_Comm_accept`` has no timeout and holds MPICH's lock (the other thread
    of a root waiting in it could not even beat), so the root enters it only once the ranks are there;
@@ -17,7 +20,7 @@ after it was activated (or at the start, for a group active from the start), the
    with a launched group (:class:`MpiGroupReduce`: shares out, MPI Allreduce of the gradients).
 
 When the group parks (or the run ends) the root releases the joined ranks; they leave (disconnect) and
-exit, so their step ends and its node goes back to the allocation. Each join, leave and given-up join
+exit, so their step (job) ends and its node goes back to the allocation (the cluster). Each join, leave and given-up join
 is a row of ``elastic_events`` (via the root's activity reports), with its seconds.
 """
 from __future__ import annotations
@@ -47,11 +50,13 @@ STEP_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NA
 counts, ranks and binding would become the new step's defaults)."""
 
 
-def step_environment(env: dict[str, str]) -> dict[str, str]:
-    """``env`` without what makes this process a rank of its own launch (PMI, Hydra, its Slurm step)."""
+def step_environment(env: dict[str, str], how: str = "steps") -> dict[str, str]:
+    """``env`` without what makes this process a rank of its own launch (PMI, Hydra, its Slurm step; with ``jobs``
+    every SLURM_ variable: the new job gets its own)."""
+    keep = STEP_VARIABLES if how == "steps" else ()
     return {k: v for k, v in env.items()
             if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "MPI_LOCAL"))
-            and (not k.startswith("SLURM_") or k in STEP_VARIABLES)}
+            and (not k.startswith("SLURM_") or k in keep)}
 
 
 def join_node(own_hosts: list[str], group: int, env: dict[str, str]) -> str:
@@ -68,24 +73,47 @@ def join_node(own_hosts: list[str], group: int, env: dict[str, str]) -> str:
     return spare[group % len(spare)]
 
 
-def join_launch_words(ranks: int, own_hosts: list[str], group: int, env: dict[str, str], launch_cfg) -> list[str]:
-    """The launcher words of a joining step of ``ranks`` ranks: srun on another node of the Slurm allocation
-    (the site from HPCRL_SITE), else this machine's mpiexec (``launch.mpiexec``, ``launch.mpiexec_args``)."""
-    if env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE"):
-        from hpcrl.launchers import Srun, for_site
-        from hpcrl.sites import load_site
+def site_srun(env: dict[str, str]):
+    """The Srun launcher of the site this job was submitted to (HPCRL_SITE)."""
+    from hpcrl.launchers import Srun, for_site
+    from hpcrl.sites import load_site
 
-        launcher = for_site(load_site(env["HPCRL_SITE"]), gpus=True)
-        if not isinstance(launcher, Srun):
-            raise RuntimeError(f"learners.elastic=steps: site {env['HPCRL_SITE']} launches with {launcher.kind}; "
-                               "allowed: a Slurm site (srun job steps)")
-        return [*launcher.words(ranks, ranks), "--nodes=1", f"--nodelist={join_node(own_hosts, group, env)}",
-                f"--job-name=hpcrl-join-group{group}", "--kill-on-bad-exit=1"]
+    launcher = for_site(load_site(env["HPCRL_SITE"]), gpus=True)
+    if not isinstance(launcher, Srun):
+        raise RuntimeError(f"learners.elastic: site {env['HPCRL_SITE']} launches with {launcher.kind}; allowed: a "
+                           "Slurm site (srun job steps, sbatch jobs)")
+    return launcher
+
+
+def join_command(how: str, ranks: int, own_hosts: list[str], group: int, env: dict[str, str], launch_cfg,
+                 command: list[str], log: Path) -> list[str]:
+    """The argv that starts ``command`` on ``ranks`` joining ranks (``how``: learners.elastic, steps or jobs)."""
+    name = f"--job-name=hpcrl-join-group{group}"
+    if how == "jobs":
+        if not (env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE")):
+            raise RuntimeError("learners.elastic=jobs: this run is not in a Slurm batch job of hpcrl submit "
+                               "(no SLURM_JOB_ID / HPCRL_SITE); allowed there only, or learners.elastic=steps")
+        from hpcrl.launchers import shell_line
+
+        queue = [f"--partition={env['SLURM_JOB_PARTITION']}"] if env.get("SLURM_JOB_PARTITION") else []
+        account = [f"--account={env['SLURM_JOB_ACCOUNT']}"] if env.get("SLURM_JOB_ACCOUNT") else []
+        # --wait: this process lives as long as the job does (its exit status is the job's)
+        # not on the job's own nodes, where a shared partition would pack it beside the job's ranks
+        away = f"--exclude={','.join(sorted(set(own_hosts)))}"
+        return ["sbatch", "--wait", "--parsable", "--nodes=1", f"--ntasks={ranks}", name, f"--output={log}", away,
+                *queue, *account, "--wrap", shell_line([*site_srun(env).words(ranks, ranks), *command])]
+    if env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE"):
+        return [*site_srun(env).words(ranks, ranks), "--nodes=1", f"--nodelist={join_node(own_hosts, group, env)}",
+                name, "--kill-on-bad-exit=1", *command]
     from hpcrl.launch import find_mpiexec, mpi_flavour
     from hpcrl.launchers import LocalMpiexec
 
     mpiexec = find_mpiexec(launch_cfg)
-    return LocalMpiexec(mpiexec, mpi_flavour(mpiexec), tuple(launch_cfg.mpiexec_args)).words(ranks, ranks)
+    return [*LocalMpiexec(mpiexec, mpi_flavour(mpiexec), tuple(launch_cfg.mpiexec_args)).words(ranks, ranks),
+            *command]
+    from hpcrl.launch import find_mpiexec, mpi_flavour
+    from hpcrl.launchers import LocalMpiexec
+
 
 
 class JoiningGroupReduce:
@@ -95,6 +123,8 @@ class JoiningGroupReduce:
                  counters, reports) -> None:
         self.run_dir, self.group, self.size = Path(run_dir), group, learners_cfg.ranks_per_group
         self.timeout, self.launch_cfg, self.own_hosts = learners_cfg.join_timeout_seconds, launch_cfg, own_hosts
+        self.how = learners_cfg.elastic  # steps or jobs
+        self._job_id: str | None = None  # jobs: the joining batch job's id (sbatch --parsable)
         self.counters, self.reports = counters, reports
         self.inner: MpiGroupReduce | None = None  # over the root and the joined ranks, while they are here
         self.given_up = False  # this activation's join failed: the root computes alone until the next one
@@ -119,14 +149,18 @@ class JoiningGroupReduce:
         tmp = stem.with_suffix(".port.tmp")
         tmp.write_text(self._port)
         os.replace(tmp, port_file)
-        members = self.size - 1
-        words = join_launch_words(members, self.own_hosts, self.group, os.environ, self.launch_cfg)
-        command = [*words, sys.executable, "-m", "hpcrl.runtime.runners.join", str(self.run_dir),
-                   "--group", str(self.group), "--port-file", str(port_file), "--ready-file", str(ready_file),
-                   "--root", f"{socket.gethostname()}:{os.getpid()}"]
-        with open(stem.with_suffix(".log"), "w") as log:
-            self._proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=step_environment(dict(os.environ)), start_new_session=True)
+        ranks = [sys.executable, "-m", "hpcrl.runtime.runners.join", str(self.run_dir), "--group", str(self.group),
+                 "--port-file", str(port_file), "--ready-file", str(ready_file),
+                 "--root", f"{socket.gethostname()}:{os.getpid()}"]
+        log = stem.with_suffix(".log")
+        command = join_command(self.how, self.size - 1, self.own_hosts, self.group, dict(os.environ), self.launch_cfg,
+                               ranks, log)
+        # jobs: sbatch's own output (the job id) apart from the job's (--output=log)
+        out = stem.with_suffix(".sbatch") if self.how == "jobs" else log
+        self._job_id = None
+        with open(out, "w") as f:
+            self._proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=step_environment(dict(os.environ), self.how), start_new_session=True)
         start = time.monotonic()
         while not ready_file.exists():
             tick()
@@ -142,6 +176,18 @@ class JoiningGroupReduce:
         self.inner = MpiGroupReduce(self._inter.Merge(high=False), "auto", torch.device("cpu"))
         self._joined_at = time.monotonic()
         self._event("joined", "job_step", time.monotonic() - start)
+        if self.how == "jobs":
+            self._record_job(stem.with_suffix(".sbatch"))
+
+    def _record_job(self, sbatch_out: Path) -> None:
+        """The joining job as an allocations row (rank 0 writes it): hpcrl analyze bills it from sacct."""
+        from hpcrl.runtime.record.allocation import batch_job
+
+        self._job_id = sbatch_out.read_text().split(";")[0].strip() or None
+        row = batch_job({**os.environ, "SLURM_JOB_ID": self._job_id or "", "SLURM_JOB_NUM_NODES": "1",
+                         "SLURM_STEP_ID": ""})
+        if row is not None:
+            self.reports.send("activity", {"allocation": {"time": time.time(), **row}})
 
     def _give_up(self, start: float, reason: str) -> None:
         from mpi4py import MPI
@@ -156,7 +202,12 @@ class JoiningGroupReduce:
               + f" (log: {self.run_dir / JOIN_DIR}); the group's root computes alone until it is parked", flush=True)
 
     def _stop_step(self) -> int | None:
-        """End the step's process (it ended by itself, or is killed): its exit status."""
+        """End the step's process (it ended by itself, or is killed; a joining job is cancelled): its exit status."""
+        if self.how == "jobs" and self._proc.poll() is None:
+            job = self._job_id or self.run_dir.joinpath(JOIN_DIR, f"group-{self.group}-{self.joins - 1}.sbatch"
+                                                        ).read_text().split(";")[0].strip()
+            if job:
+                subprocess.run(["scancel", job], capture_output=True, timeout=30)
         if self._proc.poll() is None:
             try:
                 os.killpg(self._proc.pid, signal.SIGTERM)
@@ -177,10 +228,21 @@ class JoiningGroupReduce:
         self.inner.comm.Free()
         self._inter.Disconnect()
         MPI.Close_port(self._port)
-        try:
-            code = self._proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            code = self._stop_step()
+        left = self.run_dir / JOIN_DIR / f"group-{self.group}-{self.joins - 1}.left"
+        deadline = time.monotonic() + 60
+        while self._proc.poll() is None and not left.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self.how == "jobs" and self._proc.poll() is None and left.exists():
+            # sbatch --wait: its job ends by itself now; it would poll for up to half a minute more, and it
+            # finishes its poll before it acts on SIGTERM
+            self._proc.kill()
+            self._proc.wait()
+            code = 0  # the ranks left cleanly (they write .left after they disconnected)
+        else:
+            try:
+                code = self._proc.wait(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                code = self._stop_step()
         self.inner = None
         self._event("left", "job_step" if code == 0 else "join_ended", time.monotonic() - self._joined_at)
 

@@ -136,3 +136,36 @@ def test_ranks_that_do_not_connect_in_time_are_given_up_and_the_root_trains_alon
     assert (0, "join_given_up", "join_timeout") in events(run_dir / "run.h5")
     grads = read_table(run_dir / "run.h5", "gradients")
     assert grads["admitted"].sum() > 0 and len(np.unique(grads["seq"])) == len(grads["seq"])
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_joined_rank_killed_mid_run_is_dropped_and_the_run_goes_on(tmp_path):
+    import os
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    data = steps_config(run_dir)
+    data["learners"].update(groups=1)
+    data["stop"].update(max_rounds=None, total_env_steps=30_000)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    job = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", "-q", str(path)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    ready = run_dir / "joins" / "group-0-0.ready"
+    deadline = time.monotonic() + 120
+    while not ready.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ready.exists(), job.communicate(timeout=120)[0][-3000:]
+    time.sleep(2.0)  # pushing by now
+    os.kill(int(ready.read_text().split()[1]), signal.SIGKILL)  # the joined rank (host and pid in .ready)
+    out = job.communicate(timeout=180)[0]
+    assert job.returncode == 0, out[-3000:]
+    assert "learner group 0: its joined ranks ended" in out
+    got = events(run_dir / "run.h5")
+    assert (0, "joined", "job_step") in got and (0, "left", "join_ended") in got, got
+    grads = read_table(run_dir / "run.h5", "gradients")
+    seq = grads["seq"]
+    assert len(np.unique(seq)) == len(seq) and seq.max() == len(seq) - 1  # no push lost from the count, none twice
+    assert grads["admitted"].sum() >= len(seq) - 2

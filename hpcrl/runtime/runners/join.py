@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         from hpcrl.runtime.roles.sampler import describe_env
         from hpcrl.runtime.runners.job import learner_device, role_parts
         from hpcrl.runtime.runners.mpi import CONFIG_FILE
-        from hpcrl.runtime.transport.group_reduce import MpiGroupReduce
+        from hpcrl.runtime.transport.joining import JoinedReduce
 
         torch.set_num_threads(1)
         cfg = load_config(Path(args.run_dir) / CONFIG_FILE)
@@ -51,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         port = Path(args.port_file).read_text()
         if world.Get_rank() == 0:
             tmp = Path(f"{args.ready_file}.tmp")
-            tmp.write_text(MPI.Get_processor_name())
+            tmp.write_text(f"{MPI.Get_processor_name()} {os.getpid()}")  # host and pid of the first joined rank
             os.replace(tmp, args.ready_file)
         inter = world.Connect(port, root=0)
         comm = inter.Merge(high=True)
-        group = MpiGroupReduce(comm, "auto", torch.device("cpu"))  # MPI averaging, as the root does
-        group.serve(member_share(algo, model, group), lambda: None, root_watch(args.root))
+        group = JoinedReduce(comm, root_gone(args.root))
+        group.serve(member_share(algo, model, group), lambda: None)
         comm.Free()
         inter.Disconnect()
         if world.Get_rank() == 0:  # the root waits for this, not for the launcher (sbatch --wait polls for long)
@@ -69,22 +69,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def root_watch(root: str):
-    """A check for the member loop's waits: raises once the root process (HOST:PID, on this host) is gone, so a
-    job that was killed leaves no joined rank waiting for it."""
+def root_gone(root: str):
+    """True once the root process (HOST:PID, on this host) is gone, so a job that was killed leaves no joined rank
+    waiting for it (checked between polls; on another host the allocation's end ends the rank)."""
     import socket
 
     host, _, pid = root.rpartition(":")
     if not pid or host != socket.gethostname():
-        return lambda: None
+        return lambda: False
 
-    def check() -> None:
+    def gone() -> bool:
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            raise RuntimeError(f"the group's root (pid {pid} on {host}) is gone") from None
+            return True
+        return False
 
-    return check
+    return gone
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ TAG_ACTIVITY = 13
 """Learner group root -> parameter rank: one learner_activity row (a stretch of computation)."""
 TAG_EVAL = 14
 """Evaluating actor -> parameter rank: the episodes of one evaluation."""
+TAG_SHARE = 15
+"""Joined learner rank -> its group's root: the gradient of its share of a minibatch (runtime/transport/joining.py)."""
 
 GRAD_STATS = ("loss", "compute_seconds", "mailbox_wait_seconds", "new_env_steps", "policy_loss",
               "value_loss", "entropy", "kl", "busy_seconds", "inner_steps")

@@ -16,8 +16,12 @@ after it was activated (or at the start, for a group active from the start), the
    of a root waiting in it could not even beat), so the root enters it only once the ranks are there;
    a step that ends first, or is not ready within ``learners.join_timeout_seconds`` (queued, dead), is
    killed and given up: the root computes alone until the group is parked and activated again;
-4. merges the intercommunicator into one communicator (the root is rank 0) and works with it exactly as
-   with a launched group (:class:`MpiGroupReduce`: shares out, MPI Allreduce of the gradients).
+4. merges the intercommunicator into one communicator (the root is rank 0) and works with it as with a
+   launched group, in point-to-point messages that the root polls (:class:`JoinedReduce`: shares out, the
+   members' share gradients back to the root, which averages them): a joined rank that dies (its job
+   cancelled, its node lost) ends its launch, and the root, which checks that launch while it waits, drops
+   the joined ranks instead of waiting for ever in a collective. The minibatch in flight is then trained on
+   the root's own share; every gradient already pushed stays admitted, and none is pushed twice.
 
 When the group parks (or the run ends) the root releases the joined ranks; they leave (disconnect) and
 exit, so their step (job) ends and its node goes back to the allocation (the cluster). Each join, leave and given-up join
@@ -36,8 +40,9 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.transport import control
-from hpcrl.runtime.transport.group_reduce import MpiGroupReduce, share_of
+from hpcrl.runtime.transport.group_reduce import host_rows, share_of
 
 if TYPE_CHECKING:
     import torch
@@ -116,6 +121,64 @@ def join_command(how: str, ranks: int, own_hosts: list[str], group: int, env: di
 
 
 
+class JoinLost(Exception):
+    """The joined ranks' launch ended while the root waited for them."""
+
+
+class JoinedReduce:
+    """The root and its joined ranks over their merged communicator, in polled point-to-point messages.
+
+    ``lost()`` (root: the joined ranks' launch has ended; member: the root is gone) is checked between polls;
+    the root raises :class:`JoinLost`, a member RuntimeError."""
+
+    def __init__(self, comm, lost: Callable[[], bool]) -> None:
+        self.comm, self.lost = comm, lost
+        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+
+    def _wait(self, requests) -> None:
+        from mpi4py import MPI
+
+        backoff = Backoff(5e-5, 2e-3)
+        while not MPI.Request.Testall(requests):
+            if self.lost():  # the requests stay pending: the communicator is dropped, never freed
+                raise JoinLost("the joined ranks' launch ended") if self.rank == 0 else RuntimeError("the root is gone")
+            backoff.sleep()
+
+    def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None
+                 ) -> tuple[dict, list[np.ndarray] | None]:
+        requests = []
+        for r in range(1, self.size):
+            rows, rows_window = share_of(minibatch, window, r, self.size)
+            requests.append(self.comm.isend({"weights": weights, "batch": host_rows(rows), "window": rows_window},
+                                            dest=r, tag=control.TAG_WORK))
+        self._wait(requests)
+        return share_of(minibatch, window, 0, self.size)
+
+    def average(self, grad: torch.Tensor) -> np.ndarray:
+        """Root: the mean of its own and every member's share gradient; member: its share gradient to the root."""
+        mine = np.ascontiguousarray(grad.detach().cpu().numpy(), dtype=np.float32)
+        if self.rank:
+            self._wait([self.comm.Isend(mine, dest=0, tag=control.TAG_SHARE)])
+            return mine
+        theirs = [np.empty_like(mine) for _ in range(1, self.size)]
+        self._wait([self.comm.Irecv(buf, source=r, tag=control.TAG_SHARE) for r, buf in enumerate(theirs, 1)])
+        return (mine + sum(theirs)) / self.size
+
+    def release(self) -> None:
+        self._wait([self.comm.isend(None, dest=r, tag=control.TAG_WORK) for r in range(1, self.size)])
+
+    def serve(self, share, check) -> None:
+        """A member's loop: ``share(weights, batch, window)`` for each piece of work, until None."""
+        while True:
+            work = control.recv_polling(self.comm, 0, control.TAG_WORK, Backoff(5e-5, 2e-3), abandon=self.lost)
+            check()
+            if work is None:
+                if self.lost():
+                    raise RuntimeError("the root is gone")
+                return
+            share(work["weights"], work["batch"], work["window"])
+
+
 class JoiningGroupReduce:
     """The group root's :class:`protocols.GroupReduce` for a group whose members join and leave."""
 
@@ -126,7 +189,7 @@ class JoiningGroupReduce:
         self.how = learners_cfg.elastic  # steps or jobs
         self._job_id: str | None = None  # jobs: the joining batch job's id (sbatch --parsable)
         self.counters, self.reports = counters, reports
-        self.inner: MpiGroupReduce | None = None  # over the root and the joined ranks, while they are here
+        self.inner: JoinedReduce | None = None  # over the root and the joined ranks, while they are here
         self.given_up = False  # this activation's join failed: the root computes alone until the next one
         self.joins = 0
         self._port = self._inter = self._proc = None
@@ -170,10 +233,7 @@ class JoiningGroupReduce:
                 return
             time.sleep(0.02)
         self._inter = MPI.COMM_SELF.Accept(self._port)
-        # one backend on both sides: the joined ranks may hold GPUs the root does not, so they average over MPI
-        import torch
-
-        self.inner = MpiGroupReduce(self._inter.Merge(high=False), "auto", torch.device("cpu"))
+        self.inner = JoinedReduce(self._inter.Merge(high=False), lambda: self._proc.poll() is not None)
         self._joined_at = time.monotonic()
         self._event("joined", "job_step", time.monotonic() - start)
         if self.how == "jobs":
@@ -216,6 +276,18 @@ class JoiningGroupReduce:
                 os.killpg(self._proc.pid, signal.SIGKILL)
         return self._proc.wait()
 
+    def _lost(self) -> None:
+        """The joined ranks' launch ended while the root waited for them: drop them, say so, go on alone."""
+        from mpi4py import MPI
+
+        code = self._stop_step()
+        MPI.Close_port(self._port)  # their communicators are not freed: a disconnect would wait for the dead
+        self.inner = None
+        self.given_up = True
+        self._event("left", "join_ended", time.monotonic() - self._joined_at)
+        print(f"hpcrl: learner group {self.group}: its joined ranks ended (launch exit {code}; log: "
+              f"{self.run_dir / JOIN_DIR}); the group's root computes alone until it is parked", flush=True)
+
     def _leave(self) -> None:
         """Release the joined ranks, disconnect; they exit and their step ends."""
         from mpi4py import MPI
@@ -223,8 +295,12 @@ class JoiningGroupReduce:
         if self.inner is None:
             self.given_up = False  # the next activation tries again
             return
-        self.inner.release()
-        self.inner.close()
+        try:
+            self.inner.release()
+        except JoinLost:
+            self._lost()
+            self.given_up = False
+            return
         self.inner.comm.Free()
         self._inter.Disconnect()
         MPI.Close_port(self._port)
@@ -256,12 +332,20 @@ class JoiningGroupReduce:
     # ---- protocols.GroupReduce ---------------------------------------------------------------
     def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None
                  ) -> tuple[dict, list[np.ndarray] | None]:
-        if self.inner is None:  # given up: the whole minibatch is the root's
-            return share_of(minibatch, window, 0, 1)
-        return self.inner.hand_out(weights, minibatch, window)
+        if self.inner is not None:
+            try:
+                return self.inner.hand_out(weights, minibatch, window)
+            except JoinLost:
+                self._lost()
+        return share_of(minibatch, window, 0, 1)  # given up or lost: the whole minibatch is the root's
 
     def average(self, grad: torch.Tensor) -> np.ndarray:
-        return grad.detach().cpu().numpy() if self.inner is None else self.inner.average(grad)
+        if self.inner is not None:
+            try:
+                return self.inner.average(grad)
+            except JoinLost:  # this minibatch's gradient is the root's own share's
+                self._lost()
+        return grad.detach().cpu().numpy()
 
     def park(self) -> None:
         self._leave()

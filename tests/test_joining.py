@@ -16,7 +16,7 @@ import yaml
 from hpcrl.config import ConfigError, build_config
 from hpcrl.io import read_table
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
-from hpcrl.runtime.transport.joining import join_command, step_environment
+from hpcrl.runtime.transport.joining import join_command, joining_refused, step_environment
 
 ACTION = {name: i for i, name in enumerate(ELASTIC_ACTIONS)}
 REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
@@ -93,6 +93,19 @@ def test_a_joining_step_gets_the_allocation_not_the_roots_own_rank(monkeypatch):
         join_command("jobs", 3, ["vm"], 0, {"PATH": "/bin"}, launch, ranks, "LOG")
 
 
+def test_a_run_where_no_ranks_can_join_is_refused_at_start_in_one_line(tmp_path):
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("SLURM_", "PBS_", "HPCRL_SITE"))}
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "-o", "learners.elastic=jobs", "-o",
+                          "learners.ranks_per_group=2", "-o", f"io.run_dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2 and not (tmp_path / "run").exists()
+    assert res.stderr.strip().splitlines()[-1].startswith("hpcrl run: error: learners.elastic=jobs: joining ranks are "
+                                                          "submitted as Slurm batch jobs")
+    assert "PALS has no job steps" in joining_refused("steps", {"PBS_JOBID": "1.polaris"})
+    assert joining_refused("steps", {}) is None
+    assert joining_refused("jobs", {"SLURM_JOB_ID": "7", "HPCRL_SITE": "local-cluster"}) is None
+
+
 def events(h5) -> list[tuple[int, str, str]]:
     ev = read_table(h5, "elastic_events")
     order = np.argsort(ev["time"], kind="stable")
@@ -100,6 +113,7 @@ def events(h5) -> list[tuple[int, str, str]]:
 
 
 @pytest.mark.mpi
+@pytest.mark.parallel_safe
 @pytest.mark.slow
 def test_a_group_joins_when_activated_pushes_and_leaves_when_parked(tmp_path):
     run_dir = tmp_path / "run"
@@ -124,6 +138,7 @@ def test_a_group_joins_when_activated_pushes_and_leaves_when_parked(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.parallel_safe
 @pytest.mark.slow
 def test_ranks_that_do_not_connect_in_time_are_given_up_and_the_root_trains_alone(tmp_path):
     run_dir = tmp_path / "run"
@@ -139,6 +154,7 @@ def test_ranks_that_do_not_connect_in_time_are_given_up_and_the_root_trains_alon
 
 
 @pytest.mark.mpi
+@pytest.mark.parallel_safe
 @pytest.mark.slow
 def test_a_joined_rank_killed_mid_run_is_dropped_and_the_run_goes_on(tmp_path):
     import os

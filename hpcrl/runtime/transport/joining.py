@@ -78,6 +78,19 @@ def join_node(own_hosts: list[str], group: int, env: dict[str, str]) -> str:
     return spare[group % len(spare)]
 
 
+def joining_refused(how: str, env) -> str | None:
+    """Why ``learners.elastic=how`` cannot add ranks where this run starts (one line), or None."""
+    slurm = bool(env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE"))
+    if how == "jobs" and not slurm:
+        return ("learners.elastic=jobs: joining ranks are submitted as Slurm batch jobs, and this run is not in a "
+                "batch job of hpcrl submit on a Slurm site (no SLURM_JOB_ID / HPCRL_SITE); allowed here: "
+                "learners.elastic=steps (a second mpiexec on this machine) or park")
+    if env.get("PBS_JOBID"):
+        return (f"learners.elastic={how}: this run is in a PBS job, where hpcrl cannot start joining ranks (PALS "
+                "has no job steps on other nodes of the allocation); allowed: learners.elastic=park")
+    return None
+
+
 def site_srun(env: dict[str, str]):
     """The Srun launcher of the site this job was submitted to (HPCRL_SITE)."""
     from hpcrl.launchers import Srun, for_site

@@ -6,8 +6,11 @@ it as a Slurm job step on another node.
 """
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -36,6 +39,13 @@ def steps_config(run_dir, **extra) -> dict:
     for key, value in extra.items():
         section, name = key.split("__")
         data.setdefault(section, {})[name] = value
+    return data
+
+
+def one_group(run_dir, stop: dict, **learners) -> dict:
+    data = steps_config(run_dir)
+    data["learners"].update(groups=1, **learners)
+    data["stop"].update(stop)
     return data
 
 
@@ -94,7 +104,7 @@ def test_a_joining_step_gets_the_allocation_not_the_roots_own_rank(monkeypatch):
 
 
 def test_a_run_where_no_ranks_can_join_is_refused_at_start_in_one_line(tmp_path):
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("SLURM_", "PBS_", "HPCRL_SITE"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "HPCRL_SITE"))}
     res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "-o", "learners.elastic=jobs", "-o",
                           "learners.ranks_per_group=2", "-o", f"io.run_dir={tmp_path / 'run'}"],
                          capture_output=True, text=True, timeout=120, env=env)
@@ -142,10 +152,7 @@ def test_a_group_joins_when_activated_pushes_and_leaves_when_parked(tmp_path):
 @pytest.mark.slow
 def test_ranks_that_do_not_connect_in_time_are_given_up_and_the_root_trains_alone(tmp_path):
     run_dir = tmp_path / "run"
-    data = steps_config(run_dir)
-    data["learners"].update(groups=1, join_timeout_seconds=0.05)  # no Python starts that fast
-    data["stop"]["max_rounds"] = 6
-    res = run(tmp_path, data)
+    res = run(tmp_path, one_group(run_dir, {"max_rounds": 6}, join_timeout_seconds=0.05))  # no Python starts that fast
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "did not connect within learners.join_timeout_seconds=0.05" in res.stdout + res.stderr
     assert (0, "join_given_up", "join_timeout") in events(run_dir / "run.h5")
@@ -157,16 +164,9 @@ def test_ranks_that_do_not_connect_in_time_are_given_up_and_the_root_trains_alon
 @pytest.mark.parallel_safe
 @pytest.mark.slow
 def test_a_joined_rank_killed_mid_run_is_dropped_and_the_run_goes_on(tmp_path):
-    import os
-    import signal
-    import time
-
     run_dir = tmp_path / "run"
-    data = steps_config(run_dir)
-    data["learners"].update(groups=1)
-    data["stop"].update(max_rounds=None, total_env_steps=30_000)
     path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(yaml.safe_dump(one_group(run_dir, {"max_rounds": None, "total_env_steps": 30_000})))
     job = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", "-q", str(path)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     ready = run_dir / "joins" / "group-0-0.ready"

@@ -49,16 +49,23 @@ class ActiveGroups:
         self.algo_decides = need is not None
         if need is None or (need := min(max(int(need), 1), self.groups)) == self.active:
             return
-        more = need > self.active
-        changed = range(self.active, need) if more else range(need, self.active)
-        self.active = need
-        if events:  # the new map first: a learner that sees the new count then pulls weights with the map behind it
+        # with events, the new map goes out first: a learner that sees the new count then pulls weights with the
+        # map behind it
+        self._move_to(need, record, ("policies_split", "policies_merged"), events, new_version=events)
+
+    def _move_to(self, active: int, record, reasons: tuple[str, str], events: bool = True,
+                 new_version: bool = False) -> None:
+        """Groups 0 .. active-1 active from now on: the counter word, the record, and (with ``events``) a row of
+        elastic_events per group activated (``reasons[0]``) or parked (``reasons[1]``)."""
+        more = active > self.active
+        changed = range(self.active, active) if more else range(active, self.active)
+        self.active = active
+        if new_version:
             self.publish_version()
-        self.counters.set(control.ACTIVE, need)
-        record.active(need)
+        self.counters.set(control.ACTIVE, active)
+        record.active(active)
         for g in changed if events else ():
-            record.group_event(g, "activate" if more else "park", "policies_split" if more else "policies_merged",
-                                    need)
+            record.group_event(g, "activate" if more else "park", reasons[0] if more else reasons[1], active)
 
     def end_round(self, round_: int, algo, model, record) -> None:
         """At a round's end: the algorithm's count, or the debug schedule's."""
@@ -67,12 +74,7 @@ class ActiveGroups:
             return
         want = min(max(self.schedule[min(round_, len(self.schedule) - 1)], self.lo), self.hi)
         if want != self.active:
-            changed = range(self.active, want) if want > self.active else range(want, self.active)
-            action = "activate" if want > self.active else "park"
-            self.active = want
-            self.counters.set(control.ACTIVE, want)
-            for g in changed:
-                record.group_event(g, action, "scheduled", want)
+            self._move_to(want, record, ("scheduled", "scheduled"))
 
     def elastic(self, now: float, record) -> None:
         """Activate or park one learner group when the elastic rule says so; record the decision."""

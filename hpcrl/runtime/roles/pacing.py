@@ -24,11 +24,11 @@ add up to half of it again to every gradient."""
 
 class Pacing:
     def __init__(self, pacing: str, counters, board, groups: int, group: int, tick: Callable[[], None],
-                 idle: Callable[[str], float]) -> None:
+                 lap: Callable[[str], float]) -> None:
         self.lockstep, self.held = pacing == "lockstep", pacing == "held"
         self.counters, self.board = counters, board
         self.held_word = control.held_word(groups, group)
-        self.tick, self.idle = tick, idle  # idle: the cycle clock's lap
+        self.tick, self.lap = tick, lap  # lap: the group's cycle clock (learner_cycles phases)
         self.last_base: int | None = None  # base version of this group's last push
 
     def before_pull(self) -> bool:
@@ -52,5 +52,5 @@ class Pacing:
                 return False
             self.tick()
             backoff.sleep()
-            self.idle("idle")
+            self.lap("idle")
         return True

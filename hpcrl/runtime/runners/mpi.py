@@ -183,7 +183,8 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
 
 
 def _group_reduce(cfg, topo, run_dir: Path, device, counters, reports):
-    """A learner rank's group: over its communicator, or (learners.elastic=steps) the root with ranks that join."""
+    """A learner rank's group: over its communicator, or (learners.elastic steps / jobs) the root with ranks that
+    join."""
     if topo.role != "learner":
         return None
     if cfg.learners.elastic != "park":

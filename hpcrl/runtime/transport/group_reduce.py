@@ -48,6 +48,12 @@ def host_rows(batch: dict) -> dict:
     return {k: v.detach().cpu().numpy() for k, v in batch.items()}
 
 
+def member_work(weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None, rank: int, size: int) -> dict:
+    """What the root sends member ``rank``: the weights, its rows of the minibatch (on the host) and of the IS window."""
+    rows, rows_window = share_of(minibatch, window, rank, size)
+    return {"weights": weights, "batch": host_rows(rows), "window": rows_window}
+
+
 class MpiGroupReduce:
     """A learner group over its MPI communicator (``topo.group_comm``): work to the members, the reducer's average.
 
@@ -61,9 +67,7 @@ class MpiGroupReduce:
     def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None
                  ) -> tuple[dict, list[np.ndarray] | None]:
         for r in range(1, self.size):
-            rows, rows_window = share_of(minibatch, window, r, self.size)
-            self.comm.send({"weights": weights, "batch": host_rows(rows), "window": rows_window}, dest=r,
-                           tag=control.TAG_WORK)
+            self.comm.send(member_work(weights, minibatch, window, r, self.size), dest=r, tag=control.TAG_WORK)
         return share_of(minibatch, window, 0, self.size)
 
     def ready(self, tick) -> None:

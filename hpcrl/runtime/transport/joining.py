@@ -42,7 +42,7 @@ import numpy as np
 
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.transport import control
-from hpcrl.runtime.transport.group_reduce import host_rows, share_of
+from hpcrl.runtime.transport.group_reduce import member_work, share_of
 
 if TYPE_CHECKING:
     import torch
@@ -159,12 +159,8 @@ class JoinedReduce:
 
     def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None
                  ) -> tuple[dict, list[np.ndarray] | None]:
-        requests = []
-        for r in range(1, self.size):
-            rows, rows_window = share_of(minibatch, window, r, self.size)
-            requests.append(self.comm.isend({"weights": weights, "batch": host_rows(rows), "window": rows_window},
-                                            dest=r, tag=control.TAG_WORK))
-        self._wait(requests)
+        self._wait([self.comm.isend(member_work(weights, minibatch, window, r, self.size), dest=r, tag=control.TAG_WORK)
+                    for r in range(1, self.size)])
         return share_of(minibatch, window, 0, self.size)
 
     def average(self, grad: torch.Tensor) -> np.ndarray:
@@ -200,12 +196,12 @@ class JoiningGroupReduce:
         self.run_dir, self.group, self.size = Path(run_dir), group, learners_cfg.ranks_per_group
         self.timeout, self.launch_cfg, self.own_hosts = learners_cfg.join_timeout_seconds, launch_cfg, own_hosts
         self.how = learners_cfg.elastic  # steps or jobs
-        self._job_id: str | None = None  # jobs: the joining batch job's id (sbatch --parsable)
         self.counters, self.reports = counters, reports
         self.inner: JoinedReduce | None = None  # over the root and the joined ranks, while they are here
         self.given_up = False  # this activation's join failed: the root computes alone until the next one
         self.joins = 0
         self._port = self._inter = self._proc = None
+        self._stem: Path | None = None  # RUN_DIR/joins/group-G-N: the current join's files are this with a suffix
         self._joined_at = 0.0
 
     # ---- join and leave ----------------------------------------------------------------------
@@ -218,7 +214,7 @@ class JoiningGroupReduce:
 
         folder = self.run_dir / JOIN_DIR
         folder.mkdir(exist_ok=True)
-        stem = folder / f"group-{self.group}-{self.joins}"
+        self._stem = stem = folder / f"group-{self.group}-{self.joins}"
         self.joins += 1
         port_file, ready_file = stem.with_suffix(".port"), stem.with_suffix(".ready")
         self._port = MPI.Open_port()
@@ -233,7 +229,6 @@ class JoiningGroupReduce:
                                ranks, log)
         # jobs: sbatch's own output (the job id) apart from the job's (--output=log)
         out = stem.with_suffix(".sbatch") if self.how == "jobs" else log
-        self._job_id = None
         with open(out, "w") as f:
             self._proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           env=step_environment(dict(os.environ), self.how), start_new_session=True)
@@ -250,14 +245,17 @@ class JoiningGroupReduce:
         self._joined_at = time.monotonic()
         self._event("joined", "job_step", time.monotonic() - start)
         if self.how == "jobs":
-            self._record_job(stem.with_suffix(".sbatch"))
+            self._record_job()
 
-    def _record_job(self, sbatch_out: Path) -> None:
+    def _job_id(self) -> str:
+        """jobs: the current joining job's id, as sbatch --parsable printed it ('' before it did)."""
+        return self._stem.with_suffix(".sbatch").read_text().split(";")[0].strip()
+
+    def _record_job(self) -> None:
         """The joining job as an allocations row (rank 0 writes it): hpcrl analyze bills it from sacct."""
         from hpcrl.runtime.record.allocation import batch_job
 
-        self._job_id = sbatch_out.read_text().split(";")[0].strip() or None
-        row = batch_job({**os.environ, "SLURM_JOB_ID": self._job_id or "", "SLURM_JOB_NUM_NODES": "1",
+        row = batch_job({**os.environ, "SLURM_JOB_ID": self._job_id(), "SLURM_JOB_NUM_NODES": "1",
                          "SLURM_STEP_ID": ""})
         if row is not None:
             self.reports.send("activity", {"allocation": {"time": time.time(), **row}})
@@ -276,11 +274,8 @@ class JoiningGroupReduce:
 
     def _stop_step(self) -> int | None:
         """End the step's process (it ended by itself, or is killed; a joining job is cancelled): its exit status."""
-        if self.how == "jobs" and self._proc.poll() is None:
-            job = self._job_id or self.run_dir.joinpath(JOIN_DIR, f"group-{self.group}-{self.joins - 1}.sbatch"
-                                                        ).read_text().split(";")[0].strip()
-            if job:
-                subprocess.run(["scancel", job], capture_output=True, timeout=30)
+        if self.how == "jobs" and self._proc.poll() is None and (job := self._job_id()):
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)
         if self._proc.poll() is None:
             try:
                 os.killpg(self._proc.pid, signal.SIGTERM)
@@ -317,7 +312,7 @@ class JoiningGroupReduce:
         self.inner.comm.Free()
         self._inter.Disconnect()
         MPI.Close_port(self._port)
-        left = self.run_dir / JOIN_DIR / f"group-{self.group}-{self.joins - 1}.left"
+        left = self._stem.with_suffix(".left")
         deadline = time.monotonic() + 60
         while self._proc.poll() is None and not left.exists() and time.monotonic() < deadline:
             time.sleep(0.02)

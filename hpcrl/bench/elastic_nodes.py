@@ -23,7 +23,6 @@ The default job (256 steps a batch) needs ``-o algo.minibatch_size=64`` for two 
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 import tempfile
@@ -32,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcrl.bench.scale_model import wait_job
+
 ARMS = ("static", "jobs", "steps")
-DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
 def arm_overrides(arm: str, groups: int, ranks_per_group: int) -> list[str]:
@@ -41,12 +41,6 @@ def arm_overrides(arm: str, groups: int, ranks_per_group: int) -> list[str]:
     if arm == "static":
         return [*common, "learners.elastic=park", f"learners.min_active={groups}"]
     return [*common, f"learners.elastic={arm}", "learners.min_active=1"]
-
-
-def job_state(job_id: str) -> str:
-    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
-    m = re.search(r"\bJobState=(\S+)", out)
-    return m[1] if m and m[1] in DONE else ""
 
 
 def run_arm(arm: str, seed: int, args, out: Path) -> Path:
@@ -60,12 +54,7 @@ def run_arm(arm: str, seed: int, args, out: Path) -> Path:
     if done.returncode:
         raise SystemExit(f"elastic-nodes: hpcrl submit failed for {arm}: {done.stderr.strip()}")
     job_id = done.stdout.split()[-1]
-    deadline = time.monotonic() + args.timeout
-    while not (state := job_state(job_id)):
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id], timeout=30)
-            raise SystemExit(f"elastic-nodes: job {job_id} ({arm}) did not end within --timeout {args.timeout:g} s")
-        time.sleep(2)
+    state = wait_job(job_id, args.timeout)  # cancels the job past the timeout
     if state != "COMPLETED":
         raise SystemExit(f"elastic-nodes: job {job_id} ({arm}) ended {state}; see {run_dir}.job/")
     return run_dir

@@ -77,12 +77,10 @@ def resolve_plan(args: argparse.Namespace, ranks_from: str = "--ranks") -> tuple
         if not has_checkpoint(run_dir):
             raise ConfigError(f"--resume: {args.resume!r} has no checkpoint ({checkpoint_path(run_dir)})")
     if args.ranks is not None:
-        learner_ranks = cfg.learners.groups * cfg.learners.launched_ranks_per_group
-        actors = args.ranks - 1 - learner_ranks
-        if actors < 1:
-            raise ConfigError(
-                f"{ranks_from} {args.ranks}: too few; this config needs 1 parameter + {learner_ranks} learner ranks "
-                f"+ at least 1 actor = {learner_ranks + 2}")
+        try:
+            actors = cfg.actors_for(args.ranks, ranks_from)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         cfg = load_config(run_dir / CONFIG_FILE if run_dir else args.config,
                           [*args.overrides, f"actors.count={actors}"])
         plan = make_plan(cfg)
@@ -244,7 +242,8 @@ def plan_lines(plan: Plan, resume_dir: Path | None) -> list[str]:
     lines = [f"plan: {cfg.algo.name} on {cfg.env.id} x {cfg.env.num_envs} per actor; "
              + ("one device loop, " if plan.runner == "fused" else
                 f"{plan.actors} actor(s), {plan.groups} learner group(s) of {cfg.learners.ranks_per_group} rank(s)"
-                + (" (joining as job steps)" if cfg.learners.elastic == "steps" else "") + ", ")
+                + {"park": "", "steps": " (joining as job steps)", "jobs": " (joining as batch jobs)"}[cfg.learners.elastic]
+                + ", ")
              + f"fragments of {plan.fragment_steps} steps, rounds of {plan.round_steps} steps, "
              f"{plan.push} push, learners.device={cfg.learners.device}"]
     if resume_dir is not None:

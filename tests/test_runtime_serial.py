@@ -179,8 +179,10 @@ def test_kill_9_then_resume_leaves_no_duplicate_or_missing_keys(tmp_path, groups
     (a lost one leaves a gap in its group's sequence numbers)."""
     two = groups == 2
     io = {"checkpoint_every": 200, "flush_seconds": 0.2}
-    if two:  # checkpoints every 0.5 s, not after a count of updates: they land between arrivals, not right after one
-        io.update(checkpoint_every=1, checkpoint_min_seconds=0.5)
+    if two:  # checkpoints every 1.5 s, not after a count of updates: they land between arrivals, not right after one;
+        # at the 7 updates/s of a loaded CI core, 0.5 s apart left fewer than the 5 updates past a checkpoint the
+        # loop below waits for, and it found none in 90 s
+        io.update(checkpoint_every=1, checkpoint_min_seconds=1.5)
     data = tiny(tmp_path / "run", stop={"total_env_steps": 10_000_000}, io=io,
                 learners={"groups": groups, "min_active": groups})
     path = tmp_path / "cfg.yaml"

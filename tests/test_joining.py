@@ -75,7 +75,8 @@ def test_a_joining_step_gets_the_allocation_not_the_roots_own_rank(monkeypatch):
            "HPCRL_SITE": "local-cluster"}
     kept = step_environment(env)
     assert kept == {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-3]", "PATH": "/bin",
-                    "HPCRL_SITE": "local-cluster"}
+                    "HPCRL_SITE": "local-cluster", "UCX_TLS": "^sm"}
+    assert step_environment({"UCX_TLS": "tcp"})["UCX_TLS"] == "tcp"  # the user's choice stands
     launch = build_config({}).launch
     asked = []
 
@@ -94,7 +95,7 @@ def test_a_joining_step_gets_the_allocation_not_the_roots_own_rank(monkeypatch):
     local = join_command("steps", 3, ["vm"], 0, {"PATH": "/bin"}, launch, ranks, "LOG")
     assert local[1:3] == ["-n", "3"] and local[0].endswith("mpiexec") and local[-4:] == ranks
     # jobs: a batch job of its own, which gets no SLURM_ variable of this one
-    assert step_environment(env, "jobs") == {"PATH": "/bin", "HPCRL_SITE": "local-cluster"}
+    assert step_environment(env, "jobs") == {"PATH": "/bin", "HPCRL_SITE": "local-cluster", "UCX_TLS": "^sm"}
     job = join_command("jobs", 3, ["node1"], 0, {**kept, "SLURM_JOB_PARTITION": "debug"}, launch, ranks, "LOG")
     assert job[:5] == ["sbatch", "--wait", "--parsable", "--nodes=1", "--ntasks=3"] and "--output=LOG" in job
     assert "--partition=debug" in job and "--exclude=node1" in job and job[-2] == "--wrap"
@@ -123,7 +124,6 @@ def events(h5) -> list[tuple[int, str, str]]:
 
 
 @pytest.mark.mpi
-@pytest.mark.parallel_safe
 @pytest.mark.slow
 def test_a_group_joins_when_activated_pushes_and_leaves_when_parked(tmp_path):
     run_dir = tmp_path / "run"
@@ -161,7 +161,6 @@ def test_ranks_that_do_not_connect_in_time_are_given_up_and_the_root_trains_alon
 
 
 @pytest.mark.mpi
-@pytest.mark.parallel_safe
 @pytest.mark.slow
 def test_a_joined_rank_killed_mid_run_is_dropped_and_the_run_goes_on(tmp_path):
     run_dir = tmp_path / "run"

@@ -59,9 +59,13 @@ def step_environment(env: dict[str, str], how: str = "steps") -> dict[str, str]:
     """``env`` without what makes this process a rank of its own launch (PMI, Hydra, its Slurm step; with ``jobs``
     every SLURM_ variable: the new job gets its own)."""
     keep = STEP_VARIABLES if how == "steps" else ()
-    return {k: v for k, v in env.items()
-            if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "MPI_LOCAL"))
-            and (not k.startswith("SLURM_") or k in keep)}
+    out = {k: v for k, v in env.items()
+           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "MPI_LOCAL"))
+           and (not k.startswith("SLURM_") or k in keep)}
+    # no shared-memory transport to the root (UCX's cma reads a peer's memory: a joined rank killed mid-transfer
+    # aborts the root on the same host), unless the user chose the transports
+    out.setdefault("UCX_TLS", "^sm")
+    return out
 
 
 def join_node(own_hosts: list[str], group: int, env: dict[str, str]) -> str:

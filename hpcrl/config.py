@@ -89,6 +89,16 @@ class ActorsConfig(Section):
     """AAPS KL threshold (ClusterEnv sweeps 0.001 ... 1.0)."""
     probe_batch: int = Field(64, ge=1)
     """States in the AAPS probe batch the parameter rank evaluates next to each published version."""
+    elastic: Literal["park", "steps", "jobs"] = "park"
+    """Where a parked actor's environments are (actor scaling). park: on its rank, blocked (the allocation keeps
+    the rank). steps: an actor's rank keeps its loop (weights, sends, trajectory file) but its environments and
+    policy forward passes run on one rank that joins the running job while the actor is active, as a job step on a
+    node of the allocation without the job's own ranks (mpiexec on one machine), and leaves when it parks, so the
+    node goes back (runtime/roles/joining_sampler.py). jobs: likewise, each join a one-node batch job of its own
+    (an allocations row: hpcrl analyze prices it from sacct)."""
+    join_timeout_seconds: float = Field(120.0, gt=0)
+    """actors.elastic=steps/jobs: a sampler that has not connected this long after its launch is given up (an
+    actor_joins row) and the actor samples on its own rank until it is parked and woken again."""
 
 
 class LearnersConfig(Section):
@@ -404,6 +414,13 @@ class RunConfig(Section):
                              f"(ranks join "
                              f"through MPI ports); got launch.runner={self.launch.runner}, "
                              f"learners.allreduce={learners.allreduce}")
+        return self
+
+    @model_validator(mode="after")
+    def _what_joining_actors_need(self) -> "RunConfig":
+        if self.actors.elastic != "park" and self.launch.runner != "mpi":
+            raise ValueError(f"actors.elastic={self.actors.elastic} needs launch.runner=mpi (samplers join through "
+                             f"MPI ports); got launch.runner={self.launch.runner}")
         return self
 
     @model_validator(mode="after")

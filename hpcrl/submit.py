@@ -138,8 +138,9 @@ class BatchJob:
     """Slurm ``--nodes=min_nodes-nodes``: a job that lost nodes comes back on as few as this; its ranks are then
     ranks_per_node x the nodes it got, and the actors what is left after the parameter and learner ranks."""
     join_nodes: int = 0
-    """learners.elastic=steps: nodes the allocation holds beyond the ranks' own, one for each learner group that
-    can be active at once, where the groups' joining ranks run as job steps (runtime/transport/joining.py)."""
+    """learners.elastic / actors.elastic=steps: nodes the allocation holds beyond the ranks' own, one for each
+    learner group that can be active at once and one per actor, where the joining ranks run as job steps
+    (runtime/transport/joining.py)."""
 
     @property
     def allocation_nodes(self) -> int:
@@ -227,21 +228,25 @@ def check_placement(cfg: RunConfig, site: Site, ranks: int, per_node: int) -> No
 
 
 def check_joining(cfg: RunConfig, site: Site, min_nodes: int | None) -> int:
-    """learners.elastic=steps: the nodes the joining groups need (one per group that can be active at once), on a
-    Slurm site (a job step per join) and without --min-nodes; jobs: a Slurm site, no node here; 0 for park.
-    One-line ConfigError."""
-    if cfg.learners.elastic == "park":
-        return 0
-    if site.scheduler != "slurm":
-        raise ConfigError(f"learners.elastic={cfg.learners.elastic}: {site.name} schedules with {site.scheduler}; "
-                          "joining ranks start as Slurm job steps or jobs (allowed: a Slurm site, or "
-                          "learners.elastic=park)")
-    if cfg.learners.elastic == "jobs":
-        return 0  # each join is a job of its own
-    if min_nodes is not None:
-        raise ConfigError("--min-nodes with learners.elastic=steps: a job whose node count varies cannot keep nodes "
-                          "for joining groups; allowed: one of the two")
-    return cfg.learners.active_range[1]
+    """learners.elastic / actors.elastic: the nodes the joining ranks need, with steps one per learner group that
+    can be active at once and one per actor (runtime/runners/mpi.py numbers them in that order), on a Slurm site
+    (a job step per join) and without --min-nodes; jobs: a Slurm site, no node here; 0 for park. One-line
+    ConfigError."""
+    nodes = 0
+    for setting, how, count in (("learners.elastic", cfg.learners.elastic, cfg.learners.active_range[1]),
+                                ("actors.elastic", cfg.actors.elastic, cfg.actors.count)):
+        if how == "park":
+            continue
+        if site.scheduler != "slurm":
+            raise ConfigError(f"{setting}={how}: {site.name} schedules with {site.scheduler}; joining ranks start "
+                              f"as Slurm job steps or jobs (allowed: a Slurm site, or {setting}=park)")
+        if how == "jobs":
+            continue  # each join is a job of its own
+        if min_nodes is not None:
+            raise ConfigError(f"--min-nodes with {setting}=steps: a job whose node count varies cannot keep nodes "
+                              "for joining ranks; allowed: one of the two")
+        nodes += count
+    return nodes
 
 
 def check_min_nodes(cfg: RunConfig, site: Site, min_nodes: int, nodes: int, per_node: int) -> None:
@@ -280,7 +285,7 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
         if seconds(time) > seconds(limits.max_time):
             raise ConfigError(f"--time: {time} exceeds the {site.name} {queue} limit of {limits.max_time}")
         if not limits.min_nodes <= nodes + join_nodes <= limits.max_nodes:
-            joining = f" + {join_nodes} for the joining learner groups" if join_nodes else ""
+            joining = f" + {join_nodes} for the joining ranks" if join_nodes else ""
             raise ConfigError(f"--nodes: {nodes}{joining} outside the {site.name} {queue} range "
                               f"{limits.min_nodes}-{limits.max_nodes}")
     if account:

@@ -136,11 +136,12 @@ def validate(plan: Plan) -> None:
 
             check_agent_count(cfg, info)  # a wrong count that divides the real one would pass silently
     plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.launched_ranks_per_group, cfg.actors.count)
-    if cfg.learners.elastic != "park":
-        from hpcrl.runtime.transport.joining import joining_refused
+    for setting, how in (("learners.elastic", cfg.learners.elastic), ("actors.elastic", cfg.actors.elastic)):
+        if how != "park":
+            from hpcrl.runtime.transport.joining import joining_refused
 
-        if (why := joining_refused(cfg.learners.elastic, os.environ)) is not None:
-            raise ConfigError(why)
+            if (why := joining_refused(how, os.environ, setting)) is not None:
+                raise ConfigError(why)
     if cfg.learners.allreduce == "horovod":
         from hpcrl.runtime.transport.group_reduce import horovod_available
 

@@ -85,7 +85,8 @@ ELASTIC_ACTIONS = (
     "activate",  # 0: the parameter rank activated a group
     "park",      # 1: the parameter rank parked a group
     "parked",    # 2: a group's report of a park it left (parked_seconds, cpu_seconds)
-    "joined",    # 3: learners.elastic=steps: a group's other ranks joined as a job step (parked_seconds: the wait)
+    "joined",    # 3: learners.elastic=steps/jobs: a group's other ranks joined (parked_seconds: the wait);
+                 #    actors.elastic: an actor's sampler joined (actor_joins)
     "left",      # 4: ... they left and their step ended (parked_seconds: how long they were in the job)
     "join_given_up",  # 5: ... they did not connect (parked_seconds: how long the root waited)
 )
@@ -96,9 +97,9 @@ ELASTIC_REASONS = (
     "stopped",                # 3: the park ended with the run
     "policies_merged",        # 4: MARL policy learners: fewer policies than active groups (learner sharing)
     "policies_split",         # 5: MARL policy learners: more policies than active groups
-    "job_step",               # 6: joined or left as a job step (learners.elastic=steps)
+    "job_step",               # 6: joined, or left cleanly, as a job step or job (learners.elastic, actors.elastic)
     "join_ended",             # 7: the joining step ended before its ranks connected, or left with an error
-    "join_timeout",           # 8: the joining step's ranks did not connect within learners.join_timeout_seconds
+    "join_timeout",           # 8: the joining step's ranks did not connect within (learners|actors).join_timeout_seconds
     "scheduled",              # 9: debug.active_groups
 )
 
@@ -288,6 +289,18 @@ TABLE_LIST = (
         _c("parked_seconds", "f4", "s", "how long the actor was parked"),
         _c("cpu_seconds", "f4", "s", "CPU seconds the actor's thread used while parked"),
         _c("active_actors", "i4", "", "active actor ranks when the park ended"),
+    )),
+    TableSpec("actor_joins", "One row per join, leave or given-up join of an actor's sampler (actors.elastic steps "
+              "or jobs, runtime/roles/joining_sampler.py): the rank that steps the actor's environments while it is "
+              "active.", (
+        _c("time", "f8", "s", "when it happened, since run start", True),
+        _c("actor", "i4", "", "actor index", True),
+        _c("action", "i1", "code", "joined, left or join_given_up", True, ELASTIC_ACTIONS),
+        _c("reason", "i1", "code", "job_step (joined or left cleanly), join_ended (its launch ended first), "
+           "join_timeout", True, ELASTIC_REASONS),
+        _c("seconds", "f4", "s", "joined: the wait for it; left: its time in the job; join_given_up: the wait "
+           "given up"),
+        _c("active_actors", "i4", "", "active actor ranks then"),
     )),
     TableSpec("weight_fetches", "One row per version the parameter rank published (MPI runner): the copies of "
               "it that readers took from rank 0's weight board, and their bytes, by reader kind. Actors that share "

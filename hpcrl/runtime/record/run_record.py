@@ -10,7 +10,7 @@ happened and the record writes the rows; it knows no MPI, no admission rule and 
     step(step, adm, version, round, lr, active, t_agg, t_pub)   an applied step: updates + gradients rows
     consumed(env_steps, learner_seconds)   what the learners reported with a gradient (the round's counts)
     fragment(msg, env_steps)           an actor's fragment report: actors and episodes rows, returns
-    actor_park(row), activity(row), evaluation(msg)   the other ranks' rows
+    actor_park(row), actor_join(row), activity(row), evaluation(msg)   the other ranks' rows
     weight_fetches(rows)               what rank 0's weight board served per version (Board.fetch_rows)
     collect(table, source)             rows another object keeps, taken with each load row and flush
     group_event(group, action, reason, active, ...)   rank 0 activated or parked a learner group
@@ -179,6 +179,9 @@ class RunRecord:
 
     def actor_park(self, row: dict) -> None:
         self.file.append("actor_parks", self.times(row, ("time",)))
+
+    def actor_join(self, row: dict) -> None:
+        self.file.append("actor_joins", self.times(row, ("time",)))
 
     def weight_fetches(self, rows: Mapping[str, Sequence[int]]) -> None:
         """What rank 0's weight board served per version (``Board.fetch_rows``: columns of ``weight_fetches``)."""

@@ -20,7 +20,9 @@ counter word blocks in ``counters.wait_until`` (50 ms naps under MPI, a conditio
 serial runner) between two fragments, keeping its environments as they are, until the word grows
 or the run stops; the evaluating actor wakes for an evaluation request too and parks again after
 it. A parked actor sends no fragment, so none of its parked time is charged; when the park ends it
-reports its length and CPU seconds (run.h5 ``actor_parks``).
+reports its length and CPU seconds (run.h5 ``actor_parks``). With ``actors.elastic: steps | jobs`` the
+environments are not on this rank: a joined sampler steps them while the actor is active and leaves when it
+parks, so its node goes back (runtime/roles/joining_sampler.py).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from hpcrl.io.schema import PARK_REASONS
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.roles.evaluation import Evaluator
+from hpcrl.runtime.roles.joining_sampler import JoiningSampler
 from hpcrl.runtime.roles.sampler import VectorSampler, bootstrap_values
 
 
@@ -41,12 +44,17 @@ class Actor:
         self.job, self.cfg, self.plan = job, job.cfg, job.plan
         self.model, self.algo = job.model, job.algo
         self.index = job.topo.actor_index
-        self.sampler = VectorSampler(self.cfg.env, self.index, gamma=self.plan.reward_gamma)
+        self.fault = control.FaultInjector(self.cfg.debug, job.rank)
+        self.heartbeat = control.Heartbeat(job.counters, self.cfg.learners.groups, job.rank)
+        if job.joiner is None:
+            self.sampler = VectorSampler(self.cfg.env, self.index, gamma=self.plan.reward_gamma)
+        else:  # actors.elastic: a joined rank samples while this actor is active
+            self.sampler = JoiningSampler(self.cfg.env, self.index, self.plan.reward_gamma, job.env.num_envs,
+                                          job.joiner, job.reports, lambda: int(job.counters.read(control.ACTIVE_ACTORS)),
+                                          self.heartbeat.beat)
         self.sender = job.fragments.actor_link(self.index)
         self.version = -1
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
-        self.fault = control.FaultInjector(self.cfg.debug, job.rank)
-        self.heartbeat = control.Heartbeat(job.counters, self.cfg.learners.groups, job.rank)
         self.fragments = 0
         self.syncs = 0
         evaluates = self.cfg.eval.episodes > 0 and self.index == self.cfg.actors.count - 1
@@ -83,6 +91,7 @@ class Actor:
             if self.index >= words[control.ACTIVE_ACTORS]:
                 self._park()
                 continue
+            self.sampler.ready()  # actors.elastic: a sampler joins first (seconds; no sampling time)
             t = time.perf_counter()
             if on_policy:  # a place first, then the weights the learners made since it was freed
                 groups = self._wait_for_room(G, reserve=True)
@@ -148,6 +157,7 @@ class Actor:
 
     def _park(self) -> None:
         """Block while this actor is parked (no stop, no evaluation request), then report the park."""
+        self.sampler.park()  # actors.elastic: its joined sampler leaves
         start, cpu = time.time(), time.thread_time()
         counters, i = self.job.counters, self.index
 

@@ -387,6 +387,9 @@ class ParameterRank:
         if "park" in msg:  # an actor's park ended (runtime/roles/actor.py)
             self.record.actor_park(msg["park"])
             return
+        if "join" in msg:  # an actor's sampler joined or left (runtime/roles/joining_sampler.py)
+            self.record.actor_join(msg["join"])
+            return
         a = msg["fragment"]["actor"]
         self.groups.rule.fragment(a, msg["fragment"]["steps"], msg["fragment"]["sample_seconds"])
         self.fragment_next[a] = max(self.fragment_next[a], msg["fragment"]["fragment"] + 1)

@@ -109,7 +109,9 @@ class RunningMeanStd:
 class VectorSampler:
     """The N instances of ``env_cfg`` on one actor rank; :meth:`sample` returns one [T, N] fragment."""
 
-    def __init__(self, env_cfg, actor_index: int, gamma: float = 0.99) -> None:
+    def __init__(self, env_cfg, actor_index: int, gamma: float = 0.99, restart: int = 0) -> None:
+        """``restart``: how many samplers the actor had before this one (actors.elastic: a new sampler joins at
+        each wake); it moves the environments' seeds, so a new one does not replay the first episodes of the last."""
         self.backend = make_backend(env_cfg)
         self.num_envs = N = self.backend.num_envs
         space = self.backend.action_space
@@ -121,10 +123,11 @@ class VectorSampler:
         self.high = None if self.discrete else np.asarray(space.high, dtype=np.float32)
         self.action_shape = () if self.discrete else tuple(space.shape)
         self.obs_dtype = observation_dtype(self.backend.observation_space, env_cfg.normalize_obs)
-        self.obs = self.backend.reset(env_cfg.seed + 1000 * actor_index).astype(self.obs_dtype)
+        seed = env_cfg.seed + 1000 * actor_index + 1_000_003 * restart
+        self.obs = self.backend.reset(seed).astype(self.obs_dtype)
         # actions are drawn from torch's global generator, which every role seeds with env.seed (for
         # identical initial weights): reseed it per actor, or all MPI actor ranks draw the same noise
-        torch.manual_seed(env_cfg.seed + 1000 * actor_index + 1)
+        torch.manual_seed(seed + 1)
         self.obs_shape = tuple(self.obs.shape[1:])
         self.ep_return = np.zeros(N, dtype=np.float64)
         self.ep_length = np.zeros(N, dtype=np.int64)
@@ -221,6 +224,12 @@ class VectorSampler:
                     "final_values": final_values, "last_value": last_value, "last_obs": self.obs.copy(),
                     "policy_version": version, "actor": actor}
         return fragment, episodes
+
+    def ready(self) -> None:
+        """Nothing: the environments are here (a joining sampler connects first)."""
+
+    def park(self) -> None:
+        """Nothing: the environments stay as they are while the actor is parked."""
 
     def close(self) -> None:
         self.backend.close()

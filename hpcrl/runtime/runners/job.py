@@ -20,6 +20,7 @@ from hpcrl.io import TrajLayout
 from hpcrl.runtime.roles.aaps import Probe
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.record.progress import ProgressEmitter
+from hpcrl.runtime.transport.joining import Joiner
 from hpcrl.runtime.transport.protocols import Board, Counters, Fragments, GroupReduce, Mailbox, Reports
 from hpcrl.runtime.roles.sampler import EnvInfo
 from hpcrl.runtime.topology import Topology
@@ -55,6 +56,8 @@ class Job:
     """A learner rank's group: MpiGroupReduce or LocalGroupReduce (None on the parameter rank and actors)."""
     probe: Probe | None = None
     """AAPS probe when actors.weight_sync is aaps."""
+    joiner: Joiner | None = None
+    """An actor whose sampling joins the job while it is active (actors.elastic steps / jobs, MPI runner)."""
     progress: ProgressEmitter | None = None
     """On the parameter role, None elsewhere."""
     rolled_back: dict | None = None

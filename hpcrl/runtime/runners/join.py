@@ -1,14 +1,16 @@
-"""A joining learner group's other ranks (``learners.elastic: steps``, runtime/transport/joining.py).
+"""Ranks that join a running job (runtime/transport/joining.py): a learner group's other ranks
+(``learners.elastic``) or an actor's sampler (``actors.elastic``, runtime/roles/joining_sampler.py).
 
 ``python -m hpcrl.runtime.runners.join RUN_DIR --group G --port-file F --ready-file R``, started by the
-group's root as a job step of ``ranks_per_group - 1`` ranks. They read ``RUN_DIR/config.yaml``, build
-the model and algorithm as every rank does, connect to the root's port (the first rank writes R just
-before, so the root accepts only when they are there), merge into one communicator with the root as
-rank 0, and serve the root's shares of each minibatch (the member loop of a launched group) until it
-releases them; then they disconnect and exit, and their step ends.
+group's root as a job step of ``ranks_per_group - 1`` ranks (``--actor A --restart K --gamma g``: by actor A
+as one rank). They read ``RUN_DIR/config.yaml``, build the model and algorithm as every rank does (a
+sampler its environments too), connect to the door's port (the first rank writes R just before, so the
+door accepts only when they are there), merge into one communicator with the door as rank 0, and serve
+it: the root's shares of each minibatch (the member loop of a launched group), or the actor's fragments,
+until it releases them; then they disconnect and exit, and their step ends.
 
-They touch no window of the job: the root beats for the group, and a failure here ends only this step
-(exit 1, traceback in the step's log, RUN_DIR/joins/): the root gives the join up or computes alone.
+They touch no window of the job: the door beats for them, and a failure here ends only this step
+(exit 1, traceback in the step's log, RUN_DIR/joins/): the door gives the join up or goes on alone.
 """
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcrl.runtime.runners.join", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
-    parser.add_argument("--group", type=int, required=True)
+    who = parser.add_mutually_exclusive_group(required=True)
+    who.add_argument("--group", type=int, help="serve this learner group's root")
+    who.add_argument("--actor", type=int, help="sample for this actor")
+    parser.add_argument("--restart", type=int, default=0, help="--actor: samplers the actor had before this one")
+    parser.add_argument("--gamma", type=float, default=0.99, help="--actor: the reward normalisation's discount")
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--root", default="", help="HOST:PID of the group's root: a joined rank on its host ends "
@@ -45,9 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(Path(args.run_dir) / CONFIG_FILE)
         env = describe_env(cfg.env) if world.Get_rank() == 0 else None
         env = world.bcast(env, root=0)
-        node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())  # the GPU of its index on its node
-        algo, model, _ = role_parts(cfg, env, None, learner_device(cfg.learners, node.Get_rank()))
-        node.Free()
+        if args.actor is not None:  # a sampler: on the CPU, its environments made before it connects
+            from hpcrl.runtime.roles.sampler import VectorSampler
+
+            algo, model, _ = role_parts(cfg, env, None, torch.device("cpu"))
+            sampler = VectorSampler(cfg.env, args.actor, gamma=args.gamma, restart=args.restart)
+        else:
+            node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())  # the GPU of its index on its node
+            algo, model, _ = role_parts(cfg, env, None, learner_device(cfg.learners, node.Get_rank()))
+            node.Free()
         port = Path(args.port_file).read_text()
         if world.Get_rank() == 0:
             tmp = Path(f"{args.ready_file}.tmp")
@@ -55,14 +67,23 @@ def main(argv: list[str] | None = None) -> int:
             os.replace(tmp, args.ready_file)
         inter = world.Connect(port, root=0)
         comm = inter.Merge(high=True)
-        group = JoinedReduce(comm, root_gone(args.root))
-        group.serve(member_share(algo, model, group), lambda: None)
+        if args.actor is not None:
+            from hpcrl.runtime.roles.joining_sampler import serve_sampler
+
+            try:
+                serve_sampler(comm, sampler, algo, model, args.actor, root_gone(args.root))
+            finally:
+                sampler.close()
+        else:
+            group = JoinedReduce(comm, root_gone(args.root))
+            group.serve(member_share(algo, model, group), lambda: None)
         comm.Free()
         inter.Disconnect()
         if world.Get_rank() == 0:  # the root waits for this, not for the launcher (sbatch --wait polls for long)
             Path(args.ready_file).with_suffix(".left").write_text("0")
     except BaseException:  # noqa: BLE001 - this step only: the job goes on
-        sys.stderr.write(f"[joined rank {world.Get_rank()} of group {args.group}] hpcrl: failed\n"
+        whose = f"group {args.group}" if args.actor is None else f"actor {args.actor}'s sampler"
+        sys.stderr.write(f"[joined rank {world.Get_rank()} of {whose}] hpcrl: failed\n"
                          + traceback.format_exc())
         sys.stderr.flush()
         return 1

@@ -178,6 +178,7 @@ def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
         fragments=MpiFragments(comm, layout, cfg.actors.max_in_flight, topo.learner_roots, topo.actor_ranks),
         # a learner group's collectives (NCCL or Horovod set-up) run after the windows', as the role's did
         group_reduce=_group_reduce(cfg, topo, run_dir, model.device, counters, reports),
+        joiner=_actor_joiner(cfg, topo, run_dir),
         progress=ProgressEmitter(progress, cfg.io.log_seconds) if topo.role == "parameter" else None,
     )
 
@@ -194,6 +195,19 @@ def _group_reduce(cfg, topo, run_dir: Path, device, counters, reports):
     from hpcrl.runtime.transport.group_reduce import MpiGroupReduce
 
     return MpiGroupReduce(topo.group_comm, cfg.learners.allreduce, device)
+
+
+def _actor_joiner(cfg, topo, run_dir: Path):
+    """An actor's Joiner when its sampling joins the job (actors.elastic steps / jobs), else None. Its node slot
+    comes after the joining learner groups' (hpcrl submit asks for one node per group that can be active, then one
+    per actor)."""
+    if topo.role != "actor" or cfg.actors.elastic == "park":
+        return None
+    from hpcrl.runtime.transport.joining import Joiner
+
+    slot = (cfg.learners.active_range[1] if cfg.learners.elastic == "steps" else 0) + topo.actor_index
+    return Joiner(run_dir, f"actor-{topo.actor_index}", slot, cfg.actors.elastic, 1, cfg.actors.join_timeout_seconds,
+                  cfg.launch, topo.nodes, "actors.elastic")
 
 
 def _weight_board(cfg, comm, topo, num_params: int, probe_size: int):

@@ -26,6 +26,9 @@ after it was activated (or at the start, for a group active from the start), the
 When the group parks (or the run ends) the root releases the joined ranks; they leave (disconnect) and
 exit, so their step (job) ends and its node goes back to the allocation (the cluster). Each join, leave and given-up join
 is a row of ``elastic_events`` (via the root's activity reports), with its seconds.
+
+Steps 1-3, the disconnect and the launch's end are :class:`Joiner`'s (one join at a time for one door rank); an
+actor whose sampler joins while it is active (``actors.elastic``, runtime/roles/joining_sampler.py) uses it too.
 """
 from __future__ import annotations
 
@@ -68,53 +71,56 @@ def step_environment(env: dict[str, str], how: str = "steps") -> dict[str, str]:
     return out
 
 
-def join_node(own_hosts: list[str], group: int, env: dict[str, str]) -> str:
-    """The node of the Slurm allocation where ``group``'s joining ranks run: the allocation's nodes that hold none of
-    the job's own ranks, one per group (``hpcrl submit`` asks for one per group that can be active at once; left to
-    Slurm, two steps queued behind each other on one node)."""
+def join_node(own_hosts: list[str], slot: int, env: dict[str, str], setting: str = "learners.elastic") -> str:
+    """The node of the Slurm allocation where joining launch ``slot`` runs: the allocation's nodes that hold none
+    of the job's own ranks, one per slot (``hpcrl submit`` asks for one per learner group that can be active at
+    once, then one per actor: slots 0 .. G-1 are the groups', G + a actor a's; left to Slurm, two steps would
+    queue behind each other on one node)."""
     out = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True,
                          timeout=30)
     spare = [h for h in out.stdout.split() if h not in set(own_hosts)]
     if out.returncode or not spare:
-        raise RuntimeError(f"learners.elastic=steps: no node of allocation {env['SLURM_JOB_NODELIST']} is free of the "
+        raise RuntimeError(f"{setting}=steps: no node of allocation {env['SLURM_JOB_NODELIST']} is free of the "
                            f"job's own ranks ({', '.join(sorted(set(own_hosts)))}); submit with hpcrl submit, which "
-                           "adds one node per learner group that can be active")
-    return spare[group % len(spare)]
+                           "adds the nodes the joining ranks need")
+    return spare[slot % len(spare)]
 
 
-def joining_refused(how: str, env) -> str | None:
-    """Why ``learners.elastic=how`` cannot add ranks where this run starts (one line), or None."""
+def joining_refused(how: str, env, setting: str = "learners.elastic") -> str | None:
+    """Why ``setting=how`` cannot add ranks where this run starts (one line), or None."""
     slurm = bool(env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE"))
     if how == "jobs" and not slurm:
-        return ("learners.elastic=jobs: joining ranks are submitted as Slurm batch jobs, and this run is not in a "
+        return (f"{setting}=jobs: joining ranks are submitted as Slurm batch jobs, and this run is not in a "
                 "batch job of hpcrl submit on a Slurm site (no SLURM_JOB_ID / HPCRL_SITE); allowed here: "
-                "learners.elastic=steps (a second mpiexec on this machine) or park")
+                f"{setting}=steps (a second mpiexec on this machine) or park")
     if env.get("PBS_JOBID"):
-        return (f"learners.elastic={how}: this run is in a PBS job, where hpcrl cannot start joining ranks (PALS "
-                "has no job steps on other nodes of the allocation); allowed: learners.elastic=park")
+        return (f"{setting}={how}: this run is in a PBS job, where hpcrl cannot start joining ranks (PALS "
+                f"has no job steps on other nodes of the allocation); allowed: {setting}=park")
     return None
 
 
-def site_srun(env: dict[str, str]):
+def site_srun(env: dict[str, str], setting: str = "learners.elastic"):
     """The Srun launcher of the site this job was submitted to (HPCRL_SITE)."""
     from hpcrl.launchers import Srun, for_site
     from hpcrl.sites import load_site
 
     launcher = for_site(load_site(env["HPCRL_SITE"]), gpus=True)
     if not isinstance(launcher, Srun):
-        raise RuntimeError(f"learners.elastic: site {env['HPCRL_SITE']} launches with {launcher.kind}; allowed: a "
+        raise RuntimeError(f"{setting}: site {env['HPCRL_SITE']} launches with {launcher.kind}; allowed: a "
                            "Slurm site (srun job steps, sbatch jobs)")
     return launcher
 
 
-def join_command(how: str, ranks: int, own_hosts: list[str], group: int, env: dict[str, str], launch_cfg,
-                 command: list[str], log: Path) -> list[str]:
-    """The argv that starts ``command`` on ``ranks`` joining ranks (``how``: learners.elastic, steps or jobs)."""
-    name = f"--job-name=hpcrl-join-group{group}"
+def join_command(how: str, ranks: int, own_hosts: list[str], slot: int, env: dict[str, str], launch_cfg,
+                 command: list[str], log: Path, who: str = "", setting: str = "learners.elastic") -> list[str]:
+    """The argv that starts ``command`` on ``ranks`` joining ranks (``how``: ``setting``'s value, steps or jobs;
+    ``slot``: which spare node of the allocation, :func:`join_node`; ``who``: the job name's tail, group<slot>
+    by default)."""
+    name = f"--job-name=hpcrl-join-{who or f'group{slot}'}"
     if how == "jobs":
         if not (env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE")):
-            raise RuntimeError("learners.elastic=jobs: this run is not in a Slurm batch job of hpcrl submit "
-                               "(no SLURM_JOB_ID / HPCRL_SITE); allowed there only, or learners.elastic=steps")
+            raise RuntimeError(f"{setting}=jobs: this run is not in a Slurm batch job of hpcrl submit "
+                               f"(no SLURM_JOB_ID / HPCRL_SITE); allowed there only, or {setting}=steps")
         from hpcrl.launchers import shell_line
 
         queue = [f"--partition={env['SLURM_JOB_PARTITION']}"] if env.get("SLURM_JOB_PARTITION") else []
@@ -123,23 +129,32 @@ def join_command(how: str, ranks: int, own_hosts: list[str], group: int, env: di
         # not on the job's own nodes, where a shared partition would pack it beside the job's ranks
         away = f"--exclude={','.join(sorted(set(own_hosts)))}"
         return ["sbatch", "--wait", "--parsable", "--nodes=1", f"--ntasks={ranks}", name, f"--output={log}", away,
-                *queue, *account, "--wrap", shell_line([*site_srun(env).words(ranks, ranks), *command])]
+                *queue, *account, "--wrap", shell_line([*site_srun(env, setting).words(ranks, ranks), *command])]
     if env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE"):
-        return [*site_srun(env).words(ranks, ranks), "--nodes=1", f"--nodelist={join_node(own_hosts, group, env)}",
-                name, "--kill-on-bad-exit=1", *command]
+        return [*site_srun(env, setting).words(ranks, ranks), "--nodes=1",
+                f"--nodelist={join_node(own_hosts, slot, env, setting)}", name, "--kill-on-bad-exit=1", *command]
     from hpcrl.launch import find_mpiexec, mpi_flavour
     from hpcrl.launchers import LocalMpiexec
 
     mpiexec = find_mpiexec(launch_cfg)
     return [*LocalMpiexec(mpiexec, mpi_flavour(mpiexec), tuple(launch_cfg.mpiexec_args)).words(ranks, ranks),
             *command]
-    from hpcrl.launch import find_mpiexec, mpi_flavour
-    from hpcrl.launchers import LocalMpiexec
-
 
 
 class JoinLost(Exception):
     """The joined ranks' launch ended while the root waited for them."""
+
+
+def wait_or_lost(requests, lost: Callable[[], bool]) -> None:
+    """Wait (sleeping) for ``requests``, checking ``lost()`` (the other side's launch or process is gone) between
+    polls: :class:`JoinLost` then (the requests stay pending: the communicator is dropped, never freed)."""
+    from mpi4py import MPI
+
+    backoff = Backoff(5e-5, 2e-3)
+    while not MPI.Request.Testall(requests):
+        if lost():
+            raise JoinLost("the other side of a joined communicator is gone")
+        backoff.sleep()
 
 
 class JoinedReduce:
@@ -153,13 +168,12 @@ class JoinedReduce:
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
 
     def _wait(self, requests) -> None:
-        from mpi4py import MPI
-
-        backoff = Backoff(5e-5, 2e-3)
-        while not MPI.Request.Testall(requests):
-            if self.lost():  # the requests stay pending: the communicator is dropped, never freed
-                raise JoinLost("the joined ranks' launch ended") if self.rank == 0 else RuntimeError("the root is gone")
-            backoff.sleep()
+        try:
+            wait_or_lost(requests, self.lost)
+        except JoinLost:
+            if self.rank:
+                raise RuntimeError("the root is gone") from None
+            raise
 
     def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None
                  ) -> tuple[dict, list[np.ndarray] | None]:
@@ -192,45 +206,47 @@ class JoinedReduce:
             share(work["weights"], work["batch"], work["window"])
 
 
-class JoiningGroupReduce:
-    """The group root's :class:`protocols.GroupReduce` for a group whose members join and leave."""
+class Joiner:
+    """A door rank's joining launch, one at a time: its port, its ranks' launch, their connection, their leaving.
 
-    def __init__(self, run_dir: Path, group: int, learners_cfg, launch_cfg, own_hosts: list[str],
-                 counters, reports) -> None:
-        self.run_dir, self.group, self.size = Path(run_dir), group, learners_cfg.ranks_per_group
-        self.timeout, self.launch_cfg, self.own_hosts = learners_cfg.join_timeout_seconds, launch_cfg, own_hosts
-        self.how = learners_cfg.elastic  # steps or jobs
-        self.counters, self.reports = counters, reports
-        self.inner: JoinedReduce | None = None  # over the root and the joined ranks, while they are here
-        self.given_up = False  # this activation's join failed: the root computes alone until the next one
+    The door (a learner group's root, an actor) is rank 0 of :attr:`comm`, the merged communicator, while the
+    ranks are joined. Their files are ``RUN_DIR/joins/WHO-N.*`` for the N-th join (from 0): .port, .ready (host
+    and pid of their first rank), .log, .left, and with ``jobs`` .sbatch (the job id)."""
+
+    def __init__(self, run_dir: Path, who: str, slot: int, how: str, ranks: int, timeout: float, launch_cfg,
+                 own_hosts: list[str], setting: str) -> None:
+        self.run_dir, self.who, self.slot, self.how, self.ranks = Path(run_dir), who, slot, how, ranks
+        self.timeout, self.launch_cfg, self.own_hosts, self.setting = timeout, launch_cfg, own_hosts, setting
+        self.comm = None  # the door and the joined ranks, while they are here
         self.joins = 0
+        self.joined_at = 0.0
         self._port = self._inter = self._proc = None
-        self._stem: Path | None = None  # RUN_DIR/joins/group-G-N: the current join's files are this with a suffix
-        self._joined_at = 0.0
+        self._stem: Path | None = None  # RUN_DIR/joins/WHO-N: the current join's files are this with a suffix
 
-    # ---- join and leave ----------------------------------------------------------------------
-    def ready(self, tick: Callable[[], None]) -> None:
-        if self.inner is None and not self.given_up:
-            self._join(tick)
+    @property
+    def folder(self) -> Path:
+        return self.run_dir / JOIN_DIR
 
-    def _join(self, tick: Callable[[], None]) -> None:
+    def join(self, role: list[str], tick: Callable[[], None]) -> tuple[str | None, float]:
+        """Start ``python -m hpcrl.runtime.runners.join RUN_DIR *role`` on the joining ranks, wait for them (calling
+        ``tick`` between looks), accept and merge. Returns (None or why it was given up: join_ended, join_timeout;
+        seconds waited)."""
         from mpi4py import MPI
 
-        folder = self.run_dir / JOIN_DIR
-        folder.mkdir(exist_ok=True)
-        self._stem = stem = folder / f"group-{self.group}-{self.joins}"
+        self.folder.mkdir(exist_ok=True)
+        self._stem = stem = self.folder / f"{self.who}-{self.joins}"
         self.joins += 1
         port_file, ready_file = stem.with_suffix(".port"), stem.with_suffix(".ready")
         self._port = MPI.Open_port()
         tmp = stem.with_suffix(".port.tmp")
         tmp.write_text(self._port)
         os.replace(tmp, port_file)
-        ranks = [sys.executable, "-m", "hpcrl.runtime.runners.join", str(self.run_dir), "--group", str(self.group),
-                 "--port-file", str(port_file), "--ready-file", str(ready_file),
-                 "--root", f"{socket.gethostname()}:{os.getpid()}"]
+        argv = [sys.executable, "-m", "hpcrl.runtime.runners.join", str(self.run_dir), *role,
+                "--port-file", str(port_file), "--ready-file", str(ready_file),
+                "--root", f"{socket.gethostname()}:{os.getpid()}"]
         log = stem.with_suffix(".log")
-        command = join_command(self.how, self.size - 1, self.own_hosts, self.group, dict(os.environ), self.launch_cfg,
-                               ranks, log)
+        command = join_command(self.how, self.ranks, self.own_hosts, self.slot, dict(os.environ), self.launch_cfg,
+                               argv, log, self.who.replace("-", ""), self.setting)
         # jobs: sbatch's own output (the job id) apart from the job's (--output=log)
         out = stem.with_suffix(".sbatch") if self.how == "jobs" else log
         with open(out, "w") as f:
@@ -241,45 +257,32 @@ class JoiningGroupReduce:
             tick()
             ended = self._proc.poll()
             if ended is not None or time.monotonic() - start > self.timeout:
-                self._give_up(start, "join_ended" if ended is not None else "join_timeout")
-                return
+                self._stop_step()
+                MPI.Close_port(self._port)
+                return ("join_ended" if ended is not None else "join_timeout"), time.monotonic() - start
             time.sleep(0.02)
         self._inter = MPI.COMM_SELF.Accept(self._port)
-        self.inner = JoinedReduce(self._inter.Merge(high=False), lambda: self._proc.poll() is not None)
-        self._joined_at = time.monotonic()
-        self._event("joined", "job_step", time.monotonic() - start)
-        if self.how == "jobs":
-            self._record_job()
+        self.comm = self._inter.Merge(high=False)
+        self.joined_at = time.monotonic()
+        return None, self.joined_at - start
 
-    def _job_id(self) -> str:
-        """jobs: the current joining job's id, as sbatch --parsable printed it ('' before it did)."""
-        return self._stem.with_suffix(".sbatch").read_text().split(";")[0].strip()
+    def lost(self) -> bool:
+        """The joined ranks' launch has ended."""
+        return self._proc.poll() is not None
 
-    def _record_job(self) -> None:
-        """The joining job as an allocations row (rank 0 writes it): hpcrl analyze bills it from sacct."""
+    def job_row(self) -> dict | None:
+        """jobs: the current joining job as an ``allocations`` row (hpcrl analyze bills it from sacct)."""
         from hpcrl.runtime.record.allocation import batch_job
 
-        row = batch_job({**os.environ, "SLURM_JOB_ID": self._job_id(), "SLURM_JOB_NUM_NODES": "1",
-                         "SLURM_STEP_ID": ""})
-        if row is not None:
-            self.reports.send("activity", {"allocation": {"time": time.time(), **row}})
+        job = self._stem.with_suffix(".sbatch").read_text().split(";")[0].strip()  # as sbatch --parsable printed it
+        return batch_job({**os.environ, "SLURM_JOB_ID": job, "SLURM_JOB_NUM_NODES": "1", "SLURM_STEP_ID": ""})
 
-    def _give_up(self, start: float, reason: str) -> None:
-        from mpi4py import MPI
-
-        self._stop_step()
-        MPI.Close_port(self._port)
-        self.given_up = True
-        self._event("join_given_up", reason, time.monotonic() - start)
-        print(f"hpcrl: learner group {self.group}: its {self.size - 1} joining rank(s) "
-              + ("ended before they connected" if reason == "join_ended" else
-                 f"did not connect within learners.join_timeout_seconds={self.timeout:g}")
-              + f" (log: {self.run_dir / JOIN_DIR}); the group's root computes alone until it is parked", flush=True)
-
-    def _stop_step(self) -> int | None:
-        """End the step's process (it ended by itself, or is killed; a joining job is cancelled): its exit status."""
-        if self.how == "jobs" and self._proc.poll() is None and (job := self._job_id()):
-            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    def _stop_step(self) -> int:
+        """End the launch's process (it ended by itself, or is killed; a joining job is cancelled): its exit status."""
+        if self.how == "jobs" and self._proc.poll() is None:
+            job = self._stem.with_suffix(".sbatch").read_text().split(";")[0].strip()
+            if job:
+                subprocess.run(["scancel", job], capture_output=True, timeout=30)
         if self._proc.poll() is None:
             try:
                 os.killpg(self._proc.pid, signal.SIGTERM)
@@ -288,34 +291,24 @@ class JoiningGroupReduce:
                 os.killpg(self._proc.pid, signal.SIGKILL)
         return self._proc.wait()
 
-    def _lost(self) -> None:
-        """The joined ranks' launch ended while the root waited for them: drop them, say so, go on alone."""
+    def drop(self) -> int:
+        """The joined ranks' launch ended while the door waited for them: end it, forget them (their communicators
+        are not freed: a disconnect would wait for the dead). Its exit status."""
         from mpi4py import MPI
 
         code = self._stop_step()
-        MPI.Close_port(self._port)  # their communicators are not freed: a disconnect would wait for the dead
-        self.inner = None
-        self.given_up = True
-        self._event("left", "join_ended", time.monotonic() - self._joined_at)
-        print(f"hpcrl: learner group {self.group}: its joined ranks ended (launch exit {code}; log: "
-              f"{self.run_dir / JOIN_DIR}); the group's root computes alone until it is parked", flush=True)
+        MPI.Close_port(self._port)
+        self.comm = None
+        return code
 
-    def _leave(self) -> None:
-        """Release the joined ranks, disconnect; they exit and their step ends."""
+    def leave(self) -> int:
+        """After the door released them: disconnect and wait until they left and their launch ended (0: cleanly)."""
         from mpi4py import MPI
 
-        if self.inner is None:
-            self.given_up = False  # the next activation tries again
-            return
-        try:
-            self.inner.release()
-        except JoinLost:
-            self._lost()
-            self.given_up = False
-            return
-        self.inner.comm.Free()
+        self.comm.Free()
         self._inter.Disconnect()
         MPI.Close_port(self._port)
+        self.comm = None
         left = self._stem.with_suffix(".left")
         deadline = time.monotonic() + 60
         while self._proc.poll() is None and not left.exists() and time.monotonic() < deadline:
@@ -325,14 +318,70 @@ class JoiningGroupReduce:
             # finishes its poll before it acts on SIGTERM
             self._proc.kill()
             self._proc.wait()
-            code = 0  # the ranks left cleanly (they write .left after they disconnected)
-        else:
-            try:
-                code = self._proc.wait(timeout=max(deadline - time.monotonic(), 1))
-            except subprocess.TimeoutExpired:
-                code = self._stop_step()
+            return 0  # the ranks left cleanly (they write .left after they disconnected)
+        try:
+            return self._proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            return self._stop_step()
+
+
+class JoiningGroupReduce:
+    """The group root's :class:`protocols.GroupReduce` for a group whose members join and leave."""
+
+    def __init__(self, run_dir: Path, group: int, learners_cfg, launch_cfg, own_hosts: list[str],
+                 counters, reports) -> None:
+        self.run_dir, self.group, self.size = Path(run_dir), group, learners_cfg.ranks_per_group
+        self.joiner = Joiner(run_dir, f"group-{group}", group, learners_cfg.elastic, self.size - 1,
+                             learners_cfg.join_timeout_seconds, launch_cfg, own_hosts, "learners.elastic")
+        self.counters, self.reports = counters, reports
+        self.inner: JoinedReduce | None = None  # over the root and the joined ranks, while they are here
+        self.given_up = False  # this activation's join failed: the root computes alone until the next one
+
+    # ---- join and leave ----------------------------------------------------------------------
+    def ready(self, tick: Callable[[], None]) -> None:
+        if self.inner is None and not self.given_up:
+            self._join(tick)
+
+    def _join(self, tick: Callable[[], None]) -> None:
+        why, waited = self.joiner.join(["--group", str(self.group)], tick)
+        if why is not None:
+            self.given_up = True
+            self._event("join_given_up", why, waited)
+            print(f"hpcrl: learner group {self.group}: its {self.size - 1} joining rank(s) "
+                  + ("ended before they connected" if why == "join_ended" else
+                     f"did not connect within learners.join_timeout_seconds={self.joiner.timeout:g}")
+                  + f" (log: {self.joiner.folder}); the group's root computes alone until it is parked", flush=True)
+            return
+        self.inner = JoinedReduce(self.joiner.comm, self.joiner.lost)
+        self._event("joined", "job_step", waited)
+        if self.joiner.how == "jobs" and (row := self.joiner.job_row()) is not None:
+            self.reports.send("activity", {"allocation": {"time": time.time(), **row}})
+
+    def _lost(self) -> None:
+        """The joined ranks' launch ended while the root waited for them: drop them, say so, go on alone."""
+        seconds = time.monotonic() - self.joiner.joined_at
+        code = self.joiner.drop()
         self.inner = None
-        self._event("left", "job_step" if code == 0 else "join_ended", time.monotonic() - self._joined_at)
+        self.given_up = True
+        self._event("left", "join_ended", seconds)
+        print(f"hpcrl: learner group {self.group}: its joined ranks ended (launch exit {code}; log: "
+              f"{self.joiner.folder}); the group's root computes alone until it is parked", flush=True)
+
+    def _leave(self) -> None:
+        """Release the joined ranks, disconnect; they exit and their step ends."""
+        if self.inner is None:
+            self.given_up = False  # the next activation tries again
+            return
+        try:
+            self.inner.release()
+        except JoinLost:
+            self._lost()
+            self.given_up = False
+            return
+        seconds = time.monotonic() - self.joiner.joined_at
+        code = self.joiner.leave()
+        self.inner = None
+        self._event("left", "job_step" if code == 0 else "join_ended", seconds)
 
     def _event(self, action: str, reason: str, seconds: float) -> None:
         from hpcrl.runtime.roles.elastic import ACTION, REASON

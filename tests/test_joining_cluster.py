@@ -91,3 +91,51 @@ def test_a_group_joins_on_another_node_and_its_step_or_job_ends_when_it_parks(cl
     summary = (tmp_path / "analysis" / "summary.md").read_text()
     billed = sum(int(rows[j]["ElapsedRaw"]) * int(rows[j]["NNodes"]) for j in jobs)
     assert f"| billed node-seconds (sacct) | {billed:,} |" in summary, summary[:3000]
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_actor_samplers_run_as_job_steps_on_nodes_of_their_own_and_end_when_their_actor_parks(cluster, tmp_path):
+    """actors.elastic=steps (issue 26 item 2): each actor's sampler is a job step on a node of the allocation that
+    holds none of the job's ranks (one per actor: 3 nodes for 1 + 2); actor 1 parks after round 12, its step ends
+    while actor 0 samples on, and every fragment is in the record and the trajectory files once."""
+    from test_actor_joining import assert_each_fragment_once, joins
+
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N"], capture_output=True, text=True,
+                           timeout=20).stdout.split()
+    if len(set(nodes)) < 3:
+        pytest.skip(f"needs a 3-node local cluster (nodes: {nodes})")
+    run_dir = tmp_path / "run"
+    schedule = str([2] * 12 + [1]).replace(" ", "")
+    script = hpcrl("submit", "--site", "local-cluster", "--nodes", "1", "--run-dir", str(run_dir), "--dry-run",
+                   "-o", "actors.elastic=steps", "-o", "actors.fragment_length=32", "-o", "env.num_envs=2",
+                   "-o", f"debug.active_actors={schedule}", "-o", "stop.max_rounds=30",
+                   "-o", "stop.total_env_steps=10000000", "-o", "stop.target_return=null")
+    assert script.returncode == 0, script.stderr
+    assert "#SBATCH --nodes=3" in script.stdout and "--nodes=1 " in script.stdout
+    (tmp_path / "job.sh").write_text(script.stdout)
+    out = subprocess.run(["sbatch", "--parsable", "job.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip().split(";")[0]
+    state = wait_for(lambda: job_state(job_id), 300, f"job {job_id} to finish")
+    assert state == "COMPLETED", (tmp_path / f"slurm-{job_id}.out").read_text()[-3000:]
+
+    got = joins(run_dir / "run.h5")
+    assert got[0] == got[1] == [("joined", "job_step"), ("left", "job_step")], got
+    rows = read_table(run_dir / "run.h5", "actor_joins")
+    left = {int(a): t for a, act, t in zip(rows["actor"], rows["action"], rows["time"]) if act == 4}
+    assert left[1] < left[0], rows  # actor 1's sampler left when it parked, actor 0's at the end
+    assert_each_fragment_once(run_dir)
+    own = {n.decode() for n in read_table(run_dir / "run.h5", "rank_map")["node"]}
+    assert len(own) == 1, own
+
+    def accounted():
+        rows = sacct_rows(job_id)
+        steps = {k: v for k, v in rows.items() if k.startswith(f"{job_id}.") and k.split(".")[1].isdigit()
+                 and k != f"{job_id}.0"}
+        return steps if len(steps) >= 2 and rows.get(job_id, {}).get("State") == "COMPLETED" else None
+
+    steps = wait_for(accounted, 60, f"sacct to report job {job_id}'s steps")
+    assert len({row["NodeList"] for row in steps.values()} | own) == 3, steps  # a node each, not the job's own
+    assert all(row["State"] == "COMPLETED" and row["NNodes"] == "1" for row in steps.values()), steps

@@ -1,7 +1,8 @@
-"""Static learner groups against groups that join and leave, on a Slurm cluster: final return, wall-clock and
-the node-seconds the scheduler bills (issue 26 item 4).
+"""Static learner groups (or actors) against ones that join and leave, on a Slurm cluster: final return,
+wall-clock and the node-seconds the scheduler bills (issue 26 items 2 and 4).
 
-The same config, budget and seed in each arm, one job after another through ``hpcrl submit``:
+The same config, budget and seed in each arm, one job after another through ``hpcrl submit``. With
+``--role learners`` (the default):
 
 - ``static``: G learner groups of ``--ranks-per-group`` ranks, all active for the whole job
   (``learners.elastic=park``, ``min_active=G``); the job holds every group's ranks on ``--static-nodes`` nodes.
@@ -11,11 +12,16 @@ The same config, budget and seed in each arm, one job after another through ``hp
 - ``steps``: likewise as job steps inside one allocation that keeps a spare node per group
   (``learners.elastic=steps``).
 
+With ``--role actors`` the arms set ``actors.elastic`` (park, jobs, steps) and leave the learners as the config
+has them: the config should park actors (MARL ``algo.actor_scaling``, or ``debug.active_actors``). ``static``
+holds every actor's rank (and environments) on ``--static-nodes`` nodes; ``jobs`` runs each active actor's
+sampler as a one-node job of its own beside a one-node job for the ranks.
+
 Per arm: the return (mean of the last 20 episodes), the time of the last update since the run's start, joins,
 and the node-seconds and
 charge ``hpcrl analyze`` reads from ``sacct`` for every job the run recorded (its own and its joining ones).
 
-    hpcrl bench elastic-nodes --site local-cluster [--groups 2] [--steps 30000] [--seeds 1]
+    hpcrl bench elastic-nodes --site local-cluster [--role learners] [--groups 2] [--steps 30000] [--seeds 1]
         [--arms static,jobs] [--out DIR] [CONFIG] [-o KEY=VALUE ...]
 
 The default job (256 steps a batch) needs ``-o algo.minibatch_size=64`` for two groups (128 steps each).
@@ -36,7 +42,9 @@ from hpcrl.bench.scale_model import wait_job
 ARMS = ("static", "jobs", "steps")
 
 
-def arm_overrides(arm: str, groups: int, ranks_per_group: int) -> list[str]:
+def arm_overrides(arm: str, groups: int, ranks_per_group: int, role: str = "learners") -> list[str]:
+    if role == "actors":
+        return [f"actors.elastic={'park' if arm == 'static' else arm}"]
     common = [f"learners.groups={groups}", f"learners.ranks_per_group={ranks_per_group}"]
     if arm == "static":
         return [*common, "learners.elastic=park", f"learners.min_active={groups}"]
@@ -46,7 +54,7 @@ def arm_overrides(arm: str, groups: int, ranks_per_group: int) -> list[str]:
 def run_arm(arm: str, seed: int, args, out: Path) -> Path:
     run_dir = out / f"{arm}-seed{seed}"
     nodes = args.static_nodes if arm == "static" else 1
-    sets = [*arm_overrides(arm, args.groups, args.ranks_per_group), f"env.seed={seed}",
+    sets = [*arm_overrides(arm, args.groups, args.ranks_per_group, args.role), f"env.seed={seed}",
             f"stop.total_env_steps={args.steps}", "stop.target_return=null", *args.set]
     cmd = [sys.executable, "-m", "hpcrl", "submit", "--site", args.site, "--nodes", str(nodes), "--run-dir",
            str(run_dir), *([args.config] if args.config else []), *[w for s in sets for w in ("-o", s)]]
@@ -74,8 +82,10 @@ def measure(run_dir: Path) -> dict:
             break
         time.sleep(2)
     returns = read_table(run_dir / "run.h5", "episodes")["return"]
-    events = read_table(run_dir / "run.h5", "elastic_events")
-    joined = int((events["action"] == 3).sum()) if len(events["action"]) else 0  # io.schema ELASTIC_ACTIONS
+    joined = 0
+    for table in ("elastic_events", "actor_joins"):  # groups' and actors' joins: io.schema ELASTIC_ACTIONS 3
+        events = read_table(run_dir / "run.h5", table)
+        joined += int((events["action"] == 3).sum()) if len(events["action"]) else 0
     updates = read_table(run_dir / "run.h5", "updates")
     return {"return": float(np.mean(returns[-20:])) if len(returns) else float("nan"),
             "last_update": float(updates["time"][-1]) if len(updates["time"]) else float("nan"),
@@ -87,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hpcrl bench elastic-nodes", description=__doc__.splitlines()[0])
     parser.add_argument("config", nargs="?", help="config file (default: the default job)")
     parser.add_argument("--site", required=True, help="a Slurm site of hpcrl submit, e.g. local-cluster")
+    parser.add_argument("--role", choices=("learners", "actors"), default="learners",
+                        help="whose ranks join and leave in the elastic arms")
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--ranks-per-group", type=int, default=2)
     parser.add_argument("--static-nodes", type=int, default=3, help="nodes of the static arm's job")
@@ -103,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--arms: {bad[0]!r}; allowed: {', '.join(ARMS)}")
     out = Path(args.out or tempfile.mkdtemp(prefix="hpcrl-elastic-nodes-"))
     out.mkdir(parents=True, exist_ok=True)
+    who = (f"{args.groups} groups of {args.ranks_per_group} ranks" if args.role == "learners"
+           else "joining actors' samplers")
     print(f"elastic-nodes: arms {', '.join(arms)} x {args.seeds} seed(s), {args.steps:,} env steps, "
-          f"{args.groups} groups of {args.ranks_per_group} ranks on {args.site}; runs in {out}", flush=True)
+          f"{who} on {args.site}; runs in {out}", flush=True)
     rows = []
     for seed in range(args.seeds):
         for arm in arms:

@@ -96,6 +96,9 @@ class ActorsConfig(Section):
     node of the allocation without the job's own ranks (mpiexec on one machine), and leaves when it parks, so the
     node goes back (runtime/roles/joining_sampler.py). jobs: likewise, each join a one-node batch job of its own
     (an allocations row: hpcrl analyze prices it from sacct)."""
+    keep_sampler_seconds: float = Field(0.0, ge=0)
+    """actors.elastic=steps/jobs: a parked actor releases its joined sampler once it has been parked this long (0:
+    at once); woken before, it samples with the same one (no join: a join costs seconds of start-up)."""
     join_timeout_seconds: float = Field(120.0, gt=0)
     """actors.elastic=steps/jobs: a sampler that has not connected this long after its launch is given up (an
     actor_joins row) and the actor samples on its own rank until it is parked and woken again."""

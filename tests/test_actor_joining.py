@@ -80,10 +80,10 @@ def test_joining_actors_need_the_mpi_runner_and_a_launcher_that_can_add_ranks(tm
 @pytest.mark.slow
 def test_a_parked_actor_s_sampler_leaves_and_a_new_one_joins_when_it_is_woken(tmp_path):
     run_dir = tmp_path / "run"
-    data = actors_config(run_dir, 27)
-    # actor 1 parked in rounds 1-11, active in 12-23, parked from 24; rounds of about a second (slowed learners)
-    # leave each window time for a join (3-7 s on two loaded cores)
-    data["debug"] = {"active_actors": [1] * 12 + [2] * 12 + [1], "learner_delay_seconds": 0.1}
+    data = actors_config(run_dir, 19)
+    # actor 1 parked in rounds 1-7, active in 8-15, parked from 16; rounds of about a second (slowed learners)
+    # leave each window time for a join (3-5 s when the tests run one at a time)
+    data["debug"] = {"active_actors": [1] * 8 + [2] * 8 + [1], "learner_delay_seconds": 0.1}
     res = run(tmp_path, data)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = joins(run_dir / "run.h5")
@@ -113,6 +113,7 @@ def test_samplers_that_do_not_connect_in_time_are_given_up_and_the_actors_sample
 
 
 @pytest.mark.mpi
+@pytest.mark.parallel_safe  # a run of 20,000 env steps outlasts the second between the join and the kill under load
 @pytest.mark.slow
 def test_a_joined_sampler_killed_mid_run_is_dropped_and_its_actor_goes_on(tmp_path):
     run_dir = tmp_path / "run"

@@ -51,7 +51,7 @@ class Actor:
         else:  # actors.elastic: a joined rank samples while this actor is active
             self.sampler = JoiningSampler(self.cfg.env, self.index, self.plan.reward_gamma, job.env.num_envs,
                                           job.joiner, job.reports, lambda: int(job.counters.read(control.ACTIVE_ACTORS)),
-                                          self.heartbeat.beat)
+                                          self.heartbeat.beat, self.cfg.actors.keep_sampler_seconds)
         self.sender = job.fragments.actor_link(self.index)
         self.version = -1
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
@@ -157,7 +157,6 @@ class Actor:
 
     def _park(self) -> None:
         """Block while this actor is parked (no stop, no evaluation request), then report the park."""
-        self.sampler.park()  # actors.elastic: its joined sampler leaves
         start, cpu = time.time(), time.thread_time()
         counters, i = self.job.counters, self.index
 
@@ -167,6 +166,7 @@ class Actor:
 
         while True:
             self.heartbeat.beat()
+            self.sampler.parked(time.time() - start)  # actors.elastic: its joined sampler leaves (at once, or later)
             words = counters.read_all()
             if awake(words):
                 break

@@ -43,8 +43,9 @@ class JoiningSampler:
     """:class:`~hpcrl.runtime.roles.sampler.VectorSampler`'s interface for an actor whose sampler joins and leaves."""
 
     def __init__(self, env_cfg, actor: int, gamma: float, num_envs: int, joiner: Joiner, reports,
-                 active_actors: Callable[[], int], beat: Callable[[], None]) -> None:
+                 active_actors: Callable[[], int], beat: Callable[[], None], keep_seconds: float = 0.0) -> None:
         self.env_cfg, self.actor, self.gamma, self.num_envs = env_cfg, actor, gamma, num_envs
+        self.keep_seconds = keep_seconds  # actors.keep_sampler_seconds: a short park keeps the sampler
         self.joiner, self.reports, self.active_actors, self.beat = joiner, reports, active_actors, beat
         self.normalizer: dict | None = None  # the newest statistics (VectorSampler.normalizer_state)
         self.given_up = False  # this wake's join failed: the actor samples on its own rank until it parks
@@ -83,14 +84,16 @@ class JoiningSampler:
     def env_action(self, a: np.ndarray) -> np.ndarray:
         return self.local().env_action(a)
 
-    def park(self) -> None:
-        """The actor parks: release the joined sampler (its step ends); the next wake joins a new one."""
-        if self.joiner.comm is not None:
+    def parked(self, seconds: float) -> None:
+        """The actor has been parked this long: once that is ``keep_seconds``, release the joined sampler (its step
+        ends); the next wake joins a new one (a wake before reuses it)."""
+        if self.joiner.comm is not None and seconds >= self.keep_seconds:
             self._leave()
         self.given_up = False
 
     def close(self) -> None:
-        self.park()
+        if self.joiner.comm is not None:
+            self._leave()
         if self._local is not None:
             self._local.close()
 

@@ -228,7 +228,7 @@ class VectorSampler:
     def ready(self) -> None:
         """Nothing: the environments are here (a joining sampler connects first)."""
 
-    def park(self) -> None:
+    def parked(self, seconds: float) -> None:
         """Nothing: the environments stay as they are while the actor is parked."""
 
     def close(self) -> None:

@@ -102,6 +102,23 @@ def test_a_parked_actor_s_sampler_leaves_and_a_new_one_joins_when_it_is_woken(tm
 @pytest.mark.mpi
 @pytest.mark.parallel_safe
 @pytest.mark.slow
+def test_a_park_shorter_than_keep_sampler_seconds_keeps_the_sampler(tmp_path):
+    run_dir = tmp_path / "run"
+    data = actors_config(run_dir, 12, keep_sampler_seconds=60.0)  # longer than the whole run
+    data["debug"] = {"active_actors": [2, 1, 1, 1, 2]}  # actor 1 parked in rounds 1-3, then active again
+    res = run(tmp_path, data)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    got = joins(run_dir / "run.h5")
+    # one sampler each, for the whole run: actor 1's park did not release its sampler
+    assert got == {0: [("joined", "job_step"), ("left", "job_step")], 1: [("joined", "job_step"), ("left", "job_step")]}
+    parks = read_table(run_dir / "run.h5", "actor_parks")
+    assert list(parks["actor"]) == [1], parks
+    assert_each_fragment_once(run_dir)
+
+
+@pytest.mark.mpi
+@pytest.mark.parallel_safe
+@pytest.mark.slow
 def test_samplers_that_do_not_connect_in_time_are_given_up_and_the_actors_sample_themselves(tmp_path):
     run_dir = tmp_path / "run"
     res = run(tmp_path, actors_config(run_dir, 6, join_timeout_seconds=0.05))  # no Python starts that fast

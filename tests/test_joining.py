@@ -19,7 +19,7 @@ import yaml
 from hpcrl.config import ConfigError, build_config
 from hpcrl.io import read_table
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
-from hpcrl.runtime.transport.joining import join_command, joining_refused, step_environment
+from hpcrl.runtime.transport.joining import join_command, joining_refused, process_gone, step_environment
 
 ACTION = {name: i for i, name in enumerate(ELASTIC_ACTIONS)}
 REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
@@ -102,6 +102,21 @@ def test_a_joining_step_gets_the_allocation_not_the_roots_own_rank(monkeypatch):
     assert job[-1].startswith("srun --ntasks=3") and job[-1].endswith("python -m hpcrl.runtime.runners.join RUN")
     with pytest.raises(RuntimeError, match="learners.elastic=jobs: this run is not in a Slurm batch job"):
         join_command("jobs", 3, ["vm"], 0, {"PATH": "/bin"}, launch, ranks, "LOG")
+
+
+def test_a_process_is_gone_once_it_exited_reaped_or_not():
+    import socket
+
+    host = socket.gethostname()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while not process_gone(host, child.pid) and time.monotonic() < deadline:  # exited, not reaped: a zombie
+        time.sleep(0.01)
+    assert process_gone(host, child.pid)
+    child.wait()
+    assert process_gone(host, child.pid)  # reaped
+    assert not process_gone(host, os.getpid())
+    assert not process_gone(host + "-elsewhere", child.pid)  # another host: its launch's end tells
 
 
 def test_a_run_where_no_ranks_can_join_is_refused_at_start_in_one_line(tmp_path):

@@ -33,7 +33,7 @@ from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.roles.sampler import VectorSampler
 from hpcrl.runtime.transport import control
-from hpcrl.runtime.transport.joining import Joiner, JoinLost, wait_or_lost
+from hpcrl.runtime.transport.joining import Joiner, JoinLost, sending
 
 ACTION = {name: i for i, name in enumerate(ELASTIC_ACTIONS)}
 REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
@@ -124,7 +124,11 @@ class JoiningSampler:
             return
         self._sent_version = None
         comm = self.joiner.comm
-        wait_or_lost([comm.isend({"normalizer": self.normalizer}, dest=1, tag=control.TAG_WORK)], self.joiner.lost)
+        try:
+            sending(lambda: [comm.isend({"normalizer": self.normalizer}, dest=1, tag=control.TAG_WORK)],
+                    self.joiner.lost)
+        except JoinLost:  # died at once: the first fragment finds it lost
+            pass
         self._event("joined", "job_step", waited)
         if self.joiner.how == "jobs" and (row := self.joiner.job_row()) is not None:
             self.reports.send("activity", {"allocation": {"time": time.time(), **row}})
@@ -132,8 +136,8 @@ class JoiningSampler:
     def _sample_there(self, model, T: int, version: int) -> tuple[dict[str, np.ndarray], list[dict]]:
         comm, lost = self.joiner.comm, self.joiner.lost
         weights = None if version == self._sent_version else model.flat.numpy()
-        wait_or_lost([comm.isend({"weights": weights, "version": version, "T": T}, dest=1, tag=control.TAG_WORK)],
-                     lost)
+        sending(lambda: [comm.isend({"weights": weights, "version": version, "T": T}, dest=1, tag=control.TAG_WORK)],
+                lost)
         reply = control.recv_polling(comm, 1, control.TAG_SHARE, Backoff(5e-5, 2e-3), abandon=lost)
         if reply is None:
             raise JoinLost("the actor's joined sampler ended")
@@ -152,7 +156,7 @@ class JoiningSampler:
     def _leave(self) -> None:
         seconds = time.monotonic() - self.joiner.joined_at
         try:
-            wait_or_lost([self.joiner.comm.isend(None, dest=1, tag=control.TAG_WORK)], self.joiner.lost)
+            sending(lambda: [self.joiner.comm.isend(None, dest=1, tag=control.TAG_WORK)], self.joiner.lost)
         except JoinLost:
             self._lost()
             return
@@ -184,4 +188,4 @@ def serve_sampler(comm, sampler: VectorSampler, algo, model, actor: int, lost: C
             model.flat.load_(work["weights"])
         fragment, episodes = sampler.sample(algo, model, work["T"], work["version"], actor)
         reply = {"fragment": fragment, "episodes": episodes, "normalizer": sampler.normalizer_state()}
-        wait_or_lost([comm.isend(reply, dest=0, tag=control.TAG_SHARE)], lost)
+        sending(lambda: [comm.isend(reply, dest=0, tag=control.TAG_SHARE)], lost)

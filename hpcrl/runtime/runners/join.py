@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             group = JoinedReduce(comm, root_gone(args.root))
             group.serve(member_share(algo, model, group), lambda: None)
         comm.Free()
+        if world.Get_rank() == 0:  # the door disconnects only once this is there (a rank that died never will)
+            Path(args.ready_file).with_suffix(".leaving").write_text("0")
         inter.Disconnect()
         if world.Get_rank() == 0:  # the root waits for this, not for the launcher (sbatch --wait polls for long)
             Path(args.ready_file).with_suffix(".left").write_text("0")
@@ -92,21 +94,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def root_gone(root: str):
     """True once the root process (HOST:PID, on this host) is gone, so a job that was killed leaves no joined rank
-    waiting for it (checked between polls; on another host the allocation's end ends the rank)."""
-    import socket
+    waiting for it (checked before each send and between polls; on another host the allocation's end ends the
+    rank)."""
+    from hpcrl.runtime.transport.joining import process_gone
 
     host, _, pid = root.rpartition(":")
-    if not pid or host != socket.gethostname():
+    if not pid:
         return lambda: False
-
-    def gone() -> bool:
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-    return gone
+    return lambda: process_gone(host, int(pid))
 
 
 if __name__ == "__main__":

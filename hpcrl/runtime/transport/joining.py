@@ -145,6 +145,27 @@ class JoinLost(Exception):
     """The joined ranks' launch ended while the root waited for them."""
 
 
+def process_gone(host: str, pid: int) -> bool:
+    """True once process ``pid`` on ``host`` (this host only; elsewhere False: the launch's end tells) has exited,
+    reaped or not. A send to a rank that died crashes MPICH (a segfault in the UCX path, measured), and the launch
+    that started it ends only some milliseconds after it, so the sides look at each other's process before each
+    send."""
+    if host != socket.gethostname():
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # the state, after "(comm)"
+    except (OSError, IndexError):
+        return True
+
+
+def sending(requests: Callable[[], list], lost: Callable[[], bool]) -> None:
+    """Start ``requests()`` unless ``lost()``, then :func:`wait_or_lost` for them (:class:`JoinLost` either way)."""
+    if lost():
+        raise JoinLost("the other side of a joined communicator is gone")
+    wait_or_lost(requests(), lost)
+
+
 def wait_or_lost(requests, lost: Callable[[], bool]) -> None:
     """Wait (sleeping) for ``requests``, checking ``lost()`` (the other side's launch or process is gone) between
     polls: :class:`JoinLost` then (the requests stay pending: the communicator is dropped, never freed)."""
@@ -167,9 +188,9 @@ class JoinedReduce:
         self.comm, self.lost = comm, lost
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
 
-    def _wait(self, requests) -> None:
+    def _wait(self, requests: Callable[[], list]) -> None:
         try:
-            wait_or_lost(requests, self.lost)
+            sending(requests, self.lost)
         except JoinLost:
             if self.rank:
                 raise RuntimeError("the root is gone") from None
@@ -177,22 +198,22 @@ class JoinedReduce:
 
     def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None
                  ) -> tuple[dict, list[np.ndarray] | None]:
-        self._wait([self.comm.isend(member_work(weights, minibatch, window, r, self.size), dest=r, tag=control.TAG_WORK)
-                    for r in range(1, self.size)])
+        self._wait(lambda: [self.comm.isend(member_work(weights, minibatch, window, r, self.size), dest=r,
+                                            tag=control.TAG_WORK) for r in range(1, self.size)])
         return share_of(minibatch, window, 0, self.size)
 
     def average(self, grad: torch.Tensor) -> np.ndarray:
         """Root: the mean of its own and every member's share gradient; member: its share gradient to the root."""
         mine = np.ascontiguousarray(grad.detach().cpu().numpy(), dtype=np.float32)
         if self.rank:
-            self._wait([self.comm.Isend(mine, dest=0, tag=control.TAG_SHARE)])
+            self._wait(lambda: [self.comm.Isend(mine, dest=0, tag=control.TAG_SHARE)])
             return mine
         theirs = [np.empty_like(mine) for _ in range(1, self.size)]
-        self._wait([self.comm.Irecv(buf, source=r, tag=control.TAG_SHARE) for r, buf in enumerate(theirs, 1)])
+        self._wait(lambda: [self.comm.Irecv(buf, source=r, tag=control.TAG_SHARE) for r, buf in enumerate(theirs, 1)])
         return (mine + sum(theirs)) / self.size
 
     def release(self) -> None:
-        self._wait([self.comm.isend(None, dest=r, tag=control.TAG_WORK) for r in range(1, self.size)])
+        self._wait(lambda: [self.comm.isend(None, dest=r, tag=control.TAG_WORK) for r in range(1, self.size)])
 
     def serve(self, share, check) -> None:
         """A member's loop: ``share(weights, batch, window)`` for each piece of work, until None."""
@@ -221,6 +242,7 @@ class Joiner:
         self.joins = 0
         self.joined_at = 0.0
         self._port = self._inter = self._proc = None
+        self._first: tuple[str, int] | None = None  # host and pid of the joined ranks' first rank
         self._stem: Path | None = None  # RUN_DIR/joins/WHO-N: the current join's files are this with a suffix
 
     @property
@@ -235,6 +257,7 @@ class Joiner:
 
         self.folder.mkdir(exist_ok=True)
         self._stem = stem = self.folder / f"{self.who}-{self.joins}"
+        self._first = None
         self.joins += 1
         port_file, ready_file = stem.with_suffix(".port"), stem.with_suffix(".ready")
         self._port = MPI.Open_port()
@@ -261,14 +284,16 @@ class Joiner:
                 MPI.Close_port(self._port)
                 return ("join_ended" if ended is not None else "join_timeout"), time.monotonic() - start
             time.sleep(0.02)
+        host, pid = ready_file.read_text().split()
+        self._first = (host, int(pid))
         self._inter = MPI.COMM_SELF.Accept(self._port)
         self.comm = self._inter.Merge(high=False)
         self.joined_at = time.monotonic()
         return None, self.joined_at - start
 
     def lost(self) -> bool:
-        """The joined ranks' launch has ended."""
-        return self._proc.poll() is not None
+        """The joined ranks' launch has ended, or (on this host) their first rank's process."""
+        return self._proc.poll() is not None or (self._first is not None and process_gone(*self._first))
 
     def job_row(self) -> dict | None:
         """jobs: the current joining job as an ``allocations`` row (hpcrl analyze bills it from sacct)."""
@@ -302,14 +327,23 @@ class Joiner:
         return code
 
     def leave(self) -> int:
-        """After the door released them: disconnect and wait until they left and their launch ended (0: cleanly)."""
+        """After the door released them: disconnect and wait until they left and their launch ended (0: cleanly).
+        ``MPI_Comm_disconnect`` waits for the other side and has no timeout: the door enters it only once their
+        first rank is about to (it writes .leaving); a launch that ends first, or no .leaving within a minute, is
+        dropped instead (:meth:`drop`: its exit status, or -1 after the minute)."""
         from mpi4py import MPI
 
+        leaving, left = self._stem.with_suffix(".leaving"), self._stem.with_suffix(".left")
+        deadline = time.monotonic() + 60
+        while not leaving.exists():
+            if self.lost() or time.monotonic() > deadline:
+                code = self.drop()
+                return code if code else -1
+            time.sleep(0.01)
         self.comm.Free()
         self._inter.Disconnect()
         MPI.Close_port(self._port)
         self.comm = None
-        left = self._stem.with_suffix(".left")
         deadline = time.monotonic() + 60
         while self._proc.poll() is None and not left.exists() and time.monotonic() < deadline:
             time.sleep(0.02)

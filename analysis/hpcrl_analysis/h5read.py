@@ -187,8 +187,9 @@ class Run:
 
 TABLE_NAMES = ("rank_map", "updates", "gradients", "episodes", "learner_activity", "rounds", "actors")
 OPTIONAL_TABLES = ("eval_episodes", "learner_cycles", "parameter_load", "elastic_events", "policy_map", "actor_scaling",
-                   "actor_parks", "weight_fetches", "allocations")
-"""Tables a run has only when it used the feature (eval.episodes > 0, algo.sharing, algo.actor_scaling) or
+                   "actor_parks", "actor_joins", "weight_fetches", "allocations")
+"""Tables a run has only when it used the feature (eval.episodes > 0, algo.sharing, algo.actor_scaling,
+actors.elastic) or
 when its hpcrl wrote them (the learner cycle profile, parameter load, elastic events and weight fetches came
 later; allocations only inside a batch job): no note when absent."""
 REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); a fill value there = never written
@@ -206,6 +207,7 @@ REQUIRED = {  # columns every real row fills (docs/hdf5-schema.md, "required"); 
     "policy_map": ("round", "agent", "old_policy", "new_policy", "reason"),
     "actor_scaling": ("round", "active"),
     "actor_parks": ("time", "actor", "reason"),
+    "actor_joins": ("time", "actor", "action", "reason"),
     "weight_fetches": ("version", "actor_fetches", "actor_bytes", "learner_fetches", "learner_bytes"),
     "allocations": ("time", "scheduler", "job_id"),
 }

@@ -29,14 +29,11 @@ from typing import Callable
 
 import numpy as np
 
-from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.roles.elastic import ACTION, REASON
 from hpcrl.runtime.roles.sampler import VectorSampler
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.joining import Joiner, JoinLost, sending
-
-ACTION = {name: i for i, name in enumerate(ELASTIC_ACTIONS)}
-REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
 
 
 class JoiningSampler:

@@ -23,15 +23,17 @@ system-deps:
 run: setup
 	$(BIN)/hpcrl run
 
-# The tests in two passes, both always run: those that start no MPI job (and the MPI tests marked
-# parallel_safe, which have no time bound) two at a time, one per core; then the other MPI and the
-# Slurm tests one at a time (their bounds on time assume no other test beside them; the Slurm
-# fixture starts one cluster). `pytest` alone runs everything one at a time.
+# The tests in three passes, all always run: those that start no MPI job (and the MPI tests marked
+# parallel_safe, which have no time bound) two at a time, one per core; then the other MPI tests and the
+# Slurm tests in two queues side by side, one test of each at a time (tests/conftest.py; the Slurm
+# fixture starts one cluster); last, the tests marked alone (bounds on time or CPU that assume nothing
+# beside them) one at a time. `pytest` alone runs everything one at a time.
 FIRST := not (mpi or slurm) or parallel_safe
 test: setup system-deps
 	$(BIN)/python -m pytest -q -m "$(FIRST)" -n 2; a=$$?; \
-	$(BIN)/python -m pytest -q -m "not ($(FIRST))"; b=$$?; \
-	[ $$a -eq 0 ] && [ $$b -eq 0 ]
+	$(BIN)/python -m pytest -q -m "not ($(FIRST)) and not alone" -n 2 --dist loadgroup; b=$$?; \
+	$(BIN)/python -m pytest -q -m "alone and not ($(FIRST))"; c=$$?; \
+	[ $$a -eq 0 ] && [ $$b -eq 0 ] && [ $$c -eq 0 ]
 
 clean:
 	rm -rf $(VENV) build *.egg-info

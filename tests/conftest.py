@@ -1,4 +1,5 @@
-"""Fixtures several test modules share (a module asks for one with ``pytestmark = pytest.mark.usefixtures(...)``)."""
+"""Fixtures several test modules share (a module asks for one with ``pytestmark = pytest.mark.usefixtures(...)``),
+and the xdist groups of make test's second pass."""
 from __future__ import annotations
 
 import pytest
@@ -13,3 +14,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """make test's second pass (``-n 2 --dist loadgroup``) runs two queues side by side, each one test at a time:
+    the Slurm tests (they share the one local cluster) and the other MPI tests (each starts a job of several
+    ranks). Without ``--dist loadgroup`` the groups change nothing."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+        elif item.get_closest_marker("mpi"):
+            item.add_marker(pytest.mark.xdist_group("mpi"))

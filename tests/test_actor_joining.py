@@ -78,6 +78,7 @@ def test_joining_actors_need_the_mpi_runner_and_a_launcher_that_can_add_ranks(tm
 
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_parked_actor_s_sampler_leaves_and_a_new_one_joins_when_it_is_woken(tmp_path):
     run_dir = tmp_path / "run"
     data = actors_config(run_dir, 19)

@@ -189,6 +189,7 @@ def test_worker_errors_and_a_killed_worker_end_step_with_its_name_and_close_stil
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("wait", ["socket", pytest.param("poll", marks=pytest.mark.slow)])
+@pytest.mark.alone
 def test_a_stopped_worker_ends_step_after_step_timeout_naming_it_and_close_ends_it(tmp_path, wait):
     code = f"""
     import os, signal, time, numpy as np
@@ -241,6 +242,7 @@ def test_a_stopped_worker_ends_step_after_step_timeout_naming_it_and_close_ends_
 
 
 @pytest.mark.mpi
+@pytest.mark.alone
 def test_workers_leave_within_seconds_when_the_head_is_killed(tmp_path):
     code = """
     import time, hpcrl

@@ -140,6 +140,7 @@ def events(h5) -> list[tuple[int, str, str]]:
 
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_group_joins_when_activated_pushes_and_leaves_when_parked(tmp_path):
     run_dir = tmp_path / "run"
     # group 1 active from round 1 to 39: a join takes 3-7 s on two loaded cores, a round a fraction of a second

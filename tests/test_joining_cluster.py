@@ -29,6 +29,7 @@ CONFIG = ["-o", "learners.groups=2", "-o", "learners.ranks_per_group=2",
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["steps", "jobs"])
+@pytest.mark.alone
 def test_a_group_joins_on_another_node_and_its_step_or_job_ends_when_it_parks(cluster, tmp_path, how):
     nodes = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N"], capture_output=True, text=True,
                            timeout=20).stdout.split()

@@ -55,6 +55,7 @@ def scontrol(*args: str) -> None:
 @pytest.mark.slurm
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_hung_node_and_then_a_lost_node_each_bring_the_job_back(cluster, tmp_path):  # noqa: F811
     run_dir = tmp_path / "run"
     out = hpcrl("submit", "--site", "local-cluster", "--nodes", "3", "--min-nodes", "2", "--run-dir", str(run_dir),

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from test_damaged_record import header_address
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.alone, pytest.mark.mpi, pytest.mark.slow]
 
 WATCHDOG_S = 4.0
 KILLED_WITHIN_S = 15.0  # SIGKILL: mpiexec ends the job (about 1 s on a quiet machine)

@@ -95,6 +95,7 @@ def test_short_run_writes_readable_files_with_every_table(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_rank_that_raises_ends_the_job_within_seconds(tmp_path):
     path, run_dir = write_config(tmp_path, debug={"raise_on_rank": 3, "raise_after_seconds": 1.0},
                                  stop={"total_env_steps": 10_000_000})
@@ -167,6 +168,7 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_watchdog_names_a_stopped_actor_and_ends_the_job(tmp_path):
     path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000},
                                  launch={"watchdog_warn_seconds": 3, "watchdog_seconds": 8, "timeout_seconds": 120,
@@ -206,6 +208,7 @@ def test_watchdog_names_a_stopped_actor_and_ends_the_job(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_job_whose_ranks_never_report_progress_is_ended(tmp_path):
     """The role loops' watchdog starts once every rank runs; a rank stuck before that (here: no job
     starts in 0.3 s) is caught by launch.startup_seconds in the launcher."""
@@ -269,6 +272,7 @@ def _nice(pid: int) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_actor_ranks_yield_the_cores_to_the_gradient_path(tmp_path):
     """launch.actor_nice: actor ranks run that much nicer than the parameter and learner ranks."""
     path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000, "max_wall_seconds": 6},

@@ -112,6 +112,7 @@ def test_serial_run_activates_a_group_under_a_backlog_parks_it_after_and_profile
 
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.alone
 def test_mpi_run_activates_and_parks_and_profiles_every_gradient(tmp_path):
     run_dir = tmp_path / "run"
     path = tmp_path / "cfg.yaml"

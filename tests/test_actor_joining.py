@@ -7,10 +7,8 @@ On one machine each join is a second ``mpiexec``; test_joining_cluster.py starts
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ import yaml
 from hpcrl.config import ConfigError, build_config
 from hpcrl.io import read_table, read_trajectories
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
+from test_joining import run_killing_the_joined
 
 T, N = 32, 2  # fragment length, environments per actor
 
@@ -101,12 +100,13 @@ def test_a_parked_actor_s_sampler_leaves_and_a_new_one_joins_when_it_is_woken(tm
 
 
 @pytest.mark.mpi
-@pytest.mark.parallel_safe
+@pytest.mark.alone
 @pytest.mark.slow
 def test_a_park_shorter_than_keep_sampler_seconds_keeps_the_sampler(tmp_path):
     run_dir = tmp_path / "run"
-    data = actors_config(run_dir, 12, keep_sampler_seconds=60.0)  # longer than the whole run
-    data["debug"] = {"active_actors": [2, 1, 1, 1, 2]}  # actor 1 parked in rounds 1-3, then active again
+    data = actors_config(run_dir, 23, keep_sampler_seconds=60.0)  # longer than the whole run
+    # actor 1 active in rounds 0-15 (rounds of about half a second: time to join), parked in 16-18, active again
+    data["debug"] = {"active_actors": [2] * 16 + [1] * 3 + [2], "learner_delay_seconds": 0.05}
     res = run(tmp_path, data)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = joins(run_dir / "run.h5")
@@ -137,19 +137,8 @@ def test_a_joined_sampler_killed_mid_run_is_dropped_and_its_actor_goes_on(tmp_pa
     run_dir = tmp_path / "run"
     data = actors_config(run_dir, None)
     data["stop"]["total_env_steps"] = 20_000
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(data))
-    job = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", "-q", str(path)], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    ready = run_dir / "joins" / "actor-0-0.ready"
-    deadline = time.monotonic() + 120
-    while not ready.exists() and job.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ready.exists(), job.communicate(timeout=120)[0][-3000:]
-    time.sleep(1.0)  # sampling by now
-    os.kill(int(ready.read_text().split()[1]), signal.SIGKILL)  # the sampler (host and pid in .ready)
-    out = job.communicate(timeout=180)[0]
-    assert job.returncode == 0, out[-3000:]
+    code, out = run_killing_the_joined(tmp_path, data, run_dir / "joins" / "actor-0-0.ready", 1.0)  # sampling by then
+    assert code == 0, out[-3000:]
     assert "actor 0: its joined sampler ended" in out
     got = joins(run_dir / "run.h5")
     assert got[0] == [("joined", "job_step"), ("left", "join_ended")], got

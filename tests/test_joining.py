@@ -132,6 +132,23 @@ def test_a_run_where_no_ranks_can_join_is_refused_at_start_in_one_line(tmp_path)
     assert joining_refused("jobs", {"SLURM_JOB_ID": "7", "HPCRL_SITE": "local-cluster"}) is None
 
 
+def run_killing_the_joined(tmp_path, data: dict, ready, after: float) -> tuple[int, str]:
+    """``hpcrl run`` of ``data``; ``after`` seconds after ``ready`` appears, SIGKILL the joined rank it names (host
+    and pid); the run's exit status and output."""
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    job = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", "-q", str(path)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not ready.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ready.exists(), job.communicate(timeout=120)[0][-3000:]
+    time.sleep(after)
+    os.kill(int(ready.read_text().split()[1]), signal.SIGKILL)
+    out = job.communicate(timeout=180)[0]
+    return job.returncode, out
+
+
 def events(h5) -> list[tuple[int, str, str]]:
     ev = read_table(h5, "elastic_events")
     order = np.argsort(ev["time"], kind="stable")
@@ -180,19 +197,9 @@ def test_ranks_that_do_not_connect_in_time_are_given_up_and_the_root_trains_alon
 @pytest.mark.slow
 def test_a_joined_rank_killed_mid_run_is_dropped_and_the_run_goes_on(tmp_path):
     run_dir = tmp_path / "run"
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(one_group(run_dir, {"max_rounds": None, "total_env_steps": 30_000})))
-    job = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", "-q", str(path)], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    ready = run_dir / "joins" / "group-0-0.ready"
-    deadline = time.monotonic() + 120
-    while not ready.exists() and job.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ready.exists(), job.communicate(timeout=120)[0][-3000:]
-    time.sleep(2.0)  # pushing by now
-    os.kill(int(ready.read_text().split()[1]), signal.SIGKILL)  # the joined rank (host and pid in .ready)
-    out = job.communicate(timeout=180)[0]
-    assert job.returncode == 0, out[-3000:]
+    data = one_group(run_dir, {"max_rounds": None, "total_env_steps": 30_000})
+    code, out = run_killing_the_joined(tmp_path, data, run_dir / "joins" / "group-0-0.ready", 2.0)  # pushing by then
+    assert code == 0, out[-3000:]
     assert "learner group 0: its joined ranks ended" in out
     got = events(run_dir / "run.h5")
     assert (0, "joined", "job_step") in got and (0, "left", "join_ended") in got, got

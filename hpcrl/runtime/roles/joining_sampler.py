@@ -114,10 +114,8 @@ class JoiningSampler:
         if why is not None:
             self.given_up = True
             self._event("join_given_up", why, waited)
-            print(f"hpcrl: actor {self.actor}: its sampler "
-                  + ("ended before it connected" if why == "join_ended" else
-                     f"did not connect within actors.join_timeout_seconds={self.joiner.timeout:g}")
-                  + f" (log: {self.joiner.folder}); the actor samples on its own rank until it is parked", flush=True)
+            self.joiner.given_up(why, f"actor {self.actor}: its sampler", "the actor samples on its own rank until it "
+                                 "is parked")
             return
         self._sent_version = None
         comm = self.joiner.comm
@@ -127,8 +125,7 @@ class JoiningSampler:
         except JoinLost:  # died at once: the first fragment finds it lost
             pass
         self._event("joined", "job_step", waited)
-        if self.joiner.how == "jobs" and (row := self.joiner.job_row()) is not None:
-            self.reports.send("activity", {"allocation": {"time": time.time(), **row}})
+        self.joiner.record_job(self.reports)
 
     def _sample_there(self, model, T: int, version: int) -> tuple[dict[str, np.ndarray], list[dict]]:
         comm, lost = self.joiner.comm, self.joiner.lost

@@ -22,7 +22,7 @@ from typing import Mapping
 
 from hpcrl import launch
 from hpcrl.runtime.runners import RunResult
-from hpcrl.runtime.signals import EXIT_FAILED, EXIT_STOPPED, EXIT_TIMEOUT, early_signal
+from hpcrl.runtime.signals import EXIT_STOPPED, EXIT_TIMEOUT, early_signal
 
 GRACE_SECONDS = 60.0
 """After a graceful stop request, how long the job may take to checkpoint before it is killed."""

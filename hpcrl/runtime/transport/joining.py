@@ -291,6 +291,19 @@ class Joiner:
         self.joined_at = time.monotonic()
         return None, self.joined_at - start
 
+    def given_up(self, why: str, what: str, meanwhile: str) -> None:
+        """Say in one line that ``what`` (the joining ranks) were given up (``why``: join_ended, join_timeout) and
+        what the door does ``meanwhile``."""
+        print(f"hpcrl: {what} " + ("ended before connecting" if why == "join_ended" else
+                                   f"did not connect within {self.setting.rsplit('.', 1)[0]}.join_timeout_seconds="
+                                   f"{self.timeout:g}") + f" (log: {self.folder}); {meanwhile}", flush=True)
+
+    def record_job(self, reports) -> None:
+        """jobs: the joining job as an ``allocations`` row, through the door's reports (rank 0 writes it; hpcrl
+        analyze bills it from sacct); nothing for steps."""
+        if self.how == "jobs" and (row := self.job_row()) is not None:
+            reports.send("activity", {"allocation": {"time": time.time(), **row}})
+
     def lost(self) -> bool:
         """The joined ranks' launch has ended, or (on this host) their first rank's process."""
         return self._proc.poll() is not None or (self._first is not None and process_gone(*self._first))
@@ -381,15 +394,12 @@ class JoiningGroupReduce:
         if why is not None:
             self.given_up = True
             self._event("join_given_up", why, waited)
-            print(f"hpcrl: learner group {self.group}: its {self.size - 1} joining rank(s) "
-                  + ("ended before they connected" if why == "join_ended" else
-                     f"did not connect within learners.join_timeout_seconds={self.joiner.timeout:g}")
-                  + f" (log: {self.joiner.folder}); the group's root computes alone until it is parked", flush=True)
+            self.joiner.given_up(why, f"learner group {self.group}: its {self.size - 1} joining rank(s)",
+                                 "the group's root computes alone until it is parked")
             return
         self.inner = JoinedReduce(self.joiner.comm, self.joiner.lost)
         self._event("joined", "job_step", waited)
-        if self.joiner.how == "jobs" and (row := self.joiner.job_row()) is not None:
-            self.reports.send("activity", {"allocation": {"time": time.time(), **row}})
+        self.joiner.record_job(self.reports)
 
     def _lost(self) -> None:
         """The joined ranks' launch ended while the root waited for them: drop them, say so, go on alone."""

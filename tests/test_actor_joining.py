@@ -100,13 +100,12 @@ def test_a_parked_actor_s_sampler_leaves_and_a_new_one_joins_when_it_is_woken(tm
 
 
 @pytest.mark.mpi
-@pytest.mark.alone
 @pytest.mark.slow
 def test_a_park_shorter_than_keep_sampler_seconds_keeps_the_sampler(tmp_path):
     run_dir = tmp_path / "run"
-    data = actors_config(run_dir, 23, keep_sampler_seconds=60.0)  # longer than the whole run
-    # actor 1 active in rounds 0-15 (rounds of about half a second: time to join), parked in 16-18, active again
-    data["debug"] = {"active_actors": [2] * 16 + [1] * 3 + [2], "learner_delay_seconds": 0.05}
+    data = actors_config(run_dir, 27, keep_sampler_seconds=60.0)  # longer than the whole run
+    # actor 1 active in rounds 0-19 (rounds of about half a second: time to join), parked in 20-22, active again
+    data["debug"] = {"active_actors": [2] * 20 + [1] * 3 + [2], "learner_delay_seconds": 0.05}
     res = run(tmp_path, data)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = joins(run_dir / "run.h5")
@@ -131,12 +130,12 @@ def test_samplers_that_do_not_connect_in_time_are_given_up_and_the_actors_sample
 
 
 @pytest.mark.mpi
-@pytest.mark.parallel_safe  # a run of 20,000 env steps outlasts the second between the join and the kill under load
+@pytest.mark.parallel_safe  # a run of 10,000 env steps outlasts the second between the join and the kill under load
 @pytest.mark.slow
 def test_a_joined_sampler_killed_mid_run_is_dropped_and_its_actor_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     data = actors_config(run_dir, None)
-    data["stop"]["total_env_steps"] = 20_000
+    data["stop"]["total_env_steps"] = 10_000
     code, out = run_killing_the_joined(tmp_path, data, run_dir / "joins" / "actor-0-0.ready", 1.0)  # sampling by then
     assert code == 0, out[-3000:]
     assert "actor 0: its joined sampler ended" in out

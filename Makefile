@@ -25,7 +25,7 @@ run: setup
 
 # The tests in three passes, all always run: those that start no MPI job (and the MPI tests marked
 # parallel_safe, which have no time bound) two at a time, one per core; then the other MPI tests and the
-# Slurm tests two at a time, the Slurm tests one after another on one worker (tests/conftest.py; the Slurm
+# Slurm tests in two queues side by side, one test of each at a time (tests/conftest.py; the Slurm
 # fixture starts one cluster); last, the tests marked alone (bounds on time or CPU that assume nothing
 # beside them) one at a time. `pytest` alone runs everything one at a time.
 FIRST := not (mpi or slurm) or parallel_safe

@@ -1,5 +1,5 @@
 """Fixtures several test modules share (a module asks for one with ``pytestmark = pytest.mark.usefixtures(...)``),
-and the xdist group of make test's second pass."""
+and the xdist groups of make test's second pass."""
 from __future__ import annotations
 
 import pytest
@@ -17,9 +17,12 @@ def one_torch_thread():
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """make test's second pass (``-n 2 --dist loadgroup``): the Slurm tests share the one local cluster, so they
-    run one after another on one worker, and the other MPI tests fill both workers around them. Without
-    ``--dist loadgroup`` the group changes nothing."""
+    """make test's second pass (``-n 2 --dist loadgroup``) runs two queues side by side, each one test at a time:
+    the Slurm tests (they share the one local cluster) and the other MPI tests (each starts a job of several
+    ranks; two of them at once took longer than one beside a Slurm test, which mostly waits). Without
+    ``--dist loadgroup`` the groups change nothing."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("cluster"))
+        elif item.get_closest_marker("mpi"):
+            item.add_marker(pytest.mark.xdist_group("mpi"))

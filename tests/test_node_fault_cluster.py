@@ -61,7 +61,7 @@ def test_a_hung_node_and_then_a_lost_node_each_bring_the_job_back(cluster, tmp_p
     out = hpcrl("submit", "--site", "local-cluster", "--nodes", "3", "--min-nodes", "2", "--run-dir", str(run_dir),
                 "-o", "actors.count=4", "-o", "stop.total_env_steps=12000", "-o", "stop.target_return=null",
                 "-o", "io.checkpoint_every=10", "-o", "io.checkpoint_min_seconds=1",
-                "-o", "launch.watchdog_warn_seconds=3", "-o", "launch.watchdog_seconds=8")
+                "-o", "launch.watchdog_warn_seconds=2", "-o", "launch.watchdog_seconds=6")
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.strip().splitlines()[-1]
     log = run_dir.parent / "run.job" / f"slurm-{job_id}.out"

@@ -109,7 +109,7 @@ class JoiningSampler:
         return self.samplers - 1
 
     def _join(self) -> None:
-        role = ["--actor", str(self.actor), "--restart", str(self._next()), "--gamma", repr(self.gamma)]
+        role = ["--actor", str(self.actor), "--restart", str(self._next())]
         why, waited = self.joiner.join(role, self.beat)
         if why is not None:
             self.given_up = True
@@ -144,8 +144,8 @@ class JoiningSampler:
         code = self.joiner.drop()
         self.given_up = True
         self._event("left", "join_ended", seconds)
-        print(f"hpcrl: actor {self.actor}: its joined sampler ended (launch exit {code}; log: {self.joiner.folder}); "
-              "the actor samples on its own rank until it is parked", flush=True)
+        self.joiner.dropped(code, f"actor {self.actor}: its joined sampler",
+                            "the actor samples on its own rank until it is parked")
 
     def _leave(self) -> None:
         seconds = time.monotonic() - self.joiner.joined_at

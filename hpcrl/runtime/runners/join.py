@@ -2,7 +2,7 @@
 (``learners.elastic``) or an actor's sampler (``actors.elastic``, runtime/roles/joining_sampler.py).
 
 ``python -m hpcrl.runtime.runners.join RUN_DIR --group G --port-file F --ready-file R``, started by the
-group's root as a job step of ``ranks_per_group - 1`` ranks (``--actor A --restart K --gamma g``: by actor A
+group's root as a job step of ``ranks_per_group - 1`` ranks (``--actor A --restart K``: by actor A
 as one rank). They read ``RUN_DIR/config.yaml``, build the model and algorithm as every rank does (a
 sampler its environments too), connect to the door's port (the first rank writes R just before, so the
 door accepts only when they are there), merge into one communicator with the door as rank 0, and serve
@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> int:
     who.add_argument("--group", type=int, help="serve this learner group's root")
     who.add_argument("--actor", type=int, help="sample for this actor")
     parser.add_argument("--restart", type=int, default=0, help="--actor: samplers the actor had before this one")
-    parser.add_argument("--gamma", type=float, default=0.99, help="--actor: the reward normalisation's discount")
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--root", default="", help="HOST:PID of the group's root: a joined rank on its host ends "
@@ -55,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             from hpcrl.runtime.roles.sampler import VectorSampler
 
             algo, model, _ = role_parts(cfg, env, None, torch.device("cpu"))
-            sampler = VectorSampler(cfg.env, args.actor, gamma=args.gamma, restart=args.restart)
+            sampler = VectorSampler(cfg.env, args.actor, gamma=cfg.algo.reward_discount(), restart=args.restart)
         else:
             node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())  # the GPU of its index on its node
             algo, model, _ = role_parts(cfg, env, None, learner_device(cfg.learners, node.Get_rank()))

@@ -298,6 +298,11 @@ class Joiner:
                                    f"did not connect within {self.setting.rsplit('.', 1)[0]}.join_timeout_seconds="
                                    f"{self.timeout:g}") + f" (log: {self.folder}); {meanwhile}", flush=True)
 
+    def dropped(self, code: int, what: str, meanwhile: str) -> None:
+        """Say in one line that ``what`` (the joined ranks) ended while joined (``code``: their launch's exit status)
+        and what the door does ``meanwhile``."""
+        print(f"hpcrl: {what} ended (launch exit {code}; log: {self.folder}); {meanwhile}", flush=True)
+
     def record_job(self, reports) -> None:
         """jobs: the joining job as an ``allocations`` row, through the door's reports (rank 0 writes it; hpcrl
         analyze bills it from sacct); nothing for steps."""
@@ -312,15 +317,17 @@ class Joiner:
         """jobs: the current joining job as an ``allocations`` row (hpcrl analyze bills it from sacct)."""
         from hpcrl.runtime.record.allocation import batch_job
 
-        job = self._stem.with_suffix(".sbatch").read_text().split(";")[0].strip()  # as sbatch --parsable printed it
-        return batch_job({**os.environ, "SLURM_JOB_ID": job, "SLURM_JOB_NUM_NODES": "1", "SLURM_STEP_ID": ""})
+        return batch_job({**os.environ, "SLURM_JOB_ID": self._job_id(), "SLURM_JOB_NUM_NODES": "1",
+                          "SLURM_STEP_ID": ""})
+
+    def _job_id(self) -> str:
+        """jobs: the current joining job's id, as sbatch --parsable printed it ('' before it did)."""
+        return self._stem.with_suffix(".sbatch").read_text().split(";")[0].strip()
 
     def _stop_step(self) -> int:
         """End the launch's process (it ended by itself, or is killed; a joining job is cancelled): its exit status."""
-        if self.how == "jobs" and self._proc.poll() is None:
-            job = self._stem.with_suffix(".sbatch").read_text().split(";")[0].strip()
-            if job:
-                subprocess.run(["scancel", job], capture_output=True, timeout=30)
+        if self.how == "jobs" and self._proc.poll() is None and (job := self._job_id()):
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)
         if self._proc.poll() is None:
             try:
                 os.killpg(self._proc.pid, signal.SIGTERM)
@@ -377,7 +384,7 @@ class JoiningGroupReduce:
 
     def __init__(self, run_dir: Path, group: int, learners_cfg, launch_cfg, own_hosts: list[str],
                  counters, reports) -> None:
-        self.run_dir, self.group, self.size = Path(run_dir), group, learners_cfg.ranks_per_group
+        self.group, self.size = group, learners_cfg.ranks_per_group
         self.joiner = Joiner(run_dir, f"group-{group}", group, learners_cfg.elastic, self.size - 1,
                              learners_cfg.join_timeout_seconds, launch_cfg, own_hosts, "learners.elastic")
         self.counters, self.reports = counters, reports
@@ -408,8 +415,8 @@ class JoiningGroupReduce:
         self.inner = None
         self.given_up = True
         self._event("left", "join_ended", seconds)
-        print(f"hpcrl: learner group {self.group}: its joined ranks ended (launch exit {code}; log: "
-              f"{self.joiner.folder}); the group's root computes alone until it is parked", flush=True)
+        self.joiner.dropped(code, f"learner group {self.group}: its joined ranks",
+                            "the group's root computes alone until it is parked")
 
     def _leave(self) -> None:
         """Release the joined ranks, disconnect; they exit and their step ends."""

@@ -347,6 +347,10 @@ class DebugConfig(Section):
     active_groups: list[int] | None = None
     """Learner-group activation without the elastic rule: after round k, groups 0 .. entry min(k, len - 1) - 1 are
     active and the others park (values clipped to learners.min_active .. max_active; tests of parking and joining)."""
+    slow_actor: int | None = Field(None, ge=0)
+    """Actor index that sleeps ``slow_actor_seconds`` before each fragment (one actor slower than the others)."""
+    slow_actor_seconds: float = Field(0.0, ge=0)
+    """How long ``slow_actor`` sleeps before each fragment."""
     active_actors: list[int] | None = None
     """Actor parking without an algorithm's demand: after round k, actor ranks 0 .. entry min(k, len - 1) - 1
     sample and the others park (overrides algo.actor_scaling's count; values clipped to 1 .. actors.count)."""

@@ -119,6 +119,16 @@ def test_job_weights_equal_the_fused_update_on_its_recorded_batches(tmp_path, jo
     assert_trained_as_the_fused_update(run_job(tmp_path, job, runner), f"{job}/{runner}")
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_slow_actor_keeps_its_place_in_every_batch(tmp_path):
+    """On-policy: actor 1 takes 0.4 s longer per fragment. Actor 0 must not fill its place with a second fragment
+    sampled with the same weights: each batch holds one fragment of each actor, and the job is still the fused
+    update on them."""
+    run_dir = run_job(tmp_path, "hopper", "mpi", ["debug.slow_actor=1", "debug.slow_actor_seconds=0.4"])
+    assert_trained_as_the_fused_update(run_dir, "slow actor/mpi")
+
+
 def assert_trained_as_the_fused_update(run_dir: Path, label: str) -> None:
     """The job's final weights equal the replay of its ROUNDS batches, and (so the check can fail) the same
     replay one batch short is far off."""

@@ -10,7 +10,10 @@ group; append the fragment to ``traj/actor-NNNNN.h5``; report the episodes and t
 parameter rank in one small message. With ``actors.on_policy`` the actor first reserves a
 place in a group's backlog (waiting while there is none), then pulls the weights and samples:
 the group frees its places only once the batch they held is trained and its gradients taken
-by the parameter rank, so each batch is sampled with the weights the previous one made. With MARL
+by the parameter rank, so each batch is sampled with the weights the previous one made. It takes
+at most its share of a group's batch with one version of the weights (ceil(places / active actors):
+one fragment when there is a place per actor), so a fast actor does not fill a slow one's place and
+which fragments make a batch does not depend on timing. With MARL
 policy learners (the plan's ``every_group`` routing) the fragment goes to every active group
 that has room, or with a post-processing learner (``postprocess_first``) to it alone. The actor acts with ``job.algo.act``. The last actor also
 runs the evaluation episodes the parameter rank requests (:mod:`hpcrl.runtime.roles.evaluation`).
@@ -57,6 +60,8 @@ class Actor:
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
         self.fragments = 0
         self.syncs = 0
+        self.placed = np.zeros(self.cfg.learners.groups, dtype=np.int64)  # on-policy: places taken per group ...
+        self.placed_version = -1  # ... with these weights
         evaluates = self.cfg.eval.episodes > 0 and self.index == self.cfg.actors.count - 1
         self.evaluator = Evaluator(self.cfg.env, self.cfg.eval, self.sampler) if evaluates else None
         self.evaluated_rounds = 0
@@ -92,6 +97,8 @@ class Actor:
                 self._park()
                 continue
             self.sampler.ready()  # actors.elastic: a sampler joins first (seconds; no sampling time)
+            if self.index == self.cfg.debug.slow_actor:
+                time.sleep(self.cfg.debug.slow_actor_seconds)
             t = time.perf_counter()
             if on_policy:  # a place first, then the weights the learners made since it was freed
                 groups = self._wait_for_room(G, reserve=True)
@@ -115,6 +122,8 @@ class Actor:
             fragment["fragment"] = self.fragments
             for g in groups:
                 t_wait += self.sender.send(g, fragment)
+            if on_policy:
+                self._count_places(groups)
             group = groups[0] if len(groups) == 1 else -1
             steps = T * self.sampler.num_envs
             counters.add(control.ENV_STEPS, steps)
@@ -186,6 +195,8 @@ class Actor:
             active = len(backlog)
             # ties rotate (by actor and fragment), so equal backlogs do not all send to group 0
             order = (np.arange(active) + self.fragments + self.index) % active
+            if reserve:  # a group where this actor took its share with the weights it holds is full for it
+                backlog = np.where(self._shares_taken(active), cap, backlog)
             g = int(order[np.argmin(backlog[order])])
             if backlog[g] >= cap:
                 return None
@@ -195,6 +206,23 @@ class Actor:
             return None
 
         return self._wait_until(G, least_backlogged)
+
+    def _count_places(self, groups: list[int]) -> None:
+        if self.version != self.placed_version:
+            self.placed[:] = 0
+            self.placed_version = self.version
+        self.placed[groups] += 1
+
+    def _shares_taken(self, active: int) -> np.ndarray:
+        """actors.on_policy: whether this actor holds its share of each active group's batch, sampled with
+        the weights it holds; newer published weights (a batch trained) give it a new share everywhere."""
+        placed = self.placed[:active] if self.placed_version == self.version else np.zeros(active, dtype=np.int64)
+        actors = max(1, min(int(self.job.counters.read(control.ACTIVE_ACTORS)), self.cfg.actors.count))
+        share = -(-self.job.places_per_batch(actors) // actors)
+        taken = placed >= share
+        if taken.any() and self.job.board.latest_version() > self.version:
+            return np.zeros(active, dtype=bool)
+        return taken
 
     def _wait_for_every_group(self, G: int) -> list[int] | None:
         """Every active group with room (MARL policy learners: each trains its own policies on every

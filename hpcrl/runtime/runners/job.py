@@ -81,8 +81,12 @@ class Job:
     @property
     def max_backlog(self) -> int:
         """Fragments a group may hold before actors wait: one batch's worth (one batch queued while one trains)."""
-        per_batch = -(-self.plan.group_batch_size // (self.cfg.actors.fragment_length * self.env.num_envs))
-        return max(per_batch, 1)
+        return self.places_per_batch(self.cfg.actors.count)
+
+    def places_per_batch(self, active_actors: int) -> int:
+        """Fragments in a group's batch while ``active_actors`` of the actor ranks sample."""
+        steps = self.plan.group_batch_size_for(active_actors)
+        return max(-(-steps // (self.cfg.actors.fragment_length * self.env.num_envs)), 1)
 
 
 def roll_back_record(run_dir: Path) -> dict | None:

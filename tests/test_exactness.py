@@ -43,12 +43,12 @@ JOBS = {
     # the shipped Hopper config (CleanRL's PPO), shrunk: 2 actors x 1 env x 64 steps, 2 x 2 minibatches of
     # 32 per batch; the lr anneals over 1,000 steps so every batch has its own lr; Hopper terminates often
     "hopper": (str(ROOT / "hpcrl" / "configs" / "hopper.yaml"),
-               ["actors.fragment_length=64", "algo.train_batch_size=128", "algo.minibatch_size=32",
+               ["actors.count=2", "actors.fragment_length=64", "algo.train_batch_size=128", "algo.minibatch_size=32",
                 "algo.num_sgd_iter=2", "stop.total_env_steps=1000"]),
     # Pendulum's episodes end only by its 200-step time limit: truncations inside the fragments,
     # bootstrapped from bootstrap_values; two envs per actor
     "pendulum": (str(ROOT / "hpcrl" / "configs" / "hopper.yaml"),
-                 ["env.id=Pendulum-v1", "env.num_envs=2", "actors.fragment_length=80", "algo.train_batch_size=320",
+                 ["env.id=Pendulum-v1", "env.num_envs=2", "actors.count=2", "actors.fragment_length=80", "algo.train_batch_size=320",
                   "algo.minibatch_size=80", "algo.num_sgd_iter=2", "stop.total_env_steps=2000"]),
 }
 

@@ -49,8 +49,8 @@ JOBS = {
     # bootstrapped from bootstrap_values; two envs per actor
     "pendulum": (str(ROOT / "hpcrl" / "configs" / "hopper.yaml"),
                  ["env.id=Pendulum-v1", "env.num_envs=2", "actors.count=2", "actors.fragment_length=80",
-                  "algo.train_batch_size=320",
-                  "algo.minibatch_size=80", "algo.num_sgd_iter=2", "stop.total_env_steps=2000"]),
+                  "algo.train_batch_size=320", "algo.minibatch_size=80", "algo.num_sgd_iter=2",
+                  "stop.total_env_steps=2000"]),
 }
 
 

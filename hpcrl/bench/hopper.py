@@ -1,7 +1,7 @@
 """Hopper-v5 with the shipped config for 1M environment steps: the learning curve and the wall-clock.
 
-Runs ``hpcrl run hpcrl/configs/hopper.yaml`` (4 ranks: parameter, one learner, two actors with
-one MuJoCo environment each) and prints, per 100k environment steps, the mean return of the
+Runs ``hpcrl run hpcrl/configs/hopper.yaml`` (3 ranks: parameter, one learner, one actor with
+one MuJoCo environment) and prints, per 100k environment steps, the mean return of the
 episodes that ended there and the wall-clock at which they ended; then the final mean return
 over the last 20 episodes. ``--curve RUN_DIR`` prints the same table for a run that exists.
 

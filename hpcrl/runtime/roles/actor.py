@@ -47,7 +47,7 @@ class Actor:
         self.job, self.cfg, self.plan = job, job.cfg, job.plan
         self.model, self.algo = job.model, job.algo
         self.index = job.topo.actor_index
-        self.fault = control.FaultInjector(self.cfg.debug, job.rank)
+        self.fault = control.FaultInjector(self.cfg.debug, job.rank, actor=self.index)
         self.heartbeat = control.Heartbeat(job.counters, self.cfg.learners.groups, job.rank)
         if job.joiner is None:
             self.sampler = VectorSampler(self.cfg.env, self.index, gamma=self.plan.reward_gamma)
@@ -97,8 +97,7 @@ class Actor:
                 self._park()
                 continue
             self.sampler.ready()  # actors.elastic: a sampler joins first (seconds; no sampling time)
-            if self.index == self.cfg.debug.slow_actor:
-                time.sleep(self.cfg.debug.slow_actor_seconds)
+            self.fault.slow_down()  # debug.slow_actor
             t = time.perf_counter()
             if on_policy:  # a place first, then the weights the learners made since it was freed
                 groups = self._wait_for_room(G, reserve=True)
@@ -191,12 +190,12 @@ class Actor:
 
         ``reserve`` (actors.on_policy): take the place at once (the backlog counter counts it from
         now), so actors that see the same free place do not all sample for it."""
-        def least_backlogged(backlog: np.ndarray, cap: int) -> list[int] | None:
+        def least_backlogged(backlog: np.ndarray, cap: int, words: np.ndarray) -> list[int] | None:
             active = len(backlog)
             # ties rotate (by actor and fragment), so equal backlogs do not all send to group 0
             order = (np.arange(active) + self.fragments + self.index) % active
             if reserve:  # a group where this actor took its share with the weights it holds is full for it
-                backlog = np.where(self._shares_taken(active), cap, backlog)
+                backlog = np.where(self._shares_taken(active, int(words[control.ACTIVE_ACTORS])), cap, backlog)
             g = int(order[np.argmin(backlog[order])])
             if backlog[g] >= cap:
                 return None
@@ -213,11 +212,11 @@ class Actor:
             self.placed_version = self.version
         self.placed[groups] += 1
 
-    def _shares_taken(self, active: int) -> np.ndarray:
+    def _shares_taken(self, active: int, active_actors: int) -> np.ndarray:
         """actors.on_policy: whether this actor holds its share of each active group's batch, sampled with
         the weights it holds; newer published weights (a batch trained) give it a new share everywhere."""
         placed = self.placed[:active] if self.placed_version == self.version else np.zeros(active, dtype=np.int64)
-        actors = max(1, min(int(self.job.counters.read(control.ACTIVE_ACTORS)), self.cfg.actors.count))
+        actors = max(1, min(active_actors, self.cfg.actors.count))
         share = -(-self.job.places_per_batch(actors) // actors)
         taken = placed >= share
         if taken.any() and self.job.board.latest_version() > self.version:
@@ -229,11 +228,12 @@ class Actor:
         fragment), waiting (sleeping) while none has any. A full group misses the fragment rather than
         hold the others back: under sync admission a group just activated waits for fragments while the
         others wait for its first gradient, with their backlogs full."""
-        return self._wait_until(G, lambda backlog, cap: np.flatnonzero(backlog < cap).tolist() or None)
+        return self._wait_until(G, lambda backlog, cap, words: np.flatnonzero(backlog < cap).tolist() or None)
 
     def _wait_until(self, G: int, choose) -> list[int] | None:
         """Read the counters until the sender can take a fragment and ``choose(backlogs of the active groups,
-        cap)`` names the groups to send it to, sleeping between reads; None when the run stops."""
+        cap, the counter words)`` names the groups to send it to, sleeping between reads; None when the run
+        stops."""
         backoff = Backoff(5e-5, 5e-3)
         cap = self.job.max_backlog
         while True:
@@ -242,7 +242,8 @@ class Actor:
             if words[control.STOP]:
                 return None
             active = int(min(max(words[control.ACTIVE], 1), G))
-            if self.sender.can_send() and (groups := choose(words[control.BACKLOG:control.BACKLOG + active], cap)):
+            backlog = words[control.BACKLOG:control.BACKLOG + active]
+            if self.sender.can_send() and (groups := choose(backlog, cap, words)):
                 return groups
             backoff.sleep()
 

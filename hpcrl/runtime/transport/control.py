@@ -171,18 +171,24 @@ def recv_polling(comm, source: int, tag: int, backoff: Backoff | None = None, ab
 
 class FaultInjector:
     """``debug.raise_on_rank``: that rank raises once ``raise_after_seconds`` of its loop have passed;
-    ``debug.learner_delay_seconds``: :meth:`slow_down` sleeps that long (until ``learner_delay_until_seconds``)."""
+    ``debug.learner_delay_seconds``: a learner's :meth:`slow_down` sleeps that long (until
+    ``learner_delay_until_seconds``); ``debug.slow_actor``: the injector made for that actor (``actor``, its
+    index) sleeps ``slow_actor_seconds`` instead."""
 
-    def __init__(self, debug_cfg, rank: int):
+    def __init__(self, debug_cfg, rank: int, actor: int | None = None):
         self.rank = rank
         now = time.monotonic()
         self.at = (now + debug_cfg.raise_after_seconds
                    if debug_cfg.raise_on_rank is not None and debug_cfg.raise_on_rank == rank else None)
-        self.delay, self.delay_for = debug_cfg.learner_delay_seconds, debug_cfg.learner_delay_until_seconds
+        if actor is None:
+            self.delay, self.delay_for = debug_cfg.learner_delay_seconds, debug_cfg.learner_delay_until_seconds
+        else:
+            self.delay = debug_cfg.slow_actor_seconds if actor == debug_cfg.slow_actor else 0.0
+            self.delay_for = None
         self.delay_until: float | None = None
 
     def slow_down(self) -> None:
-        """Sleep ``learner_delay_seconds``, for ``learner_delay_until_seconds`` after the first call (a gradient)."""
+        """Sleep the delay, for ``learner_delay_until_seconds`` after the first call (a gradient) if that is set."""
         if not self.delay:
             return
         now = time.monotonic()

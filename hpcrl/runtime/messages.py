@@ -1,0 +1,221 @@
+"""Everything a rank tells the parameter rank (rank 0), one frozen dataclass per message.
+
+Each message has one sender and one handler (``roles/parameter.py``'s table ``ParameterRank.handlers``); its
+table row, where it is one, comes from ``row()``, whose keys are run.h5's column names (io/schema.py), with Unix
+times the record shifts to the run's clock. They travel through ``Reports`` (transport/protocols.py): pickled
+over MPI in one tag, or in one in-memory queue under the serial runner, in the order each rank sent them.
+
+=====================  ==========================================  =========================================
+message                sender                                       handled by (rank 0)
+=====================  ==========================================  =========================================
+``PushHeader``         the mailbox slot of a gradient or update     ``ParameterRank._arrived``
+                       push (transport/windows.py, local.py)
+``FragmentReport``     an actor, per fragment (roles/actor.py)      elastic rule, actors + episodes rows
+``ActorParked``        an actor whose park ended                    ``actor_parks`` row
+``SamplerEvent``       an actor's joined sampler joined, left or    ``actor_joins`` row
+                       was given up (roles/joining_sampler.py)
+``Evaluation``         the evaluating actor (roles/actor.py)        ``eval_episodes`` rows
+``LearnerActivity``    a learner group root, per batch              learner_activity + learner_cycles rows,
+                       (roles/learner.py)                           the algo report, the group's state
+``GroupEvent``         a learner group root: its park ended, its    ``elastic_events`` row
+                       joining ranks joined or left
+``JoiningJob``         a door whose ranks join as a batch job of    ``allocations`` row
+                       their own (learners/actors.elastic=jobs)
+=====================  ==========================================  =========================================
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS, PARK_REASONS
+
+ELASTIC_ACTION = {name: i for i, name in enumerate(ELASTIC_ACTIONS)}
+"""The code of each elastic action (``GroupEvent.action``, ``SamplerEvent.action``)."""
+ELASTIC_REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
+"""The code of each elastic reason (``GroupEvent.reason``, ``SamplerEvent.reason``)."""
+PARK_REASON = {name: i for i, name in enumerate(PARK_REASONS)}
+"""The code of each reason an actor's park ended (``ActorParked.reason``)."""
+
+
+@dataclass(frozen=True)
+class PushHeader:
+    """A gradient (or update) push as rank 0 copies it out of the mailbox."""
+
+    seq: int
+    """The group's push number (from 0, continued on resume)."""
+    group: int
+    base_version: int
+    """The weights version it was computed from."""
+    samples: int
+    """Rows of the minibatch (or batch) it was computed on."""
+    stats: np.ndarray = field(repr=False)
+    """Its statistics vector, in the order of ``transport/control.GRAD_STATS``."""
+    ticket: int = 0
+    """Arrival order among pushes (the mailbox's)."""
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A training episode that ended on an actor (a row of ``episodes``)."""
+
+    time: float
+    actor: int
+    env_index: int
+    episode_return: float
+    length: int
+    policy_version: int
+
+    def row(self) -> dict:
+        return {"time": self.time, "actor": self.actor, "env_index": self.env_index, "return": self.episode_return,
+                "length": self.length, "policy_version": self.policy_version}
+
+
+@dataclass(frozen=True)
+class FragmentReport:
+    """An actor sent a fragment: its timings (a row of ``actors``), the episodes it ended and the actor's newest
+    normalisation statistics (kept by rank 0 for checkpoints)."""
+
+    time: float
+    actor: int
+    fragment: int
+    steps: int
+    sample_seconds: float
+    transport_wait_seconds: float
+    weight_sync_seconds: float
+    policy_version: int
+    group: int
+    """The group it went to (-1: several)."""
+    episodes: tuple[Episode, ...] = ()
+    normalizer: dict | None = field(default=None, repr=False)
+
+    def row(self) -> dict:
+        return {"time": self.time, "actor": self.actor, "fragment": self.fragment, "steps": self.steps,
+                "sample_seconds": self.sample_seconds, "transport_wait_seconds": self.transport_wait_seconds,
+                "weight_sync_seconds": self.weight_sync_seconds, "policy_version": self.policy_version,
+                "group": self.group}
+
+
+@dataclass(frozen=True)
+class ActorParked:
+    """An actor's park ended (a row of ``actor_parks``; ``reason``: an index of io.schema's PARK_REASONS)."""
+
+    time: float
+    actor: int
+    parked_seconds: float
+    cpu_seconds: float
+    active_actors: int
+    reason: int
+
+    def row(self) -> dict:
+        return {"time": self.time, "actor": self.actor, "parked_seconds": self.parked_seconds,
+                "cpu_seconds": self.cpu_seconds, "active_actors": self.active_actors, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class SamplerEvent:
+    """An actor's joined sampler joined, left or was given up (a row of ``actor_joins``; ``action`` and
+    ``reason``: indices of io.schema's ELASTIC_ACTIONS and ELASTIC_REASONS)."""
+
+    time: float
+    actor: int
+    action: int
+    reason: int
+    seconds: float
+    active_actors: int
+
+    def row(self) -> dict:
+        return {"time": self.time, "actor": self.actor, "action": self.action, "reason": self.reason,
+                "seconds": self.seconds, "active_actors": self.active_actors}
+
+
+@dataclass(frozen=True)
+class EvalEpisode:
+    """One greedy evaluation episode (an eval env copy)."""
+
+    env_index: int
+    episode_return: float
+    length: int
+
+    def row(self) -> dict:
+        return {"env_index": self.env_index, "return": self.episode_return, "length": self.length}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The evaluation rank 0 asked for after ``round`` rounds (rows of ``eval_episodes``)."""
+
+    time: float
+    round: int
+    policy_version: int
+    episodes: tuple[EvalEpisode, ...]
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """Update push: a group's optimizer state after its update ``seq`` (rank 0 keeps it for the checkpoint)."""
+
+    group: int
+    seq: int
+    state: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class LearnerActivity:
+    """A learner group trained (or prepared) a batch: a row of ``learner_activity``, its gradients' cycles
+    (columns of ``learner_cycles``), the algorithm's report for ``algo.end_round`` and, with update push, the
+    group's optimizer state."""
+
+    time_start: float
+    time_end: float
+    group: int
+    compute_seconds: float
+    samples: int
+    cycles: dict = field(repr=False)
+    """Columns of ``learner_cycles`` (record/cycle_profile.py ``CycleRecord.take_rows``)."""
+    algo_report: Any = field(default=None, repr=False)
+    """``algo.learner_report(batch)``: opaque to the runtime, handed to ``algo.end_round``."""
+    group_state: GroupState | None = None
+
+    def row(self) -> dict:
+        return {"time_start": self.time_start, "time_end": self.time_end, "group": self.group,
+                "compute_seconds": self.compute_seconds, "samples": self.samples}
+
+
+@dataclass(frozen=True)
+class GroupEvent:
+    """A learner group's park ended, or its joining ranks joined, left or were given up (a row of
+    ``elastic_events``; ``action`` and ``reason``: indices of io.schema's ELASTIC_ACTIONS and ELASTIC_REASONS)."""
+
+    time: float
+    group: int
+    action: int
+    reason: int
+    active_groups: int
+    parked_seconds: float
+    cpu_seconds: float
+
+    def row(self) -> dict:
+        return {"time": self.time, "group": self.group, "action": self.action, "reason": self.reason,
+                "active_groups": self.active_groups, "parked_seconds": self.parked_seconds,
+                "cpu_seconds": self.cpu_seconds}
+
+
+@dataclass(frozen=True)
+class JoiningJob:
+    """The batch job a door's joining ranks run in (a row of ``allocations``: ``columns`` are
+    record/allocation.py ``batch_job``'s)."""
+
+    time: float
+    columns: dict
+
+    def row(self) -> dict:
+        return {"time": self.time, **self.columns}
+
+
+Report = FragmentReport | ActorParked | SamplerEvent | Evaluation | LearnerActivity | GroupEvent | JoiningJob
+"""What travels through ``Reports`` (every message here but the mailbox's ``PushHeader``)."""
+
+REPORTS = (FragmentReport, ActorParked, SamplerEvent, Evaluation, LearnerActivity, GroupEvent, JoiningJob)

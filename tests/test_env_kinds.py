@@ -81,8 +81,8 @@ def test_sampler_bootstraps_truncated_batched_instances_from_their_final_observa
     expect = algo.value(model, obs[trunc]).numpy()
     assert np.allclose(frag["final_values"][4][trunc], expect, atol=1e-6)
     assert np.all(frag["final_values"][:4] == 0) and np.all(frag["final_values"][4][~trunc] == 0)
-    assert sorted(e["env_index"] for e in episodes) == list(range(8))
-    assert all(e["return"] == e["length"] and e["actor"] == 2 for e in episodes)  # CartPole: +1 per step
+    assert sorted(e.env_index for e in episodes) == list(range(8))
+    assert all(e.episode_return == e.length and e.actor == 2 for e in episodes)  # CartPole: +1 per step
     sampler.close()
 
 

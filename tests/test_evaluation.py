@@ -45,8 +45,8 @@ def test_evaluator_is_reproducible_and_moves_on_to_new_seeds():
     model = algo.make_model(spaces.Box(-5, 5, (4,)), spaces.Discrete(2))
     first, second = (Evaluator(cfg.env, cfg.eval, VectorSampler(cfg.env, 0)) for _ in range(2))
     a = first.run(algo, model)
-    assert [r["env_index"] for r in a] == [0, 1, 2, 3]
-    assert all(r["length"] >= 1 and r["return"] == r["length"] for r in a)  # CartPole: +1 a step
+    assert [r.env_index for r in a] == [0, 1, 2, 3]
+    assert all(r.length >= 1 and r.episode_return == r.length for r in a)  # CartPole: +1 a step
     assert a == second.run(algo, model)  # same seeds, same greedy policy: the same episodes
     # evaluation k resets copy i with seed + k * episodes + i: the second evaluation's copies 0..3
     # are seeded 11..14, so a third evaluator started at seed 11 replays it

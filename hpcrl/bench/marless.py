@@ -89,8 +89,8 @@ def random_return(env: str, seeds: int, episodes: int) -> dict[str, float]:
         algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
         model = algo.make_model(info.observation_space, info.action_space)  # epsilon 1: uniform actions
         eps = play(cfg, algo, model, episodes)
-        returns += [e["return"] for e in eps]
-        agent += [e["env_index"] % cfg.algo.agents for e in eps]
+        returns += [e.episode_return for e in eps]
+        agent += [e.env_index % cfg.algo.agents for e in eps]
     returns, agent = np.array(returns), np.array(agent)
     out = {g: float(returns[np.isin(agent, m)].mean()) for g, m in GROUPS[env].items()}
     return with_sum(out)
@@ -144,7 +144,7 @@ def cross_play(env: str, run_dir: Path, episodes: int, warmup_fragments: int = 1
         members = GROUPS[env][side]
         actor = AgainstRandom(algo, members, agents, int(info.action_space.n), cfg.env.seed)
         eps = play(cfg, actor, model, episodes, warmup_fragments)
-        out[name] = float(np.mean([e["return"] for e in eps if e["env_index"] % agents in members]))
+        out[name] = float(np.mean([e.episode_return for e in eps if e.env_index % agents in members]))
     return out
 
 
@@ -152,7 +152,7 @@ CROSS_BASELINE = {"good vs uniform adv": "good", "adv vs uniform good": "adversa
 """The random-policy group each cross-play row is compared with (both sides uniform)."""
 
 
-def play(cfg, actor, model, episodes: int, warmup_fragments: int = 0) -> list[dict]:
+def play(cfg, actor, model, episodes: int, warmup_fragments: int = 0) -> list:
     """At least ``episodes`` finished episodes per agent of ``cfg.env`` (the copies and seed of actor rank 0),
     ``actor.act`` choosing the actions, after ``warmup_fragments`` uncounted fragments."""
     import torch
@@ -160,7 +160,7 @@ def play(cfg, actor, model, episodes: int, warmup_fragments: int = 0) -> list[di
     from hpcrl.runtime.roles.sampler import VectorSampler
 
     sampler = VectorSampler(cfg.env, 0)
-    eps: list[dict] = []
+    eps: list = []
     with torch.no_grad():
         for _ in range(warmup_fragments):
             sampler.sample(actor, model, cfg.actors.fragment_length, 0, 0)

@@ -38,12 +38,14 @@ def _median(xs: list[float]) -> float:
     return float(np.median(xs)) if xs else float("nan")
 
 
-def _report_message(actor: int, fragment: int, steps: int) -> dict:
+def _report_message(actor: int, fragment: int, steps: int):
     """A fragment report as the actor sends it (runtime/roles/actor.py: _report), one finished episode."""
-    return {"fragment": {"time": time.time(), "actor": actor, "fragment": fragment, "steps": steps,
-                         "sample_seconds": 0.01, "transport_wait_seconds": 0.0, "weight_sync_seconds": 0.0,
-                         "policy_version": 1, "group": 0},
-            "episodes": [{"time": time.time(), "actor": actor, "return": 100.0, "length": 100}], "normalizer": None}
+    from hpcrl.runtime.messages import Episode, FragmentReport
+
+    episode = Episode(time=time.time(), actor=actor, env_index=0, episode_return=100.0, length=100, policy_version=1)
+    return FragmentReport(time=time.time(), actor=actor, fragment=fragment, steps=steps, sample_seconds=0.01,
+                          transport_wait_seconds=0.0, weight_sync_seconds=0.0, policy_version=1, group=0,
+                          episodes=(episode,))
 
 
 def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
@@ -94,8 +96,8 @@ def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
                 t["receive"].append((clock() - s) / len(items))
                 for header, g in items:
                     got += 1
-                    queue.append(GradientRecord(group=0, seq=header["seq"], base_version=header["base_version"],
-                                                samples=header["samples"], grad=g, stats={}, received_at=0.0))
+                    queue.append(GradientRecord(group=0, seq=header.seq, base_version=header.base_version,
+                                                samples=header.samples, grad=g, stats={}, received_at=0.0))
                     s = clock()
                     adm = policy.admit(queue, version, 1)
                     t["admit"].append(clock() - s)
@@ -162,7 +164,7 @@ def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
         s = clock()
         for i in range(reps):
             sender.send(1, fragment)
-            reports.send("episodes", _report_message(0, i, cfg.actors.fragment_length * cfg.env.num_envs))
+            reports.send(_report_message(0, i, cfg.actors.fragment_length * cfg.env.num_envs))
         sender.close([1])
         frag_s = (clock() - s) / reps
         reports.close()
@@ -176,7 +178,7 @@ def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
         reports, taken, backoff = MpiReports(comm, 0), 0, Backoff(cap=1e-4)
         while taken < reps:
             s = clock()
-            msgs = reports.drain("episodes")
+            msgs = reports.drain()
             if msgs:
                 report_s.append((clock() - s) / len(msgs))
                 taken += len(msgs)

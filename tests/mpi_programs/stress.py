@@ -62,18 +62,18 @@ def mailbox(team, groups: int, slots: int, pushes: int, params: int, owner_sleep
             time.sleep(owner_sleep * rng.random() * 2)  # 0: a yield (to the pushers, when they are threads)
     total_sent = team.allreduce(sent_sum)
     if rank == 0:
-        keys = [(h["samples"], h["seq"]) for h, _ in got]
+        keys = [(h.samples, h.seq) for h, _ in got]
         assert len(keys) == len(set(keys)), "duplicate gradient"
         assert set(keys) == expected, f"lost: {sorted(expected - set(keys))[:5]}"
         recv_sum, last = 0.0, {}
         for h, g in got:
-            pusher = h["samples"]
-            want = pusher * 1e5 + h["seq"] if size > 1 else h["seq"]
-            assert (g == np.float32(want)).all(), f"torn or wrong slot from {pusher} seq {h['seq']}"
-            assert h["group"] == ((pusher - 1) % groups if size > 1 else 0)
-            assert list(h["stats"]) == [h["seq"], -1.0]
-            assert h["seq"] > last.get(pusher, -1), "out of order within a pusher"
-            last[pusher] = h["seq"]
+            pusher = h.samples
+            want = pusher * 1e5 + h.seq if size > 1 else h.seq
+            assert (g == np.float32(want)).all(), f"torn or wrong slot from {pusher} seq {h.seq}"
+            assert h.group == ((pusher - 1) % groups if size > 1 else 0)
+            assert list(h.stats) == [h.seq, -1.0]
+            assert h.seq > last.get(pusher, -1), "out of order within a pusher"
+            last[pusher] = h.seq
             recv_sum += float(g.sum(dtype=np.float64))
         assert recv_sum == total_sent, (recv_sum, total_sent)
         for group in range(groups):  # every slot is free again: each group takes exactly `slots` more

@@ -9,8 +9,9 @@ happened and the record writes the rows; it knows no MPI, no admission rule and 
     gradient(rec, admitted, reason, version, round, ...)   its row (admitted, refused, or left at shutdown)
     step(step, adm, version, round, lr, active, t_agg, t_pub)   an applied step: updates + gradients rows
     consumed(env_steps, learner_seconds)   what the learners reported with a gradient (the round's counts)
-    fragment(msg, env_steps)           an actor's fragment report: actors and episodes rows, returns
-    actor_park(row), actor_join(row), activity(row), evaluation(msg)   the other ranks' rows
+    fragment(report, env_steps)        an actor's fragment report: actors and episodes rows, returns
+    actor_park, actor_join, activity, group_row, joining_job, evaluation   the other ranks' messages
+                                       (hpcrl.runtime.messages) as rows
     weight_fetches(rows)               what rank 0's weight board served per version (Board.fetch_rows)
     collect(table, source)             rows another object keeps, taken with each load row and flush
     group_event(group, action, reason, active, ...)   rank 0 activated or parked a learner group
@@ -40,6 +41,8 @@ import numpy as np
 
 from hpcrl.io import RunFile
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS, GRADIENT_REASONS, RUN_FILE
+from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, GroupEvent, JoiningJob, LearnerActivity,
+                                    SamplerEvent)
 from hpcrl.runtime.record.allocation import batch_job
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES
 from hpcrl.runtime.record.rows import RowBuffer
@@ -159,29 +162,27 @@ class RunRecord:
         })
 
     # ---- the other ranks' rows ---------------------------------------------------------------
-    def fragment(self, msg: dict, env_steps: int) -> None:
+    def fragment(self, report: FragmentReport, env_steps: int) -> None:
         """An actor's fragment report: its actors row, its finished episodes (``env_steps``: the run's now)."""
         r = self.current
-        r["actor_seconds"] += msg["fragment"]["sample_seconds"]
-        r["actors"].add(msg["fragment"]["actor"])
-        self.rows.add("actors", self.times(msg["fragment"], ("time",)))
-        episodes = msg["episodes"]
-        for ep in episodes:
-            ep = self.times(ep, ("time",))
-            ep["env_steps"] = env_steps
-            self.rows.add("episodes", ep)
-            self.stop_rule.add_returns([ep["return"]])
-            r["returns"].append(ep["return"])
-            r["lengths"].append(ep["length"])
-            r["episode_rows"].append({k: ep[k] for k in ("actor", "env_index", "return")})
-        self.episodes += len(episodes)
-        r["episodes"] += len(episodes)
+        r["actor_seconds"] += report.sample_seconds
+        r["actors"].add(report.actor)
+        self.rows.add("actors", self.times(report.row(), ("time",)))
+        for ep in report.episodes:
+            self.rows.add("episodes", {**self.times(ep.row(), ("time",)), "env_steps": env_steps})
+            self.stop_rule.add_returns([ep.episode_return])
+            r["returns"].append(ep.episode_return)
+            r["lengths"].append(ep.length)
+            # what algo.end_round reads of the round's episodes (round_stats["episodes"])
+            r["episode_rows"].append({"actor": ep.actor, "env_index": ep.env_index, "return": ep.episode_return})
+        self.episodes += len(report.episodes)
+        r["episodes"] += len(report.episodes)
 
-    def actor_park(self, row: dict) -> None:
-        self.file.append("actor_parks", self.times(row, ("time",)))
+    def actor_park(self, parked: ActorParked) -> None:
+        self.file.append("actor_parks", self.times(parked.row(), ("time",)))
 
-    def actor_join(self, row: dict) -> None:
-        self.file.append("actor_joins", self.times(row, ("time",)))
+    def actor_join(self, event: SamplerEvent) -> None:
+        self.file.append("actor_joins", self.times(event.row(), ("time",)))
 
     def weight_fetches(self, rows: Mapping[str, Sequence[int]]) -> None:
         """What rank 0's weight board served per version (``Board.fetch_rows``: columns of ``weight_fetches``)."""
@@ -199,17 +200,12 @@ class RunRecord:
             if rows and len(next(iter(rows.values()))):
                 self.file.append(table, dict(rows))
 
-    def activity(self, row: dict) -> None:
-        """A learner group's batch (learner_activity, its learner_cycles, its algo report), park or join report."""
-        cycles, parked = row.pop("cycles", None), row.pop("parked", None)
-        if (report := row.pop("algo_report", None)) is not None:  # algo.learner_report -> algo.end_round
-            self.current["reports"].append(report)
-        if parked:
-            self.file.append("elastic_events", self.times(parked, ("time",)))
-        if (job := row.pop("allocation", None)) is not None:  # a joining group's batch job (learners.elastic=jobs)
-            self.rows.add("allocations", self.times(job, ("time",)))
-        if "time_start" in row:
-            self.file.append("learner_activity", self.times(row, ("time_start", "time_end")))
+    def activity(self, activity: LearnerActivity) -> None:
+        """A learner group's batch: its learner_activity row, its learner_cycles, its algo report."""
+        if activity.algo_report is not None:  # algo.learner_report -> algo.end_round
+            self.current["reports"].append(activity.algo_report)
+        self.file.append("learner_activity", self.times(activity.row(), ("time_start", "time_end")))
+        cycles = activity.cycles
         if cycles and cycles["time"]:
             self.file.append("learner_cycles", self.times(cycles, ("time",)))
             r = self.current
@@ -218,12 +214,22 @@ class RunRecord:
                 if name.endswith("_seconds"):
                     r["cycles"][name] = r["cycles"].get(name, 0.0) + float(np.sum(values))
 
-    def evaluation(self, msg: dict) -> None:
-        head = {"time": msg["time"] - self.file.start_unix, "round": msg["round"], "policy_version": msg["policy_version"]}
-        for ep in msg["episodes"]:
-            self.file.append("eval_episodes", {**head, **ep})
+    def group_row(self, event: GroupEvent) -> None:
+        """A learner group's park ended, or its joining ranks joined or left: an elastic_events row."""
+        self.file.append("elastic_events", self.times(event.row(), ("time",)))
+
+    def joining_job(self, job: JoiningJob) -> None:
+        """The batch job of a door's joining ranks (learners/actors.elastic=jobs): an allocations row."""
+        self.rows.add("allocations", self.times(job.row(), ("time",)))
+
+    def evaluation(self, evaluation: Evaluation) -> None:
+        head = {"time": evaluation.time - self.file.start_unix, "round": evaluation.round,
+                "policy_version": evaluation.policy_version}
+        rows = [ep.row() for ep in evaluation.episodes]
+        for row in rows:
+            self.file.append("eval_episodes", {**head, **row})
         if self.scalars is not None:
-            self.scalars.evaluation(msg["episodes"])
+            self.scalars.evaluation(rows)
 
     def active(self, groups: int) -> None:
         """The active learner groups now (the round's rows keep the most it had)."""

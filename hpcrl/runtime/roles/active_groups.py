@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from hpcrl.runtime.messages import ELASTIC_ACTION, ELASTIC_REASON, GroupEvent
 from hpcrl.runtime.roles import elastic
 from hpcrl.runtime.transport import control
 
@@ -112,8 +113,8 @@ def wait_while_parked(counters, group: int, reports, tick: Callable[[], None]) -
             break
         counters.wait_until(awake, timeout=1.0, nap=control.PARK_NAP_SECONDS)
     woken = not words[control.STOP]
-    reports.send("activity", {"parked": {
-        "time": time.time(), "group": group, "action": elastic.ACTION["parked"],
-        "reason": elastic.REASON["woken" if woken else "stopped"], "active_groups": int(words[control.ACTIVE]),
-        "parked_seconds": time.time() - start, "cpu_seconds": time.thread_time() - cpu}})
+    reports.send(GroupEvent(
+        time=time.time(), group=group, action=ELASTIC_ACTION["parked"],
+        reason=ELASTIC_REASON["woken" if woken else "stopped"], active_groups=int(words[control.ACTIVE]),
+        parked_seconds=time.time() - start, cpu_seconds=time.thread_time() - cpu))
     return woken

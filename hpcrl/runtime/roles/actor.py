@@ -34,9 +34,9 @@ import time
 import numpy as np
 
 from hpcrl.io import TrajectoryWriter, traj_filename
-from hpcrl.io.schema import PARK_REASONS
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.messages import PARK_REASON, ActorParked, Evaluation, FragmentReport
 from hpcrl.runtime.roles.evaluation import Evaluator
 from hpcrl.runtime.roles.joining_sampler import JoiningSampler
 from hpcrl.runtime.roles.sampler import VectorSampler, bootstrap_values
@@ -130,9 +130,10 @@ class Actor:
                                         fragment["terminated"], fragment["truncated"], fragment["behaviour_logp"],
                                         fragment["values"], self.version, bootstrap_values(fragment))
             self.writer.maybe_flush()
-            self._report({"time": time.time(), "actor": self.index, "fragment": self.fragments, "steps": steps,
-                          "sample_seconds": t_sample, "transport_wait_seconds": t_wait,
-                          "weight_sync_seconds": t_sync, "policy_version": self.version, "group": group}, episodes)
+            self.job.reports.send(FragmentReport(
+                time=time.time(), actor=self.index, fragment=self.fragments, steps=steps, sample_seconds=t_sample,
+                transport_wait_seconds=t_wait, weight_sync_seconds=t_sync, policy_version=self.version, group=group,
+                episodes=tuple(episodes), normalizer=self.sampler.normalizer_state()))
             self.fragments += 1
         self._finish()
 
@@ -159,8 +160,7 @@ class Actor:
         self.model.flat.load_(self.weights)
         self.version = v
         episodes = self.evaluator.run(self.algo, self.model)
-        self.job.reports.send("eval", {"time": time.time(), "round": rounds, "policy_version": v,
-                                       "episodes": episodes})
+        self.job.reports.send(Evaluation(time=time.time(), round=rounds, policy_version=v, episodes=tuple(episodes)))
         self.evaluated_rounds = rounds
 
     def _park(self) -> None:
@@ -180,10 +180,9 @@ class Actor:
                 break
             counters.wait_until(awake, timeout=1.0, nap=control.PARK_NAP_SECONDS)
         reason = "stopped" if words[control.STOP] else ("woken" if i < words[control.ACTIVE_ACTORS] else "evaluation")
-        self.job.reports.send("episodes", {"park": {
-            "time": time.time(), "actor": i, "parked_seconds": time.time() - start,
-            "cpu_seconds": time.thread_time() - cpu, "active_actors": int(words[control.ACTIVE_ACTORS]),
-            "reason": PARK_REASONS.index(reason)}})
+        self.job.reports.send(ActorParked(
+            time=time.time(), actor=i, parked_seconds=time.time() - start, cpu_seconds=time.thread_time() - cpu,
+            active_actors=int(words[control.ACTIVE_ACTORS]), reason=PARK_REASON[reason]))
 
     def _wait_for_room(self, G: int, reserve: bool = False) -> list[int] | None:
         """[the least-backlogged active group with room], waiting (sleeping) while there is none.
@@ -246,10 +245,6 @@ class Actor:
             if self.sender.can_send() and (groups := choose(backlog, cap, words)):
                 return groups
             backoff.sleep()
-
-    def _report(self, fragment_row: dict, episodes: list[dict]) -> None:
-        self.job.reports.send("episodes", {"fragment": fragment_row, "episodes": episodes,
-                                           "normalizer": self.sampler.normalizer_state()})
 
     def _finish(self) -> None:
         """Complete every pending send (the learners drain until all actors are done), then say so."""

@@ -23,10 +23,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
-
-ACTION = {name: i for i, name in enumerate(ELASTIC_ACTIONS)}
-REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcrl.runtime.messages import EvalEpisode
 from hpcrl.runtime.roles.env_backends import make_backend
 
 MAX_EPISODE_STEPS = 1_000_000
@@ -28,7 +29,7 @@ class Evaluator:
         self.seed, self.episodes = eval_cfg.seed, eval_cfg.episodes
         self.done_evaluations = 0
 
-    def run(self, algo, model) -> list[dict]:
+    def run(self, algo, model) -> list[EvalEpisode]:
         """One episode on every copy (a parallel env copy: one per agent); rows env_index, return, length."""
         b, sampler = self.backend, self.sampler
         raw = b.reset(self.seed + self.done_evaluations * self.episodes)
@@ -43,7 +44,8 @@ class Evaluator:
             lengths[running] += 1
             running &= ~(step.terminated | step.truncated)  # copies that ended keep stepping, uncounted
             if not running.any():
-                return [{"env_index": i, "return": float(returns[i]), "length": int(lengths[i])} for i in range(N)]
+                return [EvalEpisode(env_index=i, episode_return=float(returns[i]), length=int(lengths[i]))
+                        for i in range(N)]
             raw = step.obs
         raise RuntimeError(f"evaluation: an episode ran past {MAX_EPISODE_STEPS} steps; the env needs a time "
                            f"limit (e.g. env.kwargs.max_episode_steps) for eval.episodes > 0")

@@ -13,6 +13,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from hpcrl.runtime.messages import GroupState
+
 WAIT_SECONDS = 30.0
 """How long a checkpoint waits for a state still on its way (sent after the push it belongs to)."""
 
@@ -24,12 +26,12 @@ class GroupStates:
         self.by_group: dict[int, dict[int, dict]] = {g: {} for g in range(groups)}
         self.keep = keep  # pushed, not yet taken: at most a group's mailbox slots, plus the one taken
 
-    def add(self, report: dict | None) -> None:
-        """A group's state after one of its updates (the ``inner_state`` of its activity report), if any."""
+    def add(self, report: GroupState | None) -> None:
+        """A group's state after one of its updates (the ``group_state`` of its activity report), if any."""
         if report is None:
             return
-        kept = self.by_group[report["group"]]
-        kept[report["seq"]] = report["state"]
+        kept = self.by_group[report.group]
+        kept[report.seq] = report.state
         while len(kept) > self.keep:
             kept.pop(min(kept))
 

@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from hpcrl.runtime.backoff import Backoff
-from hpcrl.runtime.roles.elastic import ACTION, REASON
+from hpcrl.runtime.messages import ELASTIC_ACTION, ELASTIC_REASON, SamplerEvent
 from hpcrl.runtime.roles.sampler import VectorSampler
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.joining import Joiner, JoinLost, sending
@@ -158,9 +158,9 @@ class JoiningSampler:
         self._event("left", "job_step" if code == 0 else "join_ended", seconds)
 
     def _event(self, action: str, reason: str, seconds: float) -> None:
-        self.reports.send("episodes", {"join": {
-            "time": time.time(), "actor": self.actor, "action": ACTION[action], "reason": REASON[reason],
-            "seconds": seconds, "active_actors": self.active_actors()}})
+        self.reports.send(SamplerEvent(time=time.time(), actor=self.actor, action=ELASTIC_ACTION[action],
+                                       reason=ELASTIC_REASON[reason], seconds=seconds,
+                                       active_actors=self.active_actors()))
 
 
 def serve_sampler(comm, sampler: VectorSampler, algo, model, actor: int, lost: Callable[[], bool]) -> None:

@@ -36,6 +36,7 @@ import torch
 
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.messages import GroupState, LearnerActivity
 from hpcrl.runtime.roles.cuda_graph import GraphedGradient
 from hpcrl.runtime.record.cycle_profile import CycleRecord
 from hpcrl.runtime.roles.active_groups import wait_while_parked
@@ -269,8 +270,7 @@ class LearnerGroup:
         rows = len(next(iter(batch.values())))
         if not self._push(update, version, rows, stats, compute, new_steps):
             return False
-        self._activity(start_unix, compute, steps, report,
-                       inner={"group": self.g, "seq": self.seq - 1, "state": self.inner.state()})
+        self._activity(start_unix, compute, steps, report, GroupState(self.g, self.seq - 1, self.inner.state()))
         return True
 
     def _overlapped_gradient(self, mb: dict, pending: tuple | None) -> tuple[np.ndarray, dict, float] | None:
@@ -381,15 +381,13 @@ class LearnerGroup:
         self.pacing.pushed(version)
         return True
 
-    def _activity(self, start_unix: float, compute: float, samples: int, report: dict | None = None,
-                  inner: dict | None = None) -> None:
-        row = {"time_start": start_unix, "time_end": time.time(), "group": self.g, "compute_seconds": compute,
-               "samples": samples, "cycles": self.cycles.take_rows()}
-        if report is not None:
-            row["algo_report"] = report
-        if inner is not None:  # the optimizer state after an update: the parameter rank checkpoints it
-            row["inner_state"] = inner
-        self.job.reports.send("activity", row)
+    def _activity(self, start_unix: float, compute: float, samples: int, report=None,
+                  state: GroupState | None = None) -> None:
+        """The batch's learner_activity report (``state``: the optimizer state after an update, which the
+        parameter rank checkpoints)."""
+        self.job.reports.send(LearnerActivity(
+            time_start=start_unix, time_end=time.time(), group=self.g, compute_seconds=compute, samples=samples,
+            cycles=self.cycles.take_rows(), algo_report=report, group_state=state))
 
     def _finish(self) -> None:
         """Release the group's other ranks, keep receiving until every actor is done, then say so."""

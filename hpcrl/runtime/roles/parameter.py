@@ -36,7 +36,7 @@ import math
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -47,6 +47,8 @@ from hpcrl.io.rollback import record_counts
 from hpcrl.io.schema import TRAJ_DIR
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, GroupEvent, JoiningJob, LearnerActivity,
+                                    PushHeader, SamplerEvent)
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime.roles.active_groups import ActiveGroups
@@ -110,6 +112,7 @@ class ParameterRank:
         # active messages), so its idle naps stay short: a learner's push waits for them.
         self.backoff = Backoff(2e-5, 2e-4)
         self.record = self._open_record()
+        self.handlers = self._handlers()
         self.record.collect("weight_fetches", self._weight_fetch_rows)  # what the weight board served, per version
         self.summary: dict[str, Any] = {}  # the closing summary (after run)
         self.t0 = time.monotonic()
@@ -289,14 +292,14 @@ class ParameterRank:
                 self.lap("other")
         if got and self.cfg.actors.on_policy:  # the groups' pushes so far are applied (or queued) and published
             G = self.cfg.learners.groups
-            for g in {header["group"] for header, _ in got}:
+            for g in {header.group for header, _ in got}:
                 self.counters.set(control.taken_word(G, g), self.seq_next[g])
         return bool(got)
 
-    def _arrived(self, header: dict, grad: np.ndarray) -> GradientRecord:
+    def _arrived(self, header: PushHeader, grad: np.ndarray) -> GradientRecord:
         """A gradient copied out of the mailbox, counted, as the admission policy's record."""
-        rec = GradientRecord(group=header["group"], seq=header["seq"], base_version=header["base_version"],
-                             samples=header["samples"], grad=grad, stats=dict(zip(control.GRAD_STATS, header["stats"])),
+        rec = GradientRecord(group=header.group, seq=header.seq, base_version=header.base_version,
+                             samples=header.samples, grad=grad, stats=dict(zip(control.GRAD_STATS, header.stats)),
                              received_at=self.record.now())
         self.record.arrived()
         self.seq_next[rec.group] = max(self.seq_next[rec.group], rec.seq + 1)
@@ -369,33 +372,30 @@ class ParameterRank:
             self.counters.set(control.EVAL, self.round)  # the last actor evaluates (runtime/roles/evaluation.py)
 
     def _drain_messages(self) -> bool:
-        reports = self.job.reports
-        busy = False
-        for msg in reports.drain("episodes"):
-            self._fragment_report(msg)
-            busy = True
-        for row in reports.drain("activity"):
-            self.group_states.add(row.pop("inner_state", None))
-            self.record.activity(row)
-            busy = True
-        for msg in reports.drain("eval"):
-            self.record.evaluation(msg)
-            busy = True
-        return busy
+        """Every report that has arrived, each to its handler (``handlers``); whether there was any."""
+        got = self.job.reports.drain()
+        for message in got:
+            self.handlers[type(message)](message)
+        return bool(got)
 
-    def _fragment_report(self, msg: dict) -> None:
-        if "park" in msg:  # an actor's park ended (runtime/roles/actor.py)
-            self.record.actor_park(msg["park"])
-            return
-        if "join" in msg:  # an actor's sampler joined or left (runtime/roles/joining_sampler.py)
-            self.record.actor_join(msg["join"])
-            return
-        a = msg["fragment"]["actor"]
-        self.groups.rule.fragment(a, msg["fragment"]["steps"], msg["fragment"]["sample_seconds"])
-        self.fragment_next[a] = max(self.fragment_next[a], msg["fragment"]["fragment"] + 1)
-        if msg.get("normalizer") is not None:
-            self.normalizers[a] = msg["normalizer"]
-        self.record.fragment(msg, self.env_steps() if msg["episodes"] else 0)
+    def _handlers(self) -> dict[type, Callable[[Any], None]]:
+        """The one handler of each message a rank sends here (hpcrl.runtime.messages)."""
+        record = self.record
+        return {FragmentReport: self._fragment_report, ActorParked: record.actor_park, SamplerEvent: record.actor_join,
+                Evaluation: record.evaluation, LearnerActivity: self._learner_activity, GroupEvent: record.group_row,
+                JoiningJob: record.joining_job}
+
+    def _fragment_report(self, report: FragmentReport) -> None:
+        a = report.actor
+        self.groups.rule.fragment(a, report.steps, report.sample_seconds)
+        self.fragment_next[a] = max(self.fragment_next[a], report.fragment + 1)
+        if report.normalizer is not None:
+            self.normalizers[a] = report.normalizer
+        self.record.fragment(report, self.env_steps() if report.episodes else 0)
+
+    def _learner_activity(self, activity: LearnerActivity) -> None:
+        self.group_states.add(activity.group_state)
+        self.record.activity(activity)
 
     def _watch(self) -> None:
         for line in self.watchdog.check(self.counters.read_all()):

@@ -28,6 +28,7 @@ import torch
 from gymnasium import spaces
 
 from hpcrl.errors import ConfigError
+from hpcrl.runtime.messages import Episode
 from hpcrl.runtime.roles.env_backends import describe, make_backend
 
 
@@ -182,7 +183,7 @@ class VectorSampler:
             return rescale(a, self.low, self.high).astype(np.float32)
         return np.clip(a, self.low, self.high)
 
-    def sample(self, algo, model, T: int, version: int, actor: int) -> tuple[dict[str, np.ndarray], list[dict]]:
+    def sample(self, algo, model, T: int, version: int, actor: int) -> tuple[dict[str, np.ndarray], list[Episode]]:
         """T steps of every instance acting with ``algo.act(model, obs)``; returns (fragment, finished episodes)."""
         N = self.num_envs
         obs = np.empty((T, N, *self.obs_shape), dtype=self.obs_dtype)
@@ -193,7 +194,7 @@ class VectorSampler:
         logp = np.empty((T, N), dtype=np.float32)
         values = np.empty((T, N), dtype=np.float32)
         final_values = np.zeros((T, N), dtype=np.float32)
-        episodes: list[dict] = []
+        episodes: list[Episode] = []
         for t in range(T):
             obs[t] = self.obs
             a, lp, v = algo.act(model, self.obs)
@@ -206,8 +207,8 @@ class VectorSampler:
             done = step.terminated | step.truncated
             now = time.time()
             for i in np.flatnonzero(done):
-                episodes.append({"time": now, "actor": actor, "env_index": int(i), "return": float(self.ep_return[i]),
-                                 "length": int(self.ep_length[i]), "policy_version": version})
+                episodes.append(Episode(time=now, actor=actor, env_index=int(i), episode_return=float(self.ep_return[i]),
+                                        length=int(self.ep_length[i]), policy_version=version))
             self.ep_return[done], self.ep_length[done] = 0.0, 0
             boot = np.flatnonzero(step.truncated & ~step.terminated)
             if boot.size:

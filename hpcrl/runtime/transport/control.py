@@ -40,14 +40,10 @@ from hpcrl.runtime.backoff import Backoff
 
 STOP, ACTIVE, ACTORS_DONE, LEARNERS_DONE, ENV_STEPS, EVAL, ACTIVE_ACTORS, CONSUMED, BACKLOG = range(9)
 
-TAG_EPISODES = 11
-"""Actor -> parameter rank: a pickled list of finished episodes (and sampling stats)."""
+TAG_REPORT = 11
+"""Any rank -> parameter rank: one pickled report (hpcrl.runtime.messages)."""
 TAG_WORK = 12
 """Learner group root -> other ranks of its group: a pickled work item (batch, weights, stop)."""
-TAG_ACTIVITY = 13
-"""Learner group root -> parameter rank: one learner_activity row (a stretch of computation)."""
-TAG_EVAL = 14
-"""Evaluating actor -> parameter rank: the episodes of one evaluation."""
 TAG_SHARE = 15
 """Joined learner rank -> its group's root: the gradient of its share of a minibatch (runtime/transport/joining.py)."""
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.messages import ELASTIC_ACTION, ELASTIC_REASON, GroupEvent, JoiningJob
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.group_reduce import member_work, share_of
 
@@ -307,7 +308,7 @@ class Joiner:
         """jobs: the joining job as an ``allocations`` row, through the door's reports (rank 0 writes it; hpcrl
         analyze bills it from sacct); nothing for steps."""
         if self.how == "jobs" and (row := self.job_row()) is not None:
-            reports.send("activity", {"allocation": {"time": time.time(), **row}})
+            reports.send(JoiningJob(time=time.time(), columns=row))
 
     def lost(self) -> bool:
         """The joined ranks' launch has ended, or (on this host) their first rank's process."""
@@ -435,11 +436,9 @@ class JoiningGroupReduce:
         self._event("left", "job_step" if code == 0 else "join_ended", seconds)
 
     def _event(self, action: str, reason: str, seconds: float) -> None:
-        from hpcrl.runtime.roles.elastic import ACTION, REASON
-
-        self.reports.send("activity", {"parked": {
-            "time": time.time(), "group": self.group, "action": ACTION[action], "reason": REASON[reason],
-            "active_groups": int(self.counters.read(control.ACTIVE)), "parked_seconds": seconds, "cpu_seconds": 0.0}})
+        self.reports.send(GroupEvent(time=time.time(), group=self.group, action=ELASTIC_ACTION[action],
+                                     reason=ELASTIC_REASON[reason], active_groups=int(self.counters.read(control.ACTIVE)),
+                                     parked_seconds=seconds, cpu_seconds=0.0))
 
     # ---- protocols.GroupReduce ---------------------------------------------------------------
     def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None

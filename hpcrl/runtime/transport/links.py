@@ -6,7 +6,7 @@ sampling the next send (``max_in_flight`` unmatched synchronous sends at most), 
 when every actor is done (:meth:`LearnerLink.finished`). A post-processing learner group (MARL
 ``algo.postprocess_learner``) passes prepared batches to the other group roots with
 :class:`BatchSender` / :class:`BatchReceiver`. :class:`MpiReports` carries the
-small pickled messages to the parameter rank (episodes, learner activity).
+small pickled messages to the parameter rank (:mod:`hpcrl.runtime.messages`).
 
 The serial runner's in-memory twins with the same methods are in :mod:`hpcrl.runtime.transport.local`.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from hpcrl.runtime.messages import Report
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.channels import FragmentReceiver, FragmentSender
 from hpcrl.runtime.transport.layout import FragmentLayout
@@ -21,8 +22,6 @@ from hpcrl.runtime.transport.layout import FragmentLayout
 TAG_BATCH = 103
 """Post-processing group root -> policy/critic group root: one prepared batch (pickled), or None: no more."""
 
-REPORT_TAGS = {"episodes": control.TAG_EPISODES, "activity": control.TAG_ACTIVITY, "eval": control.TAG_EVAL}
-"""Report kinds and their message tags (to the parameter rank)."""
 
 
 class ActorLink:
@@ -70,15 +69,15 @@ class MpiReports:
         self.comm, self.dest = comm, parameter_rank
         self._pending: list = []
 
-    def send(self, kind: str, message: dict) -> None:
+    def send(self, message: Report) -> None:
         self._pending = [r for r in self._pending if not r.Test()]
-        self._pending.append(self.comm.isend(message, dest=self.dest, tag=REPORT_TAGS[kind]))
+        self._pending.append(self.comm.isend(message, dest=self.dest, tag=control.TAG_REPORT))
 
-    def drain(self, kind: str) -> list[dict]:
-        """Parameter rank: every report of ``kind`` that has arrived."""
-        tag, out = REPORT_TAGS[kind], []
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag):
-            out.append(self.comm.recv(source=MPI.ANY_SOURCE, tag=tag))
+    def drain(self) -> list[Report]:
+        """Parameter rank: every report that has arrived (one sender's in the order it sent them)."""
+        out = []
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=control.TAG_REPORT):
+            out.append(self.comm.recv(source=MPI.ANY_SOURCE, tag=control.TAG_REPORT))
         return out
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ from collections import deque
 
 import numpy as np
 
+from hpcrl.runtime.messages import PushHeader, Report
 from hpcrl.runtime.transport.group_reduce import PARK, host_rows, share_of
 from hpcrl.runtime.transport.push import PushLoop
 
@@ -108,19 +109,19 @@ class LocalMailbox(PushLoop):
             if self._held[group] >= self.slots_per_group:
                 return False
             self._held[group] += 1
-            header = {"seq": seq, "group": group, "base_version": base_version, "samples": samples,
-                      "ticket": self._ticket, "n_stats": stats.size, "stats": stats.copy()}
+            header = PushHeader(seq=seq, group=group, base_version=base_version, samples=samples,
+                                stats=stats.copy(), ticket=self._ticket)
             self._ticket += 1
             self._queue.append((header, grad))
             self.pushes += 1
         return True
 
-    def poll(self, limit: int | None = None) -> list[tuple[dict, np.ndarray]]:
+    def poll(self, limit: int | None = None) -> list[tuple[PushHeader, np.ndarray]]:
         out = []
         with self._lock:
             while self._queue and (limit is None or len(out) < limit):
                 header, grad = self._queue.popleft()
-                self._held[header["group"]] -= 1
+                self._held[header.group] -= 1
                 out.append((header, grad))
         return out
 
@@ -186,22 +187,20 @@ class LocalBoard:
 
 
 class LocalReports:
-    """Small messages to the parameter role (episode reports, learner activity rows), FIFO per kind."""
+    """Small messages to the parameter role (hpcrl.runtime.messages), one FIFO queue."""
 
     def __init__(self):
-        self._queues: dict[str, deque] = {}
+        self._queue: deque = deque()
         self._lock = threading.Lock()
 
-    def send(self, kind: str, message: dict) -> None:
+    def send(self, message: Report) -> None:
         with self._lock:
-            self._queues.setdefault(kind, deque()).append(message)
+            self._queue.append(message)
 
-    def drain(self, kind: str) -> list[dict]:
+    def drain(self) -> list[Report]:
         with self._lock:
-            q = self._queues.get(kind)
-            out = list(q) if q else []
-            if q:
-                q.clear()
+            out = list(self._queue)
+            self._queue.clear()
         return out
 
     def close(self) -> None:

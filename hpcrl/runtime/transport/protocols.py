@@ -17,6 +17,8 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+    from hpcrl.runtime.messages import Report
+
 
 @runtime_checkable
 class Counters(Protocol):
@@ -60,10 +62,10 @@ class Board(Protocol):
 
 @runtime_checkable
 class Reports(Protocol):
-    """Small messages to rank 0 by kind (episodes with fragment rows, learner activity)."""
+    """Small messages to rank 0 (``hpcrl.runtime.messages``), in the order each sender sent them."""
 
-    def send(self, kind: str, message: dict) -> None: ...
-    def drain(self, kind: str) -> list[dict]: ...
+    def send(self, message: Report) -> None: ...
+    def drain(self) -> list[Report]: ...
     def close(self) -> None: ...
 
 

@@ -40,6 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.messages import PushHeader
 from hpcrl.runtime.transport.push import PushLoop
 
 FREE, CLAIMED, FULL = 0, 1, 2
@@ -220,11 +221,11 @@ class GradientMailbox(_OwnedWindow, PushLoop):
             win.Flush(self.owner)
         return out.reshape(self.num_groups, self.slots_per_group)
 
-    def poll(self, limit: int | None = None) -> list[tuple[dict, np.ndarray]]:
+    def poll(self, limit: int | None = None) -> list[tuple[PushHeader, np.ndarray]]:
         """Owner: copy out every FULL slot (oldest ticket first), free them; never waits.
 
-        Returns ``[(header, grad)]`` where header has the keys of ``HEADER`` plus ``stats``
-        (float64 array) and grad is a fresh float32 array of ``num_params`` values.
+        Returns ``[(header, grad)]``: the slot's header (``stats`` a float64 array) and a fresh float32
+        array of ``num_params`` values.
         """
         self._require_owner("poll")
         full = np.flatnonzero(self.states().reshape(-1) == FULL)
@@ -245,9 +246,9 @@ class GradientMailbox(_OwnedWindow, PushLoop):
                 if self._cas_state(win, slot, FULL, FREE) != FULL:
                     raise RuntimeError(f"GradientMailbox: slot {slot} changed while FULL")
                 h = hdrs[i]
-                header = {k: int(h[j]) for j, k in enumerate(self.HEADER)}
-                header["stats"] = h.view(np.float64)[8:8 + header["n_stats"]].copy()
-                header["slot"] = slot
+                seq, group, base_version, samples, ticket, _, n_stats = (int(x) for x in h[:len(self.HEADER)])
+                header = PushHeader(seq=seq, group=group, base_version=base_version, samples=samples,
+                                    stats=h.view(np.float64)[8:8 + n_stats].copy(), ticket=ticket)
                 out.append((header, grad))
         return out
 

@@ -435,9 +435,9 @@ class RunConfig(Section):
         self.algo.check_run(self)
         if self.algo.round_regime != "batch":
             return self
-        from hpcrl.runtime.plan import make_plan
+        from hpcrl.runtime.plan import batch_sizes
 
-        per_group = make_plan(self).group_batch_size
+        per_group = batch_sizes(self)[2]
         if self.algo.minibatch_size > per_group:
             raise ValueError(
                 f"algo.minibatch_size={self.algo.minibatch_size} exceeds the per-group batch "

@@ -15,6 +15,7 @@ import yaml
 from hpcrl.cli import main as cli_main
 from hpcrl.commands.run import create_run_dir
 from hpcrl.config import load_config
+from hpcrl.runtime.plan import make_plan
 
 
 def run_cli(args, capsys):
@@ -75,9 +76,9 @@ def test_ranks_sets_the_actor_count_and_run_dirs_never_collide(tmp_path):
     p = argparse.ArgumentParser()
     add_arguments(p)
     plan, _ = resolve_plan(p.parse_args(["--ranks", "6"]))
-    assert plan.config.actors.count == plan.actors == 4 and plan.config.num_ranks == 6
-    cfg = load_config(overrides=[f"io.run_dir={tmp_path}/{{name}}"])
-    a, b = create_run_dir(cfg), create_run_dir(cfg)
+    assert plan.sections.actors.count == plan.actors == 4 and plan.num_ranks == 6
+    plan = make_plan(load_config(overrides=[f"io.run_dir={tmp_path}/{{name}}"]))
+    a, b = create_run_dir(plan), create_run_dir(plan)
     assert a != b and a.name == "cartpole" and b.name == "cartpole-2"
     assert yaml.safe_load((a / "config.yaml").read_text())["env"]["id"] == "CartPole-v1"
 

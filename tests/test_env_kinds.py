@@ -211,7 +211,7 @@ def _run(name: str, runner: str, tmp: Path, caches: Path) -> tuple[Path, int]:
 
         cfg = load_config(path, [*overrides, "launch.runner=serial"])
         validate(make_plan(cfg))
-        assert serial.run(make_plan(cfg), create_run_dir(cfg), progress="plain").stop_reason.startswith("stop.")
+        assert serial.run(make_plan(cfg), create_run_dir(make_plan(cfg)), progress="plain").stop_reason.startswith("stop.")
     else:
         args = [sys.executable, "-m", "hpcrl", "run", str(path), "--runner", "mpi"]
         for o in overrides:

@@ -17,6 +17,7 @@ from hpcrl.io import read_table
 from hpcrl.runtime.roles.learner import LearnerGroup
 from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.runners import serial
+from hpcrl.runtime.runners.job import make_role
 from hpcrl.runtime.runners.serial import build_jobs
 from hpcrl.runtime.transport.local import LocalGroup, RunAborted
 
@@ -30,7 +31,7 @@ def _learner_groups(tmp_path, ranks_per_group: int, overrides: list[str]) -> lis
     learners = [job for job in jobs if job.topo.role == "learner"]
     for job in learners:
         job.startup = {"seq_next": [0]}
-    return [LearnerGroup(job) for job in learners]
+    return [make_role(job) for job in learners]
 
 
 def _batch(rows: int) -> dict[str, np.ndarray]:

@@ -16,7 +16,6 @@ from hpcrl.runtime.runners.job import fragment_layout_for, role_parts
 from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.roles.sampler import VectorSampler, describe_env
 from hpcrl.runtime.runners import serial
-from hpcrl.runtime.runners.serial import topologies
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs" / "stellaris"
 WORKLOADS = ("hopper", "humanoid", "walker2d", "spaceinvaders", "qbert", "gravitar")
@@ -77,8 +76,9 @@ def test_atari_stays_uint8_from_the_sampler_to_ppo(tmp_path):
     cfg = load_config(CONFIGS / "qbert_ppo.yaml", [*TINY, "algo.train_batch_size=16"])
     env = describe_env(cfg.env)
     assert env.obs_dtype == np.uint8 and env.observation_space.shape == (4, 84, 84)
-    algo, model, traj = role_parts(cfg, env, topologies(cfg)[0])
-    layout = fragment_layout_for(cfg, env, model)
+    plan = make_plan(cfg)
+    algo, model, traj = role_parts(plan, env, torch.device("cpu"))
+    layout = fragment_layout_for(plan, env, model)
     assert layout.fields["obs"][1] == np.uint8 and layout.fields["last_obs"][1] == np.uint8
     assert traj.obs_dtype == "u1"
     # T = 8 steps of one env: 9 frame stacks of 4 x 84 x 84 bytes (obs and last_obs) and the small fields

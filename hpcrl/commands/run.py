@@ -116,7 +116,7 @@ def validate(plan: Plan) -> None:
     from hpcrl.envs import check_env_id
     from hpcrl.runtime.topology import plan_roles
 
-    cfg = plan.config
+    cfg = plan.sections
     if plan.runner == "fused":
         from hpcrl.runtime.runners.fused import check_config
 
@@ -135,7 +135,7 @@ def validate(plan: Plan) -> None:
             from hpcrl.marl.agents import check_agent_count
 
             check_agent_count(cfg, info)  # a wrong count that divides the real one would pass silently
-    plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.launched_ranks_per_group, cfg.actors.count)
+    plan_roles(plan.num_ranks, cfg.learners.groups, cfg.learners.launched_ranks_per_group, cfg.actors.count)
     for setting, how in (("learners.elastic", cfg.learners.elastic), ("actors.elastic", cfg.actors.elastic)):
         if how != "park":
             from hpcrl.runtime.transport.joining import joining_refused
@@ -152,13 +152,14 @@ def validate(plan: Plan) -> None:
         from hpcrl.launch_container import container_prefix
 
         container_prefix(cfg.launch.container)  # image and binds checked before the run directory exists
-    if cfg.debug.raise_on_rank is not None and cfg.debug.raise_on_rank >= cfg.num_ranks:
+    if cfg.debug.raise_on_rank is not None and cfg.debug.raise_on_rank >= plan.num_ranks:
         raise ConfigError(f"debug.raise_on_rank: {cfg.debug.raise_on_rank} is not a rank of a "
-                          f"{cfg.num_ranks}-rank job (allowed: 0..{cfg.num_ranks - 1})")
+                          f"{plan.num_ranks}-rank job (allowed: 0..{plan.num_ranks - 1})")
 
 
-def create_run_dir(cfg: RunConfig) -> Path:
-    """Make the run directory (never reusing one) and write the resolved config.yaml."""
+def create_run_dir(plan: Plan) -> Path:
+    """Make the run directory of the plan's config (never reusing one) and write its resolved config.yaml."""
+    cfg = plan.sections
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(cfg.io.run_dir.format(name=cfg.name, time=stamp)).resolve()
     path, n = base, 1
@@ -171,7 +172,7 @@ def create_run_dir(cfg: RunConfig) -> Path:
                 n += 1
                 path = base.with_name(f"{base.name}-{n}")
         tmp = path / (CONFIG_FILE + ".tmp")
-        tmp.write_text(cfg.to_yaml())
+        tmp.write_text(cfg.yaml)
         os.replace(tmp, path / CONFIG_FILE)
     except OSError as exc:
         raise ConfigError(f"io.run_dir: cannot create {path} ({exc.strerror or exc}); "
@@ -192,20 +193,22 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError("launch.runner=serial runs in one process, not as ranks of an MPI job; "
                               "start `hpcrl run CONFIG` once, without mpiexec, srun or --inside-mpi")
 
-        def config_for(size: int) -> RunConfig:
-            """The config for a job of ``size`` ranks: the ranks beyond parameter + learners are actors."""
-            return resolve_plan(argparse.Namespace(**{**vars(args), "ranks": size}), "MPI job size")[0].config
+        def plan_for(size: int) -> Plan:
+            """The plan for a job of ``size`` ranks: the ranks beyond parameter + learners are actors."""
+            nonlocal plan
+            plan = resolve_plan(argparse.Namespace(**{**vars(args), "ranks": size}), "MPI job size")[0]
+            return plan
 
         run_dir = Path(args.resume).resolve() if args.resume else None
-        return start_inside_job(config_for, run_dir, resume=run_dir is not None, make_run_dir=create_run_dir,
-                                progress=progress_mode()).exit_code
+        return start_inside_job(plan_for, run_dir, resume=run_dir is not None,
+                                make_run_dir=lambda: create_run_dir(plan), progress=progress_mode()).exit_code
     command_unix = getattr(args, "command_unix", None) or process_start_unix()
     # the ranks' libraries are imported by the prestart server while this process checks the config
     server = start_prestart() if args.runner != "serial" else None
     job_ran = False
     try:
         plan, run_dir = resolve_plan(args)
-        cfg = plan.config
+        cfg = plan.sections
         check_local_machine(plan, oversubscribe=args.oversubscribe)
         if server is not None and not uses_prestart(plan):
             server.stop(wait=0)
@@ -213,7 +216,7 @@ def main(args: argparse.Namespace) -> int:
         if args.config is None and run_dir is None:
             verbosity.say("hpcrl run: no CONFIG given: the default job, hpcrl/configs/cartpole.yaml", flush=True)
         if run_dir is None:
-            run_dir = create_run_dir(cfg)
+            run_dir = create_run_dir(plan)
         verbosity.say(f"hpcrl run: {plan.runner_reason}, run directory {run_dir}", flush=True)
         if cfg.io.tensorboard:
             verbosity.say(f"hpcrl run: {live_scalars_line(run_dir)}", flush=True)
@@ -225,7 +228,7 @@ def main(args: argparse.Namespace) -> int:
                 from hpcrl.runtime.record.checkpoint import load_checkpoint
 
                 load_checkpoint(run_dir)  # CheckpointError (one line) before config.yaml takes the new values
-                (run_dir / CONFIG_FILE).write_text(cfg.to_yaml())  # the resumed run continues with the new values
+                (run_dir / CONFIG_FILE).write_text(cfg.yaml)  # the resumed run continues with the new values
             ranks = {"environ": server.environ} if server is not None else {}  # the mpi runner's ranks
             result = runner(plan.runner).run(plan, run_dir, resume=args.resume is not None, progress=progress_mode(),
                                              **ranks)
@@ -239,7 +242,7 @@ def main(args: argparse.Namespace) -> int:
 
 def plan_lines(plan: Plan, resume_dir: Path | None) -> list[str]:
     """What ``hpcrl -v run`` adds at start: the plan's sizes and, for a resume, the checkpoint it goes on from."""
-    cfg = plan.config
+    cfg = plan.sections
     lines = [f"plan: {cfg.algo.name} on {cfg.env.id} x {cfg.env.num_envs} per actor; "
              + ("one device loop, " if plan.runner == "fused" else
                 f"{plan.actors} actor(s), {plan.groups} learner group(s) of {cfg.learners.ranks_per_group} rank(s)"
@@ -290,7 +293,7 @@ def start_prestart() -> PrestartServer | None:
 
 def uses_prestart(plan: Plan) -> bool:
     """True when the ranks of this local run are forked from a prestart server (hpcrl.runtime.runners.prestart)."""
-    launch_cfg = plan.config.launch
+    launch_cfg = plan.sections.launch
     return plan.runner == "mpi" and launch_cfg.prestart and launch_cfg.container is None
 
 
@@ -306,9 +309,9 @@ def report_startup(run_dir: Path, command_unix: float, show: bool = True) -> Non
 def check_local_machine(plan: Plan, oversubscribe: bool = False) -> None:
     """What a local launch needs of this machine: not too many ranks per core, a GPU if learners.device=cuda,
     mpiexec for the mpi runner."""
-    cfg = plan.config
+    cfg = plan.sections
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    ranks = 1 if plan.runner == "fused" else cfg.num_ranks
+    ranks = 1 if plan.runner == "fused" else plan.num_ranks
     limit = cfg.launch.ranks_per_core * cores
     if ranks > limit and not oversubscribe:
         raise ConfigError(f"actors.count: {ranks} ranks on {cores} cores is more than launch.ranks_per_core="

@@ -21,14 +21,23 @@ Each fact comes from the component that owns it, never from a test of another co
 - **the runner** (``mpi``, ``serial`` or ``fused``) from ``launch.runner`` and, for an algorithm
   the fused loop runs (its config's ``fused_loop``), from whether this job fits it; ``runner_reason``
   is the line ``hpcrl run`` prints at start (with why a fused-loop algorithm runs on the roles).
+
+The typed config sections travel in ``Plan.sections`` for the runners, which hand each role only the sections it
+owns (``runtime/runners/job.py``: ``make_role``); no role reads ``sections`` (tests/test_runtime_layout.py).
+Under MPI rank 0 makes the Plan once and broadcasts it (``runtime/runners/mpi.py``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hpcrl.algos.schedules import LinearAnneal
 from hpcrl.staleness import POLICY_PACING
+
+if TYPE_CHECKING:
+    from hpcrl.config import (ActorsConfig, AggregationConfig, DebugConfig, EnvConfig, EvalConfig, IOConfig,
+                              LaunchConfig, LearnersConfig, ModelConfig, StopConfig)
+    from hpcrl.config_base import AlgoSection
 
 Pacing = Literal["free", "lockstep", "held"]
 Routing = Literal["own_group", "every_group", "postprocess_first"]
@@ -37,11 +46,41 @@ Push = Literal["gradient", "update"]
 
 
 @dataclass(frozen=True)
+class Sections:
+    """The resolved config's sections, typed, for the runners: they build the shared objects from them and give
+    each role the ones it owns. Same names as :class:`~hpcrl.config.RunConfig`'s."""
+
+    env: EnvConfig
+    model: ModelConfig
+    algo: AlgoSection
+    actors: ActorsConfig
+    learners: LearnersConfig
+    aggregation: AggregationConfig
+    io: IOConfig
+    launch: LaunchConfig
+    stop: StopConfig
+    eval: EvalConfig
+    debug: DebugConfig
+    name: str
+    """The run's name (part of its directory's and batch jobs' names)."""
+    yaml: str = field(repr=False)
+    """The resolved config as config.yaml holds it (run.h5 keeps it too)."""
+
+
+@dataclass(frozen=True)
 class Plan:
     actors: int
     """Actor ranks."""
     groups: int
     """Learner groups."""
+    ranks_per_group: int
+    """Ranks of a learner group (learners.ranks_per_group; with learners.elastic steps or jobs all but the root join)."""
+    num_ranks: int
+    """Ranks the job launches: 1 parameter + the learner groups' launched ranks + the actors."""
+    seed: int
+    """The run's seed (env.seed): the initial weights, each actor's env seeds, each group's minibatch order."""
+    fragment_length: int
+    """Steps per env instance in one fragment (actors.fragment_length)."""
     fragment_steps: int
     """Env steps in one fragment (fragment_length x num_envs, x agents for MARL instances)."""
     round_steps: int
@@ -63,8 +102,8 @@ class Plan:
     """What runs the job: mpi (a rank per role), serial (every role in this process), fused (one device loop)."""
     runner_reason: str
     """One line saying where the job runs and, for a fused-loop algorithm on the roles, why (printed at start)."""
-    config: Any = field(repr=False, compare=False)
-    """The resolved RunConfig this plan was made from (the runners build the roles' jobs from it)."""
+    sections: Sections = field(repr=False, compare=False)
+    """The config's typed sections (for the runners; roles get theirs from runners/job.py's make_role)."""
 
     @property
     def postprocess_groups(self) -> int:
@@ -87,20 +126,29 @@ class Plan:
 def make_plan(cfg: Any) -> Plan:
     """The Plan of a resolved RunConfig."""
     algo = cfg.algo
-    fragment_steps = cfg.actors.fragment_length * cfg.env.num_envs * algo.instances_per_copy()
-    routing = algo.routing()
-    if algo.round_regime == "batch":
-        round_steps = algo.train_batch_size
-        whole = routing != "own_group"  # every group (or the post-processing group) takes the whole batch
-        group_batch = algo.train_batch_size if whole else max(1, algo.train_batch_size // cfg.learners.groups)
-    else:
-        round_steps, group_batch = fragment_steps * algo.round_fragments, fragment_steps
+    fragment_steps, round_steps, group_batch = batch_sizes(cfg)
     runner, reason = _runner(cfg)
-    return Plan(actors=cfg.actors.count, groups=cfg.learners.groups, fragment_steps=fragment_steps,
-                round_steps=round_steps, group_batch_size=group_batch, routing=routing,
-                pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
-                lr_schedule=algo.lr_schedule(), push=cfg.learners.push, reward_gamma=algo.reward_discount(), runner=runner,
-                runner_reason=reason, config=cfg)
+    sections = Sections(env=cfg.env, model=cfg.model, algo=algo, actors=cfg.actors, learners=cfg.learners,
+                        aggregation=cfg.aggregation, io=cfg.io, launch=cfg.launch, stop=cfg.stop, eval=cfg.eval,
+                        debug=cfg.debug, name=cfg.name, yaml=cfg.to_yaml())
+    return Plan(actors=cfg.actors.count, groups=cfg.learners.groups, ranks_per_group=cfg.learners.ranks_per_group,
+                num_ranks=cfg.num_ranks, seed=cfg.env.seed, fragment_length=cfg.actors.fragment_length,
+                fragment_steps=fragment_steps, round_steps=round_steps, group_batch_size=group_batch,
+                routing=algo.routing(), pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
+                lr_schedule=algo.lr_schedule(), push=cfg.learners.push, reward_gamma=algo.reward_discount(),
+                runner=runner, runner_reason=reason, sections=sections)
+
+
+def batch_sizes(cfg: Any) -> tuple[int, int, int]:
+    """Env steps of a fragment, of a round and of a learner group's batch (the config's validation checks the
+    minibatch against the last)."""
+    algo = cfg.algo
+    fragment_steps = cfg.actors.fragment_length * cfg.env.num_envs * algo.instances_per_copy()
+    if algo.round_regime != "batch":
+        return fragment_steps, fragment_steps * algo.round_fragments, fragment_steps
+    whole = algo.routing() != "own_group"  # every group (or the post-processing group) takes the whole batch
+    group_batch = algo.train_batch_size if whole else max(1, algo.train_batch_size // cfg.learners.groups)
+    return fragment_steps, algo.train_batch_size, group_batch
 
 
 def _runner(cfg) -> tuple[Runner, str]:

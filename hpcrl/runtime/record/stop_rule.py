@@ -1,4 +1,4 @@
-"""When a run stops (``cfg.stop``): one rule for every runner and for the in-process batched loop."""
+"""When a run stops (``stop.*``): one rule for every runner and for the in-process batched loop."""
 from __future__ import annotations
 
 import math

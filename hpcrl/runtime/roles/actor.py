@@ -30,9 +30,11 @@ parks, so its node goes back (runtime/roles/joining_sampler.py).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from hpcrl.config import ActorsConfig, DebugConfig, EnvConfig, EvalConfig, IOConfig
 from hpcrl.io import TrajectoryWriter, traj_filename
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
@@ -42,49 +44,62 @@ from hpcrl.runtime.roles.joining_sampler import JoiningSampler
 from hpcrl.runtime.roles.sampler import VectorSampler, bootstrap_values
 
 
+@dataclass(frozen=True)
+class ActorSettings:
+    """The config sections an actor owns."""
+
+    env: EnvConfig
+    actors: ActorsConfig
+    """Weight sync, keeping a joined sampler."""
+    eval: EvalConfig
+    io: IOConfig
+    """The trajectory file's compression and flushes."""
+    debug: DebugConfig
+
+
 class Actor:
-    def __init__(self, job) -> None:
-        self.job, self.cfg, self.plan = job, job.cfg, job.plan
+    def __init__(self, job, settings: ActorSettings) -> None:
+        self.job, self.settings, self.plan = job, settings, job.plan
         self.model, self.algo = job.model, job.algo
         self.index = job.topo.actor_index
-        self.fault = control.FaultInjector(self.cfg.debug, job.rank, actor=self.index)
-        self.heartbeat = control.Heartbeat(job.counters, self.cfg.learners.groups, job.rank)
+        self.fault = control.FaultInjector(self.settings.debug, job.rank, actor=self.index)
+        self.heartbeat = control.Heartbeat(job.counters, self.plan.groups, job.rank)
         if job.joiner is None:
-            self.sampler = VectorSampler(self.cfg.env, self.index, gamma=self.plan.reward_gamma)
+            self.sampler = VectorSampler(self.settings.env, self.index, gamma=self.plan.reward_gamma)
         else:  # actors.elastic: a joined rank samples while this actor is active
-            self.sampler = JoiningSampler(self.cfg.env, self.index, self.plan.reward_gamma, job.env.num_envs,
+            self.sampler = JoiningSampler(self.settings.env, self.index, self.plan.reward_gamma, job.env.num_envs,
                                           job.joiner, job.reports, lambda: int(job.counters.read(control.ACTIVE_ACTORS)),
-                                          self.heartbeat.beat, self.cfg.actors.keep_sampler_seconds)
+                                          self.heartbeat.beat, self.settings.actors.keep_sampler_seconds)
         self.sender = job.fragments.actor_link(self.index)
         self.version = -1
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
         self.fragments = 0
         self.syncs = 0
-        self.placed = np.zeros(self.cfg.learners.groups, dtype=np.int64)  # on-policy: places taken per group ...
+        self.placed = np.zeros(self.plan.groups, dtype=np.int64)  # on-policy: places taken per group ...
         self.placed_version = -1  # ... with these weights
-        evaluates = self.cfg.eval.episodes > 0 and self.index == self.cfg.actors.count - 1
-        self.evaluator = Evaluator(self.cfg.env, self.cfg.eval, self.sampler) if evaluates else None
+        evaluates = self.settings.eval.episodes > 0 and self.index == self.plan.actors - 1
+        self.evaluator = Evaluator(self.settings.env, self.settings.eval, self.sampler) if evaluates else None
         self.evaluated_rounds = 0
         path = job.run_dir / traj_filename(self.index)
-        flush = self.cfg.io.flush_seconds
+        flush = self.settings.io.flush_seconds
         if job.resume and path.is_file():
             self.writer = TrajectoryWriter.open_append(path, flush_seconds=flush)
         else:
-            self.writer = TrajectoryWriter(path, job.traj_layout, self.cfg.io.compression, actor=self.index,
+            self.writer = TrajectoryWriter(path, job.traj_layout, self.settings.io.compression, actor=self.index,
                                            flush_seconds=flush)
 
     def run(self) -> None:
         # numbering goes on after a resume from what this actor's file holds: the resume's rollback left in the
         # actors table exactly the fragments the file holds (hpcrl.io.rollback), which may be fewer than rank 0's
         # fragment_next (reported fragments whose steps were never flushed; a deleted file starts again at 0)
-        self.fragments = self.writer.committed // (self.cfg.actors.fragment_length * self.sampler.num_envs)
+        self.fragments = self.writer.committed // (self.plan.fragment_length * self.sampler.num_envs)
         saved = self.job.startup.get("normalizers") or []
         if self.index < len(saved) and saved[self.index] is not None:  # a resume: the statistics go on
             self.sampler.load_normalizer_state(saved[self.index])
-        G = self.plan.postprocess_groups or self.cfg.learners.groups  # a post-processing group takes every fragment
+        G = self.plan.postprocess_groups or self.plan.groups  # a post-processing group takes every fragment
         counters = self.job.counters
-        T = self.cfg.actors.fragment_length
-        on_policy = self.cfg.actors.on_policy
+        T = self.plan.fragment_length
+        on_policy = self.plan.on_policy
         while True:
             self.fault.check()
             self.heartbeat.beat()
@@ -140,7 +155,7 @@ class Actor:
     def _sync_weights(self) -> bool:
         """Pull the newest weights if needed; True when they were pulled."""
         have = self.version  # -1 before the first pull: never the newest
-        if self.cfg.actors.weight_sync == "aaps" and self.version >= 0:
+        if self.settings.actors.weight_sync == "aaps" and self.version >= 0:
             if not self.job.probe_drifted(self.model):
                 return False
             have = -1  # drifted: pull the newest, whatever its version
@@ -215,7 +230,7 @@ class Actor:
         """actors.on_policy: whether this actor holds its share of each active group's batch, sampled with
         the weights it holds; newer published weights (a batch trained) give it a new share everywhere."""
         placed = self.placed[:active] if self.placed_version == self.version else np.zeros(active, dtype=np.int64)
-        actors = max(1, min(active_actors, self.cfg.actors.count))
+        actors = max(1, min(active_actors, self.plan.actors))
         share = -(-self.job.places_per_batch(actors) // actors)
         taken = placed >= share
         if taken.any() and self.job.board.latest_version() > self.version:

@@ -30,10 +30,12 @@ runtime/record/cycle_profile.py).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from hpcrl.config import DebugConfig, LearnersConfig
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.messages import GroupState, LearnerActivity
@@ -47,39 +49,48 @@ from hpcrl.runtime.roles.prepared_batches import PreparedBatches
 from hpcrl.runtime.transport.push import PushAbandoned
 
 
+@dataclass(frozen=True)
+class LearnerSettings:
+    """The config sections a learner group owns."""
+
+    learners: LearnersConfig
+    """CUDA graphs and overlapped pushes."""
+    debug: DebugConfig
+
+
 class LearnerGroup:
-    def __init__(self, job) -> None:
-        self.job, self.cfg, self.plan = job, job.cfg, job.plan
+    def __init__(self, job, settings: LearnerSettings) -> None:
+        self.job, self.settings, self.plan = job, settings, job.plan
         self.model, self.algo = job.model, job.algo
         # size: the group's ranks, joined ones included (learners.elastic=steps: only the root is in the launch)
         self.g, self.size, self.is_root = job.topo.group, job.group_reduce.size, job.topo.is_group_root
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
-        self.window = (ISWindow(self.algo, job.env, self.model, job.board, job.counters, self.cfg.learners.groups, self.g)
-                       if self.algo.uses_window and self.cfg.learners.groups > 1 else None)
-        self.fault = control.FaultInjector(self.cfg.debug, job.rank)
-        self.heartbeat = control.Heartbeat(job.counters, self.cfg.learners.groups, job.rank)
+        self.window = (ISWindow(self.algo, job.env, self.model, job.board, job.counters, self.plan.groups, self.g)
+                       if self.algo.uses_window and self.plan.groups > 1 else None)
+        self.fault = control.FaultInjector(self.settings.debug, job.rank)
+        self.heartbeat = control.Heartbeat(job.counters, self.plan.groups, job.rank)
         self.seq = 0  # continues the parameter rank's count on resume (set in run)
-        self.generator = minibatch_generator(self.cfg.env.seed, self.g)
+        self.generator = minibatch_generator(self.plan.seed, self.g)
         self.receiver = job.fragments.learner_link(self.g) if self.is_root else None
         self.frags: list[dict] = []
         # MARL post-processing learner (algo.postprocess_learner): group 0 prepares every batch, the others train
         self.pp = self.plan.postprocess_groups
-        self.handoff = (PreparedBatches(job.fragments, job.counters, self.g, self.cfg.learners.groups, self.pp)
+        self.handoff = (PreparedBatches(job.fragments, job.counters, self.g, self.plan.groups, self.pp)
                         if self.is_root and self.pp else None)
         self.group_reduce = job.group_reduce  # the group's other ranks: shares of each minibatch, the gradient average
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
-        self.pacing = Pacing(self.plan.pacing, job.counters, job.board, self.cfg.learners.groups, self.g,
+        self.pacing = Pacing(self.plan.pacing, job.counters, job.board, self.plan.groups, self.g,
                              self._beat_and_receive, self.cycles.lap)
         # learners.push=update: the group's own optimizer makes one update per batch (kept across batches)
         self.inner = (GroupUpdate(self.algo, self.model, self.generator)
                       if self.plan.push == "update" and self.is_root else None)
         self.graphed = (GraphedGradient(self.algo, self.model)  # single-rank groups (no allreduce), no IS window
-                        if (self.model.device.type == "cuda" and self.cfg.learners.cuda_graphs and self.size == 1
+                        if (self.model.device.type == "cuda" and self.settings.learners.cuda_graphs and self.size == 1
                             and not self.window and self.inner is None and hasattr(self.algo, "gradient_tensors"))
                         else None)
         # push each gradient while the GPU computes the next (not in lockstep: there the next needs this one applied)
-        self.overlap = self.graphed is not None and self.cfg.learners.overlap_push and not self.pacing.lockstep
+        self.overlap = self.graphed is not None and self.settings.learners.overlap_push and not self.pacing.lockstep
 
     # ---- group root ----------------------------------------------------------------------
     def run(self) -> None:
@@ -134,7 +145,7 @@ class LearnerGroup:
             new_steps = 0 if self.plan.fragments_to_every_group and self.g else steps
             trained = self._train(taken, steps, new_steps)
             if self.plan.on_policy:  # actors.on_policy: the next batch is sampled with the weights this one made
-                taken_word = control.taken_word(self.cfg.learners.groups, self.g)
+                taken_word = control.taken_word(self.plan.groups, self.g)
                 trained = trained and self.pacing.wait_while(lambda: counters.read(taken_word) < self.seq,
                                                              cap=SHORT_WAIT_CAP)
                 counters.add(control.BACKLOG + self.g, -len(taken))

@@ -5,7 +5,7 @@ each arrival ask the admission policy (hpcrl.staleness) what to apply; apply eac
 step (``algo.apply``: one optimizer step on ``(1/H) sum_c (alpha_c/alpha_0) g_c``) and publish
 the new version; drain the actors' fragment reports (episodes) and the learners' activity rows;
 every half second let the elastic rule (runtime/roles/elastic.py: actors' supply of env steps vs the
-groups' measured capacity) activate or park a learner group (runtime/roles/active_groups.py); stop on ``cfg.stop`` or a signal,
+groups' measured capacity) activate or park a learner group (runtime/roles/active_groups.py); stop on ``stop.*`` or a signal,
 checkpoint, and take part in the shutdown.
 
 Adam and Stellaris' per-gradient learning rate (Eq. 4): the optimizer keeps its base rate
@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,6 +44,8 @@ import torch
 
 from hpcrl.algos.base import round_changes
 from hpcrl.algos.outer_step import OuterStep
+from hpcrl.config import (AggregationConfig, DebugConfig, EvalConfig, IOConfig, LaunchConfig, LearnersConfig,
+                          StopConfig)
 from hpcrl.io.rollback import record_counts
 from hpcrl.io.schema import TRAJ_DIR
 from hpcrl.runtime.transport import control
@@ -72,11 +75,31 @@ class StopSignal:
         self.received = signum
 
 
+@dataclass(frozen=True)
+class ParameterSettings:
+    """The config sections the parameter rank owns."""
+
+    aggregation: AggregationConfig
+    """The admission policy, the mailbox, the outer step of update pushes."""
+    learners: LearnersConfig
+    """Which groups are active: learners.active_range and the elastic rule's settings."""
+    stop: StopConfig
+    io: IOConfig
+    """run.h5 and the checkpoints."""
+    eval: EvalConfig
+    """When to ask the last actor for evaluation episodes."""
+    launch: LaunchConfig
+    """The watchdog's silences."""
+    debug: DebugConfig
+    config_yaml: str
+    """The resolved config (run.h5 keeps it)."""
+
+
 class ParameterRank:
     """Owns the policy, the optimizer, the admission policy and run.h5."""
 
-    def __init__(self, job) -> None:
-        self.job, self.cfg, self.plan = job, job.cfg, job.plan
+    def __init__(self, job, settings: ParameterSettings) -> None:
+        self.job, self.settings, self.plan = job, settings, job.plan
         self.model, self.algo = job.model, job.algo
         self.flat = self.model.flat
         self._optimizer = None  # built on first use (see optimizer)
@@ -84,30 +107,30 @@ class ParameterRank:
         # the algorithm's (PPO: algo.lr_anneal), None: constant; with update pushes each group's own optimizer follows it
         self._lr_schedule = None if self.update_push else self.plan.lr_schedule
         # update pushes: each group's optimizer state after its updates, for the checkpoint
-        self.group_states = GroupStates(self.cfg.learners.groups, self.cfg.aggregation.mailbox_slots + 1)
+        self.group_states = GroupStates(self.plan.groups, self.settings.aggregation.mailbox_slots + 1)
         self._postprocess_groups = self.plan.postprocess_groups
-        self.policy = make_policy(self.cfg.aggregation)
+        self.policy = make_policy(self.settings.aggregation)
         self.counters, self.mailbox, self.board = job.counters, job.mailbox, job.board
-        G = self.cfg.learners.groups
+        G = self.plan.groups
         self.version = 0
         self.round = 0
         self.consumed = 0  # env steps the learners trained on
         self.env_steps_start = 0  # env steps before this (resumed) job
-        self.stop_rule = StopRule(self.cfg.stop)
+        self.stop_rule = StopRule(self.settings.stop)
         self.seq_next = [0] * G
-        self.fragment_next = [0] * self.cfg.actors.count  # each actor's next fragment number (kept on resume)
-        self.normalizers: list[dict | None] = [None] * self.cfg.actors.count  # each actor's newest statistics
+        self.fragment_next = [0] * self.plan.actors  # each actor's next fragment number (kept on resume)
+        self.normalizers: list[dict | None] = [None] * self.plan.actors  # each actor's newest statistics
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
-        self.groups = ActiveGroups(self.cfg.learners, self.counters, self._new_version, self.cfg.debug.active_groups)
-        self.active_actors = self.cfg.actors.count  # actor ranks 0 .. active_actors-1 sample (algo.end_round)
+        self.groups = ActiveGroups(self.settings.learners, self.counters, self._new_version, self.settings.debug.active_groups)
+        self.active_actors = self.plan.actors  # actor ranks 0 .. active_actors-1 sample (algo.end_round)
         self.round_end = self.plan.round_steps  # consumed env steps at which the current round ends
         self.stop_reason: str | None = None
         self.signals = StopSignal()
-        self.fault = control.FaultInjector(self.cfg.debug, job.rank)
-        launch_cfg = self.cfg.launch
-        self.watchdog = control.Watchdog([r.role for r in job.topo.roles], job.topo.nodes, self.cfg.learners.groups,
-                                         launch_cfg.watchdog_warn_seconds, launch_cfg.watchdog_seconds)
+        self.fault = control.FaultInjector(self.settings.debug, job.rank)
+        launch = settings.launch
+        self.watchdog = control.Watchdog([r.role for r in job.topo.roles], job.topo.nodes, self.plan.groups,
+                                         launch.watchdog_warn_seconds, launch.watchdog_seconds)
         # RMA against this rank's windows progresses only while it is inside MPI (MPICH/UCX
         # active messages), so its idle naps stay short: a learner's push waits for them.
         self.backoff = Backoff(2e-5, 2e-4)
@@ -128,7 +151,7 @@ class ParameterRank:
         hpcrl's Adam costs nothing to build, but a torch.optim optimizer (``algo.optimizer: sgd``) imports
         torch._dynamo (about 1.5 s of CPU), which would delay every actor's first step."""
         if self._optimizer is None:
-            agg = self.cfg.aggregation
+            agg = self.settings.aggregation
             self._optimizer = (OuterStep(self.flat.params, agg.outer_lr, agg.outer_momentum, agg.outer_nesterov)
                                if self.update_push else self.algo.make_optimizer(self.model))
         return self._optimizer
@@ -136,10 +159,10 @@ class ParameterRank:
     # ---- set-up --------------------------------------------------------------------------
     def _open_record(self) -> RunRecord:
         """run.h5 made, or reopened after restoring the checkpoint (``--resume``)."""
-        job, io = self.job, self.cfg.io
-        files = {"traj_layout": job.traj_layout, "num_actors": self.cfg.actors.count}
+        job, io = self.job, self.settings.io
+        files = {"traj_layout": job.traj_layout, "num_actors": self.plan.actors}
         if not job.resume:
-            return RunRecord.create(job.run_dir, io, self.cfg.to_yaml(), job.topo.rank_map(), self.stop_rule,
+            return RunRecord.create(job.run_dir, io, self.settings.config_yaml, job.topo.rank_map(), self.stop_rule,
                                     {"runner": job.runner, "num_params": self.flat.num_params}, **files)
         state = load_checkpoint(job.run_dir)
         if state is None:
@@ -154,8 +177,8 @@ class ParameterRank:
         """The board's fetch counts per version (rows of a version once it is old enough that no late count can
         come; all of them once every actor and learner group is done)."""
         words = self.counters.read_all()
-        return self.board.fetch_rows(final=words[control.ACTORS_DONE] >= self.cfg.actors.count
-                                     and words[control.LEARNERS_DONE] >= self.cfg.learners.groups)
+        return self.board.fetch_rows(final=words[control.ACTORS_DONE] >= self.plan.actors
+                                     and words[control.LEARNERS_DONE] >= self.plan.groups)
 
     def startup_info(self) -> dict[str, Any]:
         """What every rank learns at start (broadcast by runtime.runners.mpi)."""
@@ -186,7 +209,7 @@ class ParameterRank:
             # received, counted in seq_next and consumed, not yet admitted: without them a resume
             # would leave a gap in their group's sequence numbers
             "queue": list(self.queue),
-            "actors": self.cfg.actors.count, "active_actors": self.active_actors, "round_end": self.round_end,
+            "actors": self.plan.actors, "active_actors": self.active_actors, "round_end": self.round_end,
             "wall_seconds": self.wall_before + time.monotonic() - self.t0,
             "rng": rng_state(), "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
@@ -205,10 +228,10 @@ class ParameterRank:
         lost = sum(((self.job.rolled_back or {}).get("lost_steps") or {}).values())
         self.env_steps_start = (sum(s["record"]["traj_steps"].values()) - lost) if "record" in s else s["env_steps"]
         kept = list(s.get("fragment_next", []))  # a resume may bring more actors: they start at 0
-        self.fragment_next = kept + [0] * max(self.cfg.actors.count - len(kept), 0)
-        saved = list(s.get("normalizers", []))[:self.cfg.actors.count]  # an actor added by the resume starts from
+        self.fragment_next = kept + [0] * max(self.plan.actors - len(kept), 0)
+        saved = list(s.get("normalizers", []))[:self.plan.actors]  # an actor added by the resume starts from
         self.normalizers = [saved[i] if i < len(saved) else saved[i % len(saved)] if saved else None  # another's
-                            for i in range(self.cfg.actors.count)]
+                            for i in range(self.plan.actors)]
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
@@ -216,7 +239,7 @@ class ParameterRank:
         self.groups.restore(s["active"])
         # all of the checkpointing job's actors active: all of this job's too (fragment_next keeps the numbers of
         # actors a smaller job left out, so its length is not that job's actor count)
-        A, before = self.cfg.actors.count, s.get("actors", len(kept))
+        A, before = self.plan.actors, s.get("actors", len(kept))
         self.active_actors = A if s.get("active_actors", before) >= before else min(max(s["active_actors"], 1), A)
         self.round_end = s.get("round_end", (self.round + 1) * self.plan.round_steps)
         self.wall_before = s["wall_seconds"]
@@ -251,8 +274,8 @@ class ParameterRank:
                 progress.update(self.stats())
                 lap("other")
                 self.record.load(self.clock)
-            if (self.record.updates - self._last_ckpt_update >= self.cfg.io.checkpoint_every
-                    and now - self._last_ckpt_time >= self.cfg.io.checkpoint_min_seconds):
+            if (self.record.updates - self._last_ckpt_update >= self.settings.io.checkpoint_every
+                    and now - self._last_ckpt_time >= self.settings.io.checkpoint_min_seconds):
                 self.checkpoint()
                 lap("other")
             self.record.maybe_flush()
@@ -287,11 +310,11 @@ class ParameterRank:
             self.consumed += new_steps
             while self.consumed >= self.round_end and self.stop_reason is None:
                 self._end_round()
-                if self.cfg.stop.max_rounds is not None and self.round >= self.cfg.stop.max_rounds:
+                if self.settings.stop.max_rounds is not None and self.round >= self.settings.stop.max_rounds:
                     self._check_stop()  # exactly max_rounds rounds
                 self.lap("other")
-        if got and self.cfg.actors.on_policy:  # the groups' pushes so far are applied (or queued) and published
-            G = self.cfg.learners.groups
+        if got and self.plan.on_policy:  # the groups' pushes so far are applied (or queued) and published
+            G = self.plan.groups
             for g in {header.group for header, _ in got}:
                 self.counters.set(control.taken_word(G, g), self.seq_next[g])
         return bool(got)
@@ -355,20 +378,20 @@ class ParameterRank:
         # a changed setting (e.g. the KL coefficient) is in the flat buffer: it reaches the learners
         # with the next published version; what is returned (algos.base.ROUND_CHANGES) is acted on here
         changed = round_changes(self.algo, self.algo.end_round(self.model, {
-            **stats, "actors": {"count": self.cfg.actors.count, "active": self.active_actors}}))
-        schedule = self.cfg.debug.active_actors
+            **stats, "actors": {"count": self.plan.actors, "active": self.active_actors}}))
+        schedule = self.settings.debug.active_actors
         if schedule:  # tests of the parking machinery
             changed["active_actors"] = schedule[min(self.round, len(schedule) - 1)]
         if "active_actors" in changed:  # actors 0 .. n-1 sample the next round, the others park
-            self.active_actors = min(max(int(changed["active_actors"]), 1), self.cfg.actors.count)
+            self.active_actors = min(max(int(changed["active_actors"]), 1), self.plan.actors)
             self.counters.set(control.ACTIVE_ACTORS, self.active_actors)
-            for a in range(self.active_actors, self.cfg.actors.count):  # parked actors supply nothing
+            for a in range(self.active_actors, self.plan.actors):  # parked actors supply nothing
                 self.groups.rule.actor_rate.pop(a, None)
         self.groups.end_round(self.round, self.algo, self.model, self.record)
         self.round_end += self.plan.round_steps_for(self.active_actors)
         self.record.algo_rows(self.algo.records())
         self.round += 1
-        if self.cfg.eval.episodes and self.round % self.cfg.eval.every_rounds == 0:
+        if self.settings.eval.episodes and self.round % self.settings.eval.every_rounds == 0:
             self.counters.set(control.EVAL, self.round)  # the last actor evaluates (runtime/roles/evaluation.py)
 
     def _drain_messages(self) -> bool:
@@ -409,14 +432,14 @@ class ParameterRank:
                                                      self.round)
 
     def stats(self) -> dict[str, Any]:
-        return self.record.stats(self.env_steps(), self.cfg.stop.total_env_steps, self.version, self.groups.active,
-                                 self.cfg.learners.groups, self.round, self.wall_before + time.monotonic() - self.t0)
+        return self.record.stats(self.env_steps(), self.settings.stop.total_env_steps, self.version, self.groups.active,
+                                 self.plan.groups, self.round, self.wall_before + time.monotonic() - self.t0)
 
     # ---- the end -------------------------------------------------------------------------
     def _shutdown(self) -> None:
         """Tell everyone to stop, keep draining until actors and learners are done, checkpoint."""
         self.counters.set(control.STOP, 1)
-        G, A = self.cfg.learners.groups, self.cfg.actors.count
+        G, A = self.plan.groups, self.plan.actors
         backoff = Backoff(2e-5, 2e-4)
         while True:
             busy = self._drain_messages()
@@ -436,7 +459,7 @@ class ParameterRank:
         self.queue.clear()
         ckpt = self.checkpoint()
         self.summary = self.record.summary(self.stats(), self.stop_reason, self.job.run_dir, {
-            "trajectories": f"{self.job.run_dir / TRAJ_DIR}/actor-NNNNN.h5 ({self.cfg.actors.count} files)",
+            "trajectories": f"{self.job.run_dir / TRAJ_DIR}/actor-NNNNN.h5 ({self.plan.actors} files)",
             "checkpoint": str(ckpt)}, push=self.plan.push, sampled_with=(
             "the weights the previous batch made (actors.on_policy=true)" if self.plan.on_policy else
             "weights up to a batch old: actors sample the next batch while learners train (actors.on_policy=false)"))

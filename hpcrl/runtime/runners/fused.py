@@ -37,11 +37,10 @@ import torch
 from hpcrl.algos import make_algorithm
 from hpcrl.algos.ha2c import no_argument_checks
 from hpcrl.algos.rollout import EpisodeLog, Rollout, collect
-from hpcrl.config import RunConfig
 from hpcrl.envs import registry
 from hpcrl.envs.classic.base import resolve_device
 from hpcrl.errors import ConfigError
-from hpcrl.runtime.plan import Plan
+from hpcrl.runtime.plan import Plan, Sections
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
@@ -53,7 +52,7 @@ ENV_STATE = ("state", "elapsed", "episode_return", "episode_count")
 """The batched env's per-instance tensors (hpcrl.envs.classic.base.BatchedEnv) a checkpoint keeps."""
 
 
-def make_env(cfg: RunConfig, device: torch.device, num_envs: int | None = None):
+def make_env(cfg: Sections, device: torch.device, num_envs: int | None = None):
     """The batched env of cfg.env (``num_envs`` instances, default env.num_envs) on ``device``.
 
     ConfigError unless env.id names a batched env and env.kwargs are its keyword arguments.
@@ -73,7 +72,7 @@ def make_env(cfg: RunConfig, device: torch.device, num_envs: int | None = None):
 class FusedLoop:
     """One actor, one learner and the parameter role as one device-resident loop (see the module doc)."""
 
-    def __init__(self, cfg: RunConfig, env, device: torch.device):
+    def __init__(self, cfg: Sections, env, device: torch.device):
         self.cfg, self.env = cfg, env
         self.algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
         self.model = self.algo.make_model(env.single_observation_space, env.single_action_space, device)
@@ -118,7 +117,7 @@ class FusedLoop:
         return s["obs"].to(env.device)
 
 
-def check_config(cfg: RunConfig) -> None:
+def check_config(cfg: Sections) -> None:
     """Raise ConfigError for what :func:`run` would reject (device, env id and kwargs, algo vs action space),
     using a one-instance env on the CPU: nothing is written or allocated on the device."""
     if not cfg.algo.fused_loop:
@@ -133,7 +132,7 @@ def check_config(cfg: RunConfig) -> None:
                                                                      env.single_action_space, cpu)
 
 
-def _progress(progress: Any, cfg: RunConfig):
+def _progress(progress: Any, cfg: Sections):
     if progress is None or hasattr(progress, "update"):
         return progress
     from hpcrl.runtime.record.progress import ProgressEmitter
@@ -178,7 +177,7 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: Any = None) -
     run_dir = Path(run_dir)
     with StopRequest() as stop:
         try:
-            summary = _train(plan.config, run_dir, progress, resume, stop)
+            summary = _train(plan.sections, run_dir, progress, resume, stop)
         except KeyboardInterrupt:  # the second Ctrl-C: run.h5 was closed on the way out
             from hpcrl.runtime.runners.mpiexec import how_to_go_on
 
@@ -191,7 +190,7 @@ class _Checkpoints:
     """The loop's checkpoints: periodic (``io.checkpoint_every`` iterations, ``io.checkpoint_min_seconds``
     apart) and final; each holds the record's rows so far, so --resume cuts back to it."""
 
-    def __init__(self, cfg: RunConfig, loop: FusedLoop, record: RunRecord, run_dir: Path, wall_before: float):
+    def __init__(self, cfg: Sections, loop: FusedLoop, record: RunRecord, run_dir: Path, wall_before: float):
         self.cfg, self.loop, self.record, self.run_dir = cfg, loop, record, run_dir
         self.wall_before, self.start = wall_before, time.monotonic()
         self.last_updates, self.last_time = record.updates, time.monotonic()
@@ -222,13 +221,13 @@ class _Checkpoints:
         return path
 
 
-def _open(cfg: RunConfig, run_dir: Path, loop: FusedLoop, resume: bool) -> tuple[RunRecord, dict[str, Any] | None]:
+def _open(cfg: Sections, run_dir: Path, loop: FusedLoop, resume: bool) -> tuple[RunRecord, dict[str, Any] | None]:
     """run.h5 made, or (``resume``) cut back to the newest checkpoint and reopened; the checkpoint's state."""
     if not resume:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / "config.yaml").is_file():
-            (run_dir / "config.yaml").write_text(cfg.to_yaml())
-        return RunRecord.create(run_dir, cfg.io, cfg.to_yaml(), one_process_rank_map(), StopRule(cfg.stop),
+            (run_dir / "config.yaml").write_text(cfg.yaml)
+        return RunRecord.create(run_dir, cfg.io, cfg.yaml, one_process_rank_map(), StopRule(cfg.stop),
                                 attrs={"runner": "serial", "fused": True}), None
     from hpcrl.runtime.runners.job import roll_back_record
 
@@ -247,7 +246,7 @@ def _open(cfg: RunConfig, run_dir: Path, loop: FusedLoop, resume: bool) -> tuple
     return record, state
 
 
-def _train(cfg: RunConfig, run_dir: Path, progress: Any, resume: bool, stop: StopRequest) -> dict[str, Any]:
+def _train(cfg: Sections, run_dir: Path, progress: Any, resume: bool, stop: StopRequest) -> dict[str, Any]:
     check_config(cfg)
     device = resolve_device(cfg.learners.device)
     torch.manual_seed(cfg.env.seed)

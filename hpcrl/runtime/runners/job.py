@@ -1,36 +1,44 @@
-"""What a role loop is given (:class:`Job`), and the parts both runners build the same way.
+"""What a role loop is given (:class:`Job`), built the same way by every runner (:func:`build_job`), and the role
+object each rank runs (:func:`make_role`).
 
-A role (parameter, learner group, actor) receives one :class:`Job`: its config, its place in
-the rank map, the algorithm object and model, the run directory, and the job's shared objects.
-The shared objects are the MPI windows and channels under ``launch.runner: mpi``
-(:mod:`hpcrl.runtime.runners.mpi`) and their in-memory twins under ``serial``
-(:mod:`hpcrl.runtime.runners.serial`); the role loops use only the methods the two have in common.
+A role (parameter, learner group, actor) receives one :class:`Job`: the Plan, its place in the rank map, the
+algorithm object and model, the run directory and the job's shared objects; and, from :func:`make_role`, only the
+typed config sections it owns (``ParameterSettings``, ``LearnerSettings``, ``ActorSettings``, declared beside each
+role). The shared objects come from the runner's :class:`Wiring`: the MPI windows and channels under ``launch.runner:
+mpi`` (:mod:`hpcrl.runtime.runners.mpi`) and their in-memory twins under ``serial``
+(:mod:`hpcrl.runtime.runners.serial`); the role loops use only the methods the two have in common
+(``runtime/transport/protocols.py``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
 import torch
 from torch import nn
 
 from hpcrl.algos import make_algorithm
 from hpcrl.algos.base import Algorithm
-from hpcrl.config import RunConfig
 from hpcrl.io import TrajLayout
-from hpcrl.runtime.roles.aaps import Probe
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.record.progress import ProgressEmitter
-from hpcrl.runtime.transport.joining import Joiner
-from hpcrl.runtime.transport.protocols import Board, Counters, Fragments, GroupReduce, Mailbox, Reports
+from hpcrl.runtime.roles.aaps import Probe
 from hpcrl.runtime.roles.sampler import EnvInfo
 from hpcrl.runtime.topology import Topology
+from hpcrl.runtime.transport import control
+from hpcrl.runtime.transport.layout import FragmentLayout, fragment_layout
+from hpcrl.runtime.transport.protocols import Board, Counters, Fragments, GroupReduce, Mailbox, Reports
+
+if TYPE_CHECKING:
+    from hpcrl.runtime.transport.protocols import Joiner
 
 
 @dataclass
 class Job:
     """One role's view of the run."""
 
-    cfg: RunConfig
     plan: Plan
     """What the loops read instead of the config tree (hpcrl.runtime.plan)."""
     topo: Topology
@@ -81,21 +89,77 @@ class Job:
     @property
     def max_backlog(self) -> int:
         """Fragments a group may hold before actors wait: one batch's worth (one batch queued while one trains)."""
-        return self.places_per_batch(self.cfg.actors.count)
+        return self.places_per_batch(self.plan.actors)
 
     def places_per_batch(self, active_actors: int) -> int:
         """Fragments in a group's batch while ``active_actors`` of the actor ranks sample."""
         steps = self.plan.group_batch_size_for(active_actors)
-        return max(-(-steps // (self.cfg.actors.fragment_length * self.env.num_envs)), 1)
+        return max(-(-steps // (self.plan.fragment_length * self.env.num_envs)), 1)
+
+
+class Wiring(Protocol):
+    """A runner's shared objects for :func:`build_job`, asked in this order on every rank (the MPI runner's are
+    collective: every rank asks for every object, the same order everywhere); the serial runner's make each once
+    and hand every role the same."""
+
+    def counters(self, words: int) -> Counters: ...
+    def mailbox(self, groups: int, slots: int, num_params: int, stats: int) -> Mailbox: ...
+    def board(self, num_params: int, history: int, probe_size: int, topo: Topology) -> Board: ...
+    def reports(self) -> Reports: ...
+    def fragments(self, layout: FragmentLayout, max_in_flight: int, topo: Topology) -> Fragments: ...
+    def group_reduce(self, topo: Topology, device: torch.device, counters: Counters, reports: Reports
+                     ) -> GroupReduce | None: ...
+    def joiner(self, topo: Topology) -> Joiner | None: ...
+
+
+def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: str, env: EnvInfo, wiring: Wiring,
+              progress: str, rolled_back: dict | None = None, probe_states: np.ndarray | None = None) -> Job:
+    """The Job of the rank ``topo`` places, every runner alike: its algorithm, model (the same initial weights on
+    every rank) and trajectory layout, its AAPS probe (``probe_states``: made once per job, actors.weight_sync=aaps)
+    and the runner's shared objects (``wiring``)."""
+    s = plan.sections
+    algo, model, traj_layout = role_parts(plan, env, role_device(s.learners, topo))
+    probe = None if probe_states is None else Probe(probe_states, model, s.actors.aaps_delta)
+    P, G = model.flat.num_params, plan.groups
+    counters = wiring.counters(control.num_counters(G, topo.size))
+    mailbox = wiring.mailbox(G, s.aggregation.mailbox_slots, P, len(control.GRAD_STATS))
+    board = wiring.board(P, max(2, s.aggregation.weight_history), 0 if probe is None else probe.size, topo)
+    reports = wiring.reports()
+    fragments = wiring.fragments(fragment_layout_for(plan, env, model), s.actors.max_in_flight, topo)
+    # a learner group's collectives (NCCL or Horovod set-up) run after the windows'
+    group_reduce = wiring.group_reduce(topo, model.device, counters, reports) if topo.role == "learner" else None
+    return Job(plan=plan, topo=topo, run_dir=run_dir, resume=resume, runner=runner, algo=algo, model=model, env=env,
+               traj_layout=traj_layout, counters=counters, mailbox=mailbox, board=board, reports=reports,
+               fragments=fragments, group_reduce=group_reduce, probe=probe,
+               joiner=wiring.joiner(topo) if topo.role == "actor" else None,
+               progress=ProgressEmitter(progress, s.io.log_seconds) if topo.role == "parameter" else None,
+               rolled_back=rolled_back)
+
+
+def make_role(job: Job):
+    """The role object of ``job.topo.role`` (every runner), given the config sections it owns and no others."""
+    s = job.plan.sections
+    role = job.topo.role
+    if role == "parameter":
+        from hpcrl.runtime.roles.parameter import ParameterRank, ParameterSettings
+
+        return ParameterRank(job, ParameterSettings(aggregation=s.aggregation, learners=s.learners, stop=s.stop,
+                                                    io=s.io, eval=s.eval, launch=s.launch, debug=s.debug,
+                                                    config_yaml=s.yaml))
+    if role == "learner":
+        from hpcrl.runtime.roles.learner import LearnerGroup, LearnerSettings
+
+        return LearnerGroup(job, LearnerSettings(learners=s.learners, debug=s.debug))
+    from hpcrl.runtime.roles.actor import Actor, ActorSettings
+
+    return Actor(job, ActorSettings(env=s.env, actors=s.actors, eval=s.eval, io=s.io, debug=s.debug))
 
 
 def roll_back_record(run_dir: Path) -> dict | None:
     """--resume: cut run.h5 and every trajectory file back to the row counts the checkpoint recorded,
     so no row of the redone work appears twice (one rule for every table and file); what was cut."""
-    from hpcrl.io.rollback import truncate_record
+    from hpcrl.io.rollback import trajectory_files, truncate_record
     from hpcrl.runtime.record.checkpoint import load_checkpoint
-
-    from hpcrl.io.rollback import trajectory_files
 
     state = load_checkpoint(run_dir)
     if not state or "record" not in state:
@@ -125,22 +189,19 @@ def learner_device(learners_cfg, index: int) -> torch.device:
     return torch.device("cuda", index)
 
 
-def role_parts(cfg: RunConfig, env: EnvInfo, topo: Topology | None, device: torch.device | None = None
-               ) -> tuple[Algorithm, nn.Module, TrajLayout]:
-    """This role's algorithm object, model (same initial weights on every role) and trajectory layout; on
-    ``device``, else the role's (``topo``)."""
-    algo = make_algorithm(cfg.algo, cfg.model, cfg.aggregation)
-    torch.manual_seed(cfg.env.seed)
-    model = algo.make_model(env.observation_space, env.action_space,
-                            device=device if device is not None else role_device(cfg.learners, topo))
+def role_parts(plan: Plan, env: EnvInfo, device: torch.device) -> tuple[Algorithm, nn.Module, TrajLayout]:
+    """A role's algorithm object, model (the same initial weights on every role: seeded by the run's seed) on
+    ``device``, and trajectory layout."""
+    s = plan.sections
+    algo = make_algorithm(s.algo, s.model, s.aggregation)
+    torch.manual_seed(plan.seed)
+    model = algo.make_model(env.observation_space, env.action_space, device=device)
     traj = TrajLayout(obs_shape=tuple(env.observation_space.shape), action_shape=tuple(model.action_shape),
                       obs_dtype=env.obs_dtype.str.lstrip("<>=|"), action_dtype="i8" if model.discrete else "f4",
                       num_envs=env.num_envs)
     return algo, model, traj
 
 
-def fragment_layout_for(cfg: RunConfig, env: EnvInfo, model: nn.Module):
-    from hpcrl.runtime.transport.layout import fragment_layout
-
-    return fragment_layout(env.num_envs, cfg.actors.fragment_length, tuple(env.observation_space.shape),
+def fragment_layout_for(plan: Plan, env: EnvInfo, model: nn.Module) -> FragmentLayout:
+    return fragment_layout(env.num_envs, plan.fragment_length, tuple(env.observation_space.shape),
                            tuple(model.action_shape), model.discrete, obs_dtype=env.obs_dtype)

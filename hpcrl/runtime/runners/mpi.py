@@ -1,7 +1,7 @@
 """Per-rank entry point: ``python -m hpcrl.runtime.runners.mpi RUN_DIR [--resume] [--progress MODE]``.
 
-Every rank reads the resolved ``RUN_DIR/config.yaml`` (nothing else: no environment
-variables, no argv below this file), splits COMM_WORLD into roles, creates the shared RMA
+Rank 0 reads the resolved ``RUN_DIR/config.yaml`` (nothing else: no environment variables, no argv below
+this file) and hands its Plan to every rank; each splits COMM_WORLD into roles, creates the shared RMA
 windows (collective, same order everywhere), runs its role loop and takes part in the
 shutdown. An exception on any rank prints its traceback with the rank, flushes that rank's
 HDF5 file and calls ``MPI_Abort`` so the whole job ends within seconds instead of hanging.
@@ -15,11 +15,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from hpcrl.runtime.runners import RunResult
 
 if TYPE_CHECKING:  # runners.job imports torch: not before the signal handlers are in place
+    from hpcrl.runtime.plan import Plan
     from hpcrl.runtime.runners.job import Job
 
 CONFIG_FILE = "config.yaml"
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_rank(argv: list[str]) -> int:
-    """This process is the rank: read RUN_DIR/config.yaml and run the job."""
+    """This process is the rank: rank 0 reads RUN_DIR/config.yaml and makes the job's Plan, every rank runs it."""
     from hpcrl.runtime.signals import remember_stop_signals
 
     remember_stop_signals()  # a cancel or walltime warning during start-up is acted on, not fatal
@@ -47,67 +48,67 @@ def run_rank(argv: list[str]) -> int:
                         help="the ranks beyond the parameter and learner ranks are the actors (a batch job whose "
                              "node count varies between restarts: hpcrl submit --min-nodes)")
     args = parser.parse_args(argv)
-    from hpcrl.config import load_config
-
-    run_dir = Path(args.run_dir).resolve()
-    cfg = load_config(run_dir / CONFIG_FILE)
-    if args.fit_actors:
-        cfg = fit_actors(cfg, run_dir)
-    return run_job(cfg, run_dir, resume=args.resume, progress=args.progress).exit_code
-
-
-def fit_actors(cfg, run_dir: Path):
-    """The config with ``actors.count`` fitted to this job's size (every rank computes the same); rank 0 says so
-    in one line and rewrites RUN_DIR/config.yaml (atomically: a rank still reading it sees the old or the new)."""
     from mpi4py import MPI
 
-    from hpcrl.config import load_config
-
     comm = MPI.COMM_WORLD
-    try:
-        actors = cfg.actors_for(comm.Get_size(), "--fit-actors: this job's size,")
-    except ValueError:
-        _abort(comm, f"rank {comm.Get_rank()} (fitting the actors to the job)")
-    if actors == cfg.actors.count:
-        return cfg
-    fitted = load_config(run_dir / CONFIG_FILE, [f"actors.count={actors}"])
+    run_dir = Path(args.run_dir).resolve()
+    plan = None
     if comm.Get_rank() == 0:
-        print(f"hpcrl: this job has {comm.Get_size()} ranks: actors.count {cfg.actors.count} -> {actors}", flush=True)
+        try:
+            plan = job_plan(run_dir, comm.Get_size() if args.fit_actors else None)
+        except Exception:  # noqa: BLE001 - the other ranks wait in the bcast: end the job
+            _abort(comm, "rank 0 (reading the run's config)")
+    return run_job(_polling_bcast(comm, plan), run_dir, resume=args.resume, progress=args.progress).exit_code
+
+
+def job_plan(run_dir: Path, fit_to: int | None = None) -> Plan:
+    """The Plan of RUN_DIR/config.yaml (made once per job, on rank 0); ``fit_to``: with ``actors.count`` fitted to a
+    job of this many ranks, said in one line and written back to config.yaml (atomically: a reader sees the old or
+    the new)."""
+    from hpcrl.config import load_config
+    from hpcrl.runtime.plan import make_plan
+
+    cfg = load_config(run_dir / CONFIG_FILE)
+    if fit_to is not None and (actors := cfg.actors_for(fit_to, "--fit-actors: this job's size,")) != cfg.actors.count:
+        print(f"hpcrl: this job has {fit_to} ranks: actors.count {cfg.actors.count} -> {actors}", flush=True)
+        cfg = load_config(run_dir / CONFIG_FILE, [f"actors.count={actors}"])
         tmp = run_dir / f".{CONFIG_FILE}.fit"
-        tmp.write_text(fitted.to_yaml())
+        tmp.write_text(cfg.to_yaml())
         os.replace(tmp, run_dir / CONFIG_FILE)
-    return fitted
+    return make_plan(cfg)
 
 
-def start_inside_job(config_for: Callable[[int], Any], run_dir: Path | None, resume: bool,
-                     make_run_dir: Callable[[Any], Path], progress: str = "plain") -> RunResult:
-    """`hpcrl run --inside-mpi`: the config fitted to the job's size; rank 0 makes the run directory.
+def start_inside_job(plan_for: Callable[[int], Plan], run_dir: Path | None, resume: bool,
+                     make_run_dir: Callable[[], Path], progress: str = "plain") -> RunResult:
+    """`hpcrl run --inside-mpi`: rank 0 makes the Plan fitted to the job's size and the run directory, and hands
+    both to every rank.
 
-    ``config_for(size)`` raises ConfigError (the same on every rank) when the job is too small.
+    ``plan_for(size)`` raises ConfigError when the job is too small; ``make_run_dir()`` makes the directory of that
+    plan's config.
     """
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    cfg = config_for(comm.Get_size())
-    lock = None
+    lock = plan = None
     if comm.Get_rank() == 0:
         try:
+            plan = plan_for(comm.Get_size())
             if run_dir is None:
-                run_dir = make_run_dir(cfg)
+                run_dir = make_run_dir()
             from hpcrl.io.run_lock import RunLock
 
             lock = RunLock(run_dir).acquire()  # here no launcher holds it for this job
         except Exception:
-            _abort(comm, "rank 0 (creating or locking the run directory)")
-    run_dir = comm.bcast(str(run_dir) if run_dir is not None else None, root=0)
+            _abort(comm, "rank 0 (resolving the config, creating or locking the run directory)")
+    plan, run_dir = _polling_bcast(comm, (plan, str(run_dir) if run_dir is not None else None))
     try:
-        return run_job(cfg, Path(run_dir), resume=resume, progress=progress)
+        return run_job(plan, Path(run_dir), resume=resume, progress=progress)
     finally:
         if lock is not None:
             lock.release()
 
 
-def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> RunResult:
+def run_job(plan: Plan, run_dir: Path, resume: bool, progress: str = "plain") -> RunResult:
     """This rank's whole life in the job (collective over COMM_WORLD). On the parameter rank the result holds
     the summary (its exit code EXIT_STOPPED when a signal stopped the run); on the others it is empty (exit 0)."""
     from mpi4py import MPI
@@ -117,16 +118,18 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> RunRes
     try:
         import torch
 
+        from hpcrl.runtime.runners.job import make_role
+
         torch.set_num_threads(1)
-        job = _setup(cfg, comm, run_dir, resume, progress)
+        job = _setup(plan, comm, run_dir, resume, progress)
         who = f"rank {job.rank} ({job.topo.role} on {job.topo.node_name})"
         if job.topo.role != "parameter":
             # the launcher forwards SIGTERM/SIGUSR1 to every rank; only the parameter rank acts
             # on them (checkpoint, then STOP for everyone)
             for s in (signal.SIGTERM, signal.SIGUSR1):
                 signal.signal(s, signal.SIG_IGN)
-        if job.topo.role == "actor" and cfg.launch.actor_nice:
-            os.nice(cfg.launch.actor_nice)  # on an oversubscribed node the gradient path gets the cores first
+        if job.topo.role == "actor" and plan.sections.launch.actor_nice:
+            os.nice(plan.sections.launch.actor_nice)  # on an oversubscribed node the gradient path gets the cores first
         role = make_role(job)
         if job.topo.role == "parameter":
             role.publish_initial()
@@ -141,102 +144,87 @@ def run_job(cfg, run_dir: Path, resume: bool, progress: str = "plain") -> RunRes
     return RunResult.ended("mpi", run_dir, role.summary if job.topo.role == "parameter" else {})
 
 
-def _setup(cfg, comm, run_dir: Path, resume: bool, progress: str) -> Job:
-    """This rank's Job over MPI: rank map, env spaces (from rank 0), model, windows (collective)."""
-    from hpcrl.runtime.transport import control
-    from hpcrl.runtime.runners.job import Job, fragment_layout_for, role_parts, roll_back_record
-    from hpcrl.runtime.plan import make_plan
-    from hpcrl.runtime.record.progress import ProgressEmitter
+def _setup(plan: Plan, comm, run_dir: Path, resume: bool, progress: str) -> Job:
+    """This rank's Job over MPI: rank map, env spaces and AAPS probe states (from rank 0), the windows (collective)."""
+    from hpcrl.runtime.runners.job import build_job, roll_back_record
     from hpcrl.runtime.roles.sampler import describe_env
     from hpcrl.runtime.topology import Topology
-    from hpcrl.runtime.transport.links import MpiFragments, MpiReports
-    from hpcrl.runtime.transport.windows import CounterWindow, GradientMailbox
 
-    topo = Topology.from_config(comm, cfg.learners, cfg.actors.count, cfg.launch.placement)
+    s = plan.sections
+    topo = Topology.from_config(comm, s.learners, plan.actors, s.launch.placement)
     comm = topo.comm  # the ranks in role order (launch.placement): everything below runs on it
     # rank 0 cuts the record back to the checkpoint before any rank opens a file (actors wait in the bcast)
     rolled_back = roll_back_record(run_dir) if resume and topo.rank == 0 else None
-    env = _polling_bcast(comm, describe_env(cfg.env) if topo.rank == 0 else None)
-    algo, model, traj_layout = role_parts(cfg, env, topo)
-    probe = None
-    if cfg.actors.weight_sync == "aaps":
-        from hpcrl.runtime.roles.aaps import Probe, probe_states
+    env = _polling_bcast(comm, describe_env(s.env) if topo.rank == 0 else None)
+    states = None
+    if s.actors.weight_sync == "aaps":
+        from hpcrl.runtime.roles.aaps import probe_states
 
-        states = probe_states(cfg.env, cfg.actors.probe_batch) if topo.rank == 0 else None
-        probe = Probe(_polling_bcast(comm, states), model, cfg.actors.aaps_delta)
-    P, G = model.flat.num_params, cfg.learners.groups
-    layout = fragment_layout_for(cfg, env, model)
-    counters = CounterWindow(comm, 0, control.num_counters(G, topo.size), initial=0)
-    reports = MpiReports(comm)
-    return Job(
-        cfg=cfg, plan=make_plan(cfg), topo=topo, run_dir=run_dir, resume=resume, runner="mpi", algo=algo, model=model, env=env,
-        traj_layout=traj_layout, probe=probe, rolled_back=rolled_back,
-        counters=counters,
-        mailbox=GradientMailbox(comm, 0, G, cfg.aggregation.mailbox_slots, P, stats_capacity=len(control.GRAD_STATS)),
-        board=_weight_board(cfg, comm, topo, P, 0 if probe is None else probe.size),
-        reports=reports,
-        fragments=MpiFragments(comm, layout, cfg.actors.max_in_flight, topo.learner_roots, topo.actor_ranks),
-        # a learner group's collectives (NCCL or Horovod set-up) run after the windows', as the role's did
-        group_reduce=_group_reduce(cfg, topo, run_dir, model.device, counters, reports),
-        joiner=_actor_joiner(cfg, topo, run_dir),
-        progress=ProgressEmitter(progress, cfg.io.log_seconds) if topo.role == "parameter" else None,
-    )
+        states = _polling_bcast(comm, probe_states(s.env, s.actors.probe_batch) if topo.rank == 0 else None)
+    return build_job(plan, topo, run_dir, resume, "mpi", env, MpiWiring(plan, comm, run_dir), progress,
+                     rolled_back, states)
 
 
-def _group_reduce(cfg, topo, run_dir: Path, device, counters, reports):
-    """A learner rank's group: over its communicator, or (learners.elastic steps / jobs) the root with ranks that
-    join."""
-    if topo.role != "learner":
-        return None
-    if cfg.learners.elastic != "park":
-        from hpcrl.runtime.transport.joining import JoiningGroupReduce
+class MpiWiring:
+    """The MPI runner's shared objects (runners/job.py ``Wiring``): windows owned by rank 0 (collective, asked in
+    the same order on every rank), point-to-point links, a learner group's communicator or joining ranks."""
 
-        return JoiningGroupReduce(run_dir, topo.group, cfg.learners, cfg.launch, topo.nodes, counters, reports)
-    from hpcrl.runtime.transport.group_reduce import MpiGroupReduce
+    def __init__(self, plan: Plan, comm, run_dir: Path) -> None:
+        self.plan, self.comm, self.run_dir = plan, comm, run_dir
 
-    return MpiGroupReduce(topo.group_comm, cfg.learners.allreduce, device)
+    def counters(self, words: int):
+        from hpcrl.runtime.transport.windows import CounterWindow
 
+        return CounterWindow(self.comm, 0, words, initial=0)
 
-def _actor_joiner(cfg, topo, run_dir: Path):
-    """An actor's Joiner when its sampling joins the job (actors.elastic steps / jobs), else None. Its node slot
-    comes after the joining learner groups' (hpcrl submit asks for one node per group that can be active, then one
-    per actor)."""
-    if topo.role != "actor" or cfg.actors.elastic == "park":
-        return None
-    from hpcrl.runtime.transport.joining import Joiner
+    def mailbox(self, groups: int, slots: int, num_params: int, stats: int):
+        from hpcrl.runtime.transport.windows import GradientMailbox
 
-    slot = (cfg.learners.active_range[1] if cfg.learners.elastic == "steps" else 0) + topo.actor_index
-    return Joiner(run_dir, f"actor-{topo.actor_index}", slot, cfg.actors.elastic, 1, cfg.actors.join_timeout_seconds,
-                  cfg.launch, topo.nodes, "actors.elastic")
+        return GradientMailbox(self.comm, 0, groups, slots, num_params, stats_capacity=stats)
 
+    def board(self, num_params: int, history: int, probe_size: int, topo):
+        """The weight board (collective); an actor's is its node's cache of it (one fetch from rank 0 per node and
+        version) when ``launch.node_weight_cache`` (auto: a node holds several actors) says so."""
+        from hpcrl.runtime.transport import node_cache
+        from hpcrl.runtime.transport.windows import WeightBoard
 
-def _weight_board(cfg, comm, topo, num_params: int, probe_size: int):
-    """The weight board (collective); an actor's is its node's cache of it (one fetch from rank 0 per node and
-    version) when ``launch.node_weight_cache`` (auto: a node holds several actors) says so."""
-    from hpcrl.runtime.transport import node_cache
-    from hpcrl.runtime.transport.windows import WeightBoard
+        board = WeightBoard(self.comm, 0, num_params, history=history, probe_size=probe_size,
+                            reader="learner" if topo.role == "learner" else "actor")
+        if not node_cache.wanted(self.plan.sections.launch.node_weight_cache, [topo.nodes[r] for r in topo.actor_ranks]):
+            return board
+        return node_cache.for_actors(board, self.comm, topo.role == "actor")
 
-    board = WeightBoard(comm, 0, num_params, history=max(2, cfg.aggregation.weight_history), probe_size=probe_size,
-                        reader="learner" if topo.role == "learner" else "actor")
-    if not node_cache.wanted(cfg.launch.node_weight_cache, [topo.nodes[r] for r in topo.actor_ranks]):
-        return board
-    return node_cache.for_actors(board, comm, topo.role == "actor")
+    def reports(self):
+        from hpcrl.runtime.transport.links import MpiReports
 
+        return MpiReports(self.comm)
 
-def make_role(job: Job):
-    """The role object of ``job.topo.role`` (both runners)."""
-    role = job.topo.role
-    if role == "parameter":
-        from hpcrl.runtime.roles.parameter import ParameterRank
+    def fragments(self, layout, max_in_flight: int, topo):
+        from hpcrl.runtime.transport.links import MpiFragments
 
-        return ParameterRank(job)
-    if role == "learner":
-        from hpcrl.runtime.roles.learner import LearnerGroup
+        return MpiFragments(self.comm, layout, max_in_flight, topo.learner_roots, topo.actor_ranks)
 
-        return LearnerGroup(job)
-    from hpcrl.runtime.roles.actor import Actor
+    def group_reduce(self, topo, device, counters, reports):
+        """A learner rank's group: over its communicator, or (learners.elastic steps / jobs) the root with ranks
+        that join."""
+        learners = self.plan.sections.learners
+        if learners.elastic != "park":
+            from hpcrl.join_launch import group_joiner
 
-    return Actor(job)
+            return group_joiner(self.run_dir, topo.group, learners, self.plan.sections.launch, topo.nodes, counters,
+                                reports)
+        from hpcrl.runtime.transport.group_reduce import MpiGroupReduce
+
+        return MpiGroupReduce(topo.group_comm, learners.allreduce, device)
+
+    def joiner(self, topo):
+        """An actor's Joiner when its sampling joins the job (actors.elastic steps / jobs), else None."""
+        s = self.plan.sections
+        if s.actors.elastic == "park":
+            return None
+        from hpcrl.join_launch import actor_joiner
+
+        return actor_joiner(self.run_dir, topo.actor_index, s.learners, s.actors, s.launch, topo.nodes)
 
 
 def _polling_bcast(comm, value):

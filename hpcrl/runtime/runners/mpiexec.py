@@ -22,6 +22,7 @@ from typing import Mapping
 
 from hpcrl import launch
 from hpcrl.runtime.runners import RunResult
+from hpcrl.runtime.plan import Sections
 from hpcrl.runtime.signals import EXIT_STOPPED, EXIT_TIMEOUT, early_signal
 
 GRACE_SECONDS = 60.0
@@ -80,26 +81,27 @@ def how_to_go_on(run_dir: Path) -> str:
 
 def run(plan, run_dir: Path, resume: bool = False, progress: str = "plain",
         environ: Mapping[str, str] | None = None) -> RunResult:
-    """Run the plan's job as ``cfg.num_ranks`` local MPI ranks (``environ``: variables added for the ranks,
+    """Run the plan's job as ``plan.num_ranks`` local MPI ranks (``environ``: variables added for the ranks,
     e.g. the prestart server's); ``progress`` tty shows a bar, plain periodic lines."""
-    cfg = plan.config
-    mpiexec = launch.find_mpiexec(cfg.launch)
-    cmd = launch.local_command(cfg.launch, cfg.num_ranks, run_dir, mpiexec=mpiexec,
+    s = plan.sections
+    mpiexec = launch.find_mpiexec(s.launch)
+    cmd = launch.local_command(s.launch, plan.num_ranks, run_dir, mpiexec=mpiexec,
                                flavour=launch.mpi_flavour(mpiexec), resume=resume, progress="pipe")
-    return supervise(cmd, cfg, Path(run_dir), environ, tty=progress == "tty", roles=_role_names(cfg))
+    return supervise(cmd, s, Path(run_dir), environ, tty=progress == "tty", roles=_role_names(plan))
 
 
-def _role_names(cfg) -> list[str]:
+def _role_names(plan) -> list[str]:
     """Each world rank's role as the launcher's lines name it (``actor 1``, ``learner group 0``, ``parameter``)."""
     from hpcrl.runtime.topology import plan_roles
 
-    roles = plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.launched_ranks_per_group, cfg.actors.count)
-    first_actor = 1 + cfg.learners.groups * cfg.learners.launched_ranks_per_group
+    launched = plan.sections.learners.launched_ranks_per_group
+    roles = plan_roles(plan.num_ranks, plan.groups, launched, plan.actors)
+    first_actor = 1 + plan.groups * launched
     return [f"actor {rank - first_actor}" if r.role == "actor" else f"learner group {r.group}" if r.role == "learner"
             else r.role for rank, r in enumerate(roles)]
 
 
-def supervise(cmd: list[str], cfg, run_dir: Path, extra_env: Mapping[str, str] | None = None,
+def supervise(cmd: list[str], cfg: Sections, run_dir: Path, extra_env: Mapping[str, str] | None = None,
               tty: bool | None = None, roles: list[str] | None = None) -> RunResult:
     """Run mpiexec, render its progress, forward stop signals, enforce the timeout."""
     from hpcrl.runtime.record.progress import ProgressView, parse_line

@@ -21,9 +21,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from hpcrl.config import RunConfig
-from hpcrl.runtime.transport import control
-from hpcrl.runtime.runners.job import Job, fragment_layout_for, role_parts, roll_back_record
+from hpcrl.runtime.runners.job import Job, build_job, make_role, roll_back_record
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalGroup, LocalMailbox,
                                            LocalReports, RunAborted)
 from hpcrl.runtime.plan import Plan
@@ -43,60 +41,73 @@ class RoleFailed(RuntimeError):
         self.details = details
 
 
-def topologies(cfg: RunConfig) -> list[Topology]:
-    """One Topology per role, as an MPI job of ``cfg.num_ranks`` ranks would have (no communicators)."""
-    roles = plan_roles(cfg.num_ranks, cfg.learners.groups, cfg.learners.ranks_per_group, cfg.actors.count)
+def topologies(plan: Plan) -> list[Topology]:
+    """One Topology per role, as an MPI job of ``plan.num_ranks`` ranks would have (no communicators)."""
+    roles = plan_roles(plan.num_ranks, plan.groups, plan.ranks_per_group, plan.actors)
     host = platform.node()
     return [Topology(comm=None, rank=r, size=len(roles), role=x.role, group=x.group, group_rank=x.group_rank,
-                     group_comm=None, node_comm=None, groups=cfg.learners.groups,
-                     ranks_per_group=cfg.learners.ranks_per_group, roles=roles, nodes=[host] * len(roles),
-                     node_ranks=list(range(len(roles))))
+                     group_comm=None, node_comm=None, groups=plan.groups, ranks_per_group=plan.ranks_per_group,
+                     roles=roles, nodes=[host] * len(roles), node_ranks=list(range(len(roles))))
             for r, x in enumerate(roles)]
+
+
+class LocalWiring:
+    """The serial runner's shared objects (runners/job.py ``Wiring``): one in-memory twin of each, made at the
+    first role's ask and handed to every role; a learner rank gets its rank of its group's LocalGroup."""
+
+    def __init__(self, plan: Plan, abort: threading.Event) -> None:
+        self.plan, self.abort = plan, abort
+        self.groups = [LocalGroup(plan.ranks_per_group, abort) for _ in range(plan.groups)]
+        self._made: dict[str, object] = {}
+
+    def _once(self, name: str, make):
+        if name not in self._made:
+            self._made[name] = make()
+        return self._made[name]
+
+    def counters(self, words: int):
+        return self._once("counters", lambda: LocalCounters(words, self.abort))
+
+    def mailbox(self, groups: int, slots: int, num_params: int, stats: int):
+        return self._once("mailbox", lambda: LocalMailbox(groups, slots, num_params, stats_capacity=stats))
+
+    def board(self, num_params: int, history: int, probe_size: int, topo: Topology):
+        return self._once("board", lambda: LocalBoard(num_params, history=history, probe_size=probe_size))
+
+    def reports(self):
+        return self._once("reports", LocalReports)
+
+    def fragments(self, layout, max_in_flight: int, topo: Topology):
+        return self._once("fragments", lambda: LocalFragments(layout, self.plan.groups, self.plan.actors,
+                                                              max_in_flight, self.abort))
+
+    def group_reduce(self, topo: Topology, device, counters, reports):
+        return self.groups[topo.group].rank(topo.group_rank)
+
+    def joiner(self, topo: Topology):
+        return None  # joining samplers need MPI ports (the config refuses actors.elastic with launch.runner=serial)
 
 
 def build_jobs(plan: Plan, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:
     """A Job per role, sharing one set of in-memory counters, mailbox, board, reports and fragment queues; a
     learner rank's Job holds its rank of its group's LocalGroup."""
-    from hpcrl.runtime.record.progress import ProgressEmitter
-
-    cfg = plan.config
+    s = plan.sections
     rolled_back = roll_back_record(run_dir) if resume else None  # before any role opens a file
-    env = describe_env(cfg.env)
-    G, A = cfg.learners.groups, cfg.actors.count
-    topos = topologies(cfg)
-    parts = [role_parts(cfg, env, topo) for topo in topos]
-    model0 = parts[0][1]
-    probes = [None] * len(parts)
-    if cfg.actors.weight_sync == "aaps":  # one probe per role (each evaluates its own model), one set of states
-        from hpcrl.runtime.roles.aaps import Probe, probe_states
+    env = describe_env(s.env)
+    states = None
+    if s.actors.weight_sync == "aaps":  # one set of states; each role's probe evaluates its own model
+        from hpcrl.runtime.roles.aaps import probe_states
 
-        states = probe_states(cfg.env, cfg.actors.probe_batch)
-        probes = [Probe(states, model, cfg.actors.aaps_delta) for _, model, _ in parts]
-    probe_size = 0 if probes[0] is None else probes[0].size
-    P = model0.flat.num_params
-    counters = LocalCounters(control.num_counters(G, cfg.num_ranks), abort)
-    mailbox = LocalMailbox(G, cfg.aggregation.mailbox_slots, P, stats_capacity=len(control.GRAD_STATS))
-    board = LocalBoard(P, history=max(2, cfg.aggregation.weight_history), probe_size=probe_size)
-    reports = LocalReports()
-    fragments = LocalFragments(fragment_layout_for(cfg, env, model0), G, A, cfg.actors.max_in_flight, abort)
-    groups = [LocalGroup(cfg.learners.ranks_per_group, abort) for _ in range(G)]
-    jobs = []
-    for topo, (algo, model, traj_layout), probe in zip(topos, parts, probes):
-        jobs.append(Job(cfg=cfg, plan=plan, topo=topo, run_dir=run_dir, resume=resume, runner="serial", algo=algo,
-                        model=model, env=env, traj_layout=traj_layout, counters=counters, mailbox=mailbox,
-                        board=board, reports=reports, fragments=fragments, probe=probe, rolled_back=rolled_back,
-                        group_reduce=groups[topo.group].rank(topo.group_rank) if topo.role == "learner" else None,
-                        progress=ProgressEmitter(progress, cfg.io.log_seconds) if topo.role == "parameter"
-                        else None))
-    return jobs
+        states = probe_states(s.env, s.actors.probe_batch)
+    wiring = LocalWiring(plan, abort)
+    return [build_job(plan, topo, run_dir, resume, "serial", env, wiring, progress, rolled_back, states)
+            for topo in topologies(plan)]
 
 
 def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain") -> RunResult:
     """Run the plan's whole job in this process. The result holds the summary (why it stopped: the stop rule or
     a signal, after a checkpoint), or names the role that failed first (EXIT_FAILED; its traceback in details)."""
     import torch
-
-    from hpcrl.runtime.runners.mpi import make_role
 
     torch.set_num_threads(1)
     abort = threading.Event()

@@ -12,9 +12,10 @@ two pushes of one batch: that is the asynchrony Stellaris' admission governs. Wi
 ``learners.overlap_push`` a CUDA-graph learner pushes each gradient while the GPU computes the next
 (whose base version then lacks it).
 
-Update push (``learners.push: update``, ``_update``): the group takes every minibatch step of the batch itself
+Update push (``learners.push: update``): the group takes every minibatch step of the batch itself
 with its own optimizer (runtime/roles/group_update.py: kept across batches, checkpointed by rank 0 from the
-activity reports) and pushes one update, the weights it started from minus those it ended with.
+activity reports) and pushes one update, the weights it started from minus those it ended with. The two push
+modes are objects with one interface (runtime/roles/push_train.py), as pacing is (runtime/roles/pacing.py).
 
 Post-processing learner (MARL ``algo.postprocess_learner``): group 0 prepares every batch and hands it to the
 groups behind it (runtime/roles/prepared_batches.py). IS truncation window (Stellaris Eq. 2, when
@@ -39,13 +40,12 @@ from hpcrl.config import DebugConfig, LearnersConfig
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.messages import GroupState, LearnerActivity
-from hpcrl.runtime.roles.cuda_graph import GraphedGradient
 from hpcrl.runtime.record.cycle_profile import CycleRecord
 from hpcrl.runtime.roles.active_groups import wait_while_parked
-from hpcrl.runtime.roles.group_update import GroupUpdate
 from hpcrl.runtime.roles.is_window import ISWindow
 from hpcrl.runtime.roles.pacing import SHORT_WAIT_CAP, Pacing
 from hpcrl.runtime.roles.prepared_batches import PreparedBatches
+from hpcrl.runtime.roles.push_train import train_mode
 from hpcrl.runtime.transport.push import PushAbandoned
 
 
@@ -82,24 +82,19 @@ class LearnerGroup:
         self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
         self.pacing = Pacing(self.plan.pacing, job.counters, job.board, self.plan.groups, self.g,
                              self._beat_and_receive, self.cycles.lap)
-        # learners.push=update: the group's own optimizer makes one update per batch (kept across batches)
-        self.inner = (GroupUpdate(self.algo, self.model, self.generator)
-                      if self.plan.push == "update" and self.is_root else None)
-        self.graphed = (GraphedGradient(self.algo, self.model)  # single-rank groups (no allreduce), no IS window
-                        if (self.model.device.type == "cuda" and self.settings.learners.cuda_graphs and self.size == 1
-                            and not self.window and self.inner is None and hasattr(self.algo, "gradient_tensors"))
-                        else None)
-        # push each gradient while the GPU computes the next (not in lockstep: there the next needs this one applied)
-        self.overlap = self.graphed is not None and self.settings.learners.overlap_push and not self.pacing.lockstep
+        # what the group pushes per batch (learners.push): a gradient per minibatch, or its own optimizer's update
+        learners = settings.learners
+        self.push_mode = (train_mode(self.plan.push, self, learners.cuda_graphs, learners.overlap_push)
+                          if self.is_root else None)
 
     # ---- group root ----------------------------------------------------------------------
     def run(self) -> None:
         self.seq = self.job.startup["seq_next"][self.g]
-        saved = self.job.startup.get("inner_states", {}).get(self.g)
-        if self.inner is not None and saved is not None:  # --resume: as this group was after its last update
-            self.inner.restore(saved)
         if not self.is_root:
             return self._run_member()
+        saved = self.job.startup.get("inner_states", {}).get(self.g)
+        if saved is not None:  # --resume: update push's group as it was after its last update
+            self.push_mode.restore(saved)
         counters = self.job.counters
         backoff = Backoff(5e-5, 2e-3)
         lap = self.cycles.lap
@@ -167,67 +162,12 @@ class LearnerGroup:
         self.cycles.lap("receive")
 
     def _train(self, fragments: list[dict] | None, steps: int, new_steps: int, prepared: dict | None = None) -> bool:
-        """One gradient push per minibatch of one batch (the last one reports ``new_steps`` env steps
-        consumed); False when the run is stopping. ``prepared``: a batch the post-processing group made
-        from the fragments (it sent their report)."""
+        """Train one batch as the push mode does (runtime/roles/push_train.py); False when the run is stopping."""
         if self.size > 1:  # a group whose ranks join as a job step starts them here (learners.elastic=steps)
             self.group_reduce.ready(self._beat_and_receive)
-        if self.inner is not None:
-            return self._update(fragments, steps, new_steps, prepared)
-        start_unix, compute = time.time(), 0.0
-        lap = self.cycles.lap
-        if self._pull_weights() is None:
-            return False
-        lap("weights")
-        batch, report = self._batch(fragments, prepared)
-        compute += lap("prepare")
-        completed, pending = False, None  # pending: the push of the previous minibatch's gradient (overlap)
-        # the batch's env steps count as consumed with its last gradient, so the parameter rank's round, stop rule
-        # and lr schedule move on when the batch is done (RLlib's iteration), not one gradient into it
-        for mb, last in _with_last(self.algo.minibatches(batch, self.generator)):
-            consumed = new_steps if last else 0
-            lap("minibatch")
-            self.fault.check()
-            self.heartbeat.beat()
-            words = self.job.counters.read_all()
-            lap("control")
-            if words[control.STOP]:
-                break
-            version = self._pull_weights()
-            lap("weights")
-            if version is None:
-                break
-            if self.overlap:
-                got = self._overlapped_gradient(mb, pending)
-                if got is None:
-                    pending = None
-                    break
-                grad, stats, dt = got
-                compute += dt
-                pending = (grad, version, len(next(iter(mb.values()))), stats, dt, consumed)
-                continue
-            t = time.perf_counter()
-            window = self.window.logps(mb, version, words) if self.window else None
-            lap("window")
-            mine = mb
-            if self.size > 1:  # the group's other ranks are handed their shares; the gradient is the group's average
-                mine, window = self.group_reduce.hand_out(self.weights, mb, window)
-                lap("allreduce")
-            grad, stats = self._local_gradient(mine, window, lap)
-            self.fault.slow_down()  # debug.learner_delay_seconds
-            lap("gradient")
-            dt = time.perf_counter() - t
-            compute += dt
-            if not self._push(grad, version, len(next(iter(mb.values()))), stats, dt, consumed):
-                break
-        else:
-            completed = True
-        if pending is not None and not self._push(*pending):
-            completed = False
-        self._activity(start_unix, compute, steps, report)
-        return completed
+        return self.push_mode.train(fragments, steps, new_steps, prepared)
 
-    def _batch(self, fragments: list[dict] | None, prepared: dict | None) -> tuple[dict, dict | None]:
+    def batch(self, fragments: list[dict] | None, prepared: dict | None) -> tuple[dict, dict | None]:
         """The batch to train on (``algo.prepare`` with the weights in the model, or the one the post-processing
         group prepared) and its report for ``algo.end_round`` on the parameter rank."""
         if prepared is None:
@@ -235,78 +175,12 @@ class LearnerGroup:
             return batch, self.algo.learner_report(batch)
         return {k: torch.as_tensor(v, device=self.model.device) for k, v in prepared.items()}, None
 
-    def _update(self, fragments: list[dict] | None, steps: int, new_steps: int, prepared: dict | None = None) -> bool:
-        """learners.push=update: the batch's whole update by the group's own optimizer (GroupUpdate), from the
-        newest version, at the lr the schedule gives the env steps consumed so far; pushed as one update.
-        False when the run is stopping."""
-        start_unix, lap = time.time(), self.cycles.lap
-        version = self._pull_weights()
-        if version is None:
-            return False
-        lap("weights")
-        t = time.perf_counter()
-        batch, report = self._batch(fragments, prepared)
-        if self.plan.lr_schedule is not None:
-            self.inner.set_lr(self.plan.lr_schedule.at(self.job.counters.read(control.CONSUMED)))
-        words = self.job.counters.read_all()
-        lap("prepare")
-
-        def step(mb: dict) -> dict | None:
-            self.fault.check()
-            self.heartbeat.beat()
-            if self.pacing.stopping():
-                return None
-            window = self.window.logps(mb, version, words) if self.window else None
-            lap("window")
-            if self.size == 1 and window is None:
-                stats = self.inner.fused_step(mb)
-            else:
-                mine = mb
-                if self.size > 1:  # the group's ranks compute shares at the group's current weights
-                    mine, window = self.group_reduce.hand_out(self.model.flat.params.detach().cpu().numpy(), mb, window)
-                    lap("allreduce")
-                grad, stats = self._local_gradient(mine, window, lap)
-                self.inner.apply(grad)
-            lap("gradient")
-            return stats
-
-        got = self.inner.run(batch, step)
-        if got is None:
-            return False
-        update, stats = got
-        self.loaded = -1  # the model holds this group's own weights now, not a published version
-        self.fault.slow_down()  # debug.learner_delay_seconds
-        compute = time.perf_counter() - t
-        lap("flatten")
-        rows = len(next(iter(batch.values())))
-        if not self._push(update, version, rows, stats, compute, new_steps):
-            return False
-        self._activity(start_unix, compute, steps, report, GroupState(self.g, self.seq - 1, self.inner.state()))
-        return True
-
-    def _overlapped_gradient(self, mb: dict, pending: tuple | None) -> tuple[np.ndarray, dict, float] | None:
-        """The minibatch's gradient from its CUDA graph, with the previous gradient (``pending``: the arguments
-        of its ``_push``) pushed while the GPU computes: (gradient, stats, compute seconds), or None when that
-        push was abandoned (the run is stopping). A shape without a graph is computed eagerly after the push."""
-        lap = self.cycles.lap
-        t = time.perf_counter()
-        launched = self.graphed.launch(mb)
-        launch_seconds = time.perf_counter() - t
-        lap("gradient")
-        if pending is not None and not self._push(*pending):
-            return None
-        t = time.perf_counter()
-        grad, stats = launched.result() if launched is not None else self._local_gradient(mb, None)
-        self.fault.slow_down()  # debug.learner_delay_seconds
-        lap("gradient")
-        return grad, stats, launch_seconds + time.perf_counter() - t
-
     def _postprocess(self, fragments: list[dict], steps: int) -> bool:
         """The post-processing group: prepare the batch with the newest weights and hand it to the policy/critic
         groups (runtime/roles/prepared_batches.py); False when the run is stopping."""
         start_unix = time.time()
         lap = self.cycles.lap
-        if self._pull_weights() is None:
+        if self.pull_weights() is None:
             return False
         lap("weights")
         batch = self.algo.prepare(fragments, self.model)
@@ -322,7 +196,7 @@ class LearnerGroup:
         if not self.handoff.send(host, steps, idle):
             return False
         lap("push")
-        self._activity(start_unix, compute, steps, report)
+        self.report_activity(start_unix, compute, steps, report)
         return True
 
     def _holds_a_batch(self, need: int) -> bool:
@@ -337,7 +211,7 @@ class LearnerGroup:
         if self.handoff is not None:
             self.handoff.receive()
 
-    def _pull_weights(self) -> int | None:
+    def pull_weights(self) -> int | None:
         """Newest weights into the model once the pacing allows (copied only when a newer version was published);
         their version (None: the run is stopping)."""
         if not self.pacing.before_pull():
@@ -350,13 +224,14 @@ class LearnerGroup:
             self.loaded = version
         return self.loaded
 
-    def _local_gradient(self, mb: dict, window, lap=None) -> tuple[np.ndarray, dict]:
+    def forget_weights(self) -> None:
+        """The model no longer holds a published version (update push: the group's own steps changed it)."""
+        self.loaded = -1
+
+    def local_gradient(self, mb: dict, window, lap=None) -> tuple[np.ndarray, dict]:
+        """This rank's gradient of ``mb`` (under the IS ``window``), averaged over the group's shares when the group
+        has several ranks; ``lap``: the cycle clock's phases."""
         lap = lap or _no_lap
-        if self.graphed is not None:
-            got = self.graphed(mb)  # one graph replay and one host copy (None: a shape it has no graph for)
-            if got is not None:
-                lap("gradient")
-                return got
         wl = None if window is None else torch.as_tensor(np.stack(window), device=self.model.device)
         grad, stats = self.algo.compute_gradient(mb, self.model, wl)
         lap("gradient")
@@ -369,7 +244,7 @@ class LearnerGroup:
         lap(phase)
         return out, stats
 
-    def _push(self, grad: np.ndarray, version: int, samples: int, stats: dict, compute: float, new_steps: int) -> bool:
+    def push(self, grad: np.ndarray, version: int, samples: int, stats: dict, compute: float, new_steps: int) -> bool:
         """Put the gradient in a free mailbox slot of this group; wait (sleeping, still receiving
         fragments) while none is free. False when the run stops meanwhile."""
         def vector(waited: float) -> list[float]:
@@ -392,8 +267,8 @@ class LearnerGroup:
         self.pacing.pushed(version)
         return True
 
-    def _activity(self, start_unix: float, compute: float, samples: int, report=None,
-                  state: GroupState | None = None) -> None:
+    def report_activity(self, start_unix: float, compute: float, samples: int, report=None,
+                        state: GroupState | None = None) -> None:
         """The batch's learner_activity report (``state``: the optimizer state after an update, which the
         parameter rank checkpoints)."""
         self.job.reports.send(LearnerActivity(
@@ -455,19 +330,6 @@ def take_batch(frags: list[dict], need: int) -> tuple[list[dict], int]:
 def minibatch_generator(seed: int, group: int) -> torch.Generator:
     """The generator a learner group draws its minibatch order from (its own stream per group)."""
     return torch.Generator().manual_seed(seed + 7919 * (group + 1))
-
-
-def _with_last(items):
-    """(item, whether it is the last) for each item of an iterator, looking one item ahead."""
-    it = iter(items)
-    item = next(it, _END)
-    while item is not _END:
-        following = next(it, _END)
-        yield item, following is _END
-        item = following
-
-
-_END = object()
 
 
 def _no_lap(_phase: str) -> float:

@@ -17,7 +17,8 @@ normalisation does to a shared scale).
 Update push (``learners.push: update``): what arrives is a group's whole update on a batch; it is admitted the same
 way and the admitted mean is applied with the outer step (``hpcrl.algos.outer_step``) instead of ``algo.apply``;
 the lr schedule is then the groups' (rank 0 sets the CONSUMED word before it publishes), and each group's
-optimizer state, sent after each update, is kept for the checkpoint.
+optimizer state, sent after each update, is kept for the checkpoint. The two push modes are objects with one
+interface (runtime/roles/push_apply.py), as the admission policies are (hpcrl.staleness).
 
 Rounds (Stellaris k, RLlib training iterations) end each time the learners have consumed
 another ``plan.round_steps`` environment steps; ``policy.end_round`` and ``algo.end_round``
@@ -40,10 +41,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
 from hpcrl.algos.base import round_changes
-from hpcrl.algos.outer_step import OuterStep
 from hpcrl.config import (AggregationConfig, DebugConfig, EvalConfig, IOConfig, LaunchConfig, LearnersConfig,
                           StopConfig)
 from hpcrl.io.rollback import record_counts
@@ -55,7 +54,7 @@ from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, Gro
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime.roles.active_groups import ActiveGroups
-from hpcrl.runtime.roles.group_states import GroupStates
+from hpcrl.runtime.roles.push_apply import apply_mode
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, make_policy
@@ -103,11 +102,9 @@ class ParameterRank:
         self.model, self.algo = job.model, job.algo
         self.flat = self.model.flat
         self._optimizer = None  # built on first use (see optimizer)
-        self.update_push = self.plan.push == "update"  # groups push whole updates: rank 0 takes the outer step
-        # the algorithm's (PPO: algo.lr_anneal), None: constant; with update pushes each group's own optimizer follows it
-        self._lr_schedule = None if self.update_push else self.plan.lr_schedule
-        # update pushes: each group's optimizer state after its updates, for the checkpoint
-        self.group_states = GroupStates(self.plan.groups, self.settings.aggregation.mailbox_slots + 1)
+        # what the groups push: gradients (the algorithm's optimizer steps) or updates (the outer step)
+        self.push_mode = apply_mode(self.plan.push, self.algo, self.model, self.plan.lr_schedule,
+                                    settings.aggregation, self.plan.groups)
         self._postprocess_groups = self.plan.postprocess_groups
         self.policy = make_policy(self.settings.aggregation)
         self.counters, self.mailbox, self.board = job.counters, job.mailbox, job.board
@@ -151,9 +148,7 @@ class ParameterRank:
         hpcrl's Adam costs nothing to build, but a torch.optim optimizer (``algo.optimizer: sgd``) imports
         torch._dynamo (about 1.5 s of CPU), which would delay every actor's first step."""
         if self._optimizer is None:
-            agg = self.settings.aggregation
-            self._optimizer = (OuterStep(self.flat.params, agg.outer_lr, agg.outer_momentum, agg.outer_nesterov)
-                               if self.update_push else self.algo.make_optimizer(self.model))
+            self._optimizer = self.push_mode.make_optimizer()
         return self._optimizer
 
     # ---- set-up --------------------------------------------------------------------------
@@ -184,7 +179,7 @@ class ParameterRank:
         """What every rank learns at start (broadcast by runtime.runners.mpi)."""
         return {"start_unix": self.record.file.start_unix, "version": self.version, "seq_next": list(self.seq_next),
                 "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
-                "inner_states": self.group_states.newest(self.seq_next)}
+                "inner_states": self.push_mode.states(self.seq_next)}
 
     def publish_initial(self) -> None:
         self.groups.from_algo(self.algo, self.model, self.record, events=False)
@@ -214,7 +209,7 @@ class ParameterRank:
             "rng": rng_state(), "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
             "record": record_counts(self.job.run_dir, run_file=self.record.file),
-            "inner_states": self.group_states.newest(self.seq_next, self._drain_messages) if self.update_push else {},
+            "inner_states": self.push_mode.states(self.seq_next, self._drain_messages),
         }
 
     def _restore(self, s: dict[str, Any]) -> None:
@@ -235,7 +230,7 @@ class ParameterRank:
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
-        self.group_states.restore(s.get("inner_states", {}), self.seq_next)
+        self.push_mode.restore(s.get("inner_states", {}), self.seq_next)
         self.groups.restore(s["active"])
         # all of the checkpointing job's actors active: all of this job's too (fragment_next keeps the numbers of
         # actors a smaller job left out, so its length is not that job's actor count)
@@ -301,8 +296,7 @@ class ParameterRank:
                 self.record.gradient(rec, False, "nonfinite", self.version, self.round)
                 continue
             self.queue.append(rec)
-            if self.update_push:  # before the version it makes is published: the group's next lr reads it
-                self.counters.set(control.CONSUMED, self.consumed + new_steps)
+            self.push_mode.admitting(self.counters, self.consumed + new_steps)
             self.lap("admit")
             self._admit()
             # counted after the step it came with: a batch's last gradient (the one that reports its steps)
@@ -334,9 +328,9 @@ class ParameterRank:
         while (adm := self.policy.admit(self.queue, self.version, pushing)) is not None:
             lap("admit")
             for step in adm.steps:
-                if self._lr_schedule is not None:
+                if self.push_mode.lr_schedule is not None:
                     self._set_lr()
-                self._apply(self.algo.aggregate(step))
+                self.push_mode.apply(self.optimizer, self.algo.aggregate(step))
                 self.version += 1
                 t_agg = lap("apply")
                 self._publish()
@@ -349,17 +343,9 @@ class ParameterRank:
         if self.plan.pacing == "held":
             self.groups.hold(self.queue)
 
-    def _apply(self, aggregate: np.ndarray) -> None:
-        """One step with an admitted aggregate: the algorithm's optimizer step on a gradient, or the outer step on
-        an update (hpcrl/algos/outer_step.py)."""
-        if self.update_push:
-            self.optimizer.step(torch.from_numpy(np.ascontiguousarray(aggregate, dtype=np.float32)))
-        else:
-            self.algo.apply(self.model, self.optimizer, aggregate)
-
     def _set_lr(self) -> None:
         """The algorithm's schedule at the env steps consumed so far (so a resumed run goes on where it stopped)."""
-        lr = self._lr_schedule.at(self.consumed)
+        lr = self.push_mode.lr_schedule.at(self.consumed)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
@@ -417,7 +403,7 @@ class ParameterRank:
         self.record.fragment(report, self.env_steps() if report.episodes else 0)
 
     def _learner_activity(self, activity: LearnerActivity) -> None:
-        self.group_states.add(activity.group_state)
+        self.push_mode.group_state(activity.group_state)
         self.record.activity(activity)
 
     def _watch(self) -> None:

@@ -1,0 +1,90 @@
+"""How the parameter rank applies what the learner groups push (``plan.push``, ``learners.push``), one object per
+mode; its twin on the groups is ``runtime/roles/push_train.py``.
+
+- :class:`ApplyGradients` (``gradient``): the admitted aggregate is a gradient; the algorithm's optimizer takes one
+  step with it (``algo.apply``), at the lr the algorithm's schedule gives the env steps consumed so far (rank 0 sets
+  it before each step);
+- :class:`ApplyUpdates` (``update``): the admitted aggregate is the mean of the groups' whole updates; the outer
+  step (``hpcrl.algos.outer_step``) applies it. The lr schedule is then the groups' own: rank 0 sets the CONSUMED
+  counter word before it admits a push, so the version it makes carries it to the group's next batch; and each
+  group's optimizer state, sent with its activity report after each update, is kept for the checkpoint
+  (``runtime/roles/group_states.py``) and handed back to the group on ``--resume``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hpcrl.algos.outer_step import OuterStep
+from hpcrl.algos.schedules import LinearAnneal
+from hpcrl.runtime.messages import GroupState
+from hpcrl.runtime.roles.group_states import GroupStates
+from hpcrl.runtime.transport import control
+
+
+class ApplyGradients:
+    """learners.push=gradient: one optimizer step of the algorithm per admitted aggregate."""
+
+    def __init__(self, algo, model, lr_schedule: LinearAnneal | None) -> None:
+        self.algo, self.model = algo, model
+        self.lr_schedule = lr_schedule
+        """The rate rank 0 sets before each step (None: the optimizer's own)."""
+
+    def make_optimizer(self):
+        return self.algo.make_optimizer(self.model)
+
+    def apply(self, optimizer, aggregate: np.ndarray) -> None:
+        self.algo.apply(self.model, optimizer, aggregate)
+
+    def admitting(self, counters, consumed: int) -> None:
+        """Before a push that brings the consumed env steps to ``consumed`` is admitted: nothing to tell."""
+
+    def group_state(self, state: GroupState | None) -> None:
+        """A group's state after an update: a gradient-pushing group has none."""
+
+    def states(self, seq_next: list[int], drain=None) -> dict[int, dict]:
+        """What a resumed group gets back: nothing."""
+        return {}
+
+    def restore(self, saved: dict[int, dict], seq_next: list[int]) -> None:
+        pass
+
+
+class ApplyUpdates:
+    """learners.push=update: the outer step on the admitted mean of the groups' updates."""
+
+    lr_schedule = None
+    """The groups follow the schedule with their own optimizers; the outer step's rate is fixed."""
+
+    def __init__(self, flat_params: torch.Tensor, aggregation, groups: int) -> None:
+        self.flat_params, self.aggregation = flat_params, aggregation
+        # each group's state after its newest updates: at most its mailbox slots pushed and not taken, and one taken
+        self.group_states = GroupStates(groups, aggregation.mailbox_slots + 1)
+
+    def make_optimizer(self):
+        agg = self.aggregation
+        return OuterStep(self.flat_params, agg.outer_lr, agg.outer_momentum, agg.outer_nesterov)
+
+    def apply(self, optimizer, aggregate: np.ndarray) -> None:
+        optimizer.step(torch.from_numpy(np.ascontiguousarray(aggregate, dtype=np.float32)))
+
+    def admitting(self, counters, consumed: int) -> None:
+        """Before the version this push may make is published: the group's next lr reads the consumed steps."""
+        counters.set(control.CONSUMED, consumed)
+
+    def group_state(self, state: GroupState | None) -> None:
+        self.group_states.add(state)
+
+    def states(self, seq_next: list[int], drain=None) -> dict[int, dict]:
+        """Each group's optimizer state after its newest update taken (``drain``: wait for one still on its way)."""
+        return self.group_states.newest(seq_next, drain)
+
+    def restore(self, saved: dict[int, dict], seq_next: list[int]) -> None:
+        self.group_states.restore(saved, seq_next)
+
+
+def apply_mode(push: str, algo, model, lr_schedule: LinearAnneal | None, aggregation, groups: int):
+    """The parameter rank's side of the push mode ``push`` (the plan's)."""
+    if push == "update":
+        return ApplyUpdates(model.flat.params, aggregation, groups)
+    return ApplyGradients(algo, model, lr_schedule)

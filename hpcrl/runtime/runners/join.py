@@ -3,8 +3,8 @@
 
 ``python -m hpcrl.runtime.runners.join RUN_DIR --group G --port-file F --ready-file R``, started by the
 group's root as a job step of ``ranks_per_group - 1`` ranks (``--actor A --restart K``: by actor A
-as one rank). They read ``RUN_DIR/config.yaml``, build the model and algorithm as every rank does (a
-sampler its environments too), connect to the door's port (the first rank writes R just before, so the
+as one rank). Their first rank makes the Plan of ``RUN_DIR/config.yaml`` for all of them; they build the
+model and algorithm as every rank does (a sampler its environments too), connect to the door's port (the first rank writes R just before, so the
 door accepts only when they are there), merge into one communicator with the door as rank 0, and serve
 it: the root's shares of each minibatch (the member loop of a launched group), or the actor's fragments,
 until it releases them; then they disconnect and exit, and their step ends.
@@ -39,25 +39,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        from hpcrl.config import load_config
         from hpcrl.runtime.roles.learner import member_share
         from hpcrl.runtime.roles.sampler import describe_env
         from hpcrl.runtime.runners.job import learner_device, role_parts
-        from hpcrl.runtime.runners.mpi import CONFIG_FILE
+        from hpcrl.runtime.runners.mpi import job_plan
         from hpcrl.runtime.transport.joining import JoinedReduce
 
         torch.set_num_threads(1)
-        cfg = load_config(Path(args.run_dir) / CONFIG_FILE)
-        env = describe_env(cfg.env) if world.Get_rank() == 0 else None
-        env = world.bcast(env, root=0)
+        # this launch's first rank makes the Plan of the run's config once, and its env spaces, for all of them
+        plan = job_plan(Path(args.run_dir)) if world.Get_rank() == 0 else None
+        plan, env = world.bcast((plan, describe_env(plan.sections.env) if plan is not None else None), root=0)
         if args.actor is not None:  # a sampler: on the CPU, its environments made before it connects
             from hpcrl.runtime.roles.sampler import VectorSampler
 
-            algo, model, _ = role_parts(cfg, env, None, torch.device("cpu"))
-            sampler = VectorSampler(cfg.env, args.actor, gamma=cfg.algo.reward_discount(), restart=args.restart)
+            algo, model, _ = role_parts(plan, env, torch.device("cpu"))
+            sampler = VectorSampler(plan.sections.env, args.actor, gamma=plan.reward_gamma, restart=args.restart)
         else:
             node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())  # the GPU of its index on its node
-            algo, model, _ = role_parts(cfg, env, None, learner_device(cfg.learners, node.Get_rank()))
+            algo, model, _ = role_parts(plan, env, learner_device(plan.sections.learners, node.Get_rank()))
             node.Free()
         port = Path(args.port_file).read_text()
         if world.Get_rank() == 0:

@@ -17,6 +17,7 @@ from hpcrl.io import read_table
 from hpcrl.runtime.roles.learner import LearnerGroup
 from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.runners import serial
+from hpcrl.runtime.messages import Startup
 from hpcrl.runtime.runners.job import make_role
 from hpcrl.runtime.runners.serial import build_jobs
 from hpcrl.runtime.transport.local import LocalGroup, RunAborted
@@ -30,7 +31,7 @@ def _learner_groups(tmp_path, ranks_per_group: int, overrides: list[str]) -> lis
     jobs[0].board.publish(0, weights)  # what the parameter role publishes first
     learners = [job for job in jobs if job.topo.role == "learner"]
     for job in learners:
-        job.startup = {"seq_next": [0]}
+        job.startup = Startup(start_unix=0.0, version=0, seq_next=(0,), fragment_next=(0,), normalizers=(None,))
     return [make_role(job) for job in learners]
 
 

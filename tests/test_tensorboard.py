@@ -12,6 +12,7 @@ import pytest
 
 from hpcrl.config import build_config
 from hpcrl.io import read_table
+from hpcrl.runtime.messages import EvalEpisode, Evaluation
 from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.record import scalars
 from hpcrl.runtime.record.progress import format_line
@@ -59,9 +60,8 @@ def test_rounds_within_half_a_second_are_one_event_over_all_their_numbers(tmp_pa
     rec = record(tmp_path)
     window(rec, 0, [1.0, 3.0], [10.0, 20.0], 0)
     window(rec, 2, [5.0], [60.0], 1)
-    rec.evaluation({"time": rec.file.start_unix, "round": 2, "policy_version": 3,
-                    "episodes": [{"env_index": 0, "return": 7.0, "length": 7}, {"env_index": 1, "return": 9.0,
-                                                                                 "length": 9}]})
+    rec.evaluation(Evaluation(time=rec.file.start_unix, round=2, policy_version=3,
+                              episodes=(EvalEpisode(0, 7.0, 7), EvalEpisode(1, 9.0, 9))))
     rec.close()
     got = read_scalars(tmp_path / TENSORBOARD_DIR)
     assert got["episode/return_mean"] == [(24, 30.0)]  # one event at the last round's env steps: 3 x 4 x 2

@@ -22,6 +22,9 @@ message                sender                                       handled by (
 ``JoiningJob``         a door whose ranks join as a batch job of    ``allocations`` row
                        their own (learners/actors.elastic=jobs)
 =====================  ==========================================  =========================================
+
+The other way, rank 0 tells every rank one thing, at start: :class:`Startup` (``runtime/runners/mpi.py``
+broadcasts it; the serial runner hands it to each role).
 """
 from __future__ import annotations
 
@@ -213,6 +216,25 @@ class JoiningJob:
 
     def row(self) -> dict:
         return {"time": self.time, **self.columns}
+
+
+@dataclass(frozen=True)
+class Startup:
+    """What rank 0 tells every rank at start (the one message the other way): where the run stands, so that a
+    resumed job goes on numbering and normalising where the checkpoint left it."""
+
+    start_unix: float
+    """The run's clock: run.h5's times count from it."""
+    version: int
+    """The weights version rank 0 published first."""
+    seq_next: tuple[int, ...]
+    """Each learner group's next push number."""
+    fragment_next: tuple[int, ...]
+    """Each actor's next fragment number."""
+    normalizers: tuple[dict | None, ...] = field(repr=False)
+    """Each actor's normalisation statistics at the checkpoint (None: fresh)."""
+    group_states: dict[int, dict] = field(default_factory=dict, repr=False)
+    """Update push: each group's optimizer state after its newest update taken."""
 
 
 Report = FragmentReport | ActorParked | SamplerEvent | Evaluation | LearnerActivity | GroupEvent | JoiningJob

@@ -93,7 +93,7 @@ class Actor:
         # actors table exactly the fragments the file holds (hpcrl.io.rollback), which may be fewer than rank 0's
         # fragment_next (reported fragments whose steps were never flushed; a deleted file starts again at 0)
         self.fragments = self.writer.committed // (self.plan.fragment_length * self.sampler.num_envs)
-        saved = self.job.startup.get("normalizers") or []
+        saved = self.job.startup.normalizers
         if self.index < len(saved) and saved[self.index] is not None:  # a resume: the statistics go on
             self.sampler.load_normalizer_state(saved[self.index])
         G = self.plan.postprocess_groups or self.plan.groups  # a post-processing group takes every fragment

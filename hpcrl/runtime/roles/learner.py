@@ -89,10 +89,10 @@ class LearnerGroup:
 
     # ---- group root ----------------------------------------------------------------------
     def run(self) -> None:
-        self.seq = self.job.startup["seq_next"][self.g]
+        self.seq = self.job.startup.seq_next[self.g]
         if not self.is_root:
             return self._run_member()
-        saved = self.job.startup.get("inner_states", {}).get(self.g)
+        saved = self.job.startup.group_states.get(self.g)
         if saved is not None:  # --resume: update push's group as it was after its last update
             self.push_mode.restore(saved)
         counters = self.job.counters

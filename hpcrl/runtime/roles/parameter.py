@@ -50,7 +50,7 @@ from hpcrl.io.schema import TRAJ_DIR
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, GroupEvent, JoiningJob, LearnerActivity,
-                                    PushHeader, SamplerEvent)
+                                    PushHeader, SamplerEvent, Startup)
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime.roles.active_groups import ActiveGroups
@@ -175,11 +175,11 @@ class ParameterRank:
         return self.board.fetch_rows(final=words[control.ACTORS_DONE] >= self.plan.actors
                                      and words[control.LEARNERS_DONE] >= self.plan.groups)
 
-    def startup_info(self) -> dict[str, Any]:
+    def startup_info(self) -> Startup:
         """What every rank learns at start (broadcast by runtime.runners.mpi)."""
-        return {"start_unix": self.record.file.start_unix, "version": self.version, "seq_next": list(self.seq_next),
-                "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
-                "inner_states": self.push_mode.states(self.seq_next)}
+        return Startup(start_unix=self.record.file.start_unix, version=self.version, seq_next=tuple(self.seq_next),
+                       fragment_next=tuple(self.fragment_next), normalizers=tuple(self.normalizers),
+                       group_states=self.push_mode.states(self.seq_next))
 
     def publish_initial(self) -> None:
         self.groups.from_algo(self.algo, self.model, self.record, events=False)

@@ -11,7 +11,7 @@ mpi`` (:mod:`hpcrl.runtime.runners.mpi`) and their in-memory twins under ``seria
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -22,6 +22,7 @@ from torch import nn
 from hpcrl.algos import make_algorithm
 from hpcrl.algos.base import Algorithm
 from hpcrl.io import TrajLayout
+from hpcrl.runtime.messages import Startup
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.record.progress import ProgressEmitter
 from hpcrl.runtime.roles.aaps import Probe
@@ -70,7 +71,8 @@ class Job:
     """On the parameter role, None elsewhere."""
     rolled_back: dict | None = None
     """--resume: what was cut from the record back to the checkpoint (rows per table, steps per actor)."""
-    startup: dict = field(default_factory=dict)
+    startup: Startup | None = None
+    """What rank 0 told every rank at start (set by the runner before the role runs)."""
 
     @property
     def rank(self) -> int:

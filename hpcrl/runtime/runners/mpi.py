@@ -88,8 +88,10 @@ def start_inside_job(plan_for: Callable[[int], Plan], run_dir: Path | None, resu
     """
     from mpi4py import MPI
 
+    from hpcrl.errors import ConfigError
+
     comm = MPI.COMM_WORLD
-    lock = plan = None
+    lock = plan = mistake = None
     if comm.Get_rank() == 0:
         try:
             plan = plan_for(comm.Get_size())
@@ -98,9 +100,13 @@ def start_inside_job(plan_for: Callable[[int], Plan], run_dir: Path | None, resu
             from hpcrl.io.run_lock import RunLock
 
             lock = RunLock(run_dir).acquire()  # here no launcher holds it for this job
+        except ConfigError as exc:  # the user's mistake: one line and exit 2 on every rank, no abort
+            mistake = str(exc)
         except Exception:
             _abort(comm, "rank 0 (resolving the config, creating or locking the run directory)")
-    plan, run_dir = _polling_bcast(comm, (plan, str(run_dir) if run_dir is not None else None))
+    plan, run_dir, mistake = _polling_bcast(comm, (plan, str(run_dir) if run_dir is not None else None, mistake))
+    if mistake is not None:
+        raise ConfigError(mistake)
     try:
         return run_job(plan, Path(run_dir), resume=resume, progress=progress)
     finally:

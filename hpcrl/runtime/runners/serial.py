@@ -145,7 +145,7 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain"
 def _run_roles(jobs, roles, failures, guarded, abort) -> None:
     parameter = roles[0]
     guarded(jobs[0], parameter.publish_initial)
-    startup = parameter.startup_info() if not failures else {}
+    startup = parameter.startup_info() if not failures else None
     threads = []
     for job, role in zip(jobs[1:], roles[1:]):
         job.startup = startup

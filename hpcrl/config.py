@@ -125,7 +125,7 @@ class LearnersConfig(Section):
     its other ranks_per_group - 1 ranks join the running job as a new job step while the group is active (srun
     inside a Slurm allocation, away from the job's own nodes; mpiexec on one machine), connect through an MPI
     port and leave when it parks, so their step ends and their nodes go back to the allocation
-    (runtime/transport/joining.py). jobs: likewise, but each join is a separate batch job in the site's queue
+    (hpcrl/join_launch.py, runtime/transport/joining.py). jobs: likewise, but each join is a separate batch job in the site's queue
     (sbatch, one node), so a parked group's node goes back to the cluster and is billed only while it is in use
     (its job is an allocations row: hpcrl analyze prices it from sacct)."""
     join_timeout_seconds: float = Field(120.0, gt=0)

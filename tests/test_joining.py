@@ -1,5 +1,5 @@
 """learners.elastic=steps: a learner group's other ranks join the running job as a separate launch, connect
-through an MPI port, push, and leave when the group parks (runtime/transport/joining.py, runners/join.py).
+through an MPI port, push, and leave when the group parks (hpcrl/join_launch.py, runtime/transport/joining.py, runners/join.py).
 
 On one machine the joining step is a second ``mpiexec``; the cluster test (test_joining_cluster.py) starts
 it as a Slurm job step on another node.
@@ -19,7 +19,8 @@ import yaml
 from hpcrl.config import ConfigError, build_config
 from hpcrl.io import read_table
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS
-from hpcrl.runtime.transport.joining import join_command, joining_refused, process_gone, step_environment
+from hpcrl.join_launch import join_command, joining_refused, step_environment
+from hpcrl.runtime.transport.joining import process_gone
 
 ACTION = {name: i for i, name in enumerate(ELASTIC_ACTIONS)}
 REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}

@@ -138,7 +138,7 @@ def validate(plan: Plan) -> None:
     plan_roles(plan.num_ranks, cfg.learners.groups, cfg.learners.launched_ranks_per_group, cfg.actors.count)
     for setting, how in (("learners.elastic", cfg.learners.elastic), ("actors.elastic", cfg.actors.elastic)):
         if how != "park":
-            from hpcrl.runtime.transport.joining import joining_refused
+            from hpcrl.join_launch import joining_refused
 
             if (why := joining_refused(how, os.environ, setting)) is not None:
                 raise ConfigError(why)

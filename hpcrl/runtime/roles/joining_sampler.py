@@ -4,9 +4,9 @@ The actor's rank in the job's launch keeps the actor's loop (runtime/roles/actor
 weights, the backlog it waits on, the sends, its trajectory file, its reports, the evaluation episodes). What
 takes the CPU, the environments and the policy's forward passes, runs on one joined rank instead: started the
 first time the actor samples after it was woken (or at the start), through a
-:class:`~hpcrl.runtime.transport.joining.Joiner` as a learner group's joining ranks are, as a job step on a node
-of the allocation that holds none of the job's own ranks (``steps``; a second mpiexec on one machine) or as a
-one-node batch job (``jobs``). Per fragment the actor sends it the weights (when their version changed since the
+:class:`~hpcrl.runtime.transport.protocols.Joiner` (``hpcrl/join_launch.py``) as a learner group's joining ranks
+are, as a job step on a node of the allocation that holds none of the job's own ranks (``steps``; a second
+mpiexec on one machine) or as a one-node batch job (``jobs``). Per fragment the actor sends it the weights (when their version changed since the
 last fragment) and gets back the fragment, its finished episodes and the normalisation statistics. When the
 actor parks it releases the sampler: the joined rank closes its environments and leaves, its step (job) ends
 and its node goes back to the allocation (the cluster).
@@ -33,7 +33,8 @@ from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.messages import ELASTIC_ACTION, ELASTIC_REASON, SamplerEvent
 from hpcrl.runtime.roles.sampler import VectorSampler
 from hpcrl.runtime.transport import control
-from hpcrl.runtime.transport.joining import Joiner, JoinLost, sending
+from hpcrl.runtime.transport.joining import JoinLost, sending
+from hpcrl.runtime.transport.protocols import Joiner
 
 
 class JoiningSampler:

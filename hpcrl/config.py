@@ -103,6 +103,13 @@ class ActorsConfig(Section):
     """actors.elastic=steps/jobs: a sampler that has not connected this long after its launch is given up (an
     actor_joins row) and the actor samples on its own rank until it is parked and woken again."""
 
+    @model_validator(mode="after")
+    def _sampler_settings_need_joining(self) -> "ActorsConfig":
+        if self.elastic == "park" and self.keep_sampler_seconds != 0:
+            raise ValueError(f"actors.keep_sampler_seconds={self.keep_sampler_seconds:g} does nothing with "
+                             "actors.elastic=park (no sampler joins); set actors.elastic=steps or jobs, or remove it")
+        return self
+
 
 class LearnersConfig(Section):
     groups: int = Field(1, ge=1)
@@ -308,6 +315,14 @@ class LaunchConfig(Section):
     actor_nice: int = Field(10, ge=0, le=19)
     """Runner mpi: actor ranks lower their scheduling priority by this much (nice). Where ranks outnumber cores, the learner and parameter ranks that every gradient waits on then get a core first (default job, 4 ranks on 2 cores: +8 % env steps/s); actors wait on back-pressure anyway, and where every rank has a core nothing changes. 0: off."""
 
+    @model_validator(mode="after")
+    def _warning_before_the_end(self) -> "LaunchConfig":
+        if self.watchdog_warn_seconds >= self.watchdog_seconds:
+            raise ValueError(f"launch.watchdog_warn_seconds={self.watchdog_warn_seconds:g} is not below "
+                             f"launch.watchdog_seconds={self.watchdog_seconds:g}: the warning would never come before "
+                             "the job ends; lower watchdog_warn_seconds")
+        return self
+
 
 class StopConfig(Section):
     total_env_steps: int = Field(500_000, ge=1)
@@ -471,19 +486,28 @@ class RunConfig(Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def _one_line(exc: ValidationError, source: str) -> str:
+def _one_line(exc: ValidationError, source: str, overrides: dict[str, str] | None = None) -> str:
+    """The first validation error in one line, blamed on the ``-o KEY=VALUE`` that set its key (``overrides``:
+    dotted key -> the override's text) or else on ``source``."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     # discriminated unions put the tag in the location: algo.ppo.lr -> algo.lr
     for tag in ALGO_NAMES:
         loc = loc.replace(f"algo.{tag}.", "algo.").replace(f"algo.{tag}", "algo")
+    for key, text in (overrides or {}).items():
+        if loc == key or loc.startswith(key + "."):
+            source = f"-o {text}"
+        elif loc and key.startswith(loc + ".") and not source.startswith("-o"):  # a check of the whole section
+            source = f"{source} with -o {text}"
     if err["type"] == "extra_forbidden":
         parent = loc.rsplit(".", 1)[0] if "." in loc else ""
         return f"{source}: unknown key '{loc}'; allowed keys{' in ' + parent if parent else ''}: {_allowed_keys(parent)}"
     if err["type"] == "union_tag_invalid":
         return f"{source}: algo.name: {err['msg']}"
     msg = err["msg"].removeprefix("Value error, ")
-    return f"{source}: {loc}: {msg} (got {err.get('input')!r})" if loc else f"{source}: {msg}"
+    if isinstance(err.get("input"), dict) or not loc:  # a check across a section's fields names them itself
+        return f"{source}: {msg}"
+    return f"{source}: {loc}: {msg} (got {err.get('input')!r})"
 
 
 def _allowed_keys(dotted: str) -> str:
@@ -507,8 +531,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def build_config(data: dict[str, Any] | None = None, overrides: list[str] = (), source: str = "config") -> RunConfig:
     data = dict(data or {})
+    set_by: dict[str, str] = {}  # dotted key -> the override that set it (the one to blame for a bad value)
     for item in overrides:
         path, value = parse_override(item)
+        set_by[".".join(path)] = item
         node = data
         for part in path[:-1]:
             node = node.setdefault(part, {})
@@ -518,7 +544,7 @@ def build_config(data: dict[str, Any] | None = None, overrides: list[str] = (), 
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_one_line(exc, source)) from None
+        raise ConfigError(_one_line(exc, source, set_by)) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -43,6 +43,10 @@ def run_cli(args, capsys):
     (["stop.max_wall_seconds=.nan"], "stop.max_wall_seconds"),
     (["io.run_dir=runs/{"], "only the placeholders {name} and {time}"),
     (["actors.count=1000"], "launch.ranks_per_core"),
+    (["actors.keep_sampler_seconds=5"], "does nothing with actors.elastic=park"),
+    (["launch.watchdog_seconds=60"], "launch.watchdog_warn_seconds=300 is not below launch.watchdog_seconds=60"),
+    # a typo in -o blames the -o (not the config file) and lists the section's keys
+    (["actors.cont=3"], "-o actors.cont=3: unknown key 'actors.cont'; allowed keys in actors: count, fragment_length"),
 ] + ([] if torch.cuda.is_available() else [(["learners.device=cuda"], "torch sees no CUDA device")]))
 def test_config_mistakes_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, overrides, field):
     monkeypatch.chdir(tmp_path)
@@ -237,3 +241,11 @@ def test_an_empty_config_file_is_refused(tmp_path, capsys):
     empty.write_text("# nothing\n")
     rc, err = run_cli([str(empty)], capsys)
     assert rc == 2 and "the file is empty" in err and "\n" not in err
+
+
+def test_soak_refuses_a_time_that_is_not_positive(capsys):
+    from hpcrl.bench import soak
+
+    with pytest.raises(SystemExit) as exit_:
+        soak.main(["--minutes", "-1"])
+    assert exit_.value.code == 2 and "--minutes -1" in capsys.readouterr().err

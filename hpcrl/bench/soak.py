@@ -170,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", help="folder for the run directories (default: a temporary one)")
     args = p.parse_args(argv)
+    if not args.minutes > 0:  # argparse: exit 2 with the usage line
+        p.error(f"--minutes {args.minutes:g}: the soak needs a positive time (e.g. --minutes 20)")
+    if args.actors < 1:
+        p.error(f"--actors {args.actors}: at least 1")
     rng = random.Random(args.seed)
     runners = ("mpi", "serial") if args.runner == "both" else (args.runner,)
     root = Path(args.keep or tempfile.mkdtemp(prefix="hpcrl-soak-"))

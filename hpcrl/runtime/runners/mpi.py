@@ -143,10 +143,10 @@ def run_job(plan: Plan, run_dir: Path, resume: bool, progress: str = "plain") ->
         job.startup = _polling_bcast(job.topo.comm, job.startup)
         role.run()
         _teardown(job)
-    except BaseException:  # noqa: BLE001 - any failure must end the whole job
+    except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
         if role is not None:
             role.close_on_error()
-        _abort(comm, who)
+        _abort(comm, who, brief=_is_watchdog_end(exc))
     return RunResult.ended("mpi", run_dir, role.summary if job.topo.role == "parameter" else {})
 
 
@@ -250,12 +250,23 @@ def _teardown(job: Job) -> None:
     job.topo.free()
 
 
-def _abort(comm, who: str) -> None:
-    """Print this rank's failure (one line naming rank, role and host, then the traceback) and end the job."""
+def _is_watchdog_end(exc: BaseException) -> bool:
+    from hpcrl.runtime.transport.control import RankSilent
+
+    return isinstance(exc, RankSilent)
+
+
+def _abort(comm, who: str, brief: bool = False) -> None:
+    """Print this rank's failure (one line naming rank, role and host, then the traceback; ``brief``: the watchdog
+    ended the job, and its one line names the silent rank) and end the job."""
     rank = comm.Get_rank()
-    lines = traceback.format_exc().rstrip().splitlines()
-    text = "\n".join(f"[rank {rank}] {line}" for line in lines)
-    sys.stderr.write(f"[rank {rank}] hpcrl: {who} failed: {lines[-1] if lines else '?'}; aborting the job\n{text}\n")
+    if brief:
+        sys.stderr.write(f"[rank {rank}] hpcrl: {sys.exc_info()[1]}\n")
+    else:
+        lines = traceback.format_exc().rstrip().splitlines()
+        text = "\n".join(f"[rank {rank}] {line}" for line in lines)
+        sys.stderr.write(f"[rank {rank}] hpcrl: {who} failed: {lines[-1] if lines else '?'}; aborting the job\n"
+                         f"{text}\n")
     sys.stderr.flush()
     sys.stdout.flush()
     time.sleep(0.2)  # let the launcher forward the message before the job is torn down

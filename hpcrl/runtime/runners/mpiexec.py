@@ -28,8 +28,10 @@ from hpcrl.runtime.signals import EXIT_STOPPED, EXIT_TIMEOUT, early_signal
 GRACE_SECONDS = 60.0
 """After a graceful stop request, how long the job may take to checkpoint before it is killed."""
 
-FAILED_LINE = re.compile(r"^\[rank \d+\] hpcrl: (rank \d+.*? failed: .*); aborting the job$")
-"""runtime.runners.mpi._abort's first line: which rank, role and host failed, and the error."""
+FAILED_LINE = re.compile(r"^\[rank \d+\] hpcrl: (rank \d+.*? failed: .*); aborting the job$"
+                         r"|^\[rank 0\] hpcrl: (rank \d+ \(.*?\) made no progress for .*?); ending the job$")
+"""runtime.runners.mpi._abort's first line: which rank, role and host failed, and the error; or rank 0's
+watchdog naming the silent rank."""
 BANNER_PID = re.compile(r"^=\s+PID (\d+) RUNNING AT (\S+)")
 BANNER_CODE = re.compile(r"^=\s+(?:EXIT CODE|KILLED BY SIGNAL): (\d+)")
 """MPICH hydra's report of the first process it saw end badly (with prestart: a rank's stand-in)."""
@@ -196,7 +198,7 @@ def _pump(proc: subprocess.Popen, view, summary: dict, parse_line, roles: list[s
             failed, killed = FAILED_LINE.match(line), KILLED_LINE.match(line)
             banner, code = BANNER_PID.match(line), BANNER_CODE.match(line)
             if failed and "failed" not in summary:  # the rank that failed first, not the ones aborted after it
-                summary["failed"] = failed[1]
+                summary["failed"] = failed[1] or failed[2]
             elif killed and "failed" not in summary:
                 summary["failed"] = f"{name(int(killed[1]), killed[2])} was killed by {killed[3]}"
             elif banner and "failed" not in summary and int(banner[1]) in summary.get("pids", {}):

@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 from hpcrl.runtime.runners.job import Job, build_job, make_role, roll_back_record
+from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalGroup, LocalMailbox,
                                            LocalReports, RunAborted)
 from hpcrl.runtime.plan import Plan
@@ -167,4 +168,6 @@ def _run_roles(jobs, roles, failures, guarded, abort) -> None:
             raise RoleFailed(f"serial run: roles still running {JOIN_SECONDS:.0f} s after the end: "
                              f"{', '.join(t.name for t in threads if t.is_alive())}", "")
         job, exc, details = failures[0]
+        if isinstance(exc, RankSilent):  # the watchdog's line names the silent role; no traceback of its own
+            raise RoleFailed(str(exc), "")
         raise RoleFailed(f"rank {job.rank} ({job.topo.role}) failed: {type(exc).__name__}: {exc}", details)

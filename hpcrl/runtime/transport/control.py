@@ -93,6 +93,11 @@ class Heartbeat:
             self.counters.set(self.word, now)
 
 
+class RankSilent(RuntimeError):
+    """The watchdog ended the job: its message names the silent rank (said in one line, no traceback: the
+    rank that raises it, rank 0, is not the one that failed)."""
+
+
 class Watchdog:
     """Parameter rank: a rank whose heartbeat has not changed for ``warn`` seconds is named in a
     warning; after ``limit`` seconds :meth:`check` raises, which ends the job (both runners)."""
@@ -124,8 +129,8 @@ class Watchdog:
                            f"(the job ends after launch.watchdog_seconds={self.limit:g})")
         if stuck:  # the oldest heartbeat first (the watchdog's own clock only starts when it first sees a value)
             quiet, _, who = max(stuck, key=lambda q: (q[0], -q[1]))
-            raise RuntimeError(f"{who} made no progress for {quiet:.0f} s (launch.watchdog_seconds="
-                               f"{self.limit:g}); ending the job")
+            raise RankSilent(f"{who} made no progress for {quiet:.0f} s (launch.watchdog_seconds="
+                             f"{self.limit:g}); ending the job")
         return out
 
 

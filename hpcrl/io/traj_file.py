@@ -213,9 +213,11 @@ class TrajectoryWriter(TimedFlushFile):
                     c[lo:lo + d.chunks[0]] = d[lo:min(lo + d.chunks[0], steps)]
             set_live_count(copy, LIVE_STEPS, steps)
             copy.attrs[COMMITTED_STEPS] = np.int64(steps)
+        # opened for appending before it takes the path: a reader in this process (the serial runner's checkpoint
+        # counting steps) that opened the path in between would hold it read-only, and HDF5 then refuses the writer
+        again = type(self).open_append(tmp, flush_seconds=self.flush_seconds)
         os.replace(tmp, self.path)
         self.file.close()
-        again = type(self).open_append(self.path, flush_seconds=self.flush_seconds)
         self.file, self._datasets, self._live = again.file, again._datasets, again._live
         self._identity = _identity(self.path)
         print(f"hpcrl: actor {self.actor}: {self.path} was {gone} while the run went on; written again from the "

@@ -140,7 +140,7 @@ class BatchJob:
     join_nodes: int = 0
     """learners.elastic / actors.elastic=steps: nodes the allocation holds beyond the ranks' own, one for each
     learner group that can be active at once and one per actor, where the joining ranks run as job steps
-    (runtime/transport/joining.py)."""
+    (hpcrl/join_launch.py)."""
 
     @property
     def allocation_nodes(self) -> int:

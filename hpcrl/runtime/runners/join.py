@@ -1,13 +1,13 @@
-"""Ranks that join a running job (runtime/transport/joining.py): a learner group's other ranks
+"""Ranks that join a running job (hpcrl/join_launch.py, runtime/transport/joining.py): a learner group's other ranks
 (``learners.elastic``) or an actor's sampler (``actors.elastic``, runtime/roles/joining_sampler.py).
 
 ``python -m hpcrl.runtime.runners.join RUN_DIR --group G --port-file F --ready-file R``, started by the
 group's root as a job step of ``ranks_per_group - 1`` ranks (``--actor A --restart K``: by actor A
 as one rank). Their first rank makes the Plan of ``RUN_DIR/config.yaml`` for all of them; they build the
-model and algorithm as every rank does (a sampler its environments too), connect to the door's port (the first rank writes R just before, so the
-door accepts only when they are there), merge into one communicator with the door as rank 0, and serve
-it: the root's shares of each minibatch (the member loop of a launched group), or the actor's fragments,
-until it releases them; then they disconnect and exit, and their step ends.
+model and algorithm as every rank does (a sampler its environments too), connect to the door's port (the first
+rank writes R just before, so the door accepts only when they are there), merge into one communicator with the
+door as rank 0, and serve it: the root's shares of each minibatch (the member loop of a launched group), or the
+actor's fragments, until it releases them; then they disconnect and exit, and their step ends.
 
 They touch no window of the job: the door beats for them, and a failure here ends only this step
 (exit 1, traceback in the step's log, RUN_DIR/joins/): the door gives the join up or goes on alone.

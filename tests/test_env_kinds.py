@@ -210,8 +210,9 @@ def _run(name: str, runner: str, tmp: Path, caches: Path) -> tuple[Path, int]:
         from hpcrl.runtime.runners import serial
 
         cfg = load_config(path, [*overrides, "launch.runner=serial"])
-        validate(make_plan(cfg))
-        assert serial.run(make_plan(cfg), create_run_dir(make_plan(cfg)), progress="plain").stop_reason.startswith("stop.")
+        plan = make_plan(cfg)
+        validate(plan)
+        assert serial.run(plan, create_run_dir(plan), progress="plain").stop_reason.startswith("stop.")
     else:
         args = [sys.executable, "-m", "hpcrl", "run", str(path), "--runner", "mpi"]
         for o in overrides:

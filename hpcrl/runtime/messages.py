@@ -1,8 +1,8 @@
 """Everything a rank tells the parameter rank (rank 0), one frozen dataclass per message.
 
 Each message has one sender and one handler (``roles/parameter.py``'s table ``ParameterRank.handlers``); its
-table row, where it is one, comes from ``row()``, whose keys are run.h5's column names (io/schema.py), with Unix
-times the record shifts to the run's clock. They travel through ``Reports`` (transport/protocols.py): pickled
+table row, where it is one, comes from ``row()``: its fields are run.h5's columns (io/schema.py), with Unix times
+the record shifts to the run's clock. They travel through ``Reports`` (transport/protocols.py): pickled
 over MPI in one tag, or in one in-memory queue under the serial runner, in the order each rank sent them.
 
 =====================  ==========================================  =========================================
@@ -28,7 +28,7 @@ broadcasts it; the serial runner hands it to each role).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,21 @@ ELASTIC_REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
 """The code of each elastic reason (``GroupEvent.reason``, ``SamplerEvent.reason``)."""
 PARK_REASON = {name: i for i, name in enumerate(PARK_REASONS)}
 """The code of each reason an actor's park ended (``ActorParked.reason``)."""
+
+
+NOT_A_COLUMN = {"column": False}
+"""The metadata of a message's field that is not a column of its table row."""
+COLUMN_OF = {"episode_return": "return"}
+"""A field whose column's name is a Python keyword."""
+
+
+class TableRow:
+    """A message whose fields are the columns of a run.h5 row (but those marked ``NOT_A_COLUMN``)."""
+
+    def row(self) -> dict:
+        """The row, with Unix times (the record shifts them to the run's clock)."""
+        return {COLUMN_OF.get(f.name, f.name): getattr(self, f.name) for f in fields(self)
+                if f.metadata.get("column", True)}
 
 
 @dataclass(frozen=True)
@@ -61,7 +76,7 @@ class PushHeader:
 
 
 @dataclass(frozen=True)
-class Episode:
+class Episode(TableRow):
     """A training episode that ended on an actor (a row of ``episodes``)."""
 
     time: float
@@ -71,13 +86,9 @@ class Episode:
     length: int
     policy_version: int
 
-    def row(self) -> dict:
-        return {"time": self.time, "actor": self.actor, "env_index": self.env_index, "return": self.episode_return,
-                "length": self.length, "policy_version": self.policy_version}
-
 
 @dataclass(frozen=True)
-class FragmentReport:
+class FragmentReport(TableRow):
     """An actor sent a fragment: its timings (a row of ``actors``), the episodes it ended and the actor's newest
     normalisation statistics (kept by rank 0 for checkpoints)."""
 
@@ -91,18 +102,12 @@ class FragmentReport:
     policy_version: int
     group: int
     """The group it went to (-1: several)."""
-    episodes: tuple[Episode, ...] = ()
-    normalizer: dict | None = field(default=None, repr=False)
-
-    def row(self) -> dict:
-        return {"time": self.time, "actor": self.actor, "fragment": self.fragment, "steps": self.steps,
-                "sample_seconds": self.sample_seconds, "transport_wait_seconds": self.transport_wait_seconds,
-                "weight_sync_seconds": self.weight_sync_seconds, "policy_version": self.policy_version,
-                "group": self.group}
+    episodes: tuple[Episode, ...] = field(default=(), metadata=NOT_A_COLUMN)
+    normalizer: dict | None = field(default=None, repr=False, metadata=NOT_A_COLUMN)
 
 
 @dataclass(frozen=True)
-class ActorParked:
+class ActorParked(TableRow):
     """An actor's park ended (a row of ``actor_parks``; ``reason``: an index of io.schema's PARK_REASONS)."""
 
     time: float
@@ -112,13 +117,9 @@ class ActorParked:
     active_actors: int
     reason: int
 
-    def row(self) -> dict:
-        return {"time": self.time, "actor": self.actor, "parked_seconds": self.parked_seconds,
-                "cpu_seconds": self.cpu_seconds, "active_actors": self.active_actors, "reason": self.reason}
-
 
 @dataclass(frozen=True)
-class SamplerEvent:
+class SamplerEvent(TableRow):
     """An actor's joined sampler joined, left or was given up (a row of ``actor_joins``; ``action`` and
     ``reason``: indices of io.schema's ELASTIC_ACTIONS and ELASTIC_REASONS)."""
 
@@ -129,21 +130,14 @@ class SamplerEvent:
     seconds: float
     active_actors: int
 
-    def row(self) -> dict:
-        return {"time": self.time, "actor": self.actor, "action": self.action, "reason": self.reason,
-                "seconds": self.seconds, "active_actors": self.active_actors}
-
 
 @dataclass(frozen=True)
-class EvalEpisode:
+class EvalEpisode(TableRow):
     """One greedy evaluation episode (an eval env copy)."""
 
     env_index: int
     episode_return: float
     length: int
-
-    def row(self) -> dict:
-        return {"env_index": self.env_index, "return": self.episode_return, "length": self.length}
 
 
 @dataclass(frozen=True)
@@ -166,7 +160,7 @@ class GroupState:
 
 
 @dataclass(frozen=True)
-class LearnerActivity:
+class LearnerActivity(TableRow):
     """A learner group trained (or prepared) a batch: a row of ``learner_activity``, its gradients' cycles
     (columns of ``learner_cycles``), the algorithm's report for ``algo.end_round`` and, with update push, the
     group's optimizer state."""
@@ -176,19 +170,15 @@ class LearnerActivity:
     group: int
     compute_seconds: float
     samples: int
-    cycles: dict = field(repr=False)
+    cycles: dict = field(repr=False, metadata=NOT_A_COLUMN)
     """Columns of ``learner_cycles`` (record/cycle_profile.py ``CycleRecord.take_rows``)."""
-    algo_report: Any = field(default=None, repr=False)
+    algo_report: Any = field(default=None, repr=False, metadata=NOT_A_COLUMN)
     """``algo.learner_report(batch)``: opaque to the runtime, handed to ``algo.end_round``."""
-    group_state: GroupState | None = None
-
-    def row(self) -> dict:
-        return {"time_start": self.time_start, "time_end": self.time_end, "group": self.group,
-                "compute_seconds": self.compute_seconds, "samples": self.samples}
+    group_state: GroupState | None = field(default=None, metadata=NOT_A_COLUMN)
 
 
 @dataclass(frozen=True)
-class GroupEvent:
+class GroupEvent(TableRow):
     """A learner group's park ended, or its joining ranks joined, left or were given up (a row of
     ``elastic_events``; ``action`` and ``reason``: indices of io.schema's ELASTIC_ACTIONS and ELASTIC_REASONS)."""
 
@@ -199,11 +189,6 @@ class GroupEvent:
     active_groups: int
     parked_seconds: float
     cpu_seconds: float
-
-    def row(self) -> dict:
-        return {"time": self.time, "group": self.group, "action": self.action, "reason": self.reason,
-                "active_groups": self.active_groups, "parked_seconds": self.parked_seconds,
-                "cpu_seconds": self.cpu_seconds}
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ class Plan:
     groups: int
     """Learner groups."""
     ranks_per_group: int
-    """Ranks of a learner group (learners.ranks_per_group; with learners.elastic steps or jobs all but the root join)."""
+    """Ranks of a learner group (learners.ranks_per_group; with learners.elastic steps or jobs all but the root
+    join)."""
     num_ranks: int
     """Ranks the job launches: 1 parameter + the learner groups' launched ranks + the actors."""
     seed: int

@@ -119,7 +119,7 @@ class ParameterRank:
         self.normalizers: list[dict | None] = [None] * self.plan.actors  # each actor's newest statistics
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
-        self.groups = ActiveGroups(self.settings.learners, self.counters, self._new_version, self.settings.debug.active_groups)
+        self.groups = ActiveGroups(settings.learners, self.counters, self._new_version, settings.debug.active_groups)
         self.active_actors = self.plan.actors  # actor ranks 0 .. active_actors-1 sample (algo.end_round)
         self.round_end = self.plan.round_steps  # consumed env steps at which the current round ends
         self.stop_reason: str | None = None

@@ -207,8 +207,9 @@ class VectorSampler:
             done = step.terminated | step.truncated
             now = time.time()
             for i in np.flatnonzero(done):
-                episodes.append(Episode(time=now, actor=actor, env_index=int(i), episode_return=float(self.ep_return[i]),
-                                        length=int(self.ep_length[i]), policy_version=version))
+                episodes.append(Episode(time=now, actor=actor, env_index=int(i),
+                                        episode_return=float(self.ep_return[i]), length=int(self.ep_length[i]),
+                                        policy_version=version))
             self.ep_return[done], self.ep_length[done] = 0.0, 0
             boot = np.flatnonzero(step.truncated & ~step.terminated)
             if boot.size:

@@ -196,7 +196,8 @@ class MpiWiring:
 
         board = WeightBoard(self.comm, 0, num_params, history=history, probe_size=probe_size,
                             reader="learner" if topo.role == "learner" else "actor")
-        if not node_cache.wanted(self.plan.sections.launch.node_weight_cache, [topo.nodes[r] for r in topo.actor_ranks]):
+        actor_nodes = [topo.nodes[r] for r in topo.actor_ranks]
+        if not node_cache.wanted(self.plan.sections.launch.node_weight_cache, actor_nodes):
             return board
         return node_cache.for_actors(board, self.comm, topo.role == "actor")
 

@@ -225,8 +225,9 @@ class JoiningGroupReduce:
 
     def _event(self, action: str, reason: str, seconds: float) -> None:
         self.reports.send(GroupEvent(time=time.time(), group=self.group, action=ELASTIC_ACTION[action],
-                                     reason=ELASTIC_REASON[reason], active_groups=int(self.counters.read(control.ACTIVE)),
-                                     parked_seconds=seconds, cpu_seconds=0.0))
+                                     reason=ELASTIC_REASON[reason],
+                                     active_groups=int(self.counters.read(control.ACTIVE)), parked_seconds=seconds,
+                                     cpu_seconds=0.0))
 
     # ---- protocols.GroupReduce ---------------------------------------------------------------
     def hand_out(self, weights: np.ndarray, minibatch: dict, window: list[np.ndarray] | None

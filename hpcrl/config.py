@@ -283,9 +283,13 @@ class PlacementConfig(Section):
 
 
 class LaunchConfig(Section):
-    runner: Literal["mpi", "serial"] = "mpi"
-    """Where the roles run: 'mpi' (one MPI rank each, started by mpiexec/srun/PALS) or 'serial'
-    (all roles in this one process, in-memory transports, no MPI; same record)."""
+    runner: Literal["mpi", "serial", "sim"] = "mpi"
+    """Where the roles run: 'mpi' (one MPI rank each, started by mpiexec/srun/PALS), 'serial'
+    (all roles in this one process, in-memory transports, no MPI; same record) or 'sim' (all roles in this
+    process in virtual time, on the cluster of ``launch.profile``: docs/sim.md)."""
+    profile: str = "this-machine"
+    """launch.runner=sim: the cluster profile the job runs on in virtual time, a shipped name
+    (this-machine, perlmutter, polaris, stellaris-hpc, marless) or a path to a profile YAML (docs/sim.md)."""
     mpiexec: str = "mpiexec"
     """MPI launcher for local runs (the one next to the Python interpreter is preferred)."""
     mpiexec_args: list[str] = Field(default_factory=list)
@@ -436,6 +440,21 @@ class RunConfig(Section):
                              f"(ranks join "
                              f"through MPI ports); got launch.runner={self.launch.runner}, "
                              f"learners.allreduce={learners.allreduce}")
+        return self
+
+    @model_validator(mode="after")
+    def _a_simulated_job_fits_its_profile(self) -> "RunConfig":
+        if self.launch.runner != "sim":
+            return self
+        if self.learners.ranks_per_group > 1:
+            raise ValueError(f"launch.runner=sim simulates learner groups of one rank; got learners.ranks_per_group="
+                             f"{self.learners.ranks_per_group} (use 1, or launch.runner=serial/mpi)")
+        from hpcrl.cluster_profiles import ProfileError, load_profile, place
+
+        try:
+            place(load_profile(self.launch.profile), self.learners.groups, self.actors.count, self.env.id)
+        except ProfileError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     @model_validator(mode="after")

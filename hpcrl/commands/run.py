@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="YAML config (default: hpcrl/configs/cartpole.yaml, CartPole-v1 on 4 ranks)")
     parser.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config value, e.g. -o aggregation.d=0.9 (repeatable)")
-    parser.add_argument("--runner", choices=("mpi", "serial"),
-                        help="where the roles run (sets launch.runner): MPI ranks, or all in this process")
+    parser.add_argument("--runner", choices=("mpi", "serial", "sim"),
+                        help="where the roles run (sets launch.runner): MPI ranks, all in this process, or all in this "
+                             "process in virtual time on launch.profile's cluster")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="total MPI ranks; the ranks beyond the parameter and learner ranks become actors")
@@ -190,7 +191,7 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--ranks {args.ranks}: this job has {inside[1]} ranks")
         plan = resolve_plan(args)[0]  # every mistake is reported before MPI starts
         if plan.runner != "mpi":
-            raise ConfigError("launch.runner=serial runs in one process, not as ranks of an MPI job; "
+            raise ConfigError(f"launch.runner={plan.runner} runs in one process, not as ranks of an MPI job; "
                               "start `hpcrl run CONFIG` once, without mpiexec, srun or --inside-mpi")
 
         def plan_for(size: int) -> Plan:
@@ -204,7 +205,7 @@ def main(args: argparse.Namespace) -> int:
                                 make_run_dir=lambda: create_run_dir(plan), progress=progress_mode()).exit_code
     command_unix = getattr(args, "command_unix", None) or process_start_unix()
     # the ranks' libraries are imported by the prestart server while this process checks the config
-    server = start_prestart() if args.runner != "serial" else None
+    server = start_prestart() if args.runner not in ("serial", "sim") else None
     job_ran = False
     try:
         plan, run_dir = resolve_plan(args)
@@ -308,8 +309,11 @@ def report_startup(run_dir: Path, command_unix: float, show: bool = True) -> Non
 
 def check_local_machine(plan: Plan, oversubscribe: bool = False) -> None:
     """What a local launch needs of this machine: not too many ranks per core, a GPU if learners.device=cuda,
-    mpiexec for the mpi runner."""
+    mpiexec for the mpi runner. A simulated job (launch.runner=sim) runs its ranks in virtual time on its
+    profile's nodes, one thread of this process at a time: nothing to check here."""
     cfg = plan.sections
+    if plan.runner == "sim":
+        return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     ranks = 1 if plan.runner == "fused" else plan.num_ranks
     limit = cfg.launch.ranks_per_core * cores

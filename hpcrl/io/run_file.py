@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import h5py
@@ -67,8 +67,10 @@ TRAJ_GROUP = "trajectories"
 
 
 class RunFile(TimedFlushFile):
-    def __init__(self, file: h5py.File, compression: str, flush_seconds: float):
+    def __init__(self, file: h5py.File, compression: str, flush_seconds: float,
+                 unix: Callable[[], float] = time.time):
         self.file = file
+        self._unix = unix
         self.path = Path(file.filename)
         self.compression = compression
         self.start_unix = float(file.attrs["start_unix"])
@@ -80,14 +82,16 @@ class RunFile(TimedFlushFile):
     @classmethod
     def create(cls, path: str | Path, config_yaml: str, rank_map: Mapping[str, object], compression: str = "gzip",
                *, traj_layout: TrajLayout | None = None, num_actors: int | None = None,
-               flush_seconds: float = 5.0, attrs: Mapping[str, object] | None = None) -> "RunFile":
-        """A new run.h5; ``attrs`` are extra file attributes (e.g. ``runner``), written before SWMR starts."""
+               flush_seconds: float = 5.0, attrs: Mapping[str, object] | None = None,
+               unix: Callable[[], float] = time.time) -> "RunFile":
+        """A new run.h5; ``attrs`` are extra file attributes (e.g. ``runner``), written before SWMR starts;
+        ``unix``: the run's clock (seconds since the epoch; a simulated run's is virtual)."""
         filter_kwargs(compression)  # validate before creating anything
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         f = h5py.File(path, "w", libver=WRITE_LIBVER, locking=False)
         try:
-            now = time.time()
+            now = unix()
             f.attrs["schema_version"] = SCHEMA_VERSION
             f.attrs["hpcrl_version"] = hpcrl.__version__
             f.attrs["created"] = _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds")
@@ -97,7 +101,7 @@ class RunFile(TimedFlushFile):
             f.attrs["compression"] = compression
             for key, value in (attrs or {}).items():
                 f.attrs[key] = value
-            run = cls(f, compression, flush_seconds)
+            run = cls(f, compression, flush_seconds, unix)
             for spec in TABLES.values():
                 run._tables[spec.name] = Table.create(f, spec, compression)
             run.table("rank_map").append(dict(rank_map))
@@ -119,7 +123,7 @@ class RunFile(TimedFlushFile):
     @classmethod
     def open_append(cls, path: str | Path, flush_seconds: float = 5.0, *, traj_layout: TrajLayout | None = None,
                     num_actors: int | None = None, note: str = "",
-                    rank_map: Mapping[str, object] | None = None) -> "RunFile":
+                    rank_map: Mapping[str, object] | None = None, unix: Callable[[], float] = time.time) -> "RunFile":
         """Reopen run.h5 to resume; ``note`` (e.g. what was cut back to the checkpoint, as JSON) is appended
         to the ``resumed`` attribute, one entry per resume beside ``resumed_unix``. A resumed job with
         more ranks (more actors) passes its ``rank_map``: the rows of ranks not listed yet are appended,
@@ -137,9 +141,9 @@ class RunFile(TimedFlushFile):
         if version is None or int(version) != SCHEMA_VERSION:
             f.close()
             raise RunFileError(f"{path}: schema_version {version} cannot be resumed by schema {SCHEMA_VERSION}")
-        run = cls(f, str(f.attrs.get("compression", "gzip")), flush_seconds)
+        run = cls(f, str(f.attrs.get("compression", "gzip")), flush_seconds, unix)
         with run._writing():  # a full disk here is a RecordWriteError like any later write
-            f.attrs["resumed_unix"] = np.append(np.asarray(f.attrs.get("resumed_unix", []), "f8"), time.time())
+            f.attrs["resumed_unix"] = np.append(np.asarray(f.attrs.get("resumed_unix", []), "f8"), unix())
             notes = [str(n) for n in np.atleast_1d(f.attrs.get("resumed", np.array([], dtype=object)))]
             f.attrs["resumed"] = np.array([*notes, note], dtype=h5py.string_dtype())
             for spec in TABLES.values():
@@ -167,7 +171,7 @@ class RunFile(TimedFlushFile):
 
     def now(self) -> float:
         """Seconds since the run started (kept across resumes)."""
-        return time.time() - self.start_unix
+        return self._unix() - self.start_unix
 
     def table(self, name: str) -> Table:
         try:

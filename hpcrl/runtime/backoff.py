@@ -6,18 +6,19 @@ So every wait here is a test-and-sleep loop with a sleep that doubles up to a ca
 """
 from __future__ import annotations
 
-import time
+from hpcrl.runtime.clock import WALL, Clock
 
 
 class Backoff:
-    """Sleep ``first`` seconds, doubling up to ``cap``; ``reset`` after useful work; ``waited`` sums the sleeps."""
+    """Sleep ``first`` seconds, doubling up to ``cap``; ``reset`` after useful work; ``waited`` sums the sleeps.
+    A role's back-off sleeps on its job's ``clock`` (virtual under launch.runner=sim)."""
 
-    def __init__(self, first: float = 1e-5, cap: float = 1e-3):
-        self.first, self.cap = first, cap
+    def __init__(self, first: float = 1e-5, cap: float = 1e-3, clock: Clock = WALL):
+        self.first, self.cap, self.clock = first, cap, clock
         self.delay, self.waited = first, 0.0
 
     def sleep(self) -> None:
-        time.sleep(self.delay)
+        self.clock.sleep(self.delay)
         self.waited += self.delay
         self.delay = min(self.delay * 2, self.cap)
 

@@ -18,7 +18,7 @@ Each fact comes from the component that owns it, never from a test of another co
 - **fragment routing**: an actor sends each fragment to one group with room (``own_group``),
   to every active group (MARL policy learners: ``every_group``) or to the post-processing group
   (``postprocess_first``), which prepares it for the others;
-- **the runner** (``mpi``, ``serial`` or ``fused``) from ``launch.runner`` and, for an algorithm
+- **the runner** (``mpi``, ``serial``, ``sim`` or ``fused``) from ``launch.runner`` and, for an algorithm
   the fused loop runs (its config's ``fused_loop``), from whether this job fits it; ``runner_reason``
   is the line ``hpcrl run`` prints at start (with why a fused-loop algorithm runs on the roles).
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 Pacing = Literal["free", "lockstep", "held"]
 Routing = Literal["own_group", "every_group", "postprocess_first"]
-Runner = Literal["mpi", "serial", "fused"]
+Runner = Literal["mpi", "serial", "fused", "sim"]
 Push = Literal["gradient", "update"]
 
 
@@ -165,6 +165,9 @@ def _runner(cfg) -> tuple[Runner, str]:
         on_roles = f"; {cfg.algo.name} runs on the roles, not the fused loop: {why}"
     if cfg.launch.runner == "serial":
         return "serial", f"{cfg.num_ranks} roles in this process (launch.runner=serial){on_roles}"
+    if cfg.launch.runner == "sim":
+        return "sim", (f"{cfg.num_ranks} roles in this process in virtual time on cluster profile "
+                       f"{cfg.launch.profile} (launch.runner=sim){on_roles}")
     return "mpi", f"{cfg.num_ranks} ranks (launch.runner=mpi){on_roles}"
 
 

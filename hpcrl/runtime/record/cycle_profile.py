@@ -13,7 +13,7 @@ cycle (:meth:`PhaseClock.restart`). The rows travel to the parameter rank with t
 """
 from __future__ import annotations
 
-import time
+from hpcrl.runtime.clock import WALL, Clock
 
 LEARNER_PHASES = ("idle", "receive", "prepare", "minibatch", "control", "weights", "window", "gradient",
                   "flatten", "allreduce", "push", "push_wait")
@@ -26,14 +26,14 @@ PARAMETER_PHASES = ("receive", "admit", "apply", "publish", "record", "idle", "o
 class PhaseClock:
     """Seconds per phase since the last :meth:`take` (or :meth:`restart`)."""
 
-    def __init__(self, phases: tuple[str, ...]) -> None:
-        self.phases = phases
+    def __init__(self, phases: tuple[str, ...], clock: Clock = WALL) -> None:
+        self.phases, self.clock = phases, clock
         self.seconds = dict.fromkeys(phases, 0.0)
-        self.mark = self.start = time.perf_counter()
+        self.mark = self.start = clock.now()
 
     def lap(self, phase: str) -> float:
         """Charge the seconds since the previous lap to ``phase``; return them."""
-        now = time.perf_counter()
+        now = self.clock.now()
         dt = now - self.mark
         self.seconds[phase] += dt
         self.mark = now
@@ -48,7 +48,7 @@ class PhaseClock:
     def restart(self) -> None:
         """Forget the time since the last take (e.g. a park: parked time belongs to no cycle)."""
         self.seconds = dict.fromkeys(self.phases, 0.0)
-        self.mark = self.start = time.perf_counter()
+        self.mark = self.start = self.clock.now()
 
     def take(self) -> tuple[float, dict[str, float]]:
         """(elapsed seconds, seconds per phase) up to the last lap; counting starts again from it."""
@@ -63,9 +63,9 @@ class CycleRecord:
 
     COLUMNS = ("time", "group", "seq", "base_version", "cycle_seconds", *(f"{p}_seconds" for p in LEARNER_PHASES))
 
-    def __init__(self, group: int) -> None:
+    def __init__(self, group: int, clock: Clock = WALL) -> None:
         self.group = group
-        self.clock = PhaseClock(LEARNER_PHASES)
+        self.clock = PhaseClock(LEARNER_PHASES, clock)
         self.lap = self.clock.lap
         self.rows = self._empty()
 
@@ -75,7 +75,7 @@ class CycleRecord:
         self.clock.move(push_wait, "push", "push_wait")
         elapsed, seconds = self.clock.take()
         rows = self.rows
-        rows["time"].append(time.time())
+        rows["time"].append(self.clock.clock.unix())
         rows["group"].append(self.group)
         rows["seq"].append(seq)
         rows["base_version"].append(base_version)

@@ -41,6 +41,7 @@ import numpy as np
 
 from hpcrl.io import RunFile
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS, GRADIENT_REASONS, RUN_FILE
+from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, GroupEvent, JoiningJob, LearnerActivity,
                                     SamplerEvent)
 from hpcrl.runtime.record.allocation import batch_job
@@ -72,23 +73,27 @@ class RunRecord:
 
     @classmethod
     def create(cls, run_dir: Path, io, config_yaml: str, rank_map: Mapping[str, Sequence], stop_rule: StopRule,
-               attrs: Mapping[str, Any], traj_layout=None, num_actors: int | None = None) -> "RunRecord":
-        """A new ``run_dir/run.h5`` (``io``: the config's io section; ``attrs``: file attributes such as the runner)."""
+               attrs: Mapping[str, Any], traj_layout=None, num_actors: int | None = None, clock: Clock = WALL
+               ) -> "RunRecord":
+        """A new ``run_dir/run.h5`` (``io``: the config's io section; ``attrs``: file attributes such as the runner;
+        ``clock``: the parameter rank's, whose times the tables hold)."""
         run_file = RunFile.create(Path(run_dir) / RUN_FILE, config_yaml, rank_map, io.compression,
                                   traj_layout=traj_layout, num_actors=num_actors, flush_seconds=io.flush_seconds,
-                                  attrs=attrs)
-        return cls(run_file, stop_rule, scalars=open_scalars(run_dir, io))._started()
+                                  attrs=attrs, unix=clock.unix)
+        return cls(run_file, stop_rule, scalars=open_scalars(run_dir, io, clock=clock))._started()
 
     @classmethod
     def reopen(cls, run_dir: Path, io, rank_map: Mapping[str, Sequence], stop_rule: StopRule, note: Mapping[str, Any],
                counts: Mapping[str, int], traj_layout=None, num_actors: int | None = None,
-               env_steps: int = 0) -> "RunRecord":
+               env_steps: int = 0, clock: Clock = WALL) -> "RunRecord":
         """``run_dir/run.h5`` reopened to resume (``note``: what the resume cut back, kept as JSON in the file;
         ``counts``: the checkpoint's episodes, updates, gradients and admitted; ``env_steps``: its env steps,
         where the live scalars go on)."""
         run_file = RunFile.open_append(Path(run_dir) / RUN_FILE, flush_seconds=io.flush_seconds, note=json.dumps(note),
-                                       rank_map=rank_map, traj_layout=traj_layout, num_actors=num_actors)
-        return cls(run_file, stop_rule, **counts, scalars=open_scalars(run_dir, io, resume_step=env_steps))._started()
+                                       rank_map=rank_map, traj_layout=traj_layout, num_actors=num_actors,
+                                       unix=clock.unix)
+        return cls(run_file, stop_rule, **counts,
+                   scalars=open_scalars(run_dir, io, resume_step=env_steps, clock=clock))._started()
 
     def _started(self) -> "RunRecord":
         """The allocations row of this start, when it runs inside a batch job."""

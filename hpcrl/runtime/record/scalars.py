@@ -43,11 +43,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from hpcrl.runtime.clock import WALL, Clock
+
 TENSORBOARD_DIR = "tensorboard"
 """The event files' folder in the run directory (``tensorboard --logdir RUN_DIR/tensorboard``)."""
 
 WRITE_SECONDS = 0.5
-"""Least wall seconds between two round events (rounds in between are merged into the next)."""
+"""Least seconds (of the run's clock) between two round events (rounds in between are merged into the next)."""
 
 TRAIN_STATS = ("loss", "policy_loss", "value_loss", "entropy", "kl")
 """The learners' gradient stats (transport.control.GRAD_STATS) written as ``train/<name>``."""
@@ -56,22 +58,22 @@ TRAIN_STATS = ("loss", "policy_loss", "value_loss", "entropy", "kl")
 class Scalars:
     """One event file; :meth:`add` queues an event, tensorboard's writer thread writes it."""
 
-    def __init__(self, folder: Path, flush_seconds: float, resume_step: int | None = None) -> None:
+    def __init__(self, folder: Path, flush_seconds: float, resume_step: int | None = None, clock: Clock = WALL) -> None:
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self._event = Event
+        self._event, self.clock = Event, clock
         self.folder = Path(folder)
         self._writer = EventFileWriter(str(self.folder), max_queue_size=64, flush_secs=flush_seconds)
         if resume_step is not None:
-            self._writer.add_event(Event(wall_time=time.time(), step=int(resume_step) + 1,
+            self._writer.add_event(Event(wall_time=clock.unix(), step=int(resume_step) + 1,
                                          session_log=SessionLog(status=SessionLog.START)))
         self.writes, self.seconds = 0, 0.0  # what add cost the caller
 
     def add(self, step: int, values: Mapping[str, float]) -> None:
         """One event at env step ``step`` holding each finite value of ``values`` under its tag."""
-        t = time.perf_counter()
-        event = self._event(wall_time=time.time(), step=int(step))
+        t = time.perf_counter()  # real seconds: what writing costs this process
+        event = self._event(wall_time=self.clock.unix(), step=int(step))
         add = event.summary.value.add  # in place: Summary(value=[Summary.Value(...)]) copies, 2.5x the time
         for tag, v in values.items():
             if v is not None and math.isfinite(v):
@@ -94,18 +96,19 @@ class LiveScalars:
 
     def __init__(self, scalars: Scalars, env_steps: int = 0) -> None:
         self.scalars = scalars
+        self.clock = scalars.clock
         self.step = env_steps  # env steps at the last round's end
         self.rounds: list[tuple[dict, dict]] = []  # (rounds row, kept numbers) not yet written
         self.queued, self.window_return = 0, math.nan  # of the newest kept round
         self.load_now: dict[str, float] = {}
-        self.written_at = time.monotonic()
+        self.written_at = self.clock.now()
 
     def round(self, row: dict[str, Any], kept: dict[str, Any], queued: int, window_return: float) -> None:
         """A round ended (``row``: its rounds row; ``kept``: RunRecord's numbers of it; ``queued``: gradients
         waiting now; ``window_return``: the stop rule's mean return); written once WRITE_SECONDS have passed."""
         self.rounds.append((row, kept))
         self.step, self.queued, self.window_return = row["env_steps_total"], queued, window_return
-        if time.monotonic() - self.written_at >= WRITE_SECONDS:
+        if self.clock.now() - self.written_at >= WRITE_SECONDS:
             self.write()
 
     def load(self, absorption: float, arrival: float, busy: float) -> None:
@@ -123,7 +126,7 @@ class LiveScalars:
         if self.rounds:
             self.scalars.add(self.step, self.merged())
             self.rounds, self.load_now = [], {}
-        self.written_at = time.monotonic()
+        self.written_at = self.clock.now()
 
     def merged(self) -> dict[str, float]:
         """The tags of the module doc over the kept rounds."""
@@ -180,13 +183,13 @@ def _mean(values: np.ndarray) -> float:
     return float(finite.mean()) if finite.size else math.nan
 
 
-def open_scalars(run_dir: Path, io, resume_step: int | None = None) -> LiveScalars | None:
+def open_scalars(run_dir: Path, io, resume_step: int | None = None, clock: Clock = WALL) -> LiveScalars | None:
     """The run's :class:`LiveScalars` (``io``: the config's io section), or None with ``io.tensorboard`` false
     or, after one line on stderr, without the tensorboard package (the run goes on without live scalars)."""
     if not io.tensorboard:
         return None
     try:
-        scalars = Scalars(Path(run_dir) / TENSORBOARD_DIR, io.flush_seconds, resume_step)
+        scalars = Scalars(Path(run_dir) / TENSORBOARD_DIR, io.flush_seconds, resume_step, clock)
     except ImportError as exc:
         print(f"hpcrl: io.tensorboard: no live scalars ({exc}; pip install tensorboard, "
               "or set io.tensorboard=false)", file=sys.stderr, flush=True)

@@ -16,9 +16,9 @@ admission queue is told to wait before computing another.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
+from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import ELASTIC_ACTION, ELASTIC_REASON, GroupEvent
 from hpcrl.runtime.roles import elastic
 from hpcrl.runtime.transport import control
@@ -100,11 +100,11 @@ class ActiveGroups:
                 self.counters.set(control.held_word(self.groups, g), int(g in held))
 
 
-def wait_while_parked(counters, group: int, reports, tick: Callable[[], None]) -> bool:
+def wait_while_parked(counters, group: int, reports, tick: Callable[[], None], clock: Clock = WALL) -> bool:
     """The learner's side: block until ``group`` is activated (True) or the run stops (False), calling ``tick``
     at least once a second (the group's heartbeat, and fragments an actor sent before it saw the park); then
     report the park's length and the CPU it used (an ``activity`` row, elastic_events on the parameter rank)."""
-    start, cpu = time.time(), time.thread_time()
+    start, cpu = clock.unix(), clock.thread_time()
     awake = lambda w: bool(w[control.STOP]) or group < w[control.ACTIVE]  # noqa: E731
     while True:
         tick()
@@ -114,7 +114,7 @@ def wait_while_parked(counters, group: int, reports, tick: Callable[[], None]) -
         counters.wait_until(awake, timeout=1.0, nap=control.PARK_NAP_SECONDS)
     woken = not words[control.STOP]
     reports.send(GroupEvent(
-        time=time.time(), group=group, action=ELASTIC_ACTION["parked"],
+        time=clock.unix(), group=group, action=ELASTIC_ACTION["parked"],
         reason=ELASTIC_REASON["woken" if woken else "stopped"], active_groups=int(words[control.ACTIVE]),
-        parked_seconds=time.time() - start, cpu_seconds=time.thread_time() - cpu))
+        parked_seconds=clock.unix() - start, cpu_seconds=clock.thread_time() - cpu))
     return woken

@@ -29,7 +29,6 @@ parks, so its node goes back (runtime/roles/joining_sampler.py).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +37,7 @@ from hpcrl.config import ActorsConfig, DebugConfig, EnvConfig, EvalConfig, IOCon
 from hpcrl.io import TrajectoryWriter, traj_filename
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.clock import Work
 from hpcrl.runtime.messages import PARK_REASON, ActorParked, Evaluation, FragmentReport
 from hpcrl.runtime.roles.evaluation import Evaluator
 from hpcrl.runtime.roles.joining_sampler import JoiningSampler
@@ -62,10 +62,11 @@ class Actor:
         self.job, self.settings, self.plan = job, settings, job.plan
         self.model, self.algo = job.model, job.algo
         self.index = job.topo.actor_index
-        self.fault = control.FaultInjector(self.settings.debug, job.rank, actor=self.index)
-        self.heartbeat = control.Heartbeat(job.counters, self.plan.groups, job.rank)
+        self.clock = job.clock
+        self.fault = control.FaultInjector(self.settings.debug, job.rank, actor=self.index, clock=job.clock)
+        self.heartbeat = control.Heartbeat(job.counters, self.plan.groups, job.rank, job.clock)
         if job.joiner is None:
-            self.sampler = VectorSampler(self.settings.env, self.index, gamma=self.plan.reward_gamma)
+            self.sampler = VectorSampler(self.settings.env, self.index, gamma=self.plan.reward_gamma, clock=job.clock)
         else:  # actors.elastic: a joined rank samples while this actor is active
             self.sampler = JoiningSampler(self.settings.env, self.index, self.plan.reward_gamma, job.env.num_envs,
                                           job.joiner, job.reports, lambda: int(job.counters.read(control.ACTIVE_ACTORS)),
@@ -100,6 +101,7 @@ class Actor:
         counters = self.job.counters
         T = self.plan.fragment_length
         on_policy = self.plan.on_policy
+        clock = self.clock
         while True:
             self.fault.check()
             self.heartbeat.beat()
@@ -113,23 +115,26 @@ class Actor:
                 continue
             self.sampler.ready()  # actors.elastic: a sampler joins first (seconds; no sampling time)
             self.fault.slow_down()  # debug.slow_actor
-            t = time.perf_counter()
+            t = clock.now()
             if on_policy:  # a place first, then the weights the learners made since it was freed
                 groups = self._wait_for_room(G, reserve=True)
                 if groups is None:  # stopping
                     break
-                t_wait = time.perf_counter() - t
-                t = time.perf_counter()
-            t_sync = time.perf_counter() - t if self._sync_weights() else 0.0
-            t = time.perf_counter()
+                t_wait = clock.now() - t
+                t = clock.now()
+            t_sync = clock.now() - t if self._sync_weights() else 0.0
+            t = clock.now()
+            # charged before the steps are taken: an episode's time is then its fragment's end (the weights were
+            # read at its start)
+            clock.did(Work.ENV_STEPS, T * self.sampler.num_envs)
             fragment, episodes = self.sampler.sample(self.algo, self.model, T, self.version, self.index)
-            t_sample = time.perf_counter() - t
+            t_sample = clock.now() - t
             if not on_policy:
-                t = time.perf_counter()
+                t = clock.now()
                 groups = self._wait_for_every_group(G) if self.plan.fragments_to_every_group else self._wait_for_room(G)
                 if groups is None:  # stopping
                     break
-                t_wait = time.perf_counter() - t
+                t_wait = clock.now() - t
                 for g in groups:
                     counters.add(control.BACKLOG + g, 1)
             fragment["policy_version"] = self.version
@@ -146,7 +151,7 @@ class Actor:
                                         fragment["values"], self.version, bootstrap_values(fragment))
             self.writer.maybe_flush()
             self.job.reports.send(FragmentReport(
-                time=time.time(), actor=self.index, fragment=self.fragments, steps=steps, sample_seconds=t_sample,
+                time=clock.unix(), actor=self.index, fragment=self.fragments, steps=steps, sample_seconds=t_sample,
                 transport_wait_seconds=t_wait, weight_sync_seconds=t_sync, policy_version=self.version, group=group,
                 episodes=tuple(episodes), normalizer=self.sampler.normalizer_state()))
             self.fragments += 1
@@ -175,12 +180,14 @@ class Actor:
         self.model.flat.load_(self.weights)
         self.version = v
         episodes = self.evaluator.run(self.algo, self.model)
-        self.job.reports.send(Evaluation(time=time.time(), round=rounds, policy_version=v, episodes=tuple(episodes)))
+        self.clock.did(Work.ENV_STEPS, sum(e.length for e in episodes))
+        self.job.reports.send(Evaluation(time=self.clock.unix(), round=rounds, policy_version=v, episodes=tuple(episodes)))
         self.evaluated_rounds = rounds
 
     def _park(self) -> None:
         """Block while this actor is parked (no stop, no evaluation request), then report the park."""
-        start, cpu = time.time(), time.thread_time()
+        clock = self.clock
+        start, cpu = clock.unix(), clock.thread_time()
         counters, i = self.job.counters, self.index
 
         def awake(w) -> bool:
@@ -189,14 +196,14 @@ class Actor:
 
         while True:
             self.heartbeat.beat()
-            self.sampler.parked(time.time() - start)  # actors.elastic: its joined sampler leaves (at once, or later)
+            self.sampler.parked(clock.unix() - start)  # actors.elastic: its joined sampler leaves (at once, or later)
             words = counters.read_all()
             if awake(words):
                 break
             counters.wait_until(awake, timeout=1.0, nap=control.PARK_NAP_SECONDS)
         reason = "stopped" if words[control.STOP] else ("woken" if i < words[control.ACTIVE_ACTORS] else "evaluation")
         self.job.reports.send(ActorParked(
-            time=time.time(), actor=i, parked_seconds=time.time() - start, cpu_seconds=time.thread_time() - cpu,
+            time=clock.unix(), actor=i, parked_seconds=clock.unix() - start, cpu_seconds=clock.thread_time() - cpu,
             active_actors=int(words[control.ACTIVE_ACTORS]), reason=PARK_REASON[reason]))
 
     def _wait_for_room(self, G: int, reserve: bool = False) -> list[int] | None:
@@ -248,7 +255,7 @@ class Actor:
         """Read the counters until the sender can take a fragment and ``choose(backlogs of the active groups,
         cap, the counter words)`` names the groups to send it to, sleeping between reads; None when the run
         stops."""
-        backoff = Backoff(5e-5, 5e-3)
+        backoff = Backoff(5e-5, 5e-3, self.clock)
         cap = self.job.max_backlog
         while True:
             self.heartbeat.beat()

@@ -7,12 +7,12 @@ it back to the group on ``--resume`` (:func:`as_tensors` makes it loadable again
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import numpy as np
 import torch
 
+from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import GroupState
 
 WAIT_SECONDS = 30.0
@@ -40,16 +40,17 @@ class GroupStates:
         for g, state in saved.items():
             self.by_group[g] = {seq_next[g] - 1: state}
 
-    def newest(self, seq_next: list[int], drain: Callable[[], object] | None = None) -> dict[int, dict]:
+    def newest(self, seq_next: list[int], drain: Callable[[], object] | None = None, clock: Clock = WALL
+               ) -> dict[int, dict]:
         """Each group's state after its newest update taken (seq_next - 1); with ``drain``, wait (draining reports)
         up to WAIT_SECONDS for one still on its way, and say in one line which groups resume with fresh state."""
-        deadline = time.monotonic() + WAIT_SECONDS
+        deadline = clock.now() + WAIT_SECONDS
         while True:
             missing = [g for g, n in enumerate(seq_next) if n and n - 1 not in self.by_group[g]]
-            if not missing or drain is None or time.monotonic() > deadline:
+            if not missing or drain is None or clock.now() > deadline:
                 break
             drain()
-            time.sleep(1e-3)
+            clock.sleep(1e-3)
         if missing and drain is not None:
             print(f"hpcrl: warning: no optimizer state from learner group(s) {missing} for their newest update; "
                   "the checkpoint resumes them with fresh optimizer state", flush=True)

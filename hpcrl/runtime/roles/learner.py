@@ -30,7 +30,6 @@ runtime/record/cycle_profile.py).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +38,7 @@ import torch
 from hpcrl.config import DebugConfig, LearnersConfig
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.clock import WALL, Clock, Work
 from hpcrl.runtime.messages import GroupState, LearnerActivity
 from hpcrl.runtime.record.cycle_profile import CycleRecord
 from hpcrl.runtime.roles.active_groups import wait_while_parked
@@ -67,21 +67,22 @@ class LearnerGroup:
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
         self.window = (ISWindow(self.algo, job.env, self.model, job.board, job.counters, self.plan.groups, self.g)
                        if self.algo.uses_window and self.plan.groups > 1 else None)
-        self.fault = control.FaultInjector(self.settings.debug, job.rank)
-        self.heartbeat = control.Heartbeat(job.counters, self.plan.groups, job.rank)
+        self.clock = job.clock
+        self.fault = control.FaultInjector(self.settings.debug, job.rank, clock=job.clock)
+        self.heartbeat = control.Heartbeat(job.counters, self.plan.groups, job.rank, job.clock)
         self.seq = 0  # continues the parameter rank's count on resume (set in run)
         self.generator = minibatch_generator(self.plan.seed, self.g)
         self.receiver = job.fragments.learner_link(self.g) if self.is_root else None
         self.frags: list[dict] = []
         # MARL post-processing learner (algo.postprocess_learner): group 0 prepares every batch, the others train
         self.pp = self.plan.postprocess_groups
-        self.handoff = (PreparedBatches(job.fragments, job.counters, self.g, self.plan.groups, self.pp)
+        self.handoff = (PreparedBatches(job.fragments, job.counters, self.g, self.plan.groups, self.pp, job.clock)
                         if self.is_root and self.pp else None)
         self.group_reduce = job.group_reduce  # the group's other ranks: shares of each minibatch, the gradient average
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
-        self.cycles = CycleRecord(self.g)  # where each gradient's cycle went (learner_cycles)
+        self.cycles = CycleRecord(self.g, job.clock)  # where each gradient's cycle went (learner_cycles)
         self.pacing = Pacing(self.plan.pacing, job.counters, job.board, self.plan.groups, self.g,
-                             self._beat_and_receive, self.cycles.lap)
+                             self._beat_and_receive, self.cycles.lap, job.clock)
         # what the group pushes per batch (learners.push): a gradient per minibatch, or its own optimizer's update
         learners = settings.learners
         self.push_mode = (train_mode(self.plan.push, self, learners.cuda_graphs, learners.overlap_push)
@@ -96,7 +97,7 @@ class LearnerGroup:
         if saved is not None:  # --resume: update push's group as it was after its last update
             self.push_mode.restore(saved)
         counters = self.job.counters
-        backoff = Backoff(5e-5, 2e-3)
+        backoff = Backoff(5e-5, 2e-3, self.clock)
         lap = self.cycles.lap
         self.cycles.clock.restart()
         while True:
@@ -151,7 +152,7 @@ class LearnerGroup:
     def _park(self) -> bool:
         """Block until this group is activated (True) or the run stops (False), then report the park."""
         self.group_reduce.park()  # the group's other ranks wait with long naps too
-        woken = wait_while_parked(self.job.counters, self.g, self.job.reports, self._beat_and_receive)
+        woken = wait_while_parked(self.job.counters, self.g, self.job.reports, self._beat_and_receive, self.clock)
         self.cycles.clock.restart()  # parked time belongs to no gradient's cycle
         return woken
 
@@ -172,18 +173,20 @@ class LearnerGroup:
         group prepared) and its report for ``algo.end_round`` on the parameter rank."""
         if prepared is None:
             batch = self.algo.prepare(fragments, self.model)
+            self.clock.did(Work.PREPARE, sum(f["rewards"].size for f in fragments))
             return batch, self.algo.learner_report(batch)
         return {k: torch.as_tensor(v, device=self.model.device) for k, v in prepared.items()}, None
 
     def _postprocess(self, fragments: list[dict], steps: int) -> bool:
         """The post-processing group: prepare the batch with the newest weights and hand it to the policy/critic
         groups (runtime/roles/prepared_batches.py); False when the run is stopping."""
-        start_unix = time.time()
+        start_unix = self.clock.unix()
         lap = self.cycles.lap
         if self.pull_weights() is None:
             return False
         lap("weights")
         batch = self.algo.prepare(fragments, self.model)
+        self.clock.did(Work.PREPARE, steps)
         host = {k: v.detach().cpu().numpy() for k, v in batch.items()}
         report = self.algo.learner_report(batch)
         compute = lap("prepare")
@@ -234,6 +237,7 @@ class LearnerGroup:
         lap = lap or _no_lap
         wl = None if window is None else torch.as_tensor(np.stack(window), device=self.model.device)
         grad, stats = self.algo.compute_gradient(mb, self.model, wl)
+        self.clock.did(Work.GRADIENT, 1 / self.size)  # this rank's share of the minibatch
         lap("gradient")
         stats = {k: float(v) for k, v in stats.items()}
         if self.size == 1:
@@ -259,7 +263,7 @@ class LearnerGroup:
 
         try:
             waited = self.job.mailbox.push(self.g, self.seq, version, samples, grad, vector, abandon=abandon,
-                                           backoff=Backoff(5e-5, 1e-3))
+                                           backoff=Backoff(5e-5, 1e-3, self.clock))
         except PushAbandoned:
             return False
         self.cycles.close(self.seq, version, waited)
@@ -272,13 +276,13 @@ class LearnerGroup:
         """The batch's learner_activity report (``state``: the optimizer state after an update, which the
         parameter rank checkpoints)."""
         self.job.reports.send(LearnerActivity(
-            time_start=start_unix, time_end=time.time(), group=self.g, compute_seconds=compute, samples=samples,
+            time_start=start_unix, time_end=self.clock.unix(), group=self.g, compute_seconds=compute, samples=samples,
             cycles=self.cycles.take_rows(), algo_report=report, group_state=state))
 
     def _finish(self) -> None:
         """Release the group's other ranks, keep receiving until every actor is done, then say so."""
         self.group_reduce.release()
-        backoff = Backoff(5e-5, 5e-3)
+        backoff = Backoff(5e-5, 5e-3, self.clock)
         while True:  # every actor's last send (and the post-processing group's) must be matched before it can finish
             self.heartbeat.beat()
             self.receiver.poll()
@@ -294,14 +298,14 @@ class LearnerGroup:
 
     # ---- other ranks of the group --------------------------------------------------------
     def _run_member(self) -> None:
-        self.group_reduce.serve(member_share(self.algo, self.model, self.group_reduce), self.fault.check,
+        self.group_reduce.serve(member_share(self.algo, self.model, self.group_reduce, self.clock), self.fault.check,
                                 self.heartbeat.beat)
 
     def close_on_error(self) -> None:
         pass
 
 
-def member_share(algo, model, group_reduce):
+def member_share(algo, model, group_reduce, clock: Clock = WALL):
     """A member rank's work on one share (``protocols.Share``): the share's gradient at the root's weights, joined
     to the group's average (runtime/runners/join.py uses it too)."""
     def share(weights: np.ndarray, batch: dict, window) -> None:
@@ -309,6 +313,7 @@ def member_share(algo, model, group_reduce):
         rows = {k: torch.as_tensor(v, device=model.device) for k, v in batch.items()}
         wl = None if window is None else torch.as_tensor(np.stack(window), device=model.device)
         grad, _ = algo.compute_gradient(rows, model, wl)
+        clock.did(Work.GRADIENT, 1 / group_reduce.size)
         group_reduce.average(grad)
 
     return share

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.transport import control
 
 SHORT_WAIT_CAP = 1e-4
@@ -24,11 +25,12 @@ add up to half of it again to every gradient."""
 
 class Pacing:
     def __init__(self, pacing: str, counters, board, groups: int, group: int, tick: Callable[[], None],
-                 lap: Callable[[str], float]) -> None:
+                 lap: Callable[[str], float], clock: Clock = WALL) -> None:
         self.lockstep, self.held = pacing == "lockstep", pacing == "held"
         self.counters, self.board = counters, board
         self.held_word = control.held_word(groups, group)
         self.tick, self.lap = tick, lap  # lap: the group's cycle clock (learner_cycles phases)
+        self.clock = clock
         self.last_base: int | None = None  # base version of this group's last push
 
     def before_pull(self) -> bool:
@@ -46,7 +48,7 @@ class Pacing:
 
     def wait_while(self, condition: Callable[[], bool], cap: float = 1e-3) -> bool:
         """Sleep (ticking) while ``condition()``, naps doubling from 50 us to ``cap``; False if the run stops."""
-        backoff = Backoff(5e-5, cap)
+        backoff = Backoff(5e-5, cap, self.clock)
         while condition():
             if self.stopping():
                 return False

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -49,6 +48,7 @@ from hpcrl.io.rollback import record_counts
 from hpcrl.io.schema import TRAJ_DIR
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.clock import Work
 from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, GroupEvent, JoiningJob, LearnerActivity,
                                     PushHeader, SamplerEvent, Startup)
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
@@ -124,22 +124,23 @@ class ParameterRank:
         self.round_end = self.plan.round_steps  # consumed env steps at which the current round ends
         self.stop_reason: str | None = None
         self.signals = StopSignal()
-        self.fault = control.FaultInjector(self.settings.debug, job.rank)
+        self.time = job.clock  # wall or virtual (launch.runner=sim)
+        self.fault = control.FaultInjector(self.settings.debug, job.rank, clock=job.clock)
         launch = settings.launch
         self.watchdog = control.Watchdog([r.role for r in job.topo.roles], job.topo.nodes, self.plan.groups,
-                                         launch.watchdog_warn_seconds, launch.watchdog_seconds)
+                                         launch.watchdog_warn_seconds, launch.watchdog_seconds, job.clock)
         # RMA against this rank's windows progresses only while it is inside MPI (MPICH/UCX
         # active messages), so its idle naps stay short: a learner's push waits for them.
-        self.backoff = Backoff(2e-5, 2e-4)
+        self.backoff = Backoff(2e-5, 2e-4, job.clock)
         self.record = self._open_record()
         self.handlers = self._handlers()
         self.record.collect("weight_fetches", self._weight_fetch_rows)  # what the weight board served, per version
         self.summary: dict[str, Any] = {}  # the closing summary (after run)
-        self.t0 = time.monotonic()
+        self.t0 = self.time.now()
         self._last_ckpt_update = self.record.updates
-        self._last_ckpt_time = time.monotonic()
+        self._last_ckpt_time = self.time.now()
         self._next_elastic = 0.0
-        self.clock = PhaseClock(PARAMETER_PHASES)  # where this rank's time goes (parameter_load)
+        self.clock = PhaseClock(PARAMETER_PHASES, job.clock)  # where this rank's time goes (parameter_load)
         self.lap = self.clock.lap
 
     @property
@@ -158,7 +159,8 @@ class ParameterRank:
         files = {"traj_layout": job.traj_layout, "num_actors": self.plan.actors}
         if not job.resume:
             return RunRecord.create(job.run_dir, io, self.settings.config_yaml, job.topo.rank_map(), self.stop_rule,
-                                    {"runner": job.runner, "num_params": self.flat.num_params}, **files)
+                                    {"runner": job.runner, "num_params": self.flat.num_params}, **files,
+                                    clock=job.clock)
         state = load_checkpoint(job.run_dir)
         if state is None:
             raise RuntimeError(f"--resume: no checkpoint in {job.run_dir}")
@@ -166,7 +168,7 @@ class ParameterRank:
         return RunRecord.reopen(job.run_dir, io, job.topo.rank_map(), self.stop_rule,
                                 {"discarded": job.rolled_back, "version": self.version},
                                 {k: state[k] for k in ("episodes", "updates", "gradients", "admitted")}, **files,
-                                env_steps=self.consumed)
+                                env_steps=self.consumed, clock=job.clock)
 
     def _weight_fetch_rows(self) -> dict:
         """The board's fetch counts per version (rows of a version once it is old enough that no late count can
@@ -205,11 +207,11 @@ class ParameterRank:
             # would leave a gap in their group's sequence numbers
             "queue": list(self.queue),
             "actors": self.plan.actors, "active_actors": self.active_actors, "round_end": self.round_end,
-            "wall_seconds": self.wall_before + time.monotonic() - self.t0,
+            "wall_seconds": self.wall_before + self.time.now() - self.t0,
             "rng": rng_state(), "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
             "record": record_counts(self.job.run_dir, run_file=self.record.file),
-            "inner_states": self.push_mode.states(self.seq_next, self._drain_messages),
+            "inner_states": self.push_mode.states(self.seq_next, self._drain_messages, self.time),
         }
 
     def _restore(self, s: dict[str, Any]) -> None:
@@ -244,7 +246,7 @@ class ParameterRank:
         self.record.flush()
         path = save_checkpoint(self.job.run_dir, self.state())
         self._last_ckpt_update = self.record.updates
-        self._last_ckpt_time = time.monotonic()
+        self._last_ckpt_time = self.time.now()
         return path
 
     # ---- the loop ------------------------------------------------------------------------
@@ -260,7 +262,7 @@ class ParameterRank:
             busy = self._receive_gradients()
             busy |= self._drain_messages()
             lap("record")
-            now = time.monotonic()
+            now = self.time.now()
             if now >= self._next_elastic:
                 self._next_elastic = now + 0.5
                 self._watch()
@@ -289,13 +291,14 @@ class ParameterRank:
             rec = self._arrived(header, grad)
             stats = rec.stats
             new_steps = int(stats.get("new_env_steps", 0))
-            self.groups.rule.gradient(time.monotonic(), new_steps, float(stats.get("busy_seconds", math.nan)))
+            self.groups.rule.gradient(self.time.now(), new_steps, float(stats.get("busy_seconds", math.nan)))
             self.record.consumed(new_steps, float(stats.get("compute_seconds", 0.0)))
             if not np.isfinite(grad).all():
                 self.consumed += new_steps
                 self.record.gradient(rec, False, "nonfinite", self.version, self.round)
                 continue
             self.queue.append(rec)
+            self.time.did(Work.ADMIT)
             self.push_mode.admitting(self.counters, self.consumed + new_steps)
             self.lap("admit")
             self._admit()
@@ -331,6 +334,7 @@ class ParameterRank:
                 if self.push_mode.lr_schedule is not None:
                     self._set_lr()
                 self.push_mode.apply(self.optimizer, self.algo.aggregate(step))
+                self.time.did(Work.APPLY)
                 self.version += 1
                 t_agg = lap("apply")
                 self._publish()
@@ -414,19 +418,19 @@ class ParameterRank:
         if self.signals.received is not None:
             self.stop_reason = f"signal {signal.Signals(self.signals.received).name}"
         else:
-            self.stop_reason = self.stop_rule.reason(self.env_steps(), self.wall_before + time.monotonic() - self.t0,
+            self.stop_reason = self.stop_rule.reason(self.env_steps(), self.wall_before + self.time.now() - self.t0,
                                                      self.round)
 
     def stats(self) -> dict[str, Any]:
         return self.record.stats(self.env_steps(), self.settings.stop.total_env_steps, self.version, self.groups.active,
-                                 self.plan.groups, self.round, self.wall_before + time.monotonic() - self.t0)
+                                 self.plan.groups, self.round, self.wall_before + self.time.now() - self.t0)
 
     # ---- the end -------------------------------------------------------------------------
     def _shutdown(self) -> None:
         """Tell everyone to stop, keep draining until actors and learners are done, checkpoint."""
         self.counters.set(control.STOP, 1)
         G, A = self.plan.groups, self.plan.actors
-        backoff = Backoff(2e-5, 2e-4)
+        backoff = Backoff(2e-5, 2e-4, self.time)
         while True:
             busy = self._drain_messages()
             for header, grad in self.mailbox.poll():  # pushes that were already under way
@@ -435,8 +439,8 @@ class ParameterRank:
             if self.counters.read(control.ACTORS_DONE) >= A and self.counters.read(control.LEARNERS_DONE) >= G:
                 if not self._drain_messages():
                     break
-            if time.monotonic() >= self._next_elastic:  # a stuck rank must not hang the shutdown either
-                self._next_elastic = time.monotonic() + 0.5
+            if self.time.now() >= self._next_elastic:  # a stuck rank must not hang the shutdown either
+                self._next_elastic = self.time.now() + 0.5
                 self._watch()
                 self.job.progress.update(self.stats())  # rank 0's heartbeat for the launcher's watch of it
             backoff.reset() if busy else backoff.sleep()

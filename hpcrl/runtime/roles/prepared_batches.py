@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.transport import control
 
 BATCHES_HELD = 2
@@ -21,8 +22,10 @@ group skips it."""
 class PreparedBatches:
     """One group root's end of the hand-off: the sender (groups below ``postprocess_groups``) or a receiver."""
 
-    def __init__(self, fragments, counters, group: int, groups: int, postprocess_groups: int) -> None:
+    def __init__(self, fragments, counters, group: int, groups: int, postprocess_groups: int, clock: Clock = WALL
+                 ) -> None:
         self.counters, self.group, self.groups, self.first = counters, group, groups, postprocess_groups
+        self.clock = clock
         self.sends = group < postprocess_groups
         self.sender = fragments.batch_sender() if self.sends else None
         self.receiver = None if self.sends else fragments.batch_receiver(group)
@@ -40,7 +43,7 @@ class PreparedBatches:
     def send(self, batch: dict, steps: int, idle: Callable[[], None]) -> bool:
         """Send a host batch to every active receiving group with room, waiting while none has any (``idle()``
         after each nap); False when the run stopped first."""
-        backoff = Backoff(5e-5, 2e-3)
+        backoff = Backoff(5e-5, 2e-3, self.clock)
         while True:
             words = self.counters.read_all()
             targets = [g for g in range(self.first, max(int(words[control.ACTIVE]), self.first + 1))

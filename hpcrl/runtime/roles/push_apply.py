@@ -17,6 +17,7 @@ import torch
 
 from hpcrl.algos.outer_step import OuterStep
 from hpcrl.algos.schedules import LinearAnneal
+from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import GroupState
 from hpcrl.runtime.roles.group_states import GroupStates
 from hpcrl.runtime.transport import control
@@ -42,7 +43,7 @@ class ApplyGradients:
     def group_state(self, state: GroupState | None) -> None:
         """A group's state after an update: a gradient-pushing group has none."""
 
-    def states(self, seq_next: list[int], drain=None) -> dict[int, dict]:
+    def states(self, seq_next: list[int], drain=None, clock: Clock = WALL) -> dict[int, dict]:
         """What a resumed group gets back: nothing."""
         return {}
 
@@ -75,9 +76,9 @@ class ApplyUpdates:
     def group_state(self, state: GroupState | None) -> None:
         self.group_states.add(state)
 
-    def states(self, seq_next: list[int], drain=None) -> dict[int, dict]:
+    def states(self, seq_next: list[int], drain=None, clock: Clock = WALL) -> dict[int, dict]:
         """Each group's optimizer state after its newest update taken (``drain``: wait for one still on its way)."""
-        return self.group_states.newest(seq_next, drain)
+        return self.group_states.newest(seq_next, drain, clock)
 
     def restore(self, saved: dict[int, dict], seq_next: list[int]) -> None:
         self.group_states.restore(saved, seq_next)

@@ -15,7 +15,6 @@ LearnerGroup`); ``restore(saved)`` gives a resumed group the state rank 0 kept.
 """
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 from hpcrl.runtime.messages import GroupState
 from hpcrl.runtime.roles.cuda_graph import GraphedGradient
 from hpcrl.runtime.roles.group_update import GroupUpdate
+from hpcrl.runtime.clock import Work
 from hpcrl.runtime.transport import control
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ class PushGradients:
         """One gradient push per minibatch of one batch (the last one reports ``new_steps`` env steps consumed);
         False when the run is stopping. ``prepared``: a batch the post-processing group made from the fragments."""
         L = self.learner
-        start_unix, compute = time.time(), 0.0
+        clock = L.clock
+        start_unix, compute = clock.unix(), 0.0
         lap = L.cycles.lap
         if L.pull_weights() is None:
             return False
@@ -81,7 +82,7 @@ class PushGradients:
                 compute += dt
                 pending = (grad, version, rows, stats, dt, consumed)
                 continue
-            t = time.perf_counter()
+            t = clock.now()
             window = L.window.logps(mb, version, words) if L.window else None
             lap("window")
             mine = mb
@@ -91,7 +92,7 @@ class PushGradients:
             grad, stats = self._gradient(mine, window)
             L.fault.slow_down()  # debug.learner_delay_seconds
             lap("gradient")
-            dt = time.perf_counter() - t
+            dt = clock.now() - t
             compute += dt
             if not L.push(grad, version, rows, stats, dt, consumed):
                 break
@@ -108,6 +109,7 @@ class PushGradients:
         if self.graphed is not None:
             got = self.graphed(mb)
             if got is not None:
+                self.learner.clock.did(Work.GRADIENT)
                 self.learner.cycles.lap("gradient")
                 return got
         return self.learner.local_gradient(mb, window, self.learner.cycles.lap)
@@ -118,17 +120,21 @@ class PushGradients:
         push was abandoned (the run is stopping). A shape without a graph is computed eagerly after the push."""
         L = self.learner
         lap = L.cycles.lap
-        t = time.perf_counter()
+        t = L.clock.now()
         launched = self.graphed.launch(mb)
-        launch_seconds = time.perf_counter() - t
+        launch_seconds = L.clock.now() - t
         lap("gradient")
         if pending is not None and not L.push(*pending):
             return None
-        t = time.perf_counter()
-        grad, stats = launched.result() if launched is not None else L.local_gradient(mb, None)
+        t = L.clock.now()
+        if launched is not None:
+            grad, stats = launched.result()
+            L.clock.did(Work.GRADIENT)
+        else:
+            grad, stats = L.local_gradient(mb, None)
         L.fault.slow_down()  # debug.learner_delay_seconds
         lap("gradient")
-        return grad, stats, launch_seconds + time.perf_counter() - t
+        return grad, stats, launch_seconds + L.clock.now() - t
 
 
 class PushUpdates:
@@ -146,12 +152,13 @@ class PushUpdates:
         """Every minibatch step of the batch from the newest version, at the lr the schedule gives the env steps
         consumed so far; one push of the update (reporting ``new_steps``). False when the run is stopping."""
         L = self.learner
-        start_unix, lap = time.time(), L.cycles.lap
+        clock = L.clock
+        start_unix, lap = clock.unix(), L.cycles.lap
         version = L.pull_weights()
         if version is None:
             return False
         lap("weights")
-        t = time.perf_counter()
+        t = clock.now()
         batch, report = L.batch(fragments, prepared)
         if L.plan.lr_schedule is not None:
             self.inner.set_lr(L.plan.lr_schedule.at(L.job.counters.read(control.CONSUMED)))
@@ -167,6 +174,7 @@ class PushUpdates:
             lap("window")
             if L.size == 1 and window is None:
                 stats = self.inner.fused_step(mb)
+                clock.did(Work.GRADIENT)
             else:
                 mine = mb
                 if L.size > 1:  # the group's ranks compute shares at the group's current weights
@@ -174,6 +182,7 @@ class PushUpdates:
                     lap("allreduce")
                 grad, stats = L.local_gradient(mine, window, lap)
                 self.inner.apply(grad)
+            clock.did(Work.INNER_STEP)
             lap("gradient")
             return stats
 
@@ -183,7 +192,7 @@ class PushUpdates:
         update, stats = got
         L.forget_weights()  # the model holds this group's own weights now, not a published version
         L.fault.slow_down()  # debug.learner_delay_seconds
-        compute = time.perf_counter() - t
+        compute = clock.now() - t
         lap("flatten")
         rows = len(next(iter(batch.values())))
         if not L.push(update, version, rows, stats, compute, new_steps):

@@ -20,7 +20,6 @@ a resumed actor goes on from them instead of from zero.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +27,7 @@ import torch
 from gymnasium import spaces
 
 from hpcrl.errors import ConfigError
+from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import Episode
 from hpcrl.runtime.roles.env_backends import describe, make_backend
 
@@ -110,9 +110,11 @@ class RunningMeanStd:
 class VectorSampler:
     """The N instances of ``env_cfg`` on one actor rank; :meth:`sample` returns one [T, N] fragment."""
 
-    def __init__(self, env_cfg, actor_index: int, gamma: float = 0.99, restart: int = 0) -> None:
+    def __init__(self, env_cfg, actor_index: int, gamma: float = 0.99, restart: int = 0, clock: Clock = WALL) -> None:
         """``restart``: how many samplers the actor had before this one (actors.elastic: a new sampler joins at
-        each wake); it moves the environments' seeds, so a new one does not replay the first episodes of the last."""
+        each wake); it moves the environments' seeds, so a new one does not replay the first episodes of the last.
+        ``clock``: the time an episode ends (virtual under launch.runner=sim)."""
+        self.clock = clock
         self.backend = make_backend(env_cfg)
         self.num_envs = N = self.backend.num_envs
         space = self.backend.action_space
@@ -205,7 +207,7 @@ class VectorSampler:
             self.ep_return += step.rewards
             self.ep_length += 1
             done = step.terminated | step.truncated
-            now = time.time()
+            now = self.clock.unix()
             for i in np.flatnonzero(done):
                 episodes.append(Episode(time=now, actor=actor, env_index=int(i),
                                         episode_return=float(self.ep_return[i]), length=int(self.ep_length[i]),

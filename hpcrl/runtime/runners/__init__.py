@@ -1,5 +1,6 @@
 """Runners: each builds the Plan's roles and runs them (``mpi``: one rank per role; ``serial``: every role in one
-process; ``fused``: one device loop), plus fast start (prestart) and start-up timing.
+process; ``sim``: every role in one process in virtual time; ``fused``: one device loop), plus fast start
+(prestart) and start-up timing.
 
 Every runner is one call, ``run(plan, run_dir, resume=False, progress="plain") -> RunResult``, in the module
 :func:`runner` names for ``plan.runner``: ``mpiexec.run`` starts the job's ranks (each runs ``mpi.py``),
@@ -16,12 +17,12 @@ from typing import Any, Mapping
 from hpcrl.runtime.signals import EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED
 
 RUNNERS = {"mpi": "hpcrl.runtime.runners.mpiexec", "serial": "hpcrl.runtime.runners.serial",
-           "fused": "hpcrl.runtime.runners.fused"}
+           "fused": "hpcrl.runtime.runners.fused", "sim": "hpcrl.runtime.runners.sim"}
 """plan.runner -> the module whose ``run`` runs the job (imported when it runs)."""
 
 
 def runner(name: str) -> ModuleType:
-    """The module of runner ``name`` (``mpi``, ``serial`` or ``fused``)."""
+    """The module of runner ``name`` (``mpi``, ``serial``, ``sim`` or ``fused``)."""
     return import_module(RUNNERS[name])
 
 

@@ -22,6 +22,7 @@ from torch import nn
 from hpcrl.algos import make_algorithm
 from hpcrl.algos.base import Algorithm
 from hpcrl.io import TrajLayout
+from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import Startup
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.record.progress import ProgressEmitter
@@ -46,7 +47,7 @@ class Job:
     run_dir: Path
     resume: bool
     runner: str
-    """'mpi' or 'serial' (recorded in run.h5; nothing else depends on it)."""
+    """'mpi', 'serial' or 'sim' (recorded in run.h5; nothing else depends on it)."""
     algo: Algorithm
     model: nn.Module
     env: EnvInfo
@@ -73,6 +74,8 @@ class Job:
     """--resume: what was cut from the record back to the checkpoint (rows per table, steps per actor)."""
     startup: Startup | None = None
     """What rank 0 told every rank at start (set by the runner before the role runs)."""
+    clock: Clock = WALL
+    """The role's time (runtime/clock.py): the wall clock, or its clock in the virtual-time world (launch.runner=sim)."""
 
     @property
     def rank(self) -> int:
@@ -112,6 +115,7 @@ class Wiring(Protocol):
     def group_reduce(self, topo: Topology, device: torch.device, counters: Counters, reports: Reports
                      ) -> GroupReduce | None: ...
     def joiner(self, topo: Topology) -> Joiner | None: ...
+    def clock(self, topo: Topology) -> Clock: ...
 
 
 def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: str, env: EnvInfo, wiring: Wiring,
@@ -132,7 +136,7 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
     group_reduce = wiring.group_reduce(topo, model.device, counters, reports) if topo.role == "learner" else None
     return Job(plan=plan, topo=topo, run_dir=run_dir, resume=resume, runner=runner, algo=algo, model=model, env=env,
                traj_layout=traj_layout, counters=counters, mailbox=mailbox, board=board, reports=reports,
-               fragments=fragments, group_reduce=group_reduce, probe=probe,
+               fragments=fragments, group_reduce=group_reduce, probe=probe, clock=wiring.clock(topo),
                joiner=wiring.joiner(topo) if topo.role == "actor" else None,
                progress=ProgressEmitter(progress, s.io.log_seconds) if topo.role == "parameter" else None,
                rolled_back=rolled_back)

@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners import RunResult
 
 if TYPE_CHECKING:  # runners.job imports torch: not before the signal handlers are in place
@@ -232,6 +233,9 @@ class MpiWiring:
         from hpcrl.join_launch import actor_joiner
 
         return actor_joiner(self.run_dir, topo.actor_index, s.learners, s.actors, s.launch, topo.nodes)
+
+    def clock(self, topo):
+        return WALL
 
 
 def _polling_bcast(comm, value):

@@ -21,6 +21,7 @@ import threading
 import traceback
 from pathlib import Path
 
+from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners.job import Job, build_job, make_role, roll_back_record
 from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalGroup, LocalMailbox,
@@ -87,6 +88,9 @@ class LocalWiring:
 
     def joiner(self, topo: Topology):
         return None  # joining samplers need MPI ports (the config refuses actors.elastic with launch.runner=serial)
+
+    def clock(self, topo: Topology):
+        return WALL
 
 
 def build_jobs(plan: Plan, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:

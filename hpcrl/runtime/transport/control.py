@@ -34,9 +34,8 @@ condition variable woken by every counter change in the serial runner).
 """
 from __future__ import annotations
 
-import time
-
 from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.clock import WALL, Clock
 
 STOP, ACTIVE, ACTORS_DONE, LEARNERS_DONE, ENV_STEPS, EVAL, ACTIVE_ACTORS, CONSUMED, BACKLOG = range(9)
 
@@ -82,12 +81,12 @@ def num_counters(groups: int, ranks: int) -> int:
 class Heartbeat:
     """A role's sign of life: ``beat()`` from every loop (also while waiting); one counter write a second."""
 
-    def __init__(self, counters, groups: int, rank: int):
-        self.counters, self.word = counters, heartbeat_word(groups, rank)
+    def __init__(self, counters, groups: int, rank: int, clock: Clock = WALL):
+        self.counters, self.word, self.clock = counters, heartbeat_word(groups, rank), clock
         self.last = 0
 
     def beat(self) -> None:
-        now = int(time.time())
+        now = int(self.clock.unix())
         if now != self.last:
             self.last = now
             self.counters.set(self.word, now)
@@ -102,17 +101,18 @@ class Watchdog:
     """Parameter rank: a rank whose heartbeat has not changed for ``warn`` seconds is named in a
     warning; after ``limit`` seconds :meth:`check` raises, which ends the job (both runners)."""
 
-    def __init__(self, roles: list[str], nodes: list[str], groups: int, warn: float, limit: float):
+    def __init__(self, roles: list[str], nodes: list[str], groups: int, warn: float, limit: float,
+                 clock: Clock = WALL):
         self.roles, self.nodes, self.groups = roles, nodes, groups
-        self.warn, self.limit = warn, limit
-        start = time.monotonic()
+        self.warn, self.limit, self.clock = warn, limit, clock
+        start = clock.now()
         self.seen = {r: (None, start) for r in range(1, len(roles))}
         self.warned: set[int] = set()
 
     def check(self, words) -> list[str]:
         """Warnings to print now (each stuck rank once); past the limit raises RuntimeError naming the rank quiet
         the longest (a hung node's ranks stop first; ranks that then wait on them go quiet after)."""
-        now, out, stuck = time.monotonic(), [], []
+        now, out, stuck = self.clock.now(), [], []
         for r, (value, since) in self.seen.items():
             beat = int(words[heartbeat_word(self.groups, r)])
             if beat != value:
@@ -176,9 +176,9 @@ class FaultInjector:
     ``learner_delay_until_seconds``); ``debug.slow_actor``: the injector made for that actor (``actor``, its
     index) sleeps ``slow_actor_seconds`` instead."""
 
-    def __init__(self, debug_cfg, rank: int, actor: int | None = None):
-        self.rank = rank
-        now = time.monotonic()
+    def __init__(self, debug_cfg, rank: int, actor: int | None = None, clock: Clock = WALL):
+        self.rank, self.clock = rank, clock
+        now = clock.now()
         self.at = (now + debug_cfg.raise_after_seconds
                    if debug_cfg.raise_on_rank is not None and debug_cfg.raise_on_rank == rank else None)
         if actor is None:
@@ -192,12 +192,12 @@ class FaultInjector:
         """Sleep the delay, for ``learner_delay_until_seconds`` after the first call (a gradient) if that is set."""
         if not self.delay:
             return
-        now = time.monotonic()
+        now = self.clock.now()
         if self.delay_until is None:
             self.delay_until = float("inf") if self.delay_for is None else now + self.delay_for
         if now < self.delay_until:
-            time.sleep(self.delay)
+            self.clock.sleep(self.delay)
 
     def check(self) -> None:
-        if self.at is not None and time.monotonic() >= self.at:
+        if self.at is not None and self.clock.now() >= self.at:
             raise RuntimeError(f"debug.raise_on_rank={self.rank}: failing on purpose")

@@ -1,7 +1,6 @@
 """The one gradient push loop, shared by the RMA mailbox and the serial runner's in-memory twin."""
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import numpy as np
@@ -32,16 +31,17 @@ class PushLoop:
         waiting for a slot (0.0 when one was free at once). Raises :class:`PushAbandoned` after
         ``timeout`` seconds or when ``abandon()`` returns True.
         """
-        start = time.perf_counter()
         backoff = backoff or Backoff()
+        clock = backoff.clock  # the role's (virtual under launch.runner=sim)
+        start = clock.now()
         while True:
-            waited = time.perf_counter() - start if backoff.waited else 0.0
+            waited = clock.now() - start if backoff.waited else 0.0
             vec = stats(waited) if callable(stats) else stats
             if self.try_push(group, seq, base_version, samples, grad, vec):
                 break
             if abandon is not None and abandon():
                 raise PushAbandoned(f"group {group} push of seq {seq} abandoned")
-            if timeout is not None and time.perf_counter() - start > timeout:
+            if timeout is not None and clock.now() - start > timeout:
                 raise PushAbandoned(f"group {group} push of seq {seq}: no free slot within {timeout} s")
             backoff.sleep()
         self.total_wait += waited

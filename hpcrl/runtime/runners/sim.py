@@ -1,0 +1,243 @@
+"""``launch.runner: sim``: every role of the job in this process, in virtual time on a cluster profile's nodes.
+
+The same role objects, admission policy, stop rule, checkpoints and files as the other runners (built by
+runners/job.py ``build_job`` from the Plan); the shared objects are the serial runner's in-memory twins with
+virtual-time costs (``runtime/transport/sim.py``), each role's clock is its clock in the SimPy world
+(``runtime/virtual_time.py``), and the profile (hpcrl.cluster_profiles) says where each rank runs and what each
+operation costs there. Every time in run.h5 is virtual; what the simulation really took is kept apart, in the
+file's ``sim_*`` attributes (docs/sim.md).
+"""
+from __future__ import annotations
+
+import math
+import os
+import resource
+import signal
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from hpcrl.cluster_profiles import Profile, Slot, load_profile, place
+from hpcrl.io.schema import RUN_FILE
+from hpcrl.runtime.clock import Work
+from hpcrl.runtime.plan import Plan
+from hpcrl.runtime.roles.sampler import describe_env
+from hpcrl.runtime.runners import RunResult
+from hpcrl.runtime.runners.job import Job, build_job, make_role, roll_back_record
+from hpcrl.runtime.topology import Topology, plan_roles
+from hpcrl.runtime.transport.control import RankSilent
+from hpcrl.runtime.transport.local import LocalGroup
+from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimMailbox, SimReports,
+                                         TransportPrices, _Charges)
+from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld, WorldAborted
+
+
+def node_names(slots: list[Slot]) -> list[str]:
+    return [f"{s.kind.name}-{s.node:05d}" for s in slots]
+
+
+def topologies(plan: Plan, slots: list[Slot]) -> list[Topology]:
+    """One Topology per role, on the profile's nodes (no communicators)."""
+    roles = plan_roles(plan.num_ranks, plan.groups, plan.ranks_per_group, plan.actors)
+    nodes = node_names(slots)
+    return [Topology(comm=None, rank=r, size=len(roles), role=x.role, group=x.group, group_rank=x.group_rank,
+                     group_comm=None, node_comm=None, groups=plan.groups, ranks_per_group=plan.ranks_per_group,
+                     roles=roles, nodes=nodes, node_ranks=list(range(len(roles))))
+            for r, x in enumerate(roles)]
+
+
+class Machine:
+    """The profile's nodes as the world sees them: a core resource per node in use, the links' times, and each
+    rank's prices (``price(rank)``: its clock's cost of a Work)."""
+
+    def __init__(self, profile: Profile, plan: Plan, slots: list[Slot], world: VirtualWorld, num_params: int) -> None:
+        self.profile, self.plan, self.slots, self.world, self.P = profile, plan, slots, world, num_params
+        self.cores: dict[int, object] = {}
+        s = plan.sections
+        self.env_step = profile.env_step(s.env.id)
+        self.minibatch_rows = int(getattr(s.algo, "minibatch_size", 0) or plan.sections.algo.train_batch_size)
+        stragglers = profile.stragglers
+        slow_draw = np.random.default_rng([plan.seed, 7]).random(plan.actors)
+        self.slow = slow_draw < stragglers.slow_share  # actors slow throughout
+
+    def core(self, rank: int):
+        node = self.slots[rank].node
+        if node not in self.cores:
+            self.cores[node] = self.world.resource(self.slots[rank].kind.cores)
+        return self.cores[node]
+
+    def link_seconds(self, a: int, b: int, nbytes: int) -> float:
+        sa, sb = self.slots[a], self.slots[b]
+        if sa.node == sb.node:
+            return 0.0
+        net = self.profile.network
+        rate = min(sa.kind.nic_bytes_per_second or net.bytes_per_second,
+                   sb.kind.nic_bytes_per_second or net.bytes_per_second)
+        return net.latency_seconds + nbytes / rate
+
+    def transport_prices(self) -> TransportPrices:
+        c, P = self.profile.costs, self.P
+        return TransportPrices(push=c.push.at, receive=c.receive.at, publish=c.publish.at, fetch=c.fetch.at,
+                               fragment_send=c.fragment_send, report=c.report,
+                               node_of_rank=tuple(s.node for s in self.slots), link_seconds=self.link_seconds)
+
+    def price(self, rank: int, topo: Topology):
+        """The cost of each Work on rank ``rank``: CPU work at its node's core speed, a gradient on its GPU (if it
+        has one), an actor's env steps times its straggler factors."""
+        c, slot, P = self.profile.costs, self.slots[rank], self.P
+        speed = slot.kind.cpu_speed
+        gradient = (c.gpu_gradient if slot.gpu is not None and c.gpu_gradient is not None else c.gradient)
+        gradient_seconds = gradient.at(self.minibatch_rows, P) / (1.0 if slot.gpu is not None else speed)
+        apply = (c.apply_update if self.plan.push == "update" else c.apply_gradient).at(P) / speed
+        stragglers = self.profile.stragglers
+        actor = topo.actor_index if topo.role == "actor" else None
+        slow = stragglers.slow_factor if actor is not None and self.slow[actor] else 1.0
+        rng = np.random.default_rng([self.plan.seed, 11, rank])
+
+        def seconds(work: Work, count: float) -> float:
+            if work is Work.ENV_STEPS:
+                factor = slow * (math.exp(rng.normal(0.0, stragglers.sigma)) if stragglers.sigma else 1.0)
+                return count * self.env_step / speed * factor
+            if work is Work.GRADIENT:
+                return count * gradient_seconds
+            if work is Work.INNER_STEP:
+                return count * c.apply_gradient.at(P) / speed
+            if work is Work.PREPARE:
+                return count * c.prepare_per_step / speed
+            if work is Work.ADMIT:
+                return count * c.admit / speed
+            return count * apply  # Work.APPLY
+
+        return seconds
+
+
+class SimWiring:
+    """The sim runner's shared objects (runners/job.py ``Wiring``): made once, handed to every role."""
+
+    def __init__(self, plan: Plan, world: VirtualWorld, machine: Machine) -> None:
+        self.plan, self.world, self.machine = plan, world, machine
+        self.charges = _Charges(world, machine.transport_prices())
+        self._made: dict[str, object] = {}
+        self.clocks: dict[int, VirtualClock] = {}
+
+    def _once(self, name: str, make):
+        if name not in self._made:
+            self._made[name] = make()
+        return self._made[name]
+
+    def counters(self, words: int):
+        return self._once("counters", lambda: SimCounters(words, self.world))
+
+    def mailbox(self, groups: int, slots: int, num_params: int, stats: int):
+        return self._once("mailbox", lambda: SimMailbox(self.charges, groups, slots, num_params, stats))
+
+    def board(self, num_params: int, history: int, probe_size: int, topo: Topology):
+        return self._once("board", lambda: SimBoard(self.charges, num_params, history, probe_size))
+
+    def reports(self):
+        return self._once("reports", lambda: SimReports(self.charges))
+
+    def fragments(self, layout, max_in_flight: int, topo: Topology):
+        L = self.plan.ranks_per_group
+        return self._once("fragments", lambda: SimFragments(self.charges, layout, self.plan.groups, self.plan.actors,
+                                                            max_in_flight, root_of_group=lambda g: 1 + g * L))
+
+    def group_reduce(self, topo: Topology, device, counters, reports):
+        # a group of one rank (the config refuses more under launch.runner=sim): its average is its gradient
+        return LocalGroup(1, self.world_abort).rank(0)
+
+    @property
+    def world_abort(self):
+        import threading
+
+        return self._once("abort", threading.Event)
+
+    def joiner(self, topo: Topology):
+        return None  # joining ranks need MPI ports (the config refuses them outside launch.runner=mpi)
+
+    def clock(self, topo: Topology) -> VirtualClock:
+        if topo.rank not in self.clocks:
+            self.clocks[topo.rank] = VirtualClock(self.world, self.machine.price(topo.rank, topo))
+        return self.clocks[topo.rank]
+
+
+def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain") -> RunResult:
+    """Run the plan's whole job in virtual time. The result holds the summary (why it stopped), or names the role
+    that failed first (its traceback in details)."""
+    import torch
+
+    torch.set_num_threads(1)
+    real_start, cpu_start = time.monotonic(), time.process_time()
+    s = plan.sections
+    run_dir = Path(run_dir)
+    profile = load_profile(s.launch.profile)
+    slots = place(profile, plan.groups * plan.ranks_per_group, plan.actors, s.env.id)
+    world = VirtualWorld()
+    rolled_back = roll_back_record(run_dir) if resume else None
+    env = describe_env(s.env)
+    states = None
+    if s.actors.weight_sync == "aaps":
+        from hpcrl.runtime.roles.aaps import probe_states
+
+        states = probe_states(s.env, s.actors.probe_batch)
+    topos = topologies(plan, slots)
+    machine = None
+    wiring = None
+    jobs: list[Job] = []
+    for topo in topos:
+        if wiring is None:  # the weights' size is known once the first role's model is built
+            from hpcrl.runtime.runners.job import role_parts
+
+            num_params = role_parts(plan, env, torch.device("cpu"))[1].flat.num_params
+            machine = Machine(profile, plan, slots, world, num_params)
+            wiring = SimWiring(plan, world, machine)
+        jobs.append(build_job(plan, topo, run_dir, resume, "sim", env, wiring, progress, rolled_back, states))
+    roles = [make_role(job) for job in jobs]
+    parameter = roles[0]
+    parameter.publish_initial()  # before any role's turn: costs nothing, as the other runners' start
+    startup = parameter.startup_info()
+    for job, role in zip(jobs, roles):
+        job.startup = startup
+        world.spawn(job.rank, f"{job.topo.role}-{job.rank}", role.run, wiring.clock(job.topo), machine.core(job.rank),
+                    start=profile.start_seconds if job.rank else 0.0)
+
+    def interrupt(signum, _frame):  # first Ctrl-C: stop and checkpoint; second: now
+        if parameter.signals.received is not None:
+            raise KeyboardInterrupt
+        parameter.signals.received = signum
+
+    old_handler = signal.signal(signal.SIGINT, interrupt)
+    try:
+        world.run()
+    except Exception as exc:  # noqa: BLE001 - a deadlock: the roles were ended, files closed below
+        for role in roles:
+            role.close_on_error()
+        return RunResult.failed("sim", run_dir, f"{exc}; run directory {run_dir}")
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+    failed = world.first_failure
+    if failed is not None:
+        for role in roles:
+            role.close_on_error()
+        exc, details = failed.failure
+        if isinstance(exc, RankSilent):
+            return RunResult.failed("sim", run_dir, f"{exc}; run directory {run_dir}")
+        return RunResult.failed("sim", run_dir, f"rank {failed.rank} ({failed.name}) failed: {type(exc).__name__}: "
+                                f"{exc}; run directory {run_dir}", details=details)
+    _note_real_cost(run_dir, profile, world, real_start, cpu_start)
+    return RunResult.ended("sim", run_dir, parameter.summary)
+
+
+def _note_real_cost(run_dir: Path, profile: Profile, world: VirtualWorld, real_start: float, cpu_start: float) -> None:
+    """What simulating took, kept apart from the record's virtual times: run.h5's ``sim_*`` attributes."""
+    real = time.monotonic() - real_start
+    with h5py.File(run_dir / RUN_FILE, "a", locking=False) as f:
+        f.attrs["sim_profile"] = profile.name
+        f.attrs["sim_virtual_seconds"] = float(world.env.now)
+        f.attrs["sim_real_seconds"] = real
+        f.attrs["sim_cpu_seconds"] = time.process_time() - cpu_start
+        f.attrs["sim_max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        f.attrs["sim_ran_at_unix"] = time.time() - real
+        f.attrs["sim_host_pid"] = f"{os.uname().nodename}:{os.getpid()}"

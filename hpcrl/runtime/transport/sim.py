@@ -1,0 +1,219 @@
+"""The job's shared objects in virtual time (``launch.runner: sim``): the serial runner's in-memory twins
+(``runtime/transport/local.py``) whose operations cost what the cluster profile says and whose waits are the
+virtual-time world's (``runtime/virtual_time.py``), so the role loops run unchanged.
+
+=====================  ==============================================================================
+here                   what an operation costs the role that makes it (its clock's ``compute``/``transfer``)
+=====================  ==============================================================================
+SimCounters            nothing (a few bytes); ``wait_until`` waits for the next change in virtual time
+SimMailbox             a push: ``push`` on the learner, then its bytes over rank 0's link (remote learner);
+                       a poll: ``receive`` on rank 0 per gradient taken
+SimBoard               a publish: ``publish`` on rank 0, before the version is visible; a read of a newer
+                       version: ``fetch`` on the reader, then the bytes over rank 0's link (remote reader)
+SimReports             a drain: ``report`` on rank 0 per message
+SimFragments           a send: ``fragment_send`` on the actor; the fragment reaches its group's root after
+                       the link's latency and bytes (a remote root)
+=====================  ==============================================================================
+
+A call made outside any role's turn (the runner's own set-up, as rank 0 publishes the first version) costs
+nothing.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from hpcrl.runtime.transport.local import (LocalActorLink, LocalBoard, LocalCounters, LocalFragments,
+                                           LocalLearnerLink, LocalMailbox, LocalReports)
+from hpcrl.runtime.virtual_time import VirtualWorld
+
+
+@dataclass(frozen=True)
+class TransportPrices:
+    """Seconds of each transport operation and where the ranks are (made by the sim runner from the profile)."""
+
+    push: Callable[[int], float]
+    receive: Callable[[int], float]
+    publish: Callable[[int], float]
+    fetch: Callable[[int], float]
+    fragment_send: float
+    report: float
+    node_of_rank: tuple[int, ...]
+    link_seconds: Callable[[int, int, int], float]
+    """(rank, other rank, bytes) -> seconds the bytes take between their nodes (0 on one node)."""
+
+
+class _Charges:
+    """What the sim twins share: the world, the prices, and rank 0's link (one transfer at a time)."""
+
+    def __init__(self, world: VirtualWorld, prices: TransportPrices) -> None:
+        self.world, self.prices = world, prices
+        self.rank0_link = world.resource(1)
+
+    def compute(self, seconds: float, what: str) -> None:
+        role = self.world.current
+        if role is not None:
+            role.clock.compute(seconds, what)
+
+    def to_or_from_rank0(self, rank: int, nbytes: int, what: str) -> None:
+        """``nbytes`` between ``rank`` and rank 0, on rank 0's shared link (nothing on rank 0's node)."""
+        role = self.world.current
+        seconds = self.prices.link_seconds(rank, 0, nbytes)
+        if role is not None and seconds > 0:
+            role.clock.transfer(seconds, self.rank0_link, what)
+
+    def caller_rank(self) -> int | None:
+        role = self.world.current
+        return None if role is None else role.rank
+
+
+class SimCounters(LocalCounters):
+    """Counter words whose every change wakes the roles waiting in :meth:`wait_until`."""
+
+    def __init__(self, n: int, world: VirtualWorld):
+        super().__init__(n, threading.Event())  # the world ends the roles; this abort flag is never set
+        self.world = world
+        self.changed = world.signal()
+
+    def add(self, i: int, value: int = 1) -> int:
+        old = super().add(i, value)
+        self.changed.notify()
+        return old
+
+    def set(self, i: int, value: int) -> int:
+        old = super().set(i, value)
+        self.changed.notify()
+        return old
+
+    def wait_until(self, predicate, timeout: float, nap: float | None = None) -> bool:
+        end = self.world.env.now + timeout
+        while not predicate(self._words):
+            left = end - self.world.env.now
+            if left <= 0:
+                return False
+            self.world.current.clock.wait_for(self.changed, left, "a counter")
+        return True
+
+
+class SimMailbox(LocalMailbox):
+    def __init__(self, charges: _Charges, num_groups: int, slots_per_group: int, num_params: int,
+                 stats_capacity: int = 8):
+        super().__init__(num_groups, slots_per_group, num_params, stats_capacity)
+        self.charges = charges
+
+    def try_push(self, group: int, seq: int, base_version: int, samples: int, grad: np.ndarray, stats=None) -> bool:
+        if self._held[group] >= self.slots_per_group:  # only this group's root fills its slots: still free below
+            return False
+        c = self.charges
+        c.compute(c.prices.push(self.num_params), "a push")
+        rank = c.caller_rank()
+        if rank is not None:
+            c.to_or_from_rank0(rank, 4 * self.num_params, "a push's bytes")
+        return super().try_push(group, seq, base_version, samples, grad, stats)
+
+    def poll(self, limit: int | None = None):
+        got = super().poll(limit)
+        if got:
+            self.charges.compute(len(got) * self.charges.prices.receive(self.num_params), "receiving pushes")
+        return got
+
+
+class SimBoard(LocalBoard):
+    def __init__(self, charges: _Charges, num_params: int, history: int = 4, probe_size: int = 0):
+        super().__init__(num_params, history, probe_size)
+        self.charges = charges
+        self.fetches: dict[int, int] = {}  # version -> copies served to other nodes' readers
+
+    def publish(self, version: int, flat: np.ndarray, probe: np.ndarray | None = None) -> None:
+        self.charges.compute(self.charges.prices.publish(self.num_params), "a publish")
+        super().publish(version, flat, probe)
+
+    def read_latest(self, out: np.ndarray, have: int = -1) -> int:
+        with self._lock:
+            if not self._ring:
+                return -1
+            version, params, _ = self._ring[-1]
+        if version != have:
+            self._fetch(version)
+            out[:] = params  # the version read when the fetch began (a published copy never changes)
+        return version
+
+    def read_version(self, version: int, out: np.ndarray) -> bool:
+        with self._lock:
+            found = next((params for v, params, _ in self._ring if v == version), None)
+        if found is None:
+            return False
+        self._fetch(version)
+        out[:] = found
+        return True
+
+    def _fetch(self, version: int) -> None:
+        c = self.charges
+        rank = c.caller_rank()
+        if rank is None or rank == 0:
+            return
+        c.compute(c.prices.fetch(self.num_params), "a weight fetch")
+        c.to_or_from_rank0(rank, 4 * self.num_params, "a weight fetch's bytes")
+
+
+class SimReports(LocalReports):
+    def __init__(self, charges: _Charges):
+        super().__init__()
+        self.charges = charges
+
+    def drain(self):
+        got = super().drain()
+        if got:
+            self.charges.compute(len(got) * self.charges.prices.report, "reports")
+        return got
+
+
+class SimFragments(LocalFragments):
+    """Fragment queues whose fragments arrive after their link's time (sent at once: the actor goes on)."""
+
+    def __init__(self, charges: _Charges, layout, num_groups: int, num_actors: int, max_in_flight: int,
+                 root_of_group: Callable[[int], int]):
+        super().__init__(layout, num_groups, num_actors, max_in_flight, threading.Event())
+        self.charges, self.root_of_group = charges, root_of_group
+        self.travelling = 0  # sent, not yet arrived
+
+    def actor_link(self, actor: int) -> "SimActorLink":
+        return SimActorLink(self, actor)
+
+    def learner_link(self, group: int) -> "SimLearnerLink":
+        return SimLearnerLink(self, group)
+
+
+class SimLearnerLink(LocalLearnerLink):
+    def finished(self) -> bool:
+        """Every actor closed, and nothing on its way or waiting for this group."""
+        return super().finished() and self.hub.travelling == 0
+
+
+class SimActorLink(LocalActorLink):
+    def send(self, group: int, fragment: dict) -> float:
+        hub: SimFragments = self.hub
+        c = hub.charges
+        c.compute(c.prices.fragment_send, "a fragment send")
+        frag = dict(fragment)
+        frag.setdefault("actor", self.actor)
+        packed = hub.layout.unpack(hub.layout.pack(frag), copy=False)
+        rank = c.caller_rank()
+        seconds = 0.0 if rank is None else c.prices.link_seconds(rank, hub.root_of_group(group), hub.layout.nbytes)
+        with hub._lock:
+            hub._in_flight[self.actor] += 1
+
+        def arrive(_event=None) -> None:
+            with hub._lock:
+                hub._queues[group].append((self.actor, packed))
+                hub.travelling -= 1
+
+        hub.travelling += 1
+        if seconds > 0:
+            c.world.env.timeout(seconds).callbacks.append(arrive)
+        else:
+            arrive()
+        return 0.0

@@ -125,13 +125,13 @@ def _mlp(sizes: list[int], activation: str, out_gain: float) -> MLP:
     return MLP(*layers, activation=activation)
 
 
-def _inverse_cdf_draw(log_probs: Tensor) -> Tensor:
+def _inverse_cdf_draw(log_probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """One action per row of log pi(.|s) [B, n], as [B, 1]: the first action whose cumulative
     probability exceeds a uniform draw on [0, total) (half the cost of torch.multinomial at an
     actor's batch). Drawing below the row's own total keeps rounding from picking past the last
     action, and an action of probability 0 is never drawn."""
     cdf = log_probs.exp().cumsum(-1)
-    u = torch.rand(log_probs.shape[:-1] + (1,), device=log_probs.device) * cdf[..., -1:]
+    u = torch.rand(log_probs.shape[:-1] + (1,), device=log_probs.device, generator=generator) * cdf[..., -1:]
     return (cdf <= u).sum(-1, keepdim=True)
 
 
@@ -219,6 +219,9 @@ class ActorCritic(nn.Module):
         super().__init__()
         if not isinstance(obs_space, spaces.Box):
             raise ConfigError(f"env: observation space {obs_space} is not supported; allowed: Box")
+        self.sampling_generator: torch.Generator | None = None
+        """Where :meth:`act` draws its actions from: an actor's own stream (runtime/roles/actor.py), so the draws
+        do not depend on what other threads of the process draw meanwhile; None: torch's global generator."""
         self.obs_shape = tuple(obs_space.shape)
         self.image = getattr(model_cfg, "torso", "mlp") == "cnn"
         if isinstance(action_space, spaces.Discrete):
@@ -330,9 +333,12 @@ class ActorCritic(nn.Module):
         x = self._obs(obs)
         if self.discrete:
             log_probs = self._log_probs(x)
-            a = _inverse_cdf_draw(log_probs)
+            a = _inverse_cdf_draw(log_probs, self.sampling_generator)
             return a.squeeze(-1), log_probs.gather(-1, a).squeeze(-1), self.vf(x).squeeze(-1)
         d = self.dist(x)
-        a = d.sample()
+        if self.sampling_generator is None:
+            a = d.sample()
+        else:  # Normal.sample's draw (loc + scale * eps), from the actor's own stream
+            a = d.loc + d.scale * torch.randn(d.loc.shape, device=d.loc.device, generator=self.sampling_generator)
         logp = self._logp(d, a)
         return a.reshape(a.shape[:-1] + self.action_shape), logp, self.vf(x).squeeze(-1)

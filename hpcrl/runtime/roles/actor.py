@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from hpcrl.config import ActorsConfig, DebugConfig, EnvConfig, EvalConfig, IOConfig
 from hpcrl.io import TrajectoryWriter, traj_filename
@@ -71,6 +72,8 @@ class Actor:
             self.sampler = JoiningSampler(self.settings.env, self.index, self.plan.reward_gamma, job.env.num_envs,
                                           job.joiner, job.reports, lambda: int(job.counters.read(control.ACTIVE_ACTORS)),
                                           self.heartbeat.beat, self.settings.actors.keep_sampler_seconds)
+        if hasattr(self.model, "sampling_generator"):  # this actor's own action draws: no other thread's draws
+            self.model.sampling_generator = torch.Generator().manual_seed(action_seed(self.plan.seed, self.index))
         self.sender = job.fragments.actor_link(self.index)
         self.version = -1
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
@@ -283,3 +286,8 @@ class Actor:
             self.writer.close()
         except Exception:
             pass
+
+
+def action_seed(seed: int, actor: int) -> int:
+    """The seed of actor ``actor``'s action draws (its own stream: the same draws under every runner)."""
+    return (seed * 1_000_003 + 7_919 * (actor + 1)) % (2**63)

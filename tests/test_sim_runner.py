@@ -1,0 +1,153 @@
+"""launch.runner: sim: the job's roles in virtual time on a cluster profile (docs/sim.md).
+
+The same config, profile and seed give the same record, bit for bit; with sync admission and on-policy batches
+(where which data makes which update does not depend on timing) the simulated job's episodes, gradients and final
+weights are the serial runner's exactly; the record's times are virtual and what simulating took is kept apart;
+a profile that is unknown, too small or has no cost for the env is one line, exit 2, nothing written.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from hpcrl.cli import main as cli_main
+from hpcrl.cluster_profiles import ProfileError, load_profile, place, shipped
+from hpcrl.config import build_config
+from hpcrl.io import read_attrs, read_table
+from hpcrl.runtime.plan import make_plan
+from hpcrl.runtime.runners import serial, sim
+
+SMALL = {
+    "name": "sim-small",
+    "env": {"id": "CartPole-v1", "num_envs": 4},
+    "actors": {"count": 2, "fragment_length": 16},
+    "learners": {"groups": 1, "ranks_per_group": 1},
+    "algo": {"name": "ppo", "train_batch_size": 128, "minibatch_size": 64, "num_sgd_iter": 2},
+    "stop": {"total_env_steps": 100_000, "max_rounds": 4},
+    "io": {"tensorboard": False},
+    "launch": {"runner": "sim"},
+}
+
+
+def config(run_dir: Path, **sections):
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in SMALL.items()}
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    data["io"]["run_dir"] = str(run_dir)
+    return build_config(data)
+
+
+def datasets(path: Path) -> dict[str, np.ndarray]:
+    out = {}
+    with h5py.File(path, "r", locking=False) as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+def same(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.names:
+        return a.dtype == b.dtype and all(same(a[n], b[n]) for n in a.dtype.names)
+    if a.dtype.kind == "f":
+        return a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+    return a.shape == b.shape and np.array_equal(a, b)
+
+
+REAL = ("sim_real_seconds", "sim_cpu_seconds", "sim_max_rss_bytes", "sim_ran_at_unix", "sim_host_pid")
+"""run.h5 attributes about the real run of a simulation (kept apart from the record's virtual times)."""
+
+
+def test_the_same_config_profile_and_seed_give_the_same_record(tmp_path):
+    cfg = config(tmp_path / "a", aggregation={"policy": "stellaris"}, stop={"max_rounds": 2})
+    plan = make_plan(cfg)
+    for name in ("a", "b"):
+        result = sim.run(plan, tmp_path / name)
+        assert result.stop_reason.startswith("stop.max_rounds"), result.message
+    a, b = datasets(tmp_path / "a" / "run.h5"), datasets(tmp_path / "b" / "run.h5")
+    assert a.keys() == b.keys() and len(a) > 50
+    assert [k for k in a if not same(a[k], b[k])] == []
+    attrs_a, attrs_b = read_attrs(tmp_path / "a" / "run.h5"), read_attrs(tmp_path / "b" / "run.h5")
+    assert [k for k in attrs_a if k not in REAL and str(attrs_a[k]) != str(attrs_b[k])] == []
+    for name in ("a", "b"):  # and the trajectories
+        for path in sorted((tmp_path / name / "traj").glob("*.h5")):
+            other = tmp_path / ("b" if name == "a" else "a") / "traj" / path.name
+            ta, tb = datasets(path), datasets(other)
+            assert [k for k in ta if not same(ta[k], tb[k])] == []
+
+
+def test_sync_on_policy_reproduces_the_serial_runners_record_exactly(tmp_path):
+    """Which fragments make which batch and which weights sample them is fixed under sync admission with on-policy
+    batches: the simulated job computes exactly what the serial runner's threads compute."""
+    common = {"aggregation": {"policy": "sync"}, "actors": {"on_policy": True}}
+    runs = {}
+    for runner in ("serial", "sim"):
+        run_dir = tmp_path / runner
+        cfg = config(run_dir, launch={"runner": runner}, **common)
+        result = (serial if runner == "serial" else sim).run(make_plan(cfg), run_dir)
+        assert result.stop_reason.startswith("stop.max_rounds"), result.message
+        h5 = run_dir / "run.h5"
+        episodes = read_table(h5, "episodes")
+        gradients = read_table(h5, "gradients")
+        runs[runner] = {
+            "episodes": sorted(zip(*(np.asarray(episodes[k]).tolist()
+                                     for k in ("actor", "env_index", "return", "length", "policy_version")))),
+            "gradients": [np.asarray(gradients[k]) for k in ("group", "seq", "base_version", "loss", "admitted")],
+            "params": torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)["params"]}
+    s, v = runs["serial"], runs["sim"]
+    assert len(s["episodes"]) > 10 and s["episodes"] == v["episodes"]
+    assert all(np.array_equal(x, y) for x, y in zip(s["gradients"], v["gradients"]))
+    assert torch.equal(s["params"], v["params"])
+
+
+def test_the_record_holds_virtual_seconds_and_the_real_ones_apart(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = config(run_dir, launch={"runner": "sim", "profile": "stellaris-hpc"}, actors={"count": 8})
+    result = sim.run(make_plan(cfg), run_dir)
+    assert result.stop_reason.startswith("stop.max_rounds")
+    attrs = read_attrs(run_dir / "run.h5")
+    assert attrs["runner"] == "sim" and attrs["sim_profile"] == "stellaris-hpc"
+    assert attrs["created"].startswith("2026-01-01T00:00:00")  # virtual second 0
+    virtual = float(attrs["sim_virtual_seconds"])
+    assert virtual > 0 and float(attrs["sim_real_seconds"]) > 0
+    updates = read_table(run_dir / "run.h5", "updates")
+    assert 0 < updates["time"][-1] <= virtual
+    nodes = read_table(run_dir / "run.h5", "rank_map")["node"]
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in nodes]
+    assert names[0].startswith("p3.16xlarge") and names[-1].startswith("hpc7a.96xlarge")  # actors on CPU nodes
+
+
+def test_every_shipped_profile_loads_says_its_sources_and_holds_the_default_job():
+    assert {"this-machine", "perlmutter", "polaris", "stellaris-hpc", "marless"} <= set(shipped())
+    for name in shipped():
+        profile = load_profile(name)
+        assert profile.sources and profile.description
+        slots = place(profile, 1, 2, "CartPole-v1")
+        assert len(slots) == 4
+    testbed = load_profile("stellaris-hpc")  # the paper's: 16 V100, 960 actor cores
+    assert sum(k.count * k.gpus for k in testbed.nodes) == 16
+    assert sum(k.count * k.cores for k in testbed.nodes if not k.gpus) == 960
+    assert sum(k.count * k.cores for k in load_profile("marless").nodes) == 1920
+    with pytest.raises(ProfileError, match="learner ranks, one a GPU"):
+        place(testbed, 17, 10, "CartPole-v1")
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["launch.profile=nonesuch"], "no such cluster profile"),
+    (["launch.profile=marless", "actors.count=2000"], "cannot hold"),
+    (["env.id=Acrobot-v1"], "no costs.env_step for env 'Acrobot-v1'"),
+    (["learners.ranks_per_group=2", "algo.minibatch_size=128"], "learners.ranks_per_group"),
+])
+def test_a_profile_that_cannot_run_the_job_is_one_line_and_nothing_is_written(tmp_path, capsys, overrides, says):
+    run_dir = tmp_path / "run"
+    args = ["run", "-o", "launch.runner=sim", "-o", f"io.run_dir={run_dir}"]
+    for o in overrides:
+        args += ["-o", o]
+    rc = cli_main(args)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not run_dir.exists()

@@ -17,8 +17,11 @@ from hpcrl.errors import ConfigError
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
-    "run": ("hpcrl.commands.run", "train: the roles as MPI ranks (launch.runner mpi) or all in this process "
-                                  "(serial); --inside-mpi runs this rank's role"),
+    "run": ("hpcrl.commands.run", "train: the roles as MPI ranks (launch.runner mpi), all in this process "
+                                  "(serial), or in virtual time on a cluster profile (sim); --inside-mpi runs this "
+                                  "rank's role"),
+    "profiles": ("hpcrl.commands.profiles", "the cluster profiles a simulated job (launch.runner: sim) runs on, "
+                                            "their costs and sources"),
     "submit": ("hpcrl.commands.submit", "render a batch script for a site and submit it (sbatch/qsub)"),
     "analyze": ("hpcrl.commands.analyze", "post-hoc analysis of run directories: figures, CSV, HTML report"),
     "bench": ("hpcrl.commands.bench", "run a benchmark and print its table"),

@@ -1,6 +1,6 @@
 """Cluster profiles: the machine a simulated job (``launch.runner: sim``) runs on, in virtual time.
 
-A profile is a YAML file (the shipped ones beside this module: ``hpcrl sim-profiles`` lists them; a path names
+A profile is a YAML file (the shipped ones beside this module: ``hpcrl profiles`` lists them; a path names
 your own) with:
 
 - ``nodes``: node kinds, each ``count`` nodes of ``cores`` cores and ``gpus`` GPUs, a core ``cpu_speed`` times
@@ -15,7 +15,7 @@ your own) with:
 - ``stragglers``: each fragment's time times a seeded log-normal factor (``sigma``), and a ``slow_share`` of the
   actors ``slow_factor`` times slower throughout;
 - ``start_seconds``: virtual seconds before a rank's first step (the measured or cited start-up);
-- ``sources``: where each number comes from (shown by ``hpcrl sim-profiles NAME``);
+- ``sources``: where each number comes from (shown by ``hpcrl profiles NAME``);
 - ``costs_from``: take another profile's ``costs`` and change only those given here.
 
 :func:`load_profile` reads one (a name or a path) and refuses a malformed one in one line;

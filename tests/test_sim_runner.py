@@ -118,6 +118,12 @@ def test_the_record_holds_virtual_seconds_and_the_real_ones_apart(tmp_path):
     nodes = read_table(run_dir / "run.h5", "rank_map")["node"]
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in nodes]
     assert names[0].startswith("p3.16xlarge") and names[-1].startswith("hpc7a.96xlarge")  # actors on CPU nodes
+    # what hpcrl bench sim-vs-real reads of a record, and its errors of a run against itself: none
+    from hpcrl.bench.sim_vs_real import compare, measures
+
+    got = measures(run_dir, skip=0.2)
+    assert got["env_steps_per_s"] > 0 and got["pushes_per_s"] > 0 and 0 < got["admitted_share"] <= 1
+    assert all(v == 0 for v in compare(got, got).values())
 
 
 def test_every_shipped_profile_loads_says_its_sources_and_holds_the_default_job():

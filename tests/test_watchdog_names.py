@@ -11,11 +11,20 @@ import pytest
 from hpcrl.runtime.transport import control
 
 
-def test_the_rank_quiet_the_longest_is_named(monkeypatch):
-    clock = [100.0]
-    monkeypatch.setattr(control.time, "monotonic", lambda: clock[0])
+class SetClock:
+    """A clock (runtime/clock.py) whose time the test sets."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def now(self) -> float:
+        return self.t
+
+
+def test_the_rank_quiet_the_longest_is_named():
+    clock = SetClock(100.0)
     roles, nodes, groups = ["parameter", "learner", "actor", "actor"], ["n1", "n1", "n2", "n3"], 1
-    dog = control.Watchdog(roles, nodes, groups, warn=3.0, limit=8.0)
+    dog = control.Watchdog(roles, nodes, groups, warn=3.0, limit=8.0, clock=clock)
     words = np.zeros(control.num_counters(groups, len(roles)), dtype=np.int64)
 
     def beat(rank: int, value: int) -> None:
@@ -24,14 +33,14 @@ def test_the_rank_quiet_the_longest_is_named(monkeypatch):
     for r in (1, 2, 3):
         beat(r, 1)
     assert dog.check(words) == []
-    clock[0] += 1
+    clock.t += 1
     beat(1, 2), beat(2, 2)  # rank 3 (node n3) hangs here
     assert dog.check(words) == []
-    clock[0] += 2  # rank 3 quiet 3 s, rank 2 (node n2, waiting on it from here) quiet 2 s: one warning
+    clock.t += 2  # rank 3 quiet 3 s, rank 2 (node n2, waiting on it from here) quiet 2 s: one warning
     beat(1, 3)
     assert dog.check(words) == ["hpcrl: warning: rank 3 (actor on n3) has made no progress for 3 s "
                                 "(the job ends after launch.watchdog_seconds=8)"]
-    clock[0] += 7  # both past the limit: rank 3 (10 s) is named, not rank 2 (9 s)
+    clock.t += 7  # both past the limit: rank 3 (10 s) is named, not rank 2 (9 s)
     beat(1, 4)
     with pytest.raises(RuntimeError, match=r"^rank 3 \(actor on n3\) made no progress for 10 s"):
         dog.check(words)

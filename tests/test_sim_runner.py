@@ -57,7 +57,7 @@ def same(a, b) -> bool:
     return a.shape == b.shape and np.array_equal(a, b)
 
 
-REAL = ("sim_real_seconds", "sim_cpu_seconds", "sim_max_rss_bytes", "sim_ran_at_unix", "sim_host_pid")
+REAL = ("sim_real_seconds", "sim_setup_seconds", "sim_cpu_seconds", "sim_max_rss_bytes", "sim_ran_at_unix", "sim_host_pid")
 """run.h5 attributes about the real run of a simulation (kept apart from the record's virtual times)."""
 
 

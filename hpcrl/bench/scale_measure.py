@@ -257,7 +257,40 @@ def workload(config: str, overrides: list[str], seconds: float) -> tuple[Workloa
 
     batch = random_minibatch(info, mb)
     gradient = time_case(lambda: algo.compute_gradient(batch, model), seconds)
-    return work, {"actor_step": actor_step, "gradient": gradient}
+    return work, {"actor_step": actor_step, "gradient": gradient, **per_step_costs(cfg, algo, model, info, seconds)}
+
+
+def per_step_costs(cfg, algo, model, info, seconds: float) -> dict:
+    """A learner's batch preparation (``algo.prepare``: PPO's GAE) and an actor's trajectory write, per env step
+    (the virtual-time runner's ``prepare_per_step`` and ``record_per_step``)."""
+    import tempfile
+
+    from hpcrl.io import TrajLayout, TrajectoryWriter
+    from hpcrl.runtime.roles.sampler import VectorSampler, bootstrap_values
+
+    sampler = VectorSampler(cfg.env, 0, cfg.algo.gamma)
+    T = cfg.actors.fragment_length
+    frags = [sampler.sample(algo, model, T, 0, 0)[0]
+             for _ in range(max(1, -(-cfg.algo.train_batch_size // (T * sampler.num_envs))))]
+    sampler.close()
+    steps = sum(f["rewards"].size for f in frags)
+    prepare = time_case(lambda: algo.prepare(frags, model), seconds) / steps
+    f = frags[0]
+    layout = TrajLayout(obs_shape=tuple(info.observation_space.shape), action_shape=tuple(model.action_shape),
+                        obs_dtype=info.obs_dtype.str.lstrip("<>=|"), action_dtype="i8" if model.discrete else "f4",
+                        num_envs=sampler.num_envs)
+    with tempfile.TemporaryDirectory(prefix="hpcrl-record-cost-") as tmp:
+        writer = TrajectoryWriter(Path(tmp) / "actor.h5", layout, cfg.io.compression, actor=0,
+                                  flush_seconds=cfg.io.flush_seconds)
+
+        def record() -> None:
+            writer.append_fragment(f["obs"], f["actions"], f["rewards"], f["terminated"], f["truncated"],
+                                   f["behaviour_logp"], f["values"], 0, bootstrap_values(f))
+            writer.maybe_flush()
+
+        record_seconds = time_case(record, seconds) / f["rewards"].size
+        writer.close()
+    return {"prepare_per_step": prepare, "record_per_step": record_seconds}
 
 
 def costs_from(measured: dict, steps: dict) -> Costs:

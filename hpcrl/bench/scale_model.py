@@ -295,6 +295,9 @@ def measure_costs(args) -> tuple[Workload, Costs, Costs | None]:
     from hpcrl.config import load_config
 
     work, steps = scale_measure.workload(args.config, args.overrides, args.seconds)
+    print(f"# per env step: actor {steps['actor_step'] * 1e3:.4f} ms, a learner's batch preparation "
+          f"{steps['prepare_per_step'] * 1e6:.2f} us, an actor's trajectory write {steps['record_per_step'] * 1e6:.2f} us "
+          "(the virtual-time runner's env_step, prepare_per_step, record_per_step)", flush=True)
     sizes = sorted({work.floats if s.strip() == "job" else int(s) for s in args.sizes.split(",") if s.strip()})
     # the micro-run reads the job's config for its layouts and admission policy
     with tempfile.TemporaryDirectory(prefix="hpcrl-scale-cfg-") as tmp:

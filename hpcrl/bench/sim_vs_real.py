@@ -28,7 +28,7 @@ import numpy as np
 
 CASES = {
     "default": [],
-    "two-groups": ["learners.groups=2"],
+    "two-groups": ["learners.groups=2", "algo.minibatch_size=128"],
     "update-push": ["learners.push=update", "algo.num_sgd_iter=4"],
 }
 """Case -> overrides of the default job (hpcrl/configs/cartpole.yaml)."""

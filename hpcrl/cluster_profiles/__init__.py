@@ -89,6 +89,8 @@ class Costs(_Strict):
     """A minibatch gradient on a GPU (learner ranks on GPU nodes); None: the profile has no GPU nodes."""
     prepare_per_step: float = Field(0.0, ge=0)
     """A learner's batch preparation (PPO: GAE with the value network) per env step."""
+    record_per_step: float = Field(0.0, ge=0)
+    """An actor's fragment written to its trajectory file, per env step."""
     push: Linear
     receive: Linear
     admit: float = Field(ge=0)

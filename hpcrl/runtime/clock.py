@@ -32,6 +32,8 @@ class Work(enum.Enum):
     """Learner under ``learners.push: update``: one optimizer step of its own (count: steps)."""
     PREPARE = "prepare"
     """Learner: the batch's preparation before its minibatches (PPO: GAE; count: env steps)."""
+    RECORD = "record"
+    """Actor: its fragment written to its trajectory file (count: env steps)."""
     ADMIT = "admit"
     """Parameter rank: the admission policy on one arrival."""
     APPLY = "apply"

@@ -153,6 +153,7 @@ class Actor:
                                         fragment["terminated"], fragment["truncated"], fragment["behaviour_logp"],
                                         fragment["values"], self.version, bootstrap_values(fragment))
             self.writer.maybe_flush()
+            clock.did(Work.RECORD, steps)
             self.job.reports.send(FragmentReport(
                 time=clock.unix(), actor=self.index, fragment=self.fragments, steps=steps, sample_seconds=t_sample,
                 transport_wait_seconds=t_wait, weight_sync_seconds=t_sync, policy_version=self.version, group=group,

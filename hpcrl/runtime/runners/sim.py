@@ -31,7 +31,7 @@ from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local import LocalGroup
 from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimMailbox, SimReports,
                                          TransportPrices, _Charges)
-from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld, WorldAborted
+from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld
 
 
 def node_names(slots: list[Slot]) -> list[str]:
@@ -78,7 +78,7 @@ class Machine:
         return net.latency_seconds + nbytes / rate
 
     def transport_prices(self) -> TransportPrices:
-        c, P = self.profile.costs, self.P
+        c = self.profile.costs
         return TransportPrices(push=c.push.at, receive=c.receive.at, publish=c.publish.at, fetch=c.fetch.at,
                                fragment_send=c.fragment_send, report=c.report,
                                node_of_rank=tuple(s.node for s in self.slots), link_seconds=self.link_seconds)
@@ -106,6 +106,8 @@ class Machine:
                 return count * c.apply_gradient.at(P) / speed
             if work is Work.PREPARE:
                 return count * c.prepare_per_step / speed
+            if work is Work.RECORD:
+                return count * c.record_per_step / speed
             if work is Work.ADMIT:
                 return count * c.admit / speed
             return count * apply  # Work.APPLY
@@ -209,6 +211,7 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain"
         parameter.signals.received = signum
 
     old_handler = signal.signal(signal.SIGINT, interrupt)
+    setup_seconds = time.monotonic() - real_start
     try:
         world.run()
     except Exception as exc:  # noqa: BLE001 - a deadlock: the roles were ended, files closed below
@@ -226,17 +229,19 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain"
             return RunResult.failed("sim", run_dir, f"{exc}; run directory {run_dir}")
         return RunResult.failed("sim", run_dir, f"rank {failed.rank} ({failed.name}) failed: {type(exc).__name__}: "
                                 f"{exc}; run directory {run_dir}", details=details)
-    _note_real_cost(run_dir, profile, world, real_start, cpu_start)
+    _note_real_cost(run_dir, profile, world, real_start, cpu_start, setup_seconds)
     return RunResult.ended("sim", run_dir, parameter.summary)
 
 
-def _note_real_cost(run_dir: Path, profile: Profile, world: VirtualWorld, real_start: float, cpu_start: float) -> None:
+def _note_real_cost(run_dir: Path, profile: Profile, world: VirtualWorld, real_start: float, cpu_start: float,
+                    setup_seconds: float) -> None:
     """What simulating took, kept apart from the record's virtual times: run.h5's ``sim_*`` attributes."""
     real = time.monotonic() - real_start
     with h5py.File(run_dir / RUN_FILE, "a", locking=False) as f:
         f.attrs["sim_profile"] = profile.name
         f.attrs["sim_virtual_seconds"] = float(world.env.now)
         f.attrs["sim_real_seconds"] = real
+        f.attrs["sim_setup_seconds"] = setup_seconds  # of sim_real_seconds: building the roles
         f.attrs["sim_cpu_seconds"] = time.process_time() - cpu_start
         f.attrs["sim_max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         f.attrs["sim_ran_at_unix"] = time.time() - real

@@ -50,7 +50,7 @@ def run_job(config: str, nodes: int, actors_per_node: int, virtual_seconds: floa
     groups, actors = gpu_nodes * LEARNERS_PER_GPU_NODE, cpu_nodes * actors_per_node
     per_group = load_config(config, []).algo.train_batch_size
     run_dir = out / f"{Path(config).stem}-{nodes}-nodes"
-    overrides = [f"launch.runner=sim", f"launch.profile={profile_for(actors_per_node, out)}",
+    overrides = ["launch.runner=sim", f"launch.profile={profile_for(actors_per_node, out)}",
                  f"learners.groups={groups}", f"learners.min_active={groups}", f"actors.count={actors}",
                  f"algo.train_batch_size={per_group * groups}", f"stop.max_wall_seconds={virtual_seconds}",
                  "stop.target_return=null", "stop.total_env_steps=1000000000000", "io.tensorboard=false",

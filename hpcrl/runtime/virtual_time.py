@@ -62,7 +62,11 @@ class Role:
                  core: simpy.Resource | None, start: float) -> None:
         self.world, self.rank, self.name, self.body = world, rank, name, body
         self.clock, self.core, self.start = clock, core, start
-        self._go, self._back = threading.Semaphore(0), threading.Semaphore(0)
+        # the baton: two locks held by nobody's turn, released to hand it over (a Lock, unlike a Semaphore, is
+        # C-level; a lock may be released by another thread than the one that acquired it)
+        self._go, self._back = threading.Lock(), threading.Lock()
+        self._go.acquire()
+        self._back.acquire()
         self.wait: Generator | None = None  # what the role waits for, as a SimPy generator
         self.done, self.waiting_on = False, ""
         self.failure: tuple[BaseException, str] | None = None
@@ -80,6 +84,7 @@ class Role:
             self.failure = (exc, traceback.format_exc())
         finally:
             self.done = True
+            self.world.running -= 1
             self._back.release()
 
     def hand_back(self, wait: Generator, what: str) -> None:
@@ -167,6 +172,7 @@ class VirtualWorld:
         self.current: Role | None = None
         self.aborted = False
         self.first_failure: Role | None = None
+        self.running = 0  # roles whose body has not returned
 
     def signal(self) -> Signal:
         return Signal(self)
@@ -180,6 +186,7 @@ class VirtualWorld:
         role = Role(self, rank, name, body, clock, core, start)
         clock.role = role
         self.roles.append(role)
+        self.running += 1
         return role
 
     def failed(self, role: Role) -> None:
@@ -192,7 +199,7 @@ class VirtualWorld:
         for role in self.roles:
             self.env.process(role.process())
         try:
-            while not all(r.done for r in self.roles) and self.first_failure is None:
+            while self.running and self.first_failure is None:
                 if self.env.peek() == simpy.core.Infinity:
                     waiting = [f"{r.name} ({r.waiting_on})" for r in self.roles if not r.done]
                     raise Deadlock(f"simulated run: every role waits and nothing can wake them at virtual second "

@@ -379,7 +379,7 @@ class RunRecord:
             self.scalars.flush()
 
     def maybe_flush(self) -> None:
-        self.file.maybe_flush()
+        self.file.maybe_flush(self.file.now())  # every io.flush_seconds of the run's clock
 
     def close(self) -> None:
         self.rows.flush()

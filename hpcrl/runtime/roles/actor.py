@@ -152,7 +152,7 @@ class Actor:
             self.writer.append_fragment(fragment["obs"], fragment["actions"], fragment["rewards"],
                                         fragment["terminated"], fragment["truncated"], fragment["behaviour_logp"],
                                         fragment["values"], self.version, bootstrap_values(fragment))
-            self.writer.maybe_flush()
+            self.writer.maybe_flush(clock.now())  # every io.flush_seconds of the job's time (virtual under sim)
             clock.did(Work.RECORD, steps)
             self.job.reports.send(FragmentReport(
                 time=clock.unix(), actor=self.index, fragment=self.fragments, steps=steps, sample_seconds=t_sample,

@@ -3,7 +3,8 @@
 Half the nodes GPU nodes of 4 learner groups (one rank, one GPU each), the other half CPU nodes of
 ``--actors-per-node`` actors (the perlmutter profile with its CPU nodes cut to that many cores); the config's
 per-group batch is kept (``algo.train_batch_size`` x groups), every group active, and the job runs for
-``--virtual-seconds`` of virtual time. Prints, per job: ranks, virtual env steps/s and pushes/s (steady part),
+``--virtual-seconds`` of virtual time, with no periodic checkpoint (a checkpoint opens every trajectory file to
+count what it holds: minutes of real time at thousands of actors, none of it virtual). Prints, per job: ranks, virtual env steps/s and pushes/s (steady part),
 the real seconds per virtual second (after building the roles), the seconds and memory building them took, and
 the peak memory (run.h5's ``sim_*`` attributes).
 
@@ -54,7 +55,7 @@ def run_job(config: str, nodes: int, actors_per_node: int, virtual_seconds: floa
                  f"learners.groups={groups}", f"learners.min_active={groups}", f"actors.count={actors}",
                  f"algo.train_batch_size={per_group * groups}", f"stop.max_wall_seconds={virtual_seconds}",
                  "stop.target_return=null", "stop.total_env_steps=1000000000000", "io.tensorboard=false",
-                 "io.log_seconds=60", f"io.run_dir={run_dir}", *extra]
+                 "io.log_seconds=60", "io.checkpoint_min_seconds=1000000000", f"io.run_dir={run_dir}", *extra]
     res = subprocess.run([sys.executable, "-m", "hpcrl", "-q", "run", config,
                           *[a for o in overrides for a in ("-o", o)]], capture_output=True, text=True)
     if res.returncode != 0:

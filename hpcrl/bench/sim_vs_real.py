@@ -10,9 +10,14 @@ between the two distributions (in versions: how far, on average, a gradient's st
 distribution into the other).
 
     hpcrl bench sim-vs-real [--steps 30000] [--cases default,two-groups,update-push] [--profile this-machine]
-                            [--json FILE] [--out DIR]
+                            [--repeats 3] [--json FILE] [--out DIR]
 
-Run it on a quiet machine: the real jobs share the cores with whatever else runs, the profile's costs do not.
+Run it on a quiet machine: the real jobs share the cores with whatever else runs. The profile's costs are those of
+``--profile`` except, for each case, what ``hpcrl bench scale-model`` measures of its config right before its real
+runs (an env step, a minibatch gradient, a batch's preparation and a trajectory write: written to
+``OUT/<case>-profile.yaml``), so both sides see the machine as it is then; ``--no-measure`` keeps the profile's.
+``--repeats N`` runs each real job N times (the sim is deterministic: once): the table compares the sim with the
+real runs' median of each measure and shows their range, the real jobs' own spread on this machine.
 """
 from __future__ import annotations
 
@@ -34,8 +39,41 @@ CASES = {
 """Case -> overrides of the default job (hpcrl/configs/cartpole.yaml)."""
 
 
-def run_case(case: str, runner: str, steps: int, profile: str, out: Path, extra: list[str]) -> tuple[Path, float]:
-    run_dir = out / f"{case}-{runner}"
+def measured_profile(case: str, profile: str, out: Path, extra: list[str], seconds: float = 3.0) -> Path:
+    """``profile`` with the CPU costs of the case's config measured now on this machine, as a file under ``out``."""
+    import yaml
+
+    from hpcrl.bench.scale_measure import workload
+    from hpcrl.cluster_profiles import load_profile
+    from hpcrl.config import load_config
+
+    overrides = [*CASES[case], *extra]
+    cfg = load_config(None, overrides)
+    work, got = workload(str(default_config()), overrides, seconds)
+    base = load_profile(profile)
+    costs = base.costs.model_dump()
+    costs["env_step"] = {**costs["env_step"], cfg.env.id: got["actor_step"]}
+    costs["gradient"] = {"fixed": got["gradient"], "per_sample_float": 0.0}  # at this config's minibatch
+    costs["prepare_per_step"], costs["record_per_step"] = got["prepare_per_step"], got["record_per_step"]
+    data = {**base.model_dump(), "name": f"{base.name}-measured-{case}", "costs": costs,
+            "sources": {**base.sources, "env_step, gradient, prepare_per_step, record_per_step":
+                        f"hpcrl bench sim-vs-real: measured right before the case's real runs ({work})"}}
+    data["nodes"] = [dict(k) for k in data["nodes"]]
+    path = out / f"{case}-profile.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def default_config() -> Path:
+    """The default job's config (hpcrl run without a CONFIG), every case's base."""
+    import hpcrl
+
+    return Path(hpcrl.__file__).parent / "configs" / "cartpole.yaml"
+
+
+def run_case(case: str, runner: str, steps: int, profile: str, out: Path, extra: list[str], repeat: int = 0
+             ) -> tuple[Path, float]:
+    run_dir = out / f"{case}-{runner}-{repeat}"
     overrides = [*CASES[case], f"stop.total_env_steps={steps}", "stop.target_return=null", f"io.run_dir={run_dir}",
                  "io.log_seconds=600", "io.tensorboard=false", f"launch.runner={runner}", *extra]
     if runner == "sim":
@@ -78,6 +116,14 @@ ROWS = (("env steps/s", "env_steps_per_s", "rel"), ("pushes/s", "pushes_per_s", 
         ("versions per fragment", "versions_per_fragment", "rel"))
 
 
+def median_run(runs: list[dict]) -> dict:
+    """Each measure's median over the real runs; the staleness samples of them all."""
+    keys = [key for _, key, _ in ROWS]
+    return {**{k: float(np.median([r[k] for r in runs])) for k in keys},
+            "staleness": [x for r in runs for x in r["staleness"]],
+            "real_seconds": float(np.median([r["real_seconds"] for r in runs]))}
+
+
 def compare(real: dict, sim: dict) -> dict:
     from scipy.stats import wasserstein_distance
 
@@ -94,6 +140,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=30_000, help="env steps per run (default 30000)")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     p.add_argument("--profile", default="this-machine", help="the sim's cluster profile (default this-machine)")
+    p.add_argument("--repeats", type=int, default=3, help="real runs per case (default 3)")
+    p.add_argument("--no-measure", dest="measure", action="store_false",
+                   help="use the profile's CPU costs as they are (default: measure each case's first)")
     p.add_argument("--skip", type=float, default=0.2, help="share of each run's time left out as start-up (0.2)")
     p.add_argument("--json", help="write every measure (and the staleness samples) here")
     p.add_argument("--out", help="keep the run directories here (default: a temporary directory)")
@@ -108,20 +157,27 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for case in cases:
-        got = {}
-        for runner in ("mpi", "sim"):
-            run_dir, seconds = run_case(case, runner, args.steps, args.profile, out, args.overrides)
-            got[runner] = {**measures(run_dir, args.skip), "real_seconds": seconds}
-            print(f"sim-vs-real: {case} {runner}: {seconds:.1f} s", flush=True)
-        results.append({"case": case, "real": got["mpi"], "sim": got["sim"], "error": compare(got["mpi"], got["sim"])})
-    print(f"\nsim ({args.profile}) against real MPI jobs on this machine, {args.steps:,} env steps each, "
+        profile = str(measured_profile(case, args.profile, out, args.overrides)) if args.measure else args.profile
+        reals = []
+        for repeat in range(args.repeats):
+            run_dir, seconds = run_case(case, "mpi", args.steps, args.profile, out, args.overrides, repeat)
+            reals.append({**measures(run_dir, args.skip), "real_seconds": seconds})
+            print(f"sim-vs-real: {case} mpi {repeat + 1}/{args.repeats}: {seconds:.1f} s", flush=True)
+        run_dir, seconds = run_case(case, "sim", args.steps, profile, out, args.overrides)
+        sim = {**measures(run_dir, args.skip), "real_seconds": seconds}
+        print(f"sim-vs-real: {case} sim: {seconds:.1f} s", flush=True)
+        real = median_run(reals)
+        results.append({"case": case, "real": real, "real_runs": reals, "sim": sim, "error": compare(real, sim)})
+    print(f"\nsim ({args.profile}{', CPU costs measured per case' if args.measure else ''}) against real MPI jobs on this machine, {args.steps:,} env steps each, "
           f"steady part (after the first {args.skip:.0%} of each run's time)")
-    print(f"{'case':12s} {'measure':22s} {'real':>10s} {'sim':>10s} {'error':>9s}")
+    print(f"{'case':12s} {'measure':22s} {'real':>10s} {'real range':>21s} {'sim':>10s} {'error':>9s}")
     for r in results:
         for label, key, kind in ROWS:
             err = r["error"][key]
             shown = f"{err:+.0%}" if kind == "rel" else f"{err:+.2f}"
-            print(f"{r['case']:12s} {label:22s} {r['real'][key]:10.3g} {r['sim'][key]:10.3g} {shown:>9s}")
+            values = [x[key] for x in r["real_runs"]]
+            spread = f"{min(values):.3g} .. {max(values):.3g}"
+            print(f"{r['case']:12s} {label:22s} {r['real'][key]:10.3g} {spread:>21s} {r['sim'][key]:10.3g} {shown:>9s}")
         print(f"{r['case']:12s} {'staleness W1 distance':22s} {'':10s} {'':10s} {r['error']['staleness_w1']:9.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"steps": args.steps, "profile": args.profile, "skip": args.skip,

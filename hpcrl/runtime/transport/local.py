@@ -153,17 +153,22 @@ class LocalBoard:
             if not self._ring:
                 return -1
             version, params, _ = self._ring[-1]
-            if version != have:
-                out[:] = params
-            return version
+        if version != have:
+            self._copying(version)
+            out[:] = params  # a published copy is never changed: no lock needed to read it
+        return version
 
     def read_version(self, version: int, out: np.ndarray) -> bool:
         with self._lock:
-            for v, params, _ in self._ring:
-                if v == version:
-                    out[:] = params
-                    return True
-        return False
+            found = next((params for v, params, _ in self._ring if v == version), None)
+        if found is None:
+            return False
+        self._copying(version)
+        out[:] = found
+        return True
+
+    def _copying(self, version: int) -> None:
+        """A reader is about to copy ``version`` (the virtual-time twin charges the fetch here)."""
 
     def read_probe(self, out: np.ndarray) -> int:
         with self._lock:

@@ -125,32 +125,13 @@ class SimBoard(LocalBoard):
     def __init__(self, charges: _Charges, num_params: int, history: int = 4, probe_size: int = 0):
         super().__init__(num_params, history, probe_size)
         self.charges = charges
-        self.fetches: dict[int, int] = {}  # version -> copies served to other nodes' readers
 
     def publish(self, version: int, flat: np.ndarray, probe: np.ndarray | None = None) -> None:
         self.charges.compute(self.charges.prices.publish(self.num_params), "a publish")
         super().publish(version, flat, probe)
 
-    def read_latest(self, out: np.ndarray, have: int = -1) -> int:
-        with self._lock:
-            if not self._ring:
-                return -1
-            version, params, _ = self._ring[-1]
-        if version != have:
-            self._fetch(version)
-            out[:] = params  # the version read when the fetch began (a published copy never changes)
-        return version
-
-    def read_version(self, version: int, out: np.ndarray) -> bool:
-        with self._lock:
-            found = next((params for v, params, _ in self._ring if v == version), None)
-        if found is None:
-            return False
-        self._fetch(version)
-        out[:] = found
-        return True
-
-    def _fetch(self, version: int) -> None:
+    def _copying(self, version: int) -> None:
+        """The reader's fetch: ``fetch`` on its core, then the bytes over rank 0's link (none for rank 0)."""
         c = self.charges
         rank = c.caller_rank()
         if rank is None or rank == 0:

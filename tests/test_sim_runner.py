@@ -157,3 +157,14 @@ def test_a_profile_that_cannot_run_the_job_is_one_line_and_nothing_is_written(tm
     assert rc == 2
     assert len(err.splitlines()) == 1 and says in err, err
     assert not run_dir.exists()
+
+
+def test_hpcrl_profiles_lists_them_and_shows_one_with_its_sources(capsys):
+    assert cli_main(["profiles"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in shipped())
+    assert cli_main(["profiles", "stellaris-hpc"]) == 0
+    shown = capsys.readouterr().out
+    assert "2 x p3.16xlarge (64 cores, 8 GPUs)" in shown and "source     nodes: Stellaris" in shown
+    assert cli_main(["profiles", "nonesuch"]) == 2
+    assert "no such cluster profile" in capsys.readouterr().err

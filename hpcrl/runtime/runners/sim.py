@@ -13,6 +13,7 @@ import math
 import os
 import resource
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -80,8 +81,7 @@ class Machine:
     def transport_prices(self) -> TransportPrices:
         c = self.profile.costs
         return TransportPrices(push=c.push.at, receive=c.receive.at, publish=c.publish.at, fetch=c.fetch.at,
-                               fragment_send=c.fragment_send, report=c.report,
-                               node_of_rank=tuple(s.node for s in self.slots), link_seconds=self.link_seconds)
+                               fragment_send=c.fragment_send, report=c.report, link_seconds=self.link_seconds)
 
     def price(self, rank: int, topo: Topology):
         """The cost of each Work on rank ``rank``: CPU work at its node's core speed, a gradient on its GPU (if it
@@ -121,6 +121,7 @@ class SimWiring:
     def __init__(self, plan: Plan, world: VirtualWorld, machine: Machine) -> None:
         self.plan, self.world, self.machine = plan, world, machine
         self.charges = _Charges(world, machine.transport_prices())
+        self.never_set = threading.Event()  # the world ends the roles (WorldAborted), not an abort flag
         self._made: dict[str, object] = {}
         self.clocks: dict[int, VirtualClock] = {}
 
@@ -148,13 +149,7 @@ class SimWiring:
 
     def group_reduce(self, topo: Topology, device, counters, reports):
         # a group of one rank (the config refuses more under launch.runner=sim): its average is its gradient
-        return LocalGroup(1, self.world_abort).rank(0)
-
-    @property
-    def world_abort(self):
-        import threading
-
-        return self._once("abort", threading.Event)
+        return LocalGroup(1, self.never_set).rank(0)
 
     def joiner(self, topo: Topology):
         return None  # joining ranks need MPI ports (the config refuses them outside launch.runner=mpi)

@@ -41,7 +41,6 @@ class TransportPrices:
     fetch: Callable[[int], float]
     fragment_send: float
     report: float
-    node_of_rank: tuple[int, ...]
     link_seconds: Callable[[int, int, int], float]
     """(rank, other rank, bytes) -> seconds the bytes take between their nodes (0 on one node)."""
 

@@ -168,3 +168,18 @@ def test_hpcrl_profiles_lists_them_and_shows_one_with_its_sources(capsys):
     assert "2 x p3.16xlarge (64 cores, 8 GPUs)" in shown and "source     nodes: Stellaris" in shown
     assert cli_main(["profiles", "nonesuch"]) == 2
     assert "no such cluster profile" in capsys.readouterr().err
+
+
+def test_the_benches_profiles_load_and_hold_their_jobs(tmp_path):
+    """sim-scale's Perlmutter with 64 actors per CPU node, and sim-vs-real's profile with a case's CPU costs
+    measured now."""
+    from hpcrl.bench.sim_scale import profile_for
+    from hpcrl.bench.sim_vs_real import measured_profile
+
+    scaled = load_profile(str(profile_for(64, tmp_path)))
+    assert {k.name: k.cores for k in scaled.nodes} == {"gpu": 64, "cpu": 64}
+    slots = place(scaled, 128, 2048, "CartPole-v1")  # the 64-node job: 32 GPU nodes x 4, 32 CPU nodes x 64
+    assert len({s.node for s in slots}) == 64
+    measured = load_profile(str(measured_profile("two-groups", "this-machine", tmp_path, [], seconds=0.05)))
+    assert measured.costs.gradient.per_sample_float == 0 and measured.costs.gradient.fixed > 0
+    assert measured.costs.env_step["CartPole-v1"] > 0 and "measured right before" in " ".join(measured.sources.values())

@@ -14,8 +14,8 @@ operation advances its role's time by its cost (hpcrl.cluster_profiles), on one 
 ``simpy.Resource``: ranks that share a core queue for it), and every transfer that crosses rank 0's link queues
 on that link.
 
-A role that fails ends the world: the others are resumed with :class:`~hpcrl.runtime.transport.local.RunAborted`
-raised at their wait, so each closes its files as in the serial runner. Nothing can hang: if every role waits on
+A role that fails ends the world: the others are resumed with :class:`WorldAborted` raised at their wait, so each
+closes its files as in the serial runner. Nothing can hang: if every role waits on
 an event that nothing can fire, :meth:`VirtualWorld.run` names them.
 """
 from __future__ import annotations
@@ -150,12 +150,12 @@ class VirtualClock:
         """``seconds`` of work on one of this role's node's cores (queued while they are busy)."""
         if seconds > 0:
             self.role.cpu_seconds += seconds
-            self.role.hand_back(_on_core(self.world.env, self.role.core, seconds), what)
+            self.role.hand_back(_holding(self.world.env, self.role.core, seconds), what)
 
     def transfer(self, seconds: float, link: simpy.Resource | None, what: str) -> None:
         """A transfer of ``seconds`` that holds ``link`` (rank 0's, shared) while its bytes move."""
         if seconds > 0:
-            self.role.hand_back(_on_core(self.world.env, link, seconds), what)
+            self.role.hand_back(_holding(self.world.env, link, seconds), what)
 
     def wait_for(self, signal: Signal, seconds: float, what: str) -> None:
         """Until ``signal`` is notified or ``seconds`` pass."""
@@ -193,9 +193,9 @@ class VirtualWorld:
         if self.first_failure is None and not isinstance(role.failure[0], WorldAborted):
             self.first_failure = role
 
-    def run(self, on_step: Callable[[], None] | None = None) -> None:
-        """Run until every role is done, or one failed (the others then end with WorldAborted). ``on_step``
-        is called between events (a real-time check: progress, a signal). Raises :class:`Deadlock`."""
+    def run(self) -> None:
+        """Run until every role is done, or one failed (the others then end with WorldAborted). Raises
+        :class:`Deadlock`."""
         for role in self.roles:
             self.env.process(role.process())
         try:
@@ -205,8 +205,6 @@ class VirtualWorld:
                     raise Deadlock(f"simulated run: every role waits and nothing can wake them at virtual second "
                                    f"{self.env.now:.3f}: {', '.join(waiting)}")
                 self.env.step()
-                if on_step is not None:
-                    on_step()
         finally:
             self.aborted = self.aborted or not all(r.done for r in self.roles)
             for role in self.roles:
@@ -220,7 +218,8 @@ def _timeout(env: simpy.Environment, seconds: float):
     yield env.timeout(seconds)
 
 
-def _on_core(env: simpy.Environment, resource: simpy.Resource | None, seconds: float):
+def _holding(env: simpy.Environment, resource: simpy.Resource | None, seconds: float):
+    """``seconds`` holding one place of ``resource`` (a node's core, rank 0's link), queued while none is free."""
     if resource is None:
         yield env.timeout(seconds)
         return

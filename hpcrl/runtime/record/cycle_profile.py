@@ -64,7 +64,7 @@ class CycleRecord:
     COLUMNS = ("time", "group", "seq", "base_version", "cycle_seconds", *(f"{p}_seconds" for p in LEARNER_PHASES))
 
     def __init__(self, group: int, clock: Clock = WALL) -> None:
-        self.group = group
+        self.group, self.time = group, clock
         self.clock = PhaseClock(LEARNER_PHASES, clock)
         self.lap = self.clock.lap
         self.rows = self._empty()
@@ -75,7 +75,7 @@ class CycleRecord:
         self.clock.move(push_wait, "push", "push_wait")
         elapsed, seconds = self.clock.take()
         rows = self.rows
-        rows["time"].append(self.clock.clock.unix())
+        rows["time"].append(self.time.unix())
         rows["group"].append(self.group)
         rows["seq"].append(seq)
         rows["base_version"].append(base_version)

@@ -142,6 +142,21 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
                rolled_back=rolled_back)
 
 
+def build_jobs(plan: Plan, topos: list[Topology], env: EnvInfo, run_dir: Path, resume: bool, runner: str,
+               wiring: Wiring, progress: str) -> list[Job]:
+    """The Job of every rank ``topos`` places, in this one process (the serial and sim runners): the record cut
+    back to its checkpoint first (``resume``), one set of AAPS probe states, the wiring's shared objects."""
+    s = plan.sections
+    rolled_back = roll_back_record(run_dir) if resume else None  # before any role opens a file
+    states = None
+    if s.actors.weight_sync == "aaps":  # one set of states; each role's probe evaluates its own model
+        from hpcrl.runtime.roles.aaps import probe_states
+
+        states = probe_states(s.env, s.actors.probe_batch)
+    return [build_job(plan, topo, run_dir, resume, runner, env, wiring, progress, rolled_back, states)
+            for topo in topos]
+
+
 def make_role(job: Job):
     """The role object of ``job.topo.role`` (every runner), given the config sections it owns and no others."""
     s = job.plan.sections

@@ -22,7 +22,8 @@ import traceback
 from pathlib import Path
 
 from hpcrl.runtime.clock import WALL
-from hpcrl.runtime.runners.job import Job, build_job, make_role, roll_back_record
+from hpcrl.runtime.runners.job import Job, make_role
+from hpcrl.runtime.runners.job import build_jobs as jobs_in_process
 from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalGroup, LocalMailbox,
                                            LocalReports, RunAborted)
@@ -96,17 +97,8 @@ class LocalWiring:
 def build_jobs(plan: Plan, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:
     """A Job per role, sharing one set of in-memory counters, mailbox, board, reports and fragment queues; a
     learner rank's Job holds its rank of its group's LocalGroup."""
-    s = plan.sections
-    rolled_back = roll_back_record(run_dir) if resume else None  # before any role opens a file
-    env = describe_env(s.env)
-    states = None
-    if s.actors.weight_sync == "aaps":  # one set of states; each role's probe evaluates its own model
-        from hpcrl.runtime.roles.aaps import probe_states
-
-        states = probe_states(s.env, s.actors.probe_batch)
-    wiring = LocalWiring(plan, abort)
-    return [build_job(plan, topo, run_dir, resume, "serial", env, wiring, progress, rolled_back, states)
-            for topo in topologies(plan)]
+    return jobs_in_process(plan, topologies(plan), describe_env(plan.sections.env), run_dir, resume, "serial",
+                           LocalWiring(plan, abort), progress)
 
 
 def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain") -> RunResult:

@@ -26,10 +26,10 @@ from hpcrl.runtime.clock import Work
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.roles.sampler import describe_env
 from hpcrl.runtime.runners import RunResult
-from hpcrl.runtime.runners.job import Job, build_job, make_role, roll_back_record
+from hpcrl.runtime.runners.job import build_jobs, make_role, role_parts
+from hpcrl.runtime.runners.serial import LocalWiring
 from hpcrl.runtime.topology import Topology, plan_roles
 from hpcrl.runtime.transport.control import RankSilent
-from hpcrl.runtime.transport.local import LocalGroup
 from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimMailbox, SimReports,
                                          TransportPrices, _Charges)
 from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld
@@ -91,6 +91,7 @@ class Machine:
         gradient = (c.gpu_gradient if slot.gpu is not None and c.gpu_gradient is not None else c.gradient)
         gradient_seconds = gradient.at(self.minibatch_rows, P) / (1.0 if slot.gpu is not None else speed)
         apply = (c.apply_update if self.plan.push == "update" else c.apply_gradient).at(P) / speed
+        inner_step = c.apply_gradient.at(P) / speed  # a group's own optimizer step (learners.push=update)
         stragglers = self.profile.stragglers
         actor = topo.actor_index if topo.role == "actor" else None
         slow = stragglers.slow_factor if actor is not None and self.slow[actor] else 1.0
@@ -103,7 +104,7 @@ class Machine:
             if work is Work.GRADIENT:
                 return count * gradient_seconds
             if work is Work.INNER_STEP:
-                return count * c.apply_gradient.at(P) / speed
+                return count * inner_step
             if work is Work.PREPARE:
                 return count * c.prepare_per_step / speed
             if work is Work.RECORD:
@@ -115,20 +116,16 @@ class Machine:
         return seconds
 
 
-class SimWiring:
-    """The sim runner's shared objects (runners/job.py ``Wiring``): made once, handed to every role."""
+class SimWiring(LocalWiring):
+    """The sim runner's shared objects (runners/job.py ``Wiring``): the serial runner's, made once and handed to
+    every role, but with the virtual-time twins and each rank's virtual clock. Its abort flag is never set: a
+    failed role ends the world (runtime/virtual_time.py), which ends the others."""
 
     def __init__(self, plan: Plan, world: VirtualWorld, machine: Machine) -> None:
-        self.plan, self.world, self.machine = plan, world, machine
+        super().__init__(plan, threading.Event())
+        self.world, self.machine = world, machine
         self.charges = _Charges(world, machine.transport_prices())
-        self.never_set = threading.Event()  # the world ends the roles (WorldAborted), not an abort flag
-        self._made: dict[str, object] = {}
         self.clocks: dict[int, VirtualClock] = {}
-
-    def _once(self, name: str, make):
-        if name not in self._made:
-            self._made[name] = make()
-        return self._made[name]
 
     def counters(self, words: int):
         return self._once("counters", lambda: SimCounters(words, self.world))
@@ -146,13 +143,6 @@ class SimWiring:
         L = self.plan.ranks_per_group
         return self._once("fragments", lambda: SimFragments(self.charges, layout, self.plan.groups, self.plan.actors,
                                                             max_in_flight, root_of_group=lambda g: 1 + g * L))
-
-    def group_reduce(self, topo: Topology, device, counters, reports):
-        # a group of one rank (the config refuses more under launch.runner=sim): its average is its gradient
-        return LocalGroup(1, self.never_set).rank(0)
-
-    def joiner(self, topo: Topology):
-        return None  # joining ranks need MPI ports (the config refuses them outside launch.runner=mpi)
 
     def clock(self, topo: Topology) -> VirtualClock:
         if topo.rank not in self.clocks:
@@ -172,25 +162,12 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain"
     profile = load_profile(s.launch.profile)
     slots = place(profile, plan.groups * plan.ranks_per_group, plan.actors, s.env.id)
     world = VirtualWorld()
-    rolled_back = roll_back_record(run_dir) if resume else None
     env = describe_env(s.env)
-    states = None
-    if s.actors.weight_sync == "aaps":
-        from hpcrl.runtime.roles.aaps import probe_states
-
-        states = probe_states(s.env, s.actors.probe_batch)
-    topos = topologies(plan, slots)
-    machine = None
-    wiring = None
-    jobs: list[Job] = []
-    for topo in topos:
-        if wiring is None:  # the weights' size is known once the first role's model is built
-            from hpcrl.runtime.runners.job import role_parts
-
-            num_params = role_parts(plan, env, torch.device("cpu"))[1].flat.num_params
-            machine = Machine(profile, plan, slots, world, num_params)
-            wiring = SimWiring(plan, world, machine)
-        jobs.append(build_job(plan, topo, run_dir, resume, "sim", env, wiring, progress, rolled_back, states))
+    # the prices of the weights' size, before any rank's Job: one model built for its size alone
+    num_params = role_parts(plan, env, torch.device("cpu"))[1].flat.num_params
+    machine = Machine(profile, plan, slots, world, num_params)
+    wiring = SimWiring(plan, world, machine)
+    jobs = build_jobs(plan, topologies(plan, slots), env, run_dir, resume, "sim", wiring, progress)
     roles = [make_role(job) for job in jobs]
     parameter = roles[0]
     parameter.publish_initial()  # before any role's turn: costs nothing, as the other runners' start

@@ -228,6 +228,11 @@ class LocalFragments:
     def actor_link(self, actor: int) -> "LocalActorLink":
         return LocalActorLink(self, actor)
 
+    def _deliver(self, group: int, actor: int, packed: dict) -> None:
+        """A sent fragment into its group's queue (at once; the virtual-time twin after its link's time)."""
+        with self._lock:
+            self._queues[group].append((actor, packed))
+
     def learner_link(self, group: int) -> "LocalLearnerLink":
         return LocalLearnerLink(self, group)
 
@@ -289,7 +294,7 @@ class LocalActorLink:
         packed = self.hub.layout.unpack(self.hub.layout.pack(frag), copy=False)
         with self.hub._lock:
             self.hub._in_flight[self.actor] += 1
-            self.hub._queues[group].append((self.actor, packed))
+        self.hub._deliver(group, self.actor, packed)
         return 0.0
 
     def close(self) -> None:

@@ -26,8 +26,8 @@ from typing import Callable
 
 import numpy as np
 
-from hpcrl.runtime.transport.local import (LocalActorLink, LocalBoard, LocalCounters, LocalFragments,
-                                           LocalLearnerLink, LocalMailbox, LocalReports)
+from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalLearnerLink,
+                                           LocalMailbox, LocalReports)
 from hpcrl.runtime.virtual_time import VirtualWorld
 
 
@@ -160,40 +160,29 @@ class SimFragments(LocalFragments):
         self.charges, self.root_of_group = charges, root_of_group
         self.travelling = 0  # sent, not yet arrived
 
-    def actor_link(self, actor: int) -> "SimActorLink":
-        return SimActorLink(self, actor)
-
     def learner_link(self, group: int) -> "SimLearnerLink":
         return SimLearnerLink(self, group)
+
+    def _deliver(self, group: int, actor: int, packed: dict) -> None:
+        """The sender pays ``fragment_send``; the fragment reaches the group's root after the link's time (at once
+        on its node)."""
+        c = self.charges
+        c.compute(c.prices.fragment_send, "a fragment send")
+        rank = c.caller_rank()
+        seconds = 0.0 if rank is None else c.prices.link_seconds(rank, self.root_of_group(group), self.layout.nbytes)
+        self.travelling += 1
+
+        def arrive(_event=None) -> None:
+            self.travelling -= 1
+            super(SimFragments, self)._deliver(group, actor, packed)
+
+        if seconds > 0:
+            c.world.env.timeout(seconds).callbacks.append(arrive)
+        else:
+            arrive()
 
 
 class SimLearnerLink(LocalLearnerLink):
     def finished(self) -> bool:
         """Every actor closed, and nothing on its way or waiting for this group."""
         return super().finished() and self.hub.travelling == 0
-
-
-class SimActorLink(LocalActorLink):
-    def send(self, group: int, fragment: dict) -> float:
-        hub: SimFragments = self.hub
-        c = hub.charges
-        c.compute(c.prices.fragment_send, "a fragment send")
-        frag = dict(fragment)
-        frag.setdefault("actor", self.actor)
-        packed = hub.layout.unpack(hub.layout.pack(frag), copy=False)
-        rank = c.caller_rank()
-        seconds = 0.0 if rank is None else c.prices.link_seconds(rank, hub.root_of_group(group), hub.layout.nbytes)
-        with hub._lock:
-            hub._in_flight[self.actor] += 1
-
-        def arrive(_event=None) -> None:
-            with hub._lock:
-                hub._queues[group].append((self.actor, packed))
-                hub.travelling -= 1
-
-        hub.travelling += 1
-        if seconds > 0:
-            c.world.env.timeout(seconds).callbacks.append(arrive)
-        else:
-            arrive()
-        return 0.0

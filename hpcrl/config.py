@@ -290,6 +290,11 @@ class LaunchConfig(Section):
     profile: str = "this-machine"
     """launch.runner=sim: the cluster profile the job runs on in virtual time, a shipped name
     (this-machine, perlmutter, polaris, stellaris-hpc, marless) or a path to a profile YAML (docs/sim.md)."""
+    sim_actors: Literal["rank", "node"] = "rank"
+    """launch.runner=sim: 'rank' simulates every actor rank as the other runners run it; 'node' runs the actor
+    ranks of each simulated node as one role in lockstep, one batched sampler, no trajectory files (jobs of
+    hundreds of nodes on one core: docs/sim.md says what it changes; refuses actors.on_policy, eval.episodes > 0
+    and actors.weight_sync=aaps, and cannot be resumed)."""
     mpiexec: str = "mpiexec"
     """MPI launcher for local runs (the one next to the Python interpreter is preferred)."""
     mpiexec_args: list[str] = Field(default_factory=list)
@@ -445,7 +450,17 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _a_simulated_job_fits_its_profile(self) -> "RunConfig":
         if self.launch.runner != "sim":
+            if self.launch.sim_actors != "rank":
+                raise ValueError(f"launch.sim_actors={self.launch.sim_actors} needs launch.runner=sim "
+                                 f"(got launch.runner={self.launch.runner})")
             return self
+        if self.launch.sim_actors == "node":
+            refused = [what for what, on in (("actors.on_policy=true", self.actors.on_policy),
+                                             (f"eval.episodes={self.eval.episodes}", self.eval.episodes > 0),
+                                             ("actors.weight_sync=aaps", self.actors.weight_sync == "aaps")) if on]
+            if refused:
+                raise ValueError(f"launch.sim_actors=node runs a node's actor ranks in lockstep, which does not "
+                                 f"simulate {', '.join(refused)} (use launch.sim_actors=rank)")
         if self.learners.ranks_per_group > 1:
             raise ValueError(f"launch.runner=sim simulates learner groups of one rank; got learners.ranks_per_group="
                              f"{self.learners.ranks_per_group} (use 1, or launch.runner=serial/mpi)")

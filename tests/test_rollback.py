@@ -107,3 +107,28 @@ def test_roll_back_cuts_a_trajectory_file_started_after_the_checkpoint(tmp_path)
     removed = roll_back_record(run_dir)
     assert removed["traj_steps"] == {**{a: 0 for a in known}, ACTORS - 1: counts["traj_steps"][ACTORS - 1]}
     assert record_counts(run_dir)["traj_steps"] == {**known, ACTORS - 1: 0}
+
+
+def test_a_live_writers_file_is_counted_from_its_writer_and_a_closed_one_from_the_file(tmp_path):
+    """The in-process runners' checkpoint: a file a writer of this process holds counts the writer's committed
+    steps without being opened again (what a fresh reader would find there); after close, the file is read."""
+    from hpcrl.io.readers import read_trajectory_steps
+    from hpcrl.io.traj_file import held_committed_steps
+
+    write_synthetic_run(tmp_path)
+    path = tmp_path / traj_filename(1)
+    before = read_trajectory_steps(path)
+    w = TrajectoryWriter.open_append(path)
+    T = 4
+    z = np.zeros((T, LAYOUT.num_envs))
+    w.append_fragment(np.zeros((T, LAYOUT.num_envs, 4)), z, z, z, z, z, z, 5)
+    assert held_committed_steps(path) == before  # buffered steps are not committed
+    w.flush()
+    assert held_committed_steps(path) == before + T * LAYOUT.num_envs
+    from hpcrl.io.rollback import _on_disk_steps
+
+    assert _on_disk_steps(path, checked=True) == before + T * LAYOUT.num_envs  # what record_counts takes
+    assert held_committed_steps(tmp_path / traj_filename(0)) is None  # no writer here holds it
+    w.close()
+    assert held_committed_steps(path) is None
+    assert read_trajectory_steps(path) == before + T * LAYOUT.num_envs

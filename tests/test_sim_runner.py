@@ -146,6 +146,8 @@ def test_every_shipped_profile_loads_says_its_sources_and_holds_the_default_job(
     (["launch.profile=marless", "actors.count=2000"], "cannot hold"),
     (["env.id=Acrobot-v1"], "no costs.env_step for env 'Acrobot-v1'"),
     (["learners.ranks_per_group=2", "algo.minibatch_size=128"], "learners.ranks_per_group"),
+    (["launch.sim_actors=node", "actors.on_policy=true"], "does not simulate actors.on_policy=true"),
+    (["launch.sim_actors=node", "eval.episodes=2"], "does not simulate eval.episodes=2"),
 ])
 def test_a_profile_that_cannot_run_the_job_is_one_line_and_nothing_is_written(tmp_path, capsys, overrides, says):
     run_dir = tmp_path / "run"
@@ -183,3 +185,45 @@ def test_the_benches_profiles_load_and_hold_their_jobs(tmp_path):
     measured = load_profile(str(measured_profile("two-groups", "this-machine", tmp_path, [], seconds=0.05)))
     assert measured.costs.gradient.per_sample_float == 0 and measured.costs.gradient.fixed > 0
     assert measured.costs.env_step["CartPole-v1"] > 0 and "measured right before" in " ".join(measured.sources.values())
+
+
+def test_a_nodes_actor_ranks_as_one_role_send_as_the_ranks_would(tmp_path):
+    """launch.sim_actors=node: each node's actor ranks run in lockstep in one role (one batched sampler), yet every
+    rank sends its own fragments (numbered 0, 1, ... per actor), its episodes are its own, the learners drain them
+    all, no trajectory file is written; and the job's rates and staleness stay close to the rank-by-rank
+    simulation's (both deterministic)."""
+    from hpcrl.bench.sim_scale import profile_for
+    from hpcrl.bench.sim_vs_real import measures
+
+    profile = str(profile_for(4, tmp_path))  # CPU nodes of 4 actor ranks
+    got = {}
+    for mode in ("rank", "node"):
+        cfg = config(tmp_path / mode, actors={"count": 8}, learners={"groups": 2, "min_active": 2},
+                     algo={"train_batch_size": 256}, stop={"max_rounds": 1000, "max_wall_seconds": 0.3},
+                     launch={"profile": profile, "sim_actors": mode})
+        result = sim.run(make_plan(cfg), tmp_path / mode)
+        assert result.stop_reason.startswith("stop.max_wall_seconds"), result.message
+        got[mode] = measures(tmp_path / mode, skip=0.2)
+        frags = read_table(tmp_path / mode / "run.h5", "actors", ["actor", "fragment"])
+        for a in range(8):
+            numbers = frags["fragment"][frags["actor"] == a]
+            assert len(numbers) > 2 and list(numbers) == list(range(len(numbers))), (mode, a)
+        episodes = read_table(tmp_path / mode / "run.h5", "episodes", ["actor", "env_index"])
+        assert set(episodes["actor"].tolist()) == set(range(8)) and episodes["env_index"].max() < 4
+    assert not list((tmp_path / "node" / "traj").glob("*.h5")) and len(list((tmp_path / "rank" / "traj").glob("*.h5"))) == 8
+    for measure in ("env_steps_per_s", "pushes_per_s"):
+        assert got["node"][measure] == pytest.approx(got["rank"][measure], rel=0.1), measure
+    assert abs(got["node"]["staleness_mean"] - got["rank"]["staleness_mean"]) < 1.0
+
+
+def test_node_actors_are_for_the_sim_and_cannot_be_resumed(tmp_path, capsys):
+    with pytest.raises(ValueError, match="launch.sim_actors=node needs launch.runner=sim"):
+        config(tmp_path, launch={"runner": "serial", "sim_actors": "node"})
+    run_dir = tmp_path / "run"
+    args = ["run", "-o", "launch.runner=sim", "-o", "launch.sim_actors=node", "-o", f"io.run_dir={run_dir}",
+            "-o", "stop.max_rounds=2", "-o", "io.tensorboard=false"]
+    assert cli_main(args) == 0
+    capsys.readouterr()
+    assert cli_main(["run", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "keeps no trajectory files to resume from" in err, err

@@ -234,7 +234,8 @@ def main(args: argparse.Namespace) -> int:
             result = runner(plan.runner).run(plan, run_dir, resume=args.resume is not None, progress=progress_mode(),
                                              **ranks)
             job_ran = True
-            report_startup(run_dir, command_unix, show=result.exit_code == EXIT_FINISHED)
+            if plan.runner != "sim":  # a simulated job's record is in virtual time: no real start-up to measure
+                report_startup(run_dir, command_unix, show=result.exit_code == EXIT_FINISHED)
             return finish(result)
     finally:
         if server is not None:  # after a job its children have ended; before one (a mistake) nothing waits

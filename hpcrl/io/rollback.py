@@ -42,7 +42,7 @@ from hpcrl.io.recovery import clear_write_flags
 from hpcrl.io.run_file import RunFile
 from hpcrl.io.schema import NEVER_CUT, RUN_FILE, TABLES, TRAJ_DIR, traj_filename
 from hpcrl.io.tables import COMMITTED_STEPS, Table
-from hpcrl.io.traj_file import cut_trajectory
+from hpcrl.io.traj_file import cut_trajectory, held_committed_steps
 
 _TRAJ_NAME = re.compile(r"actor-(\d+)\.h5")
 
@@ -81,9 +81,16 @@ def record_counts(run_dir: str | Path, run_file: RunFile | None = None) -> dict[
     else:
         reported = _steps_by_actor(read_table(run_dir / RUN_FILE, "actors", ["actor", "steps"])
                                    if "actors" in tables else {"actor": np.zeros(0, int), "steps": np.zeros(0, int)})
-    on_disk = {a: _retry(_read_trajectory_steps, p, run_file is None) for a, p in trajectory_files(run_dir).items()}
+    on_disk = {a: _on_disk_steps(p, checked=run_file is None) for a, p in trajectory_files(run_dir).items()}
     steps = {a: min(on_disk.get(a, 0), reported.get(a, 0)) for a in sorted(set(on_disk) | set(reported))}
     return {"tables": dict(tables), "traj_steps": steps}
+
+
+def _on_disk_steps(path: Path, checked: bool) -> int:
+    """Committed steps of a trajectory file: its writer's count when this process writes it (serial, sim),
+    else read from the file."""
+    held = held_committed_steps(path)
+    return held if held is not None else _retry(_read_trajectory_steps, path, checked)
 
 
 def _steps_by_actor(rows: Mapping[str, np.ndarray]) -> dict[int, int]:

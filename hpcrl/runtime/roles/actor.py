@@ -216,13 +216,10 @@ class Actor:
         ``reserve`` (actors.on_policy): take the place at once (the backlog counter counts it from
         now), so actors that see the same free place do not all sample for it."""
         def least_backlogged(backlog: np.ndarray, cap: int, words: np.ndarray) -> list[int] | None:
-            active = len(backlog)
-            # ties rotate (by actor and fragment), so equal backlogs do not all send to group 0
-            order = (np.arange(active) + self.fragments + self.index) % active
             if reserve:  # a group where this actor took its share with the weights it holds is full for it
-                backlog = np.where(self._shares_taken(active, int(words[control.ACTIVE_ACTORS])), cap, backlog)
-            g = int(order[np.argmin(backlog[order])])
-            if backlog[g] >= cap:
+                backlog = np.where(self._shares_taken(len(backlog), int(words[control.ACTIVE_ACTORS])), cap, backlog)
+            g = least_backlogged_group(backlog, cap, self.fragments + self.index)
+            if g is None:
                 return None
             if not reserve or self.job.counters.add(control.BACKLOG + g, 1) < cap:
                 return [g]
@@ -256,21 +253,7 @@ class Actor:
         return self._wait_until(G, lambda backlog, cap, words: np.flatnonzero(backlog < cap).tolist() or None)
 
     def _wait_until(self, G: int, choose) -> list[int] | None:
-        """Read the counters until the sender can take a fragment and ``choose(backlogs of the active groups,
-        cap, the counter words)`` names the groups to send it to, sleeping between reads; None when the run
-        stops."""
-        backoff = Backoff(5e-5, 5e-3, self.clock)
-        cap = self.job.max_backlog
-        while True:
-            self.heartbeat.beat()
-            words = self.job.counters.read_all()
-            if words[control.STOP]:
-                return None
-            active = int(min(max(words[control.ACTIVE], 1), G))
-            backlog = words[control.BACKLOG:control.BACKLOG + active]
-            if self.sender.can_send() and (groups := choose(backlog, cap, words)):
-                return groups
-            backoff.sleep()
+        return wait_for_groups(self.job, self.sender, G, choose, self.heartbeat.beat)
 
     def _finish(self) -> None:
         """Complete every pending send (the learners drain until all actors are done), then say so."""
@@ -287,6 +270,33 @@ class Actor:
             self.writer.close()
         except Exception:
             pass
+
+
+def least_backlogged_group(backlog: np.ndarray, cap: int, rotate: int) -> int | None:
+    """The active group with the smallest backlog, None when it holds ``cap``; ties rotate by ``rotate`` (the
+    actor and fragment numbers), so equal backlogs do not all send to group 0."""
+    active = len(backlog)
+    order = (np.arange(active) + rotate) % active
+    g = int(order[np.argmin(backlog[order])])
+    return None if backlog[g] >= cap else g
+
+
+def wait_for_groups(job, sender, G: int, choose, beat) -> list[int] | None:
+    """Read the counters until ``sender`` can take a fragment and ``choose(backlogs of the active groups, cap,
+    the counter words)`` names the groups to send it to, sleeping (backing off) between reads; None when the run
+    stops. ``beat``: the waiting role's heartbeat."""
+    backoff = Backoff(5e-5, 5e-3, job.clock)
+    cap = job.max_backlog
+    while True:
+        beat()
+        words = job.counters.read_all()
+        if words[control.STOP]:
+            return None
+        active = int(min(max(words[control.ACTIVE], 1), G))
+        backlog = words[control.BACKLOG:control.BACKLOG + active]
+        if sender.can_send() and (groups := choose(backlog, cap, words)):
+            return groups
+        backoff.sleep()
 
 
 def action_seed(seed: int, actor: int) -> int:

@@ -449,12 +449,18 @@ class ParameterRank:
         self.queue.clear()
         ckpt = self.checkpoint()
         self.summary = self.record.summary(self.stats(), self.stop_reason, self.job.run_dir, {
-            "trajectories": f"{self.job.run_dir / TRAJ_DIR}/actor-NNNNN.h5 ({self.plan.actors} files)",
+            "trajectories": self._trajectory_files(),
             "checkpoint": str(ckpt)}, push=self.plan.push, sampled_with=(
             "the weights the previous batch made (actors.on_policy=true)" if self.plan.on_policy else
             "weights up to a batch old: actors sample the next batch while learners train (actors.on_policy=false)"))
         self.record.close()
         self.job.progress.finish(self.summary)
+
+    def _trajectory_files(self) -> str:
+        """The summary's trajectories line: the files there are (none when a simulation's node actors wrote none)."""
+        folder = self.job.run_dir / TRAJ_DIR
+        files = sum(1 for _ in folder.glob("actor-*.h5")) if folder.is_dir() else 0
+        return f"{folder}/actor-NNNNN.h5 ({files} files)" if files else "none written (launch.sim_actors=node)"
 
     def close_on_error(self) -> None:
         """Flush what is buffered (called before MPI_Abort)."""

@@ -171,9 +171,17 @@ def make_role(job: Job):
         from hpcrl.runtime.roles.learner import LearnerGroup, LearnerSettings
 
         return LearnerGroup(job, LearnerSettings(learners=s.learners, debug=s.debug))
-    from hpcrl.runtime.roles.actor import Actor, ActorSettings
+    from hpcrl.runtime.roles.actor import Actor
 
-    return Actor(job, ActorSettings(env=s.env, actors=s.actors, eval=s.eval, io=s.io, debug=s.debug))
+    return Actor(job, actor_settings(job.plan))
+
+
+def actor_settings(plan: Plan):
+    """The config sections an actor owns (roles/actor.py ``ActorSettings``)."""
+    from hpcrl.runtime.roles.actor import ActorSettings
+
+    s = plan.sections
+    return ActorSettings(env=s.env, actors=s.actors, eval=s.eval, io=s.io, debug=s.debug)
 
 
 def roll_back_record(run_dir: Path) -> dict | None:

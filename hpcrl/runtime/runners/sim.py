@@ -21,12 +21,14 @@ import h5py
 import numpy as np
 
 from hpcrl.cluster_profiles import Profile, Slot, load_profile, place
+from hpcrl.errors import ConfigError
 from hpcrl.io.schema import RUN_FILE
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.roles.sampler import describe_env
+from hpcrl.runtime.roles.node_actors import NodeActors
 from hpcrl.runtime.runners import RunResult
-from hpcrl.runtime.runners.job import build_jobs, make_role, role_parts
+from hpcrl.runtime.runners.job import actor_settings, build_jobs, make_role, role_parts
 from hpcrl.runtime.runners.serial import LocalWiring
 from hpcrl.runtime.topology import Topology, plan_roles
 from hpcrl.runtime.transport.control import RankSilent
@@ -37,6 +39,15 @@ from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld
 
 def node_names(slots: list[Slot]) -> list[str]:
     return [f"{s.kind.name}-{s.node:05d}" for s in slots]
+
+
+def actors_by_node(topos: list[Topology], slots: list[Slot]) -> dict[int, list[int]]:
+    """launch.sim_actors=node: the first actor rank of each node -> the actor indices of that node's ranks."""
+    out: dict[int, list[int]] = {}
+    first: dict[int, int] = {}  # node -> its first actor rank
+    for index, rank in enumerate(topos[0].actor_ranks):
+        out.setdefault(first.setdefault(slots[rank].node, rank), []).append(index)
+    return out
 
 
 def topologies(plan: Plan, slots: list[Slot]) -> list[Topology]:
@@ -167,8 +178,20 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain"
     num_params = role_parts(plan, env, torch.device("cpu"))[1].flat.num_params
     machine = Machine(profile, plan, slots, world, num_params)
     wiring = SimWiring(plan, world, machine)
-    jobs = build_jobs(plan, topologies(plan, slots), env, run_dir, resume, "sim", wiring, progress)
-    roles = [make_role(job) for job in jobs]
+    topos = topologies(plan, slots)
+    if s.launch.sim_actors == "node":  # a node's actor ranks as one role: the Job of its first rank runs them
+        if resume:
+            raise ConfigError(f"--resume: {run_dir} ran with launch.sim_actors=node, which keeps no trajectory "
+                              "files to resume from; start the run again")
+        per_node = actors_by_node(topos, slots)
+        jobs = build_jobs(plan, [t for t in topos if t.role != "actor" or t.rank in per_node], env, run_dir, resume,
+                          "sim", wiring, progress)
+        settings = actor_settings(plan)
+        roles = [NodeActors(job, settings, per_node[job.rank]) if job.rank in per_node else make_role(job)
+                 for job in jobs]
+    else:
+        jobs = build_jobs(plan, topos, env, run_dir, resume, "sim", wiring, progress)
+        roles = [make_role(job) for job in jobs]
     parameter = roles[0]
     parameter.publish_initial()  # before any role's turn: costs nothing, as the other runners' start
     startup = parameter.startup_info()

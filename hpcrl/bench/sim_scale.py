@@ -1,15 +1,16 @@
 """Large jobs in virtual time on one core: a Perlmutter-like layout of N nodes, simulated (launch.runner=sim).
 
 Half the nodes GPU nodes of 4 learner groups (one rank, one GPU each), the other half CPU nodes of
-``--actors-per-node`` actors (the perlmutter profile with its CPU nodes cut to that many cores); the config's
+``--actors-per-node`` actor ranks (the perlmutter profile with its CPU nodes cut to that many cores); the config's
 per-group batch is kept (``algo.train_batch_size`` x groups), every group active, and the job runs for
-``--virtual-seconds`` of virtual time, with no periodic checkpoint (a checkpoint opens every trajectory file to
-count what it holds: minutes of real time at thousands of actors, none of it virtual). Prints, per job: ranks, virtual env steps/s and pushes/s (steady part),
-the real seconds per virtual second (after building the roles), the seconds and memory building them took, and
-the peak memory (run.h5's ``sim_*`` attributes).
+``--virtual-seconds`` of virtual time, with no periodic checkpoint. A node's actor ranks run as one role
+(``launch.sim_actors=node``, docs/sim.md) unless ``--sim-actors rank``. Prints, per job: ranks, virtual env
+steps/s and pushes/s (steady part), the mean staleness of admitted gradients, the real seconds per virtual
+second (after building the roles), the seconds building them took, and the peak memory (run.h5's ``sim_*``
+attributes).
 
-    hpcrl bench sim-scale [--nodes 64] [--config hpcrl/configs/cartpole.yaml] [--virtual-seconds 2]
-                          [--actors-per-node 64] [--json FILE] [--out DIR]
+    hpcrl bench sim-scale [--nodes 64] [--config CONFIG] [--virtual-seconds 2] [--actors-per-node 64]
+                          [--sim-actors node|rank] [--json FILE] [--out DIR] [-o KEY=VALUE ...]
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pathlib import Path
 import yaml
 
 LEARNERS_PER_GPU_NODE = 4
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def profile_for(actors_per_node: int, out: Path) -> Path:
@@ -65,7 +67,7 @@ def run_job(config: str, nodes: int, actors_per_node: int, virtual_seconds: floa
     got = measures(run_dir, skip=0.2)
     virtual = float(attrs["sim_virtual_seconds"])
     running = float(attrs["sim_real_seconds"]) - float(attrs["sim_setup_seconds"])
-    return {"config": config, "nodes": nodes, "groups": groups, "actors": actors, "ranks": 1 + groups + actors,
+    return {"config": config, "overrides": extra, "nodes": nodes, "groups": groups, "actors": actors, "ranks": 1 + groups + actors,
             "virtual_seconds": virtual, "env_steps_per_s": got["env_steps_per_s"], "pushes_per_s": got["pushes_per_s"],
             "staleness_mean": got["staleness_mean"], "real_per_virtual_second": running / virtual,
             "setup_seconds": float(attrs["sim_setup_seconds"]), "cpu_seconds": float(attrs["sim_cpu_seconds"]),
@@ -75,9 +77,11 @@ def run_job(config: str, nodes: int, actors_per_node: int, virtual_seconds: floa
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="hpcrl bench sim-scale", description=__doc__.splitlines()[0])
     p.add_argument("--nodes", default="64", help="comma-separated node counts (default 64)")
-    p.add_argument("--config", default="hpcrl/configs/cartpole.yaml")
+    p.add_argument("--config", default=str(CONFIGS / "cartpole.yaml"), help="default: the shipped cartpole.yaml")
     p.add_argument("--virtual-seconds", type=float, default=2.0, help="virtual seconds each job runs (default 2)")
     p.add_argument("--actors-per-node", type=int, default=64)
+    p.add_argument("--sim-actors", choices=("node", "rank"), default="node",
+                   help="launch.sim_actors: a node's actor ranks as one role (default), or each rank its own")
     p.add_argument("--json", help="append each job's row here (JSON lines)")
     p.add_argument("--out", help="keep the run directories here (default: a temporary directory)")
     p.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -87,8 +91,9 @@ def main(argv: list[str]) -> int:
     print(f"{'config':24s} {'nodes':>5s} {'ranks':>6s} {'env steps/s':>12s} {'pushes/s':>9s} {'stale':>6s} "
           f"{'real s per virtual s':>20s} {'setup s':>8s} {'peak GB':>8s}", flush=True)
     for nodes in [int(n) for n in args.nodes.split(",")]:
-        row = run_job(args.config, nodes, args.actors_per_node, args.virtual_seconds, out, args.overrides)
-        print(f"{Path(args.config).name:24s} {nodes:5d} {row['ranks']:6d} {row['env_steps_per_s']:12,.0f} "
+        row = run_job(args.config, nodes, args.actors_per_node, args.virtual_seconds, out,
+                      [f"launch.sim_actors={args.sim_actors}", *args.overrides])
+        print(f"{Path(args.config).name + ' (' + args.sim_actors + ')':24s} {nodes:5d} {row['ranks']:6d} {row['env_steps_per_s']:12,.0f} "
               f"{row['pushes_per_s']:9,.0f} {row['staleness_mean']:6.2f} {row['real_per_virtual_second']:20.1f} "
               f"{row['setup_seconds']:8.1f} {row['max_rss_gb']:8.2f}", flush=True)
         if args.json:

@@ -103,6 +103,9 @@ class Plan:
     """What runs the job: mpi (a rank per role), serial (every role in this process), fused (one device loop)."""
     runner_reason: str
     """One line saying where the job runs and, for a fused-loop algorithm on the roles, why (printed at start)."""
+    trajectory_files: bool
+    """Each actor rank writes traj/actor-NNNNN.h5 (false only for a simulation's node actors, launch.sim_actors=node:
+    run.h5 then has no trajectories/ view)."""
     sections: Sections = field(repr=False, compare=False)
     """The config's typed sections (for the runners; roles get theirs from runners/job.py's make_role)."""
 
@@ -137,7 +140,8 @@ def make_plan(cfg: Any) -> Plan:
                 fragment_steps=fragment_steps, round_steps=round_steps, group_batch_size=group_batch,
                 routing=algo.routing(), pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
                 lr_schedule=algo.lr_schedule(), push=cfg.learners.push, reward_gamma=algo.reward_discount(),
-                runner=runner, runner_reason=reason, sections=sections)
+                runner=runner, runner_reason=reason, sections=sections,
+                trajectory_files=not (runner == "sim" and cfg.launch.sim_actors == "node"))
 
 
 def batch_sizes(cfg: Any) -> tuple[int, int, int]:

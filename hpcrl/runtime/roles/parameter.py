@@ -156,7 +156,7 @@ class ParameterRank:
     def _open_record(self) -> RunRecord:
         """run.h5 made, or reopened after restoring the checkpoint (``--resume``)."""
         job, io = self.job, self.settings.io
-        files = {"traj_layout": job.traj_layout, "num_actors": self.plan.actors}
+        files = {"traj_layout": job.traj_layout, "num_actors": self.plan.actors} if self.plan.trajectory_files else {}
         if not job.resume:
             return RunRecord.create(job.run_dir, io, self.settings.config_yaml, job.topo.rank_map(), self.stop_rule,
                                     {"runner": job.runner, "num_params": self.flat.num_params}, **files,
@@ -457,10 +457,10 @@ class ParameterRank:
         self.job.progress.finish(self.summary)
 
     def _trajectory_files(self) -> str:
-        """The summary's trajectories line: the files there are (none when a simulation's node actors wrote none)."""
-        folder = self.job.run_dir / TRAJ_DIR
-        files = sum(1 for _ in folder.glob("actor-*.h5")) if folder.is_dir() else 0
-        return f"{folder}/actor-NNNNN.h5 ({files} files)" if files else "none written (launch.sim_actors=node)"
+        """The summary's trajectories line."""
+        if not self.plan.trajectory_files:
+            return "none (launch.sim_actors=node)"
+        return f"{self.job.run_dir / TRAJ_DIR}/actor-NNNNN.h5 ({self.plan.actors} files)"
 
     def close_on_error(self) -> None:
         """Flush what is buffered (called before MPI_Abort)."""

@@ -54,9 +54,10 @@ def topologies(plan: Plan, slots: list[Slot]) -> list[Topology]:
     """One Topology per role, on the profile's nodes (no communicators)."""
     roles = plan_roles(plan.num_ranks, plan.groups, plan.ranks_per_group, plan.actors)
     nodes = node_names(slots)
+    node_ranks = list(range(len(roles)))  # one list for all (a list per rank is quadratic in the job's size)
     return [Topology(comm=None, rank=r, size=len(roles), role=x.role, group=x.group, group_rank=x.group_rank,
                      group_comm=None, node_comm=None, groups=plan.groups, ranks_per_group=plan.ranks_per_group,
-                     roles=roles, nodes=nodes, node_ranks=list(range(len(roles))))
+                     roles=roles, nodes=nodes, node_ranks=node_ranks)
             for r, x in enumerate(roles)]
 
 

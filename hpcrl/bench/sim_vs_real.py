@@ -88,22 +88,27 @@ def run_case(case: str, runner: str, steps: int, profile: str, out: Path, extra:
 
 
 def measures(run_dir: Path, skip: float) -> dict:
-    """The steady part of a run's record: rates and staleness (``skip``: the share of its time left out)."""
+    """The steady part of a run's record: rates and staleness (``skip``: the share of its time left out at the
+    start). It ends with the actors' last fragment: after the stop the learners drain what they hold (in a large
+    simulated job, for longer than the steady part), which is not the job's rate."""
     from hpcrl.io import read_table
 
     h5 = run_dir / "run.h5"
     actors = read_table(h5, "actors", ["time", "steps"])
     grads = read_table(h5, "gradients", ["time", "staleness", "admitted"])
     updates = read_table(h5, "updates", ["time"])
-    t_end = float(max(actors["time"].max(), grads["time"].max()))
     t_start = float(min(actors["time"].min(), grads["time"].min()))
+    t_end = float(min(actors["time"].max(), grads["time"].max()))
     cut = t_start + skip * (t_end - t_start)
+    if not ((grads["time"] >= cut) & (grads["time"] <= t_end)).any():  # no gradient while the actors sampled:
+        t_end = float(max(actors["time"].max(), grads["time"].max()))  # too short for a steady part, the whole run
+        cut = t_start + skip * (t_end - t_start)
     span = t_end - cut
-    a = actors["time"] >= cut
-    g = grads["time"] >= cut
+    a = (actors["time"] >= cut) & (actors["time"] <= t_end)
+    g = (grads["time"] >= cut) & (grads["time"] <= t_end)
     admitted = grads["admitted"][g] == 1
     staleness = grads["staleness"][g][admitted].astype(float)
-    u = updates["time"] >= cut
+    u = (updates["time"] >= cut) & (updates["time"] <= t_end)
     return {"env_steps_per_s": float(actors["steps"][a].sum() / span), "pushes_per_s": float(g.sum() / span),
             "staleness_mean": float(staleness.mean()), "staleness_p50": float(np.percentile(staleness, 50)),
             "staleness_p95": float(np.percentile(staleness, 95)), "admitted_share": float(admitted.mean()),

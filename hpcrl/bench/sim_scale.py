@@ -67,7 +67,8 @@ def run_job(config: str, nodes: int, actors_per_node: int, virtual_seconds: floa
     got = measures(run_dir, skip=0.2)
     virtual = float(attrs["sim_virtual_seconds"])
     running = float(attrs["sim_real_seconds"]) - float(attrs["sim_setup_seconds"])
-    return {"config": config, "overrides": extra, "nodes": nodes, "groups": groups, "actors": actors, "ranks": 1 + groups + actors,
+    return {"config": config, "overrides": extra, "nodes": nodes, "groups": groups, "actors": actors,
+            "ranks": 1 + groups + actors,
             "virtual_seconds": virtual, "env_steps_per_s": got["env_steps_per_s"], "pushes_per_s": got["pushes_per_s"],
             "staleness_mean": got["staleness_mean"], "real_per_virtual_second": running / virtual,
             "setup_seconds": float(attrs["sim_setup_seconds"]), "cpu_seconds": float(attrs["sim_cpu_seconds"]),
@@ -93,7 +94,8 @@ def main(argv: list[str]) -> int:
     for nodes in [int(n) for n in args.nodes.split(",")]:
         row = run_job(args.config, nodes, args.actors_per_node, args.virtual_seconds, out,
                       [f"launch.sim_actors={args.sim_actors}", *args.overrides])
-        print(f"{Path(args.config).name + ' (' + args.sim_actors + ')':24s} {nodes:5d} {row['ranks']:6d} {row['env_steps_per_s']:12,.0f} "
+        name = f"{Path(args.config).name} ({args.sim_actors})"
+        print(f"{name:24s} {nodes:5d} {row['ranks']:6d} {row['env_steps_per_s']:12,.0f} "
               f"{row['pushes_per_s']:9,.0f} {row['staleness_mean']:6.2f} {row['real_per_virtual_second']:20.1f} "
               f"{row['setup_seconds']:8.1f} {row['max_rss_gb']:8.2f}", flush=True)
         if args.json:

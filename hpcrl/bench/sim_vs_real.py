@@ -100,15 +100,17 @@ def measures(run_dir: Path, skip: float) -> dict:
     t_start = float(min(actors["time"].min(), grads["time"].min()))
     t_end = float(min(actors["time"].max(), grads["time"].max()))
     cut = t_start + skip * (t_end - t_start)
-    if not ((grads["time"] >= cut) & (grads["time"] <= t_end)).any():  # no gradient while the actors sampled:
-        t_end = float(max(actors["time"].max(), grads["time"].max()))  # too short for a steady part, the whole run
+
+    def inside(times: np.ndarray) -> np.ndarray:
+        return (times >= cut) & (times <= t_end)
+
+    if not inside(grads["time"]).any():  # no gradient while the actors sampled: too short for a steady part
+        t_end = float(max(actors["time"].max(), grads["time"].max()))  # the whole run
         cut = t_start + skip * (t_end - t_start)
     span = t_end - cut
-    a = (actors["time"] >= cut) & (actors["time"] <= t_end)
-    g = (grads["time"] >= cut) & (grads["time"] <= t_end)
+    a, g, u = inside(actors["time"]), inside(grads["time"]), inside(updates["time"])
     admitted = grads["admitted"][g] == 1
     staleness = grads["staleness"][g][admitted].astype(float)
-    u = (updates["time"] >= cut) & (updates["time"] <= t_end)
     return {"env_steps_per_s": float(actors["steps"][a].sum() / span), "pushes_per_s": float(g.sum() / span),
             "staleness_mean": float(staleness.mean()), "staleness_p50": float(np.percentile(staleness, 50)),
             "staleness_p95": float(np.percentile(staleness, 95)), "admitted_share": float(admitted.mean()),

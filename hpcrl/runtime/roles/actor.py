@@ -250,7 +250,7 @@ class Actor:
         fragment), waiting (sleeping) while none has any. A full group misses the fragment rather than
         hold the others back: under sync admission a group just activated waits for fragments while the
         others wait for its first gradient, with their backlogs full."""
-        return self._wait_until(G, lambda backlog, cap, words: np.flatnonzero(backlog < cap).tolist() or None)
+        return self._wait_until(G, groups_with_room)
 
     def _wait_until(self, G: int, choose) -> list[int] | None:
         return wait_for_groups(self.job, self.sender, G, choose, self.heartbeat.beat)
@@ -279,6 +279,11 @@ def least_backlogged_group(backlog: np.ndarray, cap: int, rotate: int) -> int | 
     order = (np.arange(active) + rotate) % active
     g = int(order[np.argmin(backlog[order])])
     return None if backlog[g] >= cap else g
+
+
+def groups_with_room(backlog: np.ndarray, cap: int, _words=None) -> list[int] | None:
+    """Every active group whose backlog is below ``cap`` (MARL policy learners), None when there is none."""
+    return np.flatnonzero(backlog < cap).tolist() or None
 
 
 def wait_for_groups(job, sender, G: int, choose, beat) -> list[int] | None:

@@ -31,7 +31,8 @@ import torch
 
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.messages import FragmentReport
-from hpcrl.runtime.roles.actor import ActorSettings, action_seed, least_backlogged_group, wait_for_groups
+from hpcrl.runtime.roles.actor import (ActorSettings, action_seed, groups_with_room, least_backlogged_group,
+                                       wait_for_groups)
 from hpcrl.runtime.roles.sampler import VectorSampler
 from hpcrl.runtime.transport import control
 
@@ -70,10 +71,10 @@ class NodeActors:
             words = counters.read_all()
             if words[control.STOP]:
                 break
-            if words[control.ACTIVE_ACTORS] <= max(self.actors):
+            if words[control.ACTIVE_ACTORS] <= self.actors[-1]:  # the node's indices ascend
                 raise RuntimeError(f"actors {self.actors[0]}..{self.actors[-1]}: actor parking (ACTIVE_ACTORS="
-                                   f"{int(words[control.ACTIVE_ACTORS])}) is not simulated with launch.sim_actors=node; "
-                                   "use launch.sim_actors=rank")
+                                   f"{int(words[control.ACTIVE_ACTORS])}) is not simulated with "
+                                   "launch.sim_actors=node; use launch.sim_actors=rank")
             t = clock.now()
             t_sync = clock.now() - t if self._sync_weights() else 0.0
             t = clock.now()
@@ -82,6 +83,7 @@ class NodeActors:
             clock.did(Work.RECORD, T * E)  # what each rank's trajectory write would take (nothing is written)
             t_sample = clock.now() - t
             mine = self._episodes_by_actor(episodes)
+            normalizer = self.sampler.normalizer_state()  # the node's, in each rank's report
             for j, actor in enumerate(self.actors):
                 t = clock.now()
                 groups = self._wait_for_room(j, G, choose_every)
@@ -92,7 +94,7 @@ class NodeActors:
                     counters.add(control.BACKLOG + g, 1)
                 t_wait = clock.now() - t
                 fragment = self._slice(batch, j)
-                fragment["policy_version"], fragment["fragment"], fragment["actor"] = self.version, self.fragments[j], actor
+                fragment.update(policy_version=self.version, fragment=self.fragments[j], actor=actor)
                 for g in groups:
                     t_wait += self.links[j].send(g, fragment)
                 counters.add(control.ENV_STEPS, T * E)
@@ -100,7 +102,7 @@ class NodeActors:
                     time=clock.unix(), actor=actor, fragment=self.fragments[j], steps=T * E, sample_seconds=t_sample,
                     transport_wait_seconds=t_wait, weight_sync_seconds=t_sync, policy_version=self.version,
                     group=groups[0] if len(groups) == 1 else -1, episodes=tuple(mine[j]),
-                    normalizer=self.sampler.normalizer_state()))
+                    normalizer=normalizer))
                 self.fragments[j] += 1
         self._finish()
 
@@ -125,13 +127,12 @@ class NodeActors:
     def _wait_for_room(self, j: int, G: int, every_group: bool) -> list[int] | None:
         rotate = self.fragments[j] + self.actors[j]
 
-        def choose(backlog, cap, _words):
-            if every_group:
-                return np.flatnonzero(backlog < cap).tolist() or None
+        def least_backlogged(backlog, cap, _words):
             g = least_backlogged_group(backlog, cap, rotate)
             return None if g is None else [g]
 
-        return wait_for_groups(self.job, self.links[j], G, choose, self._beat)
+        return wait_for_groups(self.job, self.links[j], G, groups_with_room if every_group else least_backlogged,
+                               self._beat)
 
     def _slice(self, batch: dict, j: int) -> dict:
         """Rank j's fragment: its environments' columns of the node's batch."""

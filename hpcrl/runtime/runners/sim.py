@@ -180,19 +180,16 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain"
     machine = Machine(profile, plan, slots, world, num_params)
     wiring = SimWiring(plan, world, machine)
     topos = topologies(plan, slots)
-    if s.launch.sim_actors == "node":  # a node's actor ranks as one role: the Job of its first rank runs them
-        if resume:
-            raise ConfigError(f"--resume: {run_dir} ran with launch.sim_actors=node, which keeps no trajectory "
-                              "files to resume from; start the run again")
-        per_node = actors_by_node(topos, slots)
-        jobs = build_jobs(plan, [t for t in topos if t.role != "actor" or t.rank in per_node], env, run_dir, resume,
-                          "sim", wiring, progress)
-        settings = actor_settings(plan)
-        roles = [NodeActors(job, settings, per_node[job.rank]) if job.rank in per_node else make_role(job)
-                 for job in jobs]
-    else:
-        jobs = build_jobs(plan, topos, env, run_dir, resume, "sim", wiring, progress)
-        roles = [make_role(job) for job in jobs]
+    # launch.sim_actors=node: a node's actor ranks as one role, run by the Job of the node's first rank
+    per_node = actors_by_node(topos, slots) if s.launch.sim_actors == "node" else {}
+    if per_node and resume:
+        raise ConfigError(f"--resume: {run_dir} ran with launch.sim_actors=node, which keeps no trajectory "
+                          "files to resume from; start the run again")
+    built = [t for t in topos if t.role != "actor" or not per_node or t.rank in per_node]
+    jobs = build_jobs(plan, built, env, run_dir, resume, "sim", wiring, progress)
+    settings = actor_settings(plan)
+    roles = [NodeActors(job, settings, per_node[job.rank]) if job.rank in per_node else make_role(job)
+             for job in jobs]
     parameter = roles[0]
     parameter.publish_initial()  # before any role's turn: costs nothing, as the other runners' start
     startup = parameter.startup_info()

@@ -227,3 +227,34 @@ def test_node_actors_are_for_the_sim_and_cannot_be_resumed(tmp_path, capsys):
     assert cli_main(["run", "--resume", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "keeps no trajectory files to resume from" in err, err
+
+
+def test_a_push_waiting_for_a_slot_tries_again_when_it_would_have_nap_by_nap(tmp_path, monkeypatch):
+    """A learner waiting for a mailbox slot is woken by its group's news and sleeps on to the back-off's next tick
+    (transport/sim.py ``SimMailbox._nap``): the gradients are pushed at the virtual times they were pushed when the
+    learners woke at each tick. 8 groups on rank 0, which is the bound, so many pushes wait."""
+    from hpcrl.bench.sim_scale import profile_for
+    from hpcrl.runtime.transport.push import PushLoop
+    from hpcrl.runtime.transport.sim import SimMailbox
+
+    profile = str(profile_for(4, tmp_path))
+    got = {}
+    for mode in ("woken", "every-tick"):
+        if mode == "every-tick":
+            monkeypatch.setattr(SimMailbox, "_nap", PushLoop._nap)
+        cfg = config(tmp_path / mode, actors={"count": 4}, learners={"groups": 8, "min_active": 8},
+                     algo={"train_batch_size": 512, "minibatch_size": 16, "num_sgd_iter": 8},
+                     stop={"max_rounds": 1000, "max_wall_seconds": 0.05},
+                     launch={"profile": profile, "sim_actors": "node"})
+        result = sim.run(make_plan(cfg), tmp_path / mode)
+        assert result.stop_reason.startswith("stop.max_wall_seconds"), result.message
+        got[mode] = read_table(tmp_path / mode / "run.h5", "gradients",
+                               ["time", "group", "seq", "base_version", "mailbox_wait_seconds"])
+    waited = got["woken"]["mailbox_wait_seconds"]
+    assert (waited > 0).sum() > 50  # the case the wake is for
+    # the same pushes at the same virtual times; only which of two groups tied at one instant goes first may differ
+    # (SimPy runs events of one time in the order they were scheduled, and a woken learner schedules its wake later)
+    key = lambda rows: sorted(zip(*(rows[k].tolist() for k in ("time", "seq", "base_version"))))
+    assert key(got["woken"]) == key(got["every-tick"])
+    per_group = lambda rows: np.bincount(rows["group"], minlength=8).tolist()
+    assert per_group(got["woken"]) == per_group(got["every-tick"])

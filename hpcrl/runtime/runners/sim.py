@@ -140,7 +140,7 @@ class SimWiring(LocalWiring):
         self.clocks: dict[int, VirtualClock] = {}
 
     def counters(self, words: int):
-        return self._once("counters", lambda: SimCounters(words, self.world))
+        return self._once("counters", lambda: SimCounters(words, self.world, self.charges.news))
 
     def mailbox(self, groups: int, slots: int, num_params: int, stats: int):
         return self._once("mailbox", lambda: SimMailbox(self.charges, groups, slots, num_params, stats))

@@ -43,6 +43,11 @@ class PushLoop:
                 raise PushAbandoned(f"group {group} push of seq {seq} abandoned")
             if timeout is not None and clock.now() - start > timeout:
                 raise PushAbandoned(f"group {group} push of seq {seq}: no free slot within {timeout} s")
-            backoff.sleep()
+            self._nap(group, backoff)
         self.total_wait += waited
         return waited
+
+    def _nap(self, group: int, backoff: Backoff) -> None:
+        """One wait between two tries for a slot of ``group`` (the virtual-time twin skips the naps in which
+        nothing the pushing learner sees can change)."""
+        backoff.sleep()

@@ -7,7 +7,8 @@ here                   what an operation costs the role that makes it (its clock
 =====================  ==============================================================================
 SimCounters            nothing (a few bytes); ``wait_until`` waits for the next change in virtual time
 SimMailbox             a push: ``push`` on the learner, then its bytes over rank 0's link (remote learner);
-                       a poll: ``receive`` on rank 0 per gradient taken
+                       a poll: ``receive`` on rank 0 per gradient taken; a push waiting for a slot wakes
+                       on its group's news, at the back-off's next tick (not every tick)
 SimBoard               a publish: ``publish`` on rank 0, before the version is visible; a read of a newer
                        version: ``fetch`` on the reader, then the bytes over rank 0's link (remote reader)
 SimReports             a drain: ``report`` on rank 0 per message
@@ -20,6 +21,7 @@ nothing.
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -28,7 +30,9 @@ import numpy as np
 
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalLearnerLink,
                                            LocalMailbox, LocalReports)
-from hpcrl.runtime.virtual_time import VirtualWorld
+from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.transport import control
+from hpcrl.runtime.virtual_time import Signal, VirtualWorld
 
 
 @dataclass(frozen=True)
@@ -45,12 +49,35 @@ class TransportPrices:
     """(rank, other rank, bytes) -> seconds the bytes take between their nodes (0 on one node)."""
 
 
+class GroupNews:
+    """A signal per learner group for what its root, waiting for a free mailbox slot, can see change: a slot of
+    the group freed (rank 0 took a push), a fragment reaching the group, the run stopping."""
+
+    def __init__(self, world: VirtualWorld) -> None:
+        self.world = world
+        self._signals: dict[int, Signal] = {}
+
+    def signal(self, group: int) -> Signal:
+        if group not in self._signals:
+            self._signals[group] = self.world.signal()
+        return self._signals[group]
+
+    def notify(self, group: int) -> None:
+        if group in self._signals:
+            self._signals[group].notify()
+
+    def notify_all(self) -> None:
+        for signal in self._signals.values():
+            signal.notify()
+
+
 class _Charges:
-    """What the sim twins share: the world, the prices, and rank 0's link (one transfer at a time)."""
+    """What the sim twins share: the world, the prices, rank 0's link (one transfer at a time), the groups' news."""
 
     def __init__(self, world: VirtualWorld, prices: TransportPrices) -> None:
         self.world, self.prices = world, prices
         self.rank0_link = world.resource(1)
+        self.news = GroupNews(world)
 
     def compute(self, seconds: float, what: str) -> None:
         role = self.world.current
@@ -70,22 +97,28 @@ class _Charges:
 
 
 class SimCounters(LocalCounters):
-    """Counter words whose every change wakes the roles waiting in :meth:`wait_until`."""
+    """Counter words whose every change wakes the roles waiting in :meth:`wait_until` (and a change of STOP every
+    learner group waiting for a mailbox slot)."""
 
-    def __init__(self, n: int, world: VirtualWorld):
+    def __init__(self, n: int, world: VirtualWorld, news: GroupNews):
         super().__init__(n, threading.Event())  # the world ends the roles; this abort flag is never set
-        self.world = world
+        self.world, self.news = world, news
         self.changed = world.signal()
 
     def add(self, i: int, value: int = 1) -> int:
         old = super().add(i, value)
-        self.changed.notify()
+        self._notify_change(i)
         return old
 
     def set(self, i: int, value: int) -> int:
         old = super().set(i, value)
-        self.changed.notify()
+        self._notify_change(i)
         return old
+
+    def _notify_change(self, i: int) -> None:
+        self.changed.notify()
+        if i == control.STOP:
+            self.news.notify_all()
 
     def wait_until(self, predicate, timeout: float, nap: float | None = None) -> bool:
         end = self.world.env.now + timeout
@@ -116,8 +149,31 @@ class SimMailbox(LocalMailbox):
     def poll(self, limit: int | None = None):
         got = super().poll(limit)
         if got:
+            for group in {header.group for header, _ in got}:
+                self.charges.news.notify(group)
             self.charges.compute(len(got) * self.charges.prices.receive(self.num_params), "receiving pushes")
         return got
+
+    def _nap(self, group: int, backoff: Backoff) -> None:
+        """Wait for the group's news (a slot freed, a fragment in, the stop) or a virtual second's turn (the
+        learner's heartbeat), then sleep on to the first of the back-off's ticks from then: the learner tries again
+        at the virtual time it would have nap by nap (a nap in which nothing it sees changes does nothing), woken
+        once instead of once a virtual millisecond while rank 0 is busy with other groups' pushes."""
+        clock = backoff.clock
+        if self.charges.world.current is None:
+            backoff.sleep()
+            return
+        start, delay = clock.now(), backoff.delay
+        clock.wait_for(self.charges.news.signal(group), math.floor(start) + 1 - start, "a mailbox slot")
+        seen = clock.now()
+        tick = start + delay
+        while tick < seen:
+            delay = min(delay * 2, backoff.cap)
+            tick += delay
+        if tick > seen:
+            clock.sleep(tick - seen)
+        backoff.waited += tick - start
+        backoff.delay = min(delay * 2, backoff.cap)
 
 
 class SimBoard(LocalBoard):
@@ -175,6 +231,7 @@ class SimFragments(LocalFragments):
         def arrive(_event=None) -> None:
             self.travelling -= 1
             super(SimFragments, self)._deliver(group, actor, packed)
+            c.news.notify(group)
 
         if seconds > 0:
             c.world.env.timeout(seconds).callbacks.append(arrive)

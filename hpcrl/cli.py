@@ -1,4 +1,4 @@
-"""`hpcrl [-q | -v] run | submit | analyze | bench | info | convert | eval | export`.
+"""`hpcrl [-q | -v] run | sweep | submit | analyze | bench | info | convert | eval | export`.
 
 Each subcommand lives in its own module under ``hpcrl.commands`` with two
 functions: ``add_arguments(parser)`` and ``main(args) -> int``. The module is
@@ -22,6 +22,8 @@ COMMANDS = {
                                   "rank's role"),
     "profiles": ("hpcrl.commands.profiles", "the cluster profiles a simulated job (launch.runner: sim) runs on, "
                                             "their costs and sources"),
+    "sweep": ("hpcrl.commands.sweep", "run a sweep spec's configs x arms x seeds, N at a time; resumable (its state in "
+                                      "SWEEP_DIR/sweep.json)"),
     "submit": ("hpcrl.commands.submit", "render a batch script for a site and submit it (sbatch/qsub)"),
     "analyze": ("hpcrl.commands.analyze", "post-hoc analysis of run directories: figures, CSV, HTML report"),
     "bench": ("hpcrl.commands.bench", "run a benchmark and print its table"),

@@ -25,6 +25,7 @@ API::
         ...                            # the run
     lock = RunLock(run_dir).acquire(); ...; lock.release()
     read_lock(run_dir) -> LockInfo | None   # who holds it, or None
+    in_use(run_dir) -> str | None           # why a run of it now would be refused (a live holder), or None
 """
 from __future__ import annotations
 
@@ -95,6 +96,20 @@ def read_lock(run_dir: str | Path) -> LockInfo | None:
         return LockInfo.from_bytes((Path(run_dir) / LOCK_FILE).read_bytes())
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def in_use(run_dir: str | Path) -> str | None:
+    """Why a run or --resume of RUN_DIR would be refused now (its lock's holder lives), or None."""
+    lock = RunLock(run_dir)
+    try:
+        seen, age = lock.path.read_bytes(), time.time() - lock.path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    try:
+        lock._stale(seen, age)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 class RunLock:

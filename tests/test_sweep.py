@@ -1,0 +1,105 @@
+"""hpcrl sweep: a spec's configs x arms x seeds as runs on this machine, N at a time, resumable.
+
+A bad spec (unknown key, empty grid, a run whose config is wrong) is one line, exit 2, nothing run or written;
+a local sweep runs every run once and keeps its state in one small file; a sweep killed outright mid-way
+(SIGKILL: its runs get SIGTERM from the parent-death signal and checkpoint) and started again resumes the
+unfinished runs from their checkpoints and ends with every run done once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcrl.cli import main as cli_main
+from hpcrl.io import read_table
+
+FAST = ["launch.runner=serial", "stop.target_return=null", "io.tensorboard=false", "io.log_seconds=60",
+        "actors.count=1", "env.num_envs=2"]
+
+
+def write_spec(path: Path, **fields) -> Path:
+    data = {"name": "t", "config": "cartpole.yaml", "overrides": FAST + ["stop.total_env_steps=600"],
+            "arms": {"sync": ["aggregation.policy=sync"], "async": ["aggregation.policy=pure_async"]},
+            "seeds": 2, **fields}
+    path.write_text(json.dumps(data))  # JSON is YAML
+    return path
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"seed": 3}, "unknown key 'seed'; allowed: name, config, configs, overrides, arms, grid, seeds, parallel"),
+    ({"arms": {}}, "an empty grid"),
+    ({"grid": {"aggregation.d": []}}, "grid.aggregation.d: expected a non-empty list"),
+    ({"seeds": 0}, "runs no seed (an empty grid)"),
+    ({"arms": {"bad": ["aggregation.polcy=sync"]}}, "run bad-s0: "),
+    ({"config": "nope.yaml"}, "config 'nope.yaml' not found"),
+])
+def test_a_bad_spec_is_one_line_and_runs_nothing(tmp_path, capsys, fields, says):
+    spec = write_spec(tmp_path / "spec.yaml", **fields)
+    out = tmp_path / "out"
+    assert cli_main(["sweep", str(spec), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not out.exists()
+
+
+def test_arms_times_grid_times_seeds_names_and_orders_the_runs(tmp_path):
+    from hpcrl.sweep.spec import load_spec
+
+    spec = load_spec(write_spec(tmp_path / "spec.yaml", grid={"algo.lr": [0.001, 0.5]}, seeds=[3]))
+    assert [r.name for r in spec.runs] == ["sync-lr=0.001-s3", "sync-lr=0.5-s3", "async-lr=0.001-s3", "async-lr=0.5-s3"]
+    assert spec.runs[1].overrides[-3:] == ("aggregation.policy=sync", "algo.lr=0.5", "env.seed=3")
+
+
+def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_path, capsys):
+    spec = write_spec(tmp_path / "spec.yaml", parallel=2)
+    out = tmp_path / "out"
+    assert cli_main(["sweep", str(spec), "--out", str(out)]) == 0
+    state = json.loads((out / "sweep.json").read_text())
+    assert sorted(state["runs"]) == ["async-s0", "async-s1", "sync-s0", "sync-s1"]
+    assert all(e["status"] == "done" and e["attempts"] == 1 for e in state["runs"].values())
+    for name in state["runs"]:
+        steps = read_table(out / "runs" / name / "run.h5", "actors", ["steps"])["steps"].sum()
+        assert steps >= 600
+    capsys.readouterr()
+    assert cli_main(["sweep", str(spec), "--out", str(out)]) == 0
+    assert "0 to run" in capsys.readouterr().err
+    # a run whose overrides the spec now changes is refused, not mixed into the old record
+    write_spec(spec, overrides=FAST + ["stop.total_env_steps=700"])
+    assert cli_main(["sweep", str(spec), "--out", str(out)]) == 2
+    assert "ran with another overrides" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_mid_way_resumes_and_finishes_every_run_once(tmp_path):
+    spec = write_spec(tmp_path / "spec.yaml", parallel=2, arms={"sync": ["aggregation.policy=sync"]},
+                      overrides=FAST + ["stop.total_env_steps=6000", "io.checkpoint_every=1",
+                                        "io.checkpoint_min_seconds=0"], seeds=3)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "hpcrl", "sweep", str(spec), "--out", str(out)]
+    sweep = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not any((out / "runs" / f"sync-s{s}" / "checkpoints" / "latest.pt").exists() for s in (0, 1)):
+        assert time.monotonic() < deadline and sweep.poll() is None, "no checkpoint before the kill"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.kill(sweep.pid, signal.SIGKILL)
+    sweep.wait(30)
+    state = json.loads((out / "sweep.json").read_text())
+    assert [state["runs"][f"sync-s{s}"]["status"] for s in range(3)] == ["running", "running", "pending"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "started sync-s0 (resumed)" in done.stderr or "started sync-s1 (resumed)" in done.stderr, done.stderr
+    state = json.loads((out / "sweep.json").read_text())
+    assert all(e["status"] == "done" for e in state["runs"].values())
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["sync-s0", "sync-s1", "sync-s2"]
+    for s in range(3):  # each run's fragments numbered once, 0, 1, ...: nothing sampled twice, nothing lost
+        frags = read_table(out / "runs" / f"sync-s{s}" / "run.h5", "actors", ["fragment", "steps"])
+        assert list(frags["fragment"]) == list(range(len(frags["fragment"])))
+        assert frags["steps"].sum() >= 6000

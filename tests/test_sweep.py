@@ -8,6 +8,7 @@ unfinished runs from their checkpoints and ends with every run done once.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hpcrl.cli import main as cli_main
@@ -70,6 +72,14 @@ def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_pat
     capsys.readouterr()
     assert cli_main(["sweep", str(spec), "--out", str(out)]) == 0
     assert "0 to run" in capsys.readouterr().err
+    # hpcrl analyze SWEEP_DIR: the arms against the first, at four marks, and the artifact's CSVs
+    assert cli_main(["analyze", str(out), "--no-figures", "--no-html", "--artifact-names"]) == 0
+    table = (out / "analysis" / "arms.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| sync |") or line.startswith("| async |")]
+    assert len(rows) == 2 and rows[0].count("+-") >= 4, table
+    assert all(0 <= float(p) <= 1 for p in rows[1].split("|")[7:11]), table  # Welch's p at each mark
+    assert sorted(p.name for p in (out / "analysis" / "stellaris-csv" / "s1").glob("*~info.csv")) == [
+        "pure_async~CartPole-v1~ppo~info.csv", "rllib~CartPole-v1~ppo~info.csv"]
     # a run whose overrides the spec now changes is refused, not mixed into the old record
     write_spec(spec, overrides=FAST + ["stop.total_env_steps=700"])
     assert cli_main(["sweep", str(spec), "--out", str(out)]) == 2
@@ -103,3 +113,16 @@ def test_a_sweep_killed_mid_way_resumes_and_finishes_every_run_once(tmp_path):
         frags = read_table(out / "runs" / f"sync-s{s}" / "run.h5", "actors", ["fragment", "steps"])
         assert list(frags["fragment"]) == list(range(len(frags["fragment"])))
         assert frags["steps"].sum() >= 6000
+
+
+def test_welchs_p_value_is_scipys():
+    from scipy import stats
+
+    from hpcrl.commands.analyze import load_analysis
+
+    welch_p = load_analysis().sweep.welch_p
+    rng = np.random.default_rng(3)
+    for n1, n2, shift in ((5, 5, 0.3), (3, 7, 2.0), (2, 2, 0.1), (10, 4, 5.0)):
+        a, b = rng.normal(0, 1, n1), rng.normal(shift, 1.5, n2)
+        assert welch_p(list(a), list(b)) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-9)
+    assert math.isnan(welch_p([1.0], [2.0, 3.0]))

@@ -14,6 +14,7 @@ from . import metrics as M
 from . import pricing as P
 from . import report as R
 from . import stellaris_csv as S
+from . import sweep as SW
 from .h5read import AnalysisError, Run, load_run
 
 
@@ -94,7 +95,9 @@ def _compare_dir(runs: list[Run]) -> Path:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (or run.h5 files); same label = repeats")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="run directories (or run.h5 files); same label = repeats; or one sweep directory (hpcrl sweep): "
+                        "its arms compared")
     p.add_argument("--out", help="output folder (default: RUN_DIR/analysis for one run, analysis-compare/ in the "
                                  "folder holding several)")
     p.add_argument("--prices", help="JSON price table overriding the defaults (see prices.json next to this script)")
@@ -109,8 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stellaris-csv", action="store_true",
                    help="also write the Stellaris artifact's SCHEDULER~ENV~ALGO~info.csv and ~timeline.csv per run "
                         "(its evaluation/experiment/plot.py reads them)")
+    p.add_argument("--reference", metavar="ARM", help="a sweep's arm the others are tested against (default: its first)")
     p.add_argument("--artifact-names", action="store_true",
-                   help="with --stellaris-csv: the artifact's file names (Hopper-v3, Humanoid-v3, Walker2d-v3; scheduler "
+                   help="(implies --stellaris-csv) the artifact's file names (Hopper-v3, Humanoid-v3, Walker2d-v3; scheduler "
                         "stellaris for the Stellaris policies, rllib for sync), so its plot.py runs unedited")
     p.add_argument("--stellaris-scheduler", default="stellaris", metavar="NAME",
                    help="SCHEDULER in those file names (default stellaris; 'policy': each run's aggregation.policy)")
@@ -129,7 +133,40 @@ def run_clusterenv(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_sweep(args: argparse.Namespace) -> int:
+    """A sweep directory: every done run analysed with its arm as label, then the arms compared (sweep.py)."""
+    if len(args.run_dirs) != 1:
+        raise AnalysisError("a sweep directory is analysed alone (its runs are the sweep's)")
+    name, arms, notes = SW.load_sweep(args.run_dirs[0])
+    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "analysis"
+    runs = [r for group in arms.values() for r in group]
+    res = analyze([r.path for r in runs], out, args.prices, [r.label for r in runs], html=not args.no_html,
+                  figures=not args.no_figures, pricing=args.pricing, marless_prices=args.marless_prices)
+    if args.stellaris_csv or args.artifact_names:  # a folder per seed: the artifact's names hold no seed
+        for seed, group in SW.by_seed(runs).items():
+            (out / "stellaris-csv" / seed).mkdir(parents=True, exist_ok=True)
+            S.write_stellaris_csv(group, out / "stellaris-csv" / seed, M.load_prices(args.prices),
+                                  args.stellaris_scheduler, args.artifact_names)
+    table = SW.compare(arms, M.load_prices(args.prices), args.reference)
+    text = SW.markdown(name, table, notes)
+    (out / "arms.md").write_text(text)
+    SW.write_csv(table, out / "arms.csv")
+    if not args.no_figures:
+        for x in ("env_steps", "time"):
+            SW.figure(arms, x, out / f"arms-return-vs-{x.replace('_', '-')}.png")
+    print(f"sweep {name}: {len(runs)} runs in {len(arms)} arms; wrote arms.md, arms.csv"
+          + ("" if args.no_figures else ", arms-return-vs-*.png") + f" and each run's analysis to {res.out_dir}")
+    print(text)
+    return 0
+
+
 def run_cli(args: argparse.Namespace) -> int:
+    if any(SW.is_sweep(d) for d in args.run_dirs):
+        try:
+            return run_sweep(args)
+        except AnalysisError as exc:
+            print(f"analyze: error: {exc}", file=sys.stderr)
+            return 2
     if all(CE.record_path(d) for d in args.run_dirs):
         try:
             return run_clusterenv(args)
@@ -138,7 +175,7 @@ def run_cli(args: argparse.Namespace) -> int:
             return 2
     try:
         res = analyze(args.run_dirs, args.out, args.prices, args.label, html=not args.no_html,
-                      figures=not args.no_figures, stellaris_csv=args.stellaris_csv,
+                      figures=not args.no_figures, stellaris_csv=args.stellaris_csv or args.artifact_names,
                       stellaris_scheduler=args.stellaris_scheduler, artifact_names=args.artifact_names,
                       pricing=args.pricing, marless_prices=args.marless_prices)
     except AnalysisError as exc:

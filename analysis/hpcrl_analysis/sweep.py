@@ -1,0 +1,202 @@
+"""A sweep directory (``hpcrl sweep``: ``SWEEP_DIR/sweep.json``, runs under ``SWEEP_DIR/runs/``): its arms compared.
+
+An arm is a run's name without its ``-sSEED`` (config and arm, or grid point); its seeds are repeats. Per arm:
+the return at marks of the budget (the mean of the last ``window`` episodes that ended at or before M env steps,
+on every seed), mean and standard deviation (ddof 1) over the seeds, Welch's t-test against the reference arm at
+each mark, the final return, the run's (virtual, for a simulated run) seconds, and its cost as
+``metrics.cost`` prices it (serverless and serverful). Two figures: mean +- std of the smoothed return against
+env steps and against time. Only ``done`` runs count; the others are named in the notes. The Stellaris artifact's
+CSV files (``--stellaris-csv``, ``--artifact-names``) go to a folder per seed, ``stellaris-csv/sN/``: their names
+hold the scheduler, env and algorithm, not the seed.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from . import metrics as M
+from .h5read import AnalysisError, Run, load_run
+
+SEED = re.compile(r"-s\d+$")
+MARKS = (0.25, 0.5, 0.75, 1.0)
+"""Marks as shares of the smallest budget any run reached."""
+
+
+def is_sweep(path: str | Path) -> bool:
+    return (Path(path) / "sweep.json").is_file()
+
+
+def load_sweep(path: str | Path) -> tuple[str, dict[str, list[Run]], list[str]]:
+    """(the sweep's name, arm -> its done runs in seed order, notes on runs left out)."""
+    path = Path(path)
+    try:
+        state = json.loads((path / "sweep.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise AnalysisError(f"{path / 'sweep.json'}: not readable ({exc})") from None
+    arms: dict[str, list[Run]] = {}
+    notes = []
+    for name, entry in state["runs"].items():
+        if entry.get("status") != "done":
+            notes.append(f"{name}: {entry.get('status')}, left out")
+            continue
+        arm = SEED.sub("", name)
+        arms.setdefault(arm, []).append(load_run(path / "runs" / name, label=arm))
+    if not arms:
+        raise AnalysisError(f"{path}: no run of sweep {state.get('name')!r} is done yet")
+    return state.get("name", path.name), arms, notes
+
+
+def by_seed(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs by their seed (``s3``: the run directory's name ends with it)."""
+    out: dict[str, list[Run]] = {}
+    for r in runs:
+        out.setdefault(r.path.name.rsplit("-", 1)[-1], []).append(r)
+    return out
+
+
+def return_at(run: Run, mark: float, window: int) -> float:
+    ax = M.episode_axes(run)
+    sel = ax["return"][ax["env_steps"] <= mark]
+    return float(sel[-window:].mean()) if sel.size else math.nan
+
+
+def welch_p(a: list[float], b: list[float]) -> float:
+    """Two-sided p-value of Welch's t-test (NaN with fewer than two finite values a side, or no spread)."""
+    a, b = np.asarray([x for x in a if math.isfinite(x)]), np.asarray([x for x in b if math.isfinite(x)])
+    if a.size < 2 or b.size < 2:
+        return math.nan
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    if va + vb == 0:
+        return math.nan
+    t = (a.mean() - b.mean()) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1))
+    return _betainc(df / 2, 0.5, df / (df + t * t))  # P(|T| > |t|) for Student's t with df degrees of freedom
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified Lentz)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast below the mean; use the symmetry above it
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2 == 0:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + num * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + num / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-14:
+            break
+    return front * (f - 1.0)
+
+
+def compare(arms: dict[str, list[Run]], prices: dict, reference: str | None = None, window: int = 20) -> dict:
+    """The arm table: marks (env steps), and per arm its rows of numbers (see the module docstring)."""
+    reference = reference or next(iter(arms))
+    if reference not in arms:
+        raise AnalysisError(f"--reference {reference!r}: not an arm of this sweep ({', '.join(arms)})")
+    budget = min(M.env_steps(r) for runs in arms.values() for r in runs)
+    marks = [int(budget * share) for share in MARKS]
+    at = {arm: [[return_at(r, m, window) for r in runs] for m in marks] for arm, runs in arms.items()}
+    rows = []
+    for arm, runs in arms.items():
+        costs = [M.cost(r, prices) for r in runs]
+        row = {"arm": arm, "runs": len(runs)}
+        for m, values, ref in zip(marks, at[arm], at[reference]):
+            v = np.asarray([x for x in values if math.isfinite(x)])
+            row[f"return@{m}"] = (float(v.mean()) if v.size else math.nan, float(v.std(ddof=1)) if v.size > 1 else math.nan)
+            row[f"p@{m}"] = math.nan if arm == reference else welch_p(values, ref)
+        for key, values in (("seconds", [M.wall_seconds(r) for r in runs]),
+                            ("serverless USD", [sum(v for k, v in c.items() if k.startswith("serverless_")) for c in costs]),
+                            ("serverful USD", [sum(v for k, v in c.items() if k.startswith("serverful_")) for c in costs])):
+            v = np.asarray(values, dtype=float)
+            row[key] = (float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan)
+        rows.append(row)
+    return {"reference": reference, "marks": marks, "rows": rows, "window": window}
+
+
+def _cell(value, digits: int = 1) -> str:
+    if isinstance(value, tuple):
+        m, sd = value
+        if not math.isfinite(m):
+            return "-"
+        return f"{m:,.{digits}f} +- {sd:,.{digits}f}" if math.isfinite(sd) else f"{m:,.{digits}f}"
+    if isinstance(value, float):
+        return "" if not math.isfinite(value) else f"{value:.3f}"
+    return str(value)
+
+
+def markdown(name: str, table: dict, notes: list[str]) -> str:
+    marks, ref = table["marks"], table["reference"]
+    head = ["arm", "runs", *[f"return at {m:,}" for m in marks], *[f"p at {m:,}" for m in marks],
+            "seconds", "serverless USD", "serverful USD"]
+    lines = [f"# Sweep {name}: arms against {ref}", "",
+             f"Return: mean +- std over seeds of each run's last {table['window']} episodes at or before the mark "
+             f"(env steps); p: Welch's t-test against {ref} at the mark; seconds: the run's (virtual, if simulated); "
+             "cost: the run's rank-seconds at the price table's rates.", "",
+             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in table["rows"]:
+        cells = [row["arm"], str(row["runs"]), *[_cell(row[f"return@{m}"]) for m in marks],
+                 *[_cell(row[f"p@{m}"]) for m in marks], _cell(row["seconds"]), _cell(row["serverless USD"], 4),
+                 _cell(row["serverful USD"], 4)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if notes:
+        lines += ["", "Left out: " + "; ".join(notes)]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(table: dict, path: Path) -> Path:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        keys = [k for k in table["rows"][0] if k not in ("arm", "runs")]
+        w.writerow(["arm", "runs", *[f"{k} {part}" if isinstance(table["rows"][0][k], tuple) else k
+                                     for k in keys for part in (("mean", "std") if isinstance(table["rows"][0][k], tuple) else ("",))]])
+        for row in table["rows"]:
+            out = [row["arm"], row["runs"]]
+            for k in keys:
+                out += list(row[k]) if isinstance(row[k], tuple) else [row[k]]
+            w.writerow(out)
+    return path
+
+
+def figure(arms: dict[str, list[Run]], x: str, path: Path, window: int = 20) -> Path:
+    """Mean +- std over each arm's seeds of the smoothed return against ``x`` ('env_steps' or 'time')."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for arm, runs in arms.items():
+        c = M.curves_on_grid(runs, x, window=window)
+        if not len(c["x"]):
+            continue
+        line, = ax.plot(c["x"], c["mean"], lw=1.8, label=f"{arm} ({len(runs)} seeds)")
+        if len(runs) > 1:
+            ax.fill_between(c["x"], c["mean"] - c["std"], c["mean"] + c["std"], color=line.get_color(), alpha=0.2, lw=0)
+    ax.set_xlabel("environment steps" if x == "env_steps" else "time since start (s; virtual for a simulated run)")
+    ax.set_ylabel(f"episodic return (mean of last {window})")
+    ax.set_title("Arms: mean +- std over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,10 +1,12 @@
-"""`hpcrl sweep SPEC [--out DIR] [--parallel N] [--retry-failed] [--list]`.
+"""`hpcrl sweep SPEC [--out DIR] [--parallel N] [--retry-failed] [--list]`, or as a Slurm job array:
+`hpcrl sweep SPEC --site NAME [--time T --queue Q --account A --dry-run]`.
 
 Runs a sweep spec's grid (configs x arms x seeds: hpcrl/sweep/spec.py) on this machine, N runs at a time, and
 keeps its state in ``DIR/sweep.json``; the same command again goes on where it stopped (finished runs are kept,
 unfinished ones resume from their checkpoints). ``--list`` prints the runs and their status and runs nothing.
 Every run's config is checked before any starts: a bad spec or config is one line, exit 2, nothing run.
-``hpcrl analyze DIR`` compares the arms.
+``hpcrl analyze DIR`` compares the arms. With ``--site`` the runs go to the site's Slurm as one job array
+(hpcrl/sweep/array.py), ``--parallel`` tasks at a time; each task runs ``hpcrl sweep SPEC --out DIR --task I``.
 """
 from __future__ import annotations
 
@@ -22,6 +24,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", type=int, help="runs at a time (default: the spec's parallel, else 1)")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again (default: keep them)")
     parser.add_argument("--list", action="store_true", help="print the runs and their status; run nothing")
+    parser.add_argument("--site", help="submit the runs as a Slurm job array on this site (hpcrl submit's sites)")
+    parser.add_argument("--time", help="with --site: walltime of each task, HH:MM:SS (default: the site's)")
+    parser.add_argument("--queue", help="with --site: partition or QOS (default: the site's)")
+    parser.add_argument("--account", help="with --site: project to charge")
+    parser.add_argument("--python", help="with --site: Python on the compute nodes (default: this one)")
+    parser.add_argument("--env-script", help="with --site: shell file each task sources first")
+    parser.add_argument("--warning-seconds", type=int, default=120,
+                        help="with --site: checkpoint and requeue a task this long before its walltime (default 120)")
+    parser.add_argument("--max-restarts", type=int, default=10, help="with --site: requeues per task (default 10)")
+    parser.add_argument("--dry-run", action="store_true", help="with --site: print the array script; submit nothing")
+    parser.add_argument("--task", type=int, help=argparse.SUPPRESS)  # an array task: run I of the sweep
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,7 +54,37 @@ def main(args: argparse.Namespace) -> int:
             c = counts({"runs": {r.name: known.get(r.name, {"status": "pending"}) for r in spec.runs}})
             print(", ".join(f"{n} {s}" for s, n in c.items() if n), file=sys.stderr)
         return 0
-    from hpcrl.sweep.local import run_local
+    def say(line: str) -> None:
+        print(f"hpcrl sweep: {line}", file=sys.stderr, flush=True)
 
-    return run_local(spec, out, args.parallel, args.retry_failed, say=lambda line: print(f"hpcrl sweep: {line}",
-                                                                                         file=sys.stderr, flush=True))
+    if args.site:
+        return submit_array(args, spec, out)
+    from hpcrl.sweep.local import run_local, run_task
+
+    if args.task is not None:
+        return run_task(spec, out, args.task, say)
+    return run_local(spec, out, args.parallel, args.retry_failed, say)
+
+
+def submit_array(args: argparse.Namespace, spec, out: Path) -> int:
+    from hpcrl.sites import load_site
+    from hpcrl.sweep.array import plan_array, render_array, submit_array as sbatch
+
+    site = load_site(args.site)
+    array = plan_array(spec, out, site, parallel=args.parallel or spec.parallel, time=args.time, queue=args.queue,
+                       account=args.account, warning_seconds=args.warning_seconds, max_restarts=args.max_restarts,
+                       python=args.python, env_script=args.env_script)
+    script = render_array(array, site)
+    if args.dry_run:
+        sys.stdout.write(script)
+        print(f"# dry run: would write {array.script_path} and run: sbatch --parsable {array.script_path}",
+              file=sys.stderr)
+        return 0
+    data = SweepState(out).open(spec)
+    (out / "logs").mkdir(exist_ok=True)
+    job_id = sbatch(array, script)
+    c = counts(data)
+    print(f"hpcrl sweep: submitted array {job_id} ({array.tasks} tasks, {array.parallel} at a time; {c['done']} runs "
+          f"done already): {array.script_path}", file=sys.stderr)
+    print(job_id)
+    return 0

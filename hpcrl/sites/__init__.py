@@ -50,6 +50,9 @@ class Site(BaseModel):
     """Default cap on ranks per node when --nodes is not given (None: all ranks on one node)."""
     overcommit: bool = False
     """Allow more ranks than cores (#SBATCH --overcommit): small test machines."""
+    max_array_size: int | None = Field(None, ge=1)
+    """Slurm's MaxArraySize (a sweep's job array has at most this many tasks) where ``scontrol show config``
+    cannot say (rendering away from the site); None: Slurm's default, 1001."""
     account_required: bool = False
     default_queue: str | None = None
     default_time: str = Field("00:30:00", pattern=r"^\d{1,3}:[0-5]\d:[0-5]\d$")

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcrl.errors import ConfigError
 from hpcrl.io.run_lock import RunLock, in_use
 from hpcrl.runtime.record.checkpoint import checkpoint_path
 from hpcrl.runtime.signals import EXIT_FINISHED, EXIT_STOPPED
@@ -144,6 +145,50 @@ def run_local(spec: SweepSpec, sweep_dir: Path, parallel: int | None = None, ret
     if stopping:
         return EXIT_STOPPED
     return 0 if c["done"] == len(spec.runs) else 1
+
+
+def run_task(spec: SweepSpec, sweep_dir: Path, index: int, say=print) -> int:
+    """An array task: the sweep's run ``index`` (started, or resumed), in the foreground; SIGTERM or SIGUSR1 to the
+    task stop the run (it checkpoints). The run's exit code: 0 done, 3 stopped, 1 failed."""
+    sweep_dir = Path(sweep_dir)
+    state = SweepState(sweep_dir)
+    data = state.open(spec)
+    if not 0 <= index < len(spec.runs):
+        raise ConfigError(f"--task {index}: the sweep has runs 0..{len(spec.runs) - 1}")
+    run = spec.runs[index]
+    if data["runs"][run.name]["status"] == "done":
+        say(f"{run.name} is done already")
+        return 0
+    (sweep_dir / "logs").mkdir(exist_ok=True)
+    (sweep_dir / "runs").mkdir(exist_ok=True)
+    state.claim([run.name], ("pending", "stopped", "running", "failed"))
+    wait_until_free(run_dir(sweep_dir, run), say)
+    stopping: list[int] = []
+    proc: subprocess.Popen | None = None
+
+    def on_signal(signum, _frame) -> None:
+        stopping.append(signum)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        with open(sweep_dir / "logs" / f"{run.name}.log", "ab") as log:
+            cmd = run_command(sweep_dir, run)
+            log.write(f"\n$ {' '.join(cmd)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=_die_with_parent, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            state.update(run.name, pid=proc.pid, started_unix=time.time())
+            say(f"started {run.name}{' (resumed)' if '--resume' in cmd else ''}")
+            started = time.monotonic()
+            while proc.poll() is None:
+                time.sleep(0.5)
+            failed = _finished(state, sweep_dir, _Running(run, proc, started, log), say)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 1 if failed else (0 if proc.returncode == EXIT_FINISHED else EXIT_STOPPED)
 
 
 def _finished(state: SweepState, sweep_dir: Path, r: _Running, say) -> int:

@@ -85,7 +85,8 @@ def test_scheduler_names_and_collisions(run, tmp_path):
 
 def test_artifact_names_lay_out_a_folder_that_the_artifacts_plot_reads(run, tmp_path, capsys):
     """--artifact-names: the files the artifact's plot.py opens, SCHEDULER~ENV~ALGO~{timeline,info}.csv for schedulers
-    stellaris and rllib on its MuJoCo ids, read as it reads them (the timeline's two columns, cost's last value)."""
+    stellaris and sync on its MuJoCo ids, read as it reads them (the timeline's two columns, cost's last value); hpcrl's
+    sync runs are not named rllib (the artifact's rllib is RLlib's PPO)."""
     ha = load_analysis()
     S = ha.stellaris_csv
     runs = []
@@ -97,7 +98,8 @@ def test_artifact_names_lay_out_a_folder_that_the_artifacts_plot_reads(run, tmp_
     logs.mkdir()
     S.write_stellaris_csv(runs, logs, ha.metrics.load_prices(None), artifact_names=True)
     assert "has no evaluation episodes" in capsys.readouterr().err  # this run's timeline is its training episodes
-    for scheduler in ("stellaris", "rllib"):  # plot.py's scheduler_names; its env_names are config.envs' keys
+    assert not list(logs.glob("rllib~*"))
+    for scheduler in ("stellaris", "sync"):  # plot.py's scheduler_names; its env_names are config.envs' keys
         timeline = pd.read_csv(logs / f"{scheduler}~Hopper-v3~ppo~timeline.csv")
         assert len(timeline["Wall clock time (s)"]) == len(timeline["Episodic reward"]) > 1
         assert pd.read_csv(logs / f"{scheduler}~Hopper-v3~ppo~info.csv")["cost"].iloc[-1] > 0

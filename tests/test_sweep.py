@@ -79,7 +79,7 @@ def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_pat
     assert len(rows) == 2 and rows[0].count("+-") >= 4, table
     assert all(0 <= float(p) <= 1 for p in rows[1].split("|")[7:11]), table  # Welch's p at each mark
     assert sorted(p.name for p in (out / "analysis" / "stellaris-csv" / "s1").glob("*~info.csv")) == [
-        "pure_async~CartPole-v1~ppo~info.csv", "rllib~CartPole-v1~ppo~info.csv"]
+        "pure_async~CartPole-v1~ppo~info.csv", "sync~CartPole-v1~ppo~info.csv"]
     # a run whose overrides the spec now changes is refused, not mixed into the old record
     write_spec(spec, overrides=FAST + ["stop.total_env_steps=700"])
     assert cli_main(["sweep", str(spec), "--out", str(out)]) == 2

@@ -115,7 +115,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", metavar="ARM", help="a sweep's arm the others are tested against (default: its first)")
     p.add_argument("--artifact-names", action="store_true",
                    help="(implies --stellaris-csv) the artifact's file names (Hopper-v3, Humanoid-v3, Walker2d-v3; scheduler "
-                        "stellaris for the Stellaris policies, rllib for sync), so its plot.py runs unedited")
+                        "stellaris for the Stellaris policies; sync stays sync: the artifact's rllib is RLlib's), so its plot.py "
+                        "runs unedited")
     p.add_argument("--stellaris-scheduler", default="stellaris", metavar="NAME",
                    help="SCHEDULER in those file names (default stellaris; 'policy': each run's aggregation.policy)")
 

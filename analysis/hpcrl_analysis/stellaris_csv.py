@@ -26,8 +26,9 @@ gives its training episodes, and :func:`write_stellaris_csv` says so in one line
 
 ``artifact_names``: file names as the artifact's ``plot.py`` iterates them, so it runs unedited on a
 folder of hpcrl runs: ENV with the artifact's MuJoCo ids (Hopper-v3, Humanoid-v3, Walker2d-v3 for
-any version of those envs) and SCHEDULER ``stellaris`` for the Stellaris policies and ``rllib`` for
-a sync run (the artifact's baseline is RLlib's synchronous PPO); other policies keep their names.
+any version of those envs) and SCHEDULER ``stellaris`` for the Stellaris policies; other policies keep their
+names, sync included: the artifact's ``rllib`` is RLlib's synchronous PPO, which hpcrl's sync admission is not,
+so an ``rllib`` file is only ever one an RLlib run wrote.
 """
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ INFO_COLUMNS = ("round_id", "duration", "num_rollout_workers", "num_envs_per_wor
 TIMELINE_COLUMNS = ("Wall clock time (s)", "Episodic reward")
 ARTIFACT_ENVS = {"Hopper": "Hopper-v3", "Humanoid": "Humanoid-v3", "Walker2d": "Walker2d-v3"}
 """The artifact's env ids (its config.envs, which plot.py iterates), by the env's name without version."""
-ARTIFACT_SCHEDULERS = {"stellaris": "stellaris", "stellaris_code": "stellaris", "sync": "rllib"}
-"""aggregation.policy -> the artifact's scheduler name (plot.py iterates stellaris and rllib)."""
+ARTIFACT_SCHEDULERS = {"stellaris": "stellaris", "stellaris_code": "stellaris"}
+"""aggregation.policy -> the artifact's scheduler name (plot.py iterates stellaris and rllib; rllib is RLlib's)."""
 
 
 def config_value(run: Run, section: str, key: str, default: str = "") -> str:

@@ -1,9 +1,9 @@
 """A sweep's runs on this machine, ``parallel`` at a time, each an ``hpcrl run`` in a child process.
 
 Which runs: every run not ``done`` (and ``failed`` ones only with ``retry_failed``), in the spec's order. How
-each starts: from its checkpoint (``hpcrl run --resume RUN_DIR``) when its directory holds one, else afresh
-(a directory without a checkpoint, from a run killed before its first one, is moved aside to
-``RUN_DIR.incomplete-N``, not deleted). Run directories are ``SWEEP_DIR/runs/NAME``, logs
+each starts: from its checkpoint (``hpcrl run --resume RUN_DIR``) when its directory holds one it can resume
+from, else afresh (a directory without a checkpoint, from a run killed before its first one, or a simulated
+run with ``launch.sim_actors=node``, is moved aside to ``RUN_DIR.incomplete-N``, not deleted). Run directories are ``SWEEP_DIR/runs/NAME``, logs
 ``SWEEP_DIR/logs/NAME.log`` (appended to on each attempt).
 
 Stopping: SIGINT or SIGTERM to the sweep is passed to its runs as SIGTERM (each checkpoints and exits 3,
@@ -41,7 +41,7 @@ def run_command(sweep_dir: Path, run: SweepRun) -> list[str]:
     """The run's ``hpcrl run``: resumed from its checkpoint, or started (its directory made free first)."""
     directory = run_dir(sweep_dir, run)
     base = [sys.executable, "-m", "hpcrl", "-q", "run"]
-    if checkpoint_path(directory).exists():
+    if checkpoint_path(directory).exists() and can_resume(directory):
         return [*base, "--resume", str(directory)]
     if directory.exists():
         n = 1
@@ -49,6 +49,16 @@ def run_command(sweep_dir: Path, run: SweepRun) -> list[str]:
             n += 1
         directory.rename(directory.with_name(f"{directory.name}.incomplete-{n}"))
     return [*base, run.config, *[a for o in (*run.overrides, f"io.run_dir={directory}") for a in ("-o", o)]]
+
+
+def can_resume(directory: Path) -> bool:
+    """Whether ``hpcrl run --resume`` goes on from the run's checkpoint: not a simulated run whose nodes' actor ranks
+    ran as one role (``launch.sim_actors=node`` keeps no trajectory files to resume from; runners/sim.py). Such a
+    run starts again, deterministic: the same record."""
+    from hpcrl.config import load_config
+
+    cfg = load_config(directory / "config.yaml")
+    return not (cfg.launch.runner == "sim" and cfg.launch.sim_actors == "node")
 
 
 def wait_until_free(directory: Path, say) -> None:

@@ -13,7 +13,8 @@
     seeds: 5                        # 0..4, or a list [0, 7, 9]: env.seed of each run
     parallel: 2                     # runs at a time on this machine, or tasks at a time in a job array
 
-A config path is read relative to the spec's folder, else as one of the package's configs (``hpcrl/configs``).
+A config path is read relative to the spec's folder, else as one of the package's configs (``hpcrl/configs``). A
+spec that is not a file is looked up by name among the shipped ones (``hpcrl/sweeps/NAME.yaml``).
 A run is named ``[CONFIG-]ARM-sSEED`` (the config's name only with several configs; the arm ``base`` with
 neither arms nor grid) and its overrides are, in order: the spec's, the arm's, the grid point's, ``env.seed``.
 Every run's config is built and validated here (:func:`hpcrl.config.load_config`), so a bad key or value
@@ -36,6 +37,8 @@ from hpcrl.errors import ConfigError
 KEYS = ("name", "config", "configs", "overrides", "arms", "grid", "seeds", "parallel")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=,-]{0,99}$")
 PACKAGE_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PACKAGE_SPECS = Path(__file__).resolve().parents[1] / "sweeps"
+"""The shipped specs (the papers' experiments): ``hpcrl sweep NAME`` finds ``hpcrl/sweeps/NAME.yaml``."""
 
 
 @dataclass(frozen=True)
@@ -150,8 +153,11 @@ def load_spec(path: str | Path, check_configs: bool = True) -> SweepSpec:
     from hpcrl.config import load_config
 
     path = Path(path)
+    if not path.is_file() and (PACKAGE_SPECS / f"{path.name.removesuffix('.yaml')}.yaml").is_file():
+        path = PACKAGE_SPECS / f"{path.name.removesuffix('.yaml')}.yaml"
     if not path.is_file():
-        raise ConfigError(f"sweep spec {str(path)!r} not found")
+        shipped = ", ".join(sorted(p.stem for p in PACKAGE_SPECS.glob("*.yaml")))
+        raise ConfigError(f"sweep spec {str(path)!r} not found (shipped specs: {shipped or 'none'})")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

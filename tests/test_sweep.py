@@ -1,9 +1,9 @@
 """hpcrl sweep: a spec's configs x arms x seeds as runs on this machine, N at a time, resumable.
 
 A bad spec (unknown key, empty grid, a run whose config is wrong) is one line, exit 2, nothing run or written;
-a local sweep runs every run once and keeps its state in one small file; a sweep killed outright mid-way
-(SIGKILL: its runs get SIGTERM from the parent-death signal and checkpoint) and started again resumes the
-unfinished runs from their checkpoints and ends with every run done once.
+a local sweep runs every run once and keeps its state in one small file; a sweep stopped (SIGTERM) or killed
+outright (SIGKILL: its runs get SIGTERM from the parent-death signal and checkpoint) mid-way and started again
+resumes the unfinished runs from their checkpoints and ends with every run done once.
 """
 from __future__ import annotations
 
@@ -87,33 +87,45 @@ def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_sweep_killed_mid_way_resumes_and_finishes_every_run_once(tmp_path):
+def test_a_sweep_stopped_then_killed_mid_way_resumes_and_finishes_every_run_once(tmp_path):
+    """SIGTERM to the sweep: each run checkpoints and exits 3 (stopped), the sweep exits 3; SIGKILL to the next
+    sweep: its runs get SIGTERM from the parent-death signal; the third sweep resumes them and finishes."""
     spec = write_spec(tmp_path / "spec.yaml", parallel=2, arms={"sync": ["aggregation.policy=sync"]},
                       overrides=FAST + ["stop.total_env_steps=6000", "io.checkpoint_every=1",
                                         "io.checkpoint_min_seconds=0"], seeds=3)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "hpcrl", "sweep", str(spec), "--out", str(out)]
-    sweep = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while not any((out / "runs" / f"sync-s{s}" / "checkpoints" / "latest.pt").exists() for s in (0, 1)):
-        assert time.monotonic() < deadline and sweep.poll() is None, "no checkpoint before the kill"
-        time.sleep(0.2)
-    time.sleep(1.0)
+
+    def state() -> dict:
+        return json.loads((out / "sweep.json").read_text())["runs"]
+
+    def started_and_checkpointed(sweep: subprocess.Popen, since: float) -> None:
+        deadline = time.monotonic() + 120
+        while not any(p.stat().st_mtime > since for p in (out / "runs").glob("*/checkpoints/latest.pt")):
+            assert time.monotonic() < deadline and sweep.poll() is None, "no checkpoint"
+            time.sleep(0.2)
+        time.sleep(1.0)
+
+    sweep = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started_and_checkpointed(sweep, 0.0)
+    sweep.send_signal(signal.SIGTERM)
+    assert sweep.wait(120) == 3
+    assert [(state()[f"sync-s{s}"]["status"], state()[f"sync-s{s}"].get("exit")) for s in range(3)] == [
+        ("stopped", 3), ("stopped", 3), ("pending", None)]
+    sweep = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started_and_checkpointed(sweep, time.time())
     os.kill(sweep.pid, signal.SIGKILL)
     sweep.wait(30)
-    state = json.loads((out / "sweep.json").read_text())
-    assert [state["runs"][f"sync-s{s}"]["status"] for s in range(3)] == ["running", "running", "pending"]
+    assert [state()[f"sync-s{s}"]["status"] for s in range(2)] == ["running", "running"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "started sync-s0 (resumed)" in done.stderr or "started sync-s1 (resumed)" in done.stderr, done.stderr
-    state = json.loads((out / "sweep.json").read_text())
-    assert all(e["status"] == "done" for e in state["runs"].values())
+    assert all(e["status"] == "done" for e in state().values())
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["sync-s0", "sync-s1", "sync-s2"]
     for s in range(3):  # each run's fragments numbered once, 0, 1, ...: nothing sampled twice, nothing lost
         frags = read_table(out / "runs" / f"sync-s{s}" / "run.h5", "actors", ["fragment", "steps"])
         assert list(frags["fragment"]) == list(range(len(frags["fragment"])))
         assert frags["steps"].sum() >= 6000
-
 
 def test_welchs_p_value_is_scipys():
     from scipy import stats

@@ -85,6 +85,7 @@ class _Running:
     proc: subprocess.Popen
     started: float
     log: object
+    told_to_stop: bool = False
 
 
 def last_line(log: Path) -> str:
@@ -137,9 +138,10 @@ def run_local(spec: SweepSpec, sweep_dir: Path, parallel: int | None = None, ret
                     running.append(_Running(run, proc, time.monotonic(), log))
                     say(f"started {name}{' (resumed)' if '--resume' in cmd else ''}")
                 if stopping:
-                    for r in running:
-                        if r.proc.poll() is None:
+                    for r in running:  # once: a second SIGTERM could land while the run closes its files
+                        if r.proc.poll() is None and not r.told_to_stop:
                             r.proc.send_signal(signal.SIGTERM)
+                            r.told_to_stop = True
                 time.sleep(0.2)
                 for r in [r for r in running if r.proc.poll() is not None]:
                     running.remove(r)
@@ -177,9 +179,9 @@ def run_task(spec: SweepSpec, sweep_dir: Path, index: int, say=print) -> int:
     proc: subprocess.Popen | None = None
 
     def on_signal(signum, _frame) -> None:
-        stopping.append(signum)
-        if proc is not None and proc.poll() is None:
+        if not stopping and proc is not None and proc.poll() is None:  # once (see run_local)
             proc.send_signal(signal.SIGTERM)
+        stopping.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     try:

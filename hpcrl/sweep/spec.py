@@ -15,7 +15,7 @@
 
 A config path is read relative to the spec's folder, else as one of the package's configs (``hpcrl/configs``). A
 spec that is not a file is looked up by name among the shipped ones (``hpcrl/sweeps/NAME.yaml``).
-A run is named ``[CONFIG-]ARM-sSEED`` (the config's name only with several configs; the arm ``base`` with
+Runs go config by config, seed by seed, every arm of a seed before the next seed. A run is named ``[CONFIG-]ARM-sSEED`` (the config's name only with several configs; the arm ``base`` with
 neither arms nor grid) and its overrides are, in order: the spec's, the arm's, the grid point's, ``env.seed``.
 Every run's config is built and validated here (:func:`hpcrl.config.load_config`), so a bad key or value
 in any of them is one line before any run starts.
@@ -177,7 +177,8 @@ def load_spec(path: str | Path, check_configs: bool = True) -> SweepSpec:
     common = _overrides(path, "overrides", data.get("overrides"))
     seeds = _seeds(path, data.get("seeds", 1))
     runs = []
-    for (cname, cpath), (arm, arm_o), seed in itertools.product(configs.items(), arms.items(), seeds):
+    # seed by seed, every arm of a seed before the next seed: a sweep stopped part way holds whole seeds of every arm
+    for (cname, cpath), seed, (arm, arm_o) in itertools.product(configs.items(), seeds, arms.items()):
         run_name = "-".join([*([cname] if len(configs) > 1 else []), arm, f"s{seed}"])
         if not NAME.match(run_name):
             raise _fail(path, f"run name {run_name!r}: arms and config names may hold letters, digits, '.', '_', "

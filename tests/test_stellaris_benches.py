@@ -114,8 +114,9 @@ def test_ablation_bench_runs_only_what_is_missing(tmp_path):
     assert [(r["setting"], r["seed"]) for r in lines] == [("sync", 0), ("stellaris", 0)]
     new = lines[1]
     assert new["env_steps"] >= 2048 and new["updates"] > 0 and math.isfinite(new["eval_return"])
-    assert not (out / "runs" / "sync-seed0").exists() and (out / "runs" / "stellaris-seed0" / "run.h5").is_file()
-    assert sorted(p.name for p in (out / "logs" / "stellaris-seed0").iterdir()) == [
+    assert not (out / "runs" / "sync-2048-s0").exists() and (out / "runs" / "stellaris-2048-s0" / "run.h5").is_file()
+    assert json.loads((out / "sweep.json").read_text())["runs"]["stellaris-2048-s0"]["status"] == "done"
+    assert sorted(p.name for p in (out / "logs" / "stellaris-2048-s0").iterdir()) == [
         "stellaris~Hopper-v3~ppo~info.csv", "stellaris~Hopper-v3~ppo~timeline.csv"]
     table = (out / "table.md").read_text()
     assert "| sync | 1 | 50.0 |" in table and "| stellaris | 1 |" in table

@@ -138,3 +138,15 @@ def test_welchs_p_value_is_scipys():
         a, b = rng.normal(0, 1, n1), rng.normal(shift, 1.5, n2)
         assert welch_p(list(a), list(b)) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-9)
     assert math.isnan(welch_p([1.0], [2.0, 3.0]))
+
+
+def test_the_shipped_specs_load_by_name_with_every_run_checked():
+    from hpcrl.sweep.spec import PACKAGE_SPECS, load_spec
+
+    names = sorted(p.stem for p in PACKAGE_SPECS.glob("*.yaml"))
+    assert {"stellaris-fig11", "stellaris-fig13"} <= set(names)
+    fig11 = load_spec("stellaris-fig11")
+    assert len(fig11.runs) == 3 * 6 * 5 and fig11.runs[0].name == "hopper-sync-s0"
+    assert all("launch.profile=stellaris-hpc" in r.overrides for r in fig11.runs)
+    for name in names:
+        load_spec(name)

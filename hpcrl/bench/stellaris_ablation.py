@@ -7,7 +7,8 @@ really run at once). Writes into OUT:
 
 - results.jsonl: one row per finished run (appended at once; ``--out`` on an existing folder runs only
   the runs missing at this budget);
-- runs/SETTING-seedK/: the run directories; logs/SETTING-seedK/: the Stellaris artifact's
+- runs/SETTING-BUDGET-sK/: the run directories, run as a sweep (sweep.json: a bench stopped part way goes on
+  from the runs' checkpoints); logs/SETTING-BUDGET-sK/: the Stellaris artifact's
   ``~info.csv`` / ``~timeline.csv`` under its names (its ``plot.py`` reads them);
 - summary.csv and table.md: per setting mean +- std of the last evaluation's return, the last 20
   training episodes' return, wall-clock, Stellaris cost, admitted staleness and updates, and Welch's

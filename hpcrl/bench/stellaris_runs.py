@@ -3,9 +3,10 @@ artifact's CSVs, a resumable results file and the table with Welch's t-test.
 
 ``hpcrl bench stellaris-ablation`` and ``hpcrl bench stellaris-sensitivity`` (and the Parsl workflows
 ``workflows/stellaris_grid.py``, ``stellaris_sensitivity.py``) read their settings from here. Each run is
-a fresh ``hpcrl run`` of ``hpcrl/configs/stellaris/hopper_ppo.yaml`` with :data:`LAYOUT` and the
-setting's overrides; its row goes to ``OUT/results.jsonl`` as soon as it finishes, so an interrupted
-bench loses at most the runs in flight and the same ``--out`` runs only what is missing.
+an ``hpcrl run`` of ``hpcrl/configs/stellaris/hopper_ppo.yaml`` with :data:`LAYOUT` and the setting's
+overrides, run as a sweep (``hpcrl sweep``'s local runner: state in ``OUT/sweep.json``, runs in
+``OUT/runs/SETTING-BUDGET-sSEED``): an interrupted bench goes on from the runs' checkpoints. Each finished
+run's row goes to ``OUT/results.jsonl``, and the same ``--out`` runs only what is missing.
 
 Minibatches (issue 28 item 2). ``artifact`` (default): each gradient is one learner group's whole share
 of the round's batch (``algo.minibatch_size = train_batch_size / learners.groups``), 10 passes: what the
@@ -18,15 +19,11 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from hpcrl.bench import curves
 from hpcrl.bench.curves import welch
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "stellaris"
@@ -140,44 +137,58 @@ class Bench:
         rows = [json.loads(line) for line in self.results_file.read_text().splitlines() if line.strip()]
         return {(r["setting"], r["seed"]): r for r in rows if r.get("budget") == self.budget}
 
-    def run_one(self, setting: str, seed: int) -> dict:
-        run_dir = self.out / "runs" / f"{setting}-seed{seed}"
-        if run_dir.exists():  # a run that was in flight when the bench stopped: start it again
-            shutil.rmtree(run_dir)
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        overrides = [*LAYOUT, *self.extra, *self.settings[setting], f"env.seed={seed}",
-                     f"stop.total_env_steps={self.budget}"]
-        wall = curves.run_hpcrl(self.config, run_dir, self.runner, overrides, self.out / "runs" / f"{setting}-seed{seed}.log")
-        artifact_logs(run_dir, self.out / "logs" / f"{setting}-seed{seed}", artifact_names=True)
-        return {"bench": self.name, "setting": setting, "seed": seed, "budget": self.budget, "overrides": overrides,
-                "job_seconds": wall, "run_dir": str(run_dir), **run_numbers(run_dir)}
+    def run_name(self, setting: str, seed: int) -> str:
+        return f"{setting}-{self.budget}-s{seed}"
+
+    def sweep(self, todo: list[tuple[str, int]], jobs: int):
+        """The missing runs as a sweep (hpcrl/sweep): its state in OUT/sweep.json, its runs in OUT/runs/NAME."""
+        from hpcrl.sweep.spec import SweepRun, SweepSpec
+
+        runs = []
+        for setting, seed in todo:
+            overrides = (*LAYOUT, *self.extra, *self.settings[setting], f"env.seed={seed}",
+                         f"stop.total_env_steps={self.budget}", f"launch.runner={self.runner}", "io.log_seconds=60")
+            runs.append(SweepRun(self.run_name(setting, seed), str(self.config), overrides, self.config.stem, setting,
+                                 seed))
+        return SweepSpec(self.name, str(self.results_file), tuple(runs), jobs)
+
+    def row(self, setting: str, seed: int, entry: dict) -> dict:
+        """A finished run's results row (its artifact CSVs written beside it, in logs/NAME)."""
+        name = self.run_name(setting, seed)
+        run_dir = self.out / "runs" / name
+        artifact_logs(run_dir, self.out / "logs" / name, artifact_names=True)
+        return {"bench": self.name, "setting": setting, "seed": seed, "budget": self.budget,
+                "overrides": entry["overrides"], "job_seconds": entry.get("seconds", math.nan),
+                "run_dir": str(run_dir), **run_numbers(run_dir)}
 
     def run(self, jobs: int) -> dict[tuple[str, int], dict]:
-        """Run what is missing (``jobs`` at a time, seeds interleaved so machine load hits every setting alike),
-        appending each finished run to results.jsonl at once; returns every row of this budget."""
+        """Run what is missing (``jobs`` at a time, seed by seed so machine load hits every setting alike) as a
+        sweep (``hpcrl sweep``'s runner: a run stopped or killed goes on from its checkpoint), appending each
+        finished run's row to results.jsonl; returns every row of this budget."""
+        from hpcrl.sweep.local import run_local
+        from hpcrl.sweep.state import SweepState
+
         self.out.mkdir(parents=True, exist_ok=True)
         results = self.load()
         todo = [(s, seed) for seed in self.seeds for s in self.settings if (s, seed) not in results]
         print(f"{self.name}: {len(todo)} of {len(self.settings) * len(self.seeds)} runs of {self.budget:,} env steps "
               f"to go ({jobs} at a time), results in {self.results_file}", flush=True)
-        lock = threading.Lock()
-
-        def one(task: tuple[str, int]) -> None:
-            setting, seed = task
-            try:
-                row = self.run_one(setting, seed)
-            except RuntimeError as exc:
-                print(f"  {setting} seed {seed}: {exc}", flush=True)
-                return
-            with lock:
-                with self.results_file.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                results[task] = row
-            print(f"  {setting} seed {seed}: eval {row['eval_return']:.1f}, train {row['final_return']:.1f}, "
-                  f"{row['job_seconds']:.0f} s", flush=True)
-
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            list(pool.map(one, todo))
+        if not todo:
+            return results
+        spec = self.sweep(todo, jobs)
+        run_local(spec, self.out, jobs, say=lambda line: print(f"  {line}", flush=True))
+        state = SweepState(self.out).read()["runs"]
+        for setting, seed in todo:
+            entry = state[self.run_name(setting, seed)]
+            if entry["status"] != "done":
+                print(f"  {setting} seed {seed}: {entry['status']} {entry.get('message', '')}", flush=True)
+                continue
+            r = self.row(setting, seed, entry)
+            with self.results_file.open("a") as f:
+                f.write(json.dumps(r) + "\n")
+            results[(setting, seed)] = r
+            print(f"  {setting} seed {seed}: eval {r['eval_return']:.1f}, train {r['final_return']:.1f}, "
+                  f"{r['job_seconds']:.0f} s", flush=True)
         return results
 
 

@@ -154,7 +154,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     SW.write_csv(table, out / "arms.csv")
     if not args.no_figures:
         for x in ("env_steps", "time"):
-            SW.figure(arms, x, out / f"arms-return-vs-{x.replace('_', '-')}.png")
+            F.arms(arms, x, out / f"arms-return-vs-{x.replace('_', '-')}.png")
     print(f"sweep {name}: {len(runs)} runs in {len(arms)} arms; wrote arms.md, arms.csv"
           + ("" if args.no_figures else ", arms-return-vs-*.png") + f" and each run's analysis to {res.out_dir}")
     print(text)

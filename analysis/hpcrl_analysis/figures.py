@@ -79,6 +79,25 @@ def learning_curve(runs: list[Run], x: str, path: Path, window: int = 20) -> Pat
     return _save(fig, path)
 
 
+def arms(groups: dict[str, list[Run]], x: str, path: Path, window: int = 20) -> Path:
+    """A sweep's arms: mean +- std over each arm's seeds of the smoothed return against ``x`` ('env_steps' or
+    'time')."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for arm, runs in groups.items():
+        c = M.curves_on_grid(runs, x, window=window)
+        if not len(c["x"]):
+            continue
+        line, = ax.plot(c["x"], c["mean"], lw=1.8, label=f"{arm} ({len(runs)} seeds)")
+        if len(runs) > 1:
+            ax.fill_between(c["x"], c["mean"] - c["std"], c["mean"] + c["std"], color=line.get_color(), alpha=0.2, lw=0)
+    ax.set_xlabel("environment steps" if x == "env_steps" else "time since start (s; virtual for a simulated run)")
+    ax.set_ylabel(f"episodic return (mean of last {window})")
+    ax.set_title("Arms: mean +- std over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def _pmf_bars(ax, series: list[tuple[str, np.ndarray]]) -> None:
     """Side-by-side bars of the fraction of each integer staleness value, one colour per series."""
     top = max(int(s.max()) for _, s in series)

@@ -174,29 +174,3 @@ def write_csv(table: dict, path: Path) -> Path:
                 out += list(row[k]) if isinstance(row[k], tuple) else [row[k]]
             w.writerow(out)
     return path
-
-
-def figure(arms: dict[str, list[Run]], x: str, path: Path, window: int = 20) -> Path:
-    """Mean +- std over each arm's seeds of the smoothed return against ``x`` ('env_steps' or 'time')."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for arm, runs in arms.items():
-        c = M.curves_on_grid(runs, x, window=window)
-        if not len(c["x"]):
-            continue
-        line, = ax.plot(c["x"], c["mean"], lw=1.8, label=f"{arm} ({len(runs)} seeds)")
-        if len(runs) > 1:
-            ax.fill_between(c["x"], c["mean"] - c["std"], c["mean"] + c["std"], color=line.get_color(), alpha=0.2, lw=0)
-    ax.set_xlabel("environment steps" if x == "env_steps" else "time since start (s; virtual for a simulated run)")
-    ax.set_ylabel(f"episodic return (mean of last {window})")
-    ax.set_title("Arms: mean +- std over seeds")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -24,15 +24,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-nodes", type=int, help="Slurm: a job that lost nodes comes back on as few as this "
                         "(--nodes=MIN-N); its actors are the ranks the nodes it gets hold beyond the parameter and "
                         "learner ranks")
-    parser.add_argument("--time", help="walltime HH:MM:SS (default: the site's)")
+    parser.add_argument("--run-dir", help="absolute or relative run directory (default: io.run_dir filled in now)")
+    add_batch_arguments(parser)
+
+
+def add_batch_arguments(parser: argparse.ArgumentParser, each: str = "") -> None:
+    """The batch flags ``hpcrl submit`` and ``hpcrl sweep --site`` share (``each``: " of each task", for an array)."""
+    parser.add_argument("--time", help=f"walltime{each} HH:MM:SS (default: the site's)")
     parser.add_argument("--account", help="project to charge (Slurm -A, PBS -A)")
     parser.add_argument("--queue", help="PBS queue, Slurm QOS (Perlmutter) or partition (default: the site's)")
-    parser.add_argument("--run-dir", help="absolute or relative run directory (default: io.run_dir filled in now)")
     parser.add_argument("--python", help="Python on the compute nodes, outside a container (default: this one)")
     parser.add_argument("--env-script", help="shell file the job sources first (module loads, conda activate)")
     parser.add_argument("--warning-seconds", type=int, default=120,
                         help="checkpoint and requeue this long before the walltime (default 120)")
-    parser.add_argument("--max-restarts", type=int, default=10, help="stop requeueing after this many (default 10)")
+    parser.add_argument("--max-restarts", type=int, default=10, help=f"stop requeueing after this many{each} (default 10)")
     parser.add_argument("--dry-run", action="store_true", help="print the script; write and submit nothing")
 
 

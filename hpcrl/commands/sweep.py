@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hpcrl.commands.submit import add_batch_arguments
 from hpcrl.sweep.spec import load_spec
 from hpcrl.sweep.state import SweepState, counts
 
@@ -24,16 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", type=int, help="runs at a time (default: the spec's parallel, else 1)")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again (default: keep them)")
     parser.add_argument("--list", action="store_true", help="print the runs and their status; run nothing")
-    parser.add_argument("--site", help="submit the runs as a Slurm job array on this site (hpcrl submit's sites)")
-    parser.add_argument("--time", help="with --site: walltime of each task, HH:MM:SS (default: the site's)")
-    parser.add_argument("--queue", help="with --site: partition or QOS (default: the site's)")
-    parser.add_argument("--account", help="with --site: project to charge")
-    parser.add_argument("--python", help="with --site: Python on the compute nodes (default: this one)")
-    parser.add_argument("--env-script", help="with --site: shell file each task sources first")
-    parser.add_argument("--warning-seconds", type=int, default=120,
-                        help="with --site: checkpoint and requeue a task this long before its walltime (default 120)")
-    parser.add_argument("--max-restarts", type=int, default=10, help="with --site: requeues per task (default 10)")
-    parser.add_argument("--dry-run", action="store_true", help="with --site: print the array script; submit nothing")
+    parser.add_argument("--site", help="submit the runs as a Slurm job array on this site (hpcrl submit's sites); "
+                                       "the flags below are for it")
+    add_batch_arguments(parser, each=" of each task")
     parser.add_argument("--task", type=int, help=argparse.SUPPRESS)  # an array task: run I of the sweep
 
 

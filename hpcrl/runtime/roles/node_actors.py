@@ -80,8 +80,8 @@ class NodeActors:
             t = clock.now()
             clock.did(Work.ENV_STEPS, T * E)  # the node's k ranks step on k cores at once: one rank's time
             batch, episodes = self.sampler.sample(self.algo, self.model, T, self.version, self.actors[0])
+            t_sample = clock.now() - t  # the sampling alone, as an actor rank reports it
             clock.did(Work.RECORD, T * E)  # what each rank's trajectory write would take (nothing is written)
-            t_sample = clock.now() - t
             mine = self._episodes_by_actor(episodes)
             normalizer = self.sampler.normalizer_state()  # the node's, in each rank's report
             for j, actor in enumerate(self.actors):

@@ -252,10 +252,10 @@ def workload(config: str, overrides: list[str], seconds: float) -> tuple[Workloa
     sampler = VectorSampler(cfg.env, 0, cfg.algo.gamma)
     T = cfg.actors.fragment_length
     actor_step = time_case(lambda: sampler.sample(algo, model, T, 0, 0), seconds) / (T * sampler.num_envs)
+    # a real minibatch of one sampled batch, as a learner cuts it (every algorithm's columns: MARL's agent too)
+    frags = [sampler.sample(algo, model, T, 0, 0)[0] for _ in range(max(1, -(-B // (T * sampler.num_envs))))]
     sampler.close()
-    from hpcrl.bench.learner_step import random_minibatch
-
-    batch = random_minibatch(info, mb)
+    batch = next(iter(algo.minibatches(algo.prepare(frags, model), torch.Generator().manual_seed(0))))
     gradient = time_case(lambda: algo.compute_gradient(batch, model), seconds)
     return work, {"actor_step": actor_step, "gradient": gradient, **per_step_costs(cfg, algo, model, info, seconds)}
 

@@ -142,3 +142,13 @@ def test_measuring_part_runs_the_real_micro_run():
     assert 0 < c.actor_step < 1e-2 and 0 < c.gradient < 1.0
     r = predict(c, work, Layout(nodes=1, actors=2, actor_nodes=1, learners=1, cores=2.0))
     assert r.env_steps_per_s > 0 and r.bottleneck in {"actors", "learners", "rank 0 CPU", "cores"}
+
+
+@pytest.mark.parametrize("config", ["cartpole", "mpe_spread_ippo"])
+def test_workload_measures_a_real_minibatch_of_any_algorithm(config):
+    """scale-model's workload (the sim's measured costs) cuts its gradient's minibatch from a sampled, prepared
+    batch, so a MARL config (its agent column) is measured too."""
+    from hpcrl.bench.scale_measure import workload
+
+    work, got = workload(str(Path(__file__).resolve().parents[1] / "hpcrl" / "configs" / f"{config}.yaml"), [], 0.05)
+    assert work.minibatches > 0 and all(got[k] > 0 for k in ("actor_step", "gradient", "prepare_per_step"))

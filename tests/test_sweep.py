@@ -60,7 +60,8 @@ def test_arms_times_grid_times_seeds_names_and_orders_the_runs(tmp_path):
 
 
 def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_path, capsys):
-    spec = write_spec(tmp_path / "spec.yaml", parallel=2)
+    spec = write_spec(tmp_path / "spec.yaml", parallel=2,
+                      overrides=FAST + ["stop.total_env_steps=600", "eval.episodes=2", "eval.every_rounds=1"])
     out = tmp_path / "out"
     assert cli_main(["sweep", str(spec), "--out", str(out)]) == 0
     state = json.loads((out / "sweep.json").read_text())
@@ -72,12 +73,23 @@ def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_pat
     capsys.readouterr()
     assert cli_main(["sweep", str(spec), "--out", str(out)]) == 0
     assert "0 to run" in capsys.readouterr().err
-    # hpcrl analyze SWEEP_DIR: the arms against the first, at four marks, and the artifact's CSVs
+    # an external system's runs beside the sweep (hpcrl bench rllib-ppo's rounds.jsonl): an arm scored by evaluations
+    for seed, returns in ((0, [10.0, 30.0]), (1, [12.0, 50.0])):
+        ext = out / "external" / f"rllib-s{seed}"
+        ext.mkdir(parents=True)
+        ext.joinpath("rounds.jsonl").write_text("".join(
+            json.dumps({"round": k + 1, "env_steps": 256 * (k + 1), "seconds": 1.0 + k, "eval_returns": [r, r + 2]}) + "\n"
+            for k, r in enumerate(returns)))
+    # hpcrl analyze SWEEP_DIR: the arms against the first, at four marks (every run evaluated: by evaluations)
     assert cli_main(["analyze", str(out), "--no-figures", "--no-html", "--artifact-names"]) == 0
     table = (out / "analysis" / "arms.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith("| sync |") or line.startswith("| async |")]
-    assert len(rows) == 2 and rows[0].count("+-") >= 4, table
-    assert all(0 <= float(p) <= 1 for p in rows[1].split("|")[7:11]), table  # Welch's p at each mark
+    assert "last evaluation (greedy episodes)" in table, table
+    rows = [line for line in table.splitlines() if line.startswith(("| sync |", "| async |", "| rllib |"))]
+    assert len(rows) == 3 and rows[0].count("+-") >= 4, table
+    rllib = [c.strip() for c in rows[2].split("|")]
+    assert rllib[2] == "2" and rllib[4] == "12.0 +- 1.4", table  # seeds 0 and 1: 11 and 13 at 256 steps
+    p_values = [float(p) for p in rows[1].split("|")[7:11] if p.strip()]  # Welch's p at each mark after an evaluation
+    assert len(p_values) >= 2 and all(0 <= p <= 1 for p in p_values), table
     assert sorted(p.name for p in (out / "analysis" / "stellaris-csv" / "s1").glob("*~info.csv")) == [
         "pure_async~CartPole-v1~ppo~info.csv", "sync~CartPole-v1~ppo~info.csv"]
     # a run whose overrides the spec now changes is refused, not mixed into the old record

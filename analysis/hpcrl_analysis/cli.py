@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,7 +141,8 @@ def run_sweep(args: argparse.Namespace) -> int:
         raise AnalysisError("a sweep directory is analysed alone (its runs are the sweep's)")
     name, arms, notes = SW.load_sweep(args.run_dirs[0])
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "analysis"
-    runs = [r for group in arms.values() for r in group]
+    runs = [r for group in arms.values() for r in group if not isinstance(r, SW.External)]
+    external = [r for group in arms.values() for r in group if isinstance(r, SW.External)]
     res = analyze([r.path for r in runs], out, args.prices, [r.label for r in runs], html=not args.no_html,
                   figures=not args.no_figures, pricing=args.pricing, marless_prices=args.marless_prices)
     if args.stellaris_csv or args.artifact_names:  # a folder per seed: the artifact's names hold no seed
@@ -148,14 +150,20 @@ def run_sweep(args: argparse.Namespace) -> int:
             (out / "stellaris-csv" / seed).mkdir(parents=True, exist_ok=True)
             S.write_stellaris_csv(group, out / "stellaris-csv" / seed, M.load_prices(args.prices),
                                   args.stellaris_scheduler, args.artifact_names)
+        for run in external:  # an external run's own artifact files (rllib~...) beside them
+            folder = out / "stellaris-csv" / run.path.name.rsplit("-", 1)[-1]
+            folder.mkdir(parents=True, exist_ok=True)
+            for f in run.path.glob("*~*.csv"):
+                shutil.copyfile(f, folder / f.name)
     table = SW.compare(arms, M.load_prices(args.prices), args.reference)
     text = SW.markdown(name, table, notes)
     (out / "arms.md").write_text(text)
     SW.write_csv(table, out / "arms.csv")
     if not args.no_figures:
         for x in ("env_steps", "time"):
-            F.arms(arms, x, out / f"arms-return-vs-{x.replace('_', '-')}.png")
-    print(f"sweep {name}: {len(runs)} runs in {len(arms)} arms; wrote arms.md, arms.csv"
+            F.arms({a: [r for r in g if not isinstance(r, SW.External)] for a, g in arms.items()}, x,
+                   out / f"arms-return-vs-{x.replace('_', '-')}.png")
+    print(f"sweep {name}: {len(runs)} runs{f' and {len(external)} external' if external else ''} in {len(arms)} arms; wrote arms.md, arms.csv"
           + ("" if args.no_figures else ", arms-return-vs-*.png") + f" and each run's analysis to {res.out_dir}")
     print(text)
     return 0

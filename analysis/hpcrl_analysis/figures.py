@@ -85,7 +85,7 @@ def arms(groups: dict[str, list[Run]], x: str, path: Path, window: int = 20) -> 
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for arm, runs in groups.items():
         c = M.curves_on_grid(runs, x, window=window)
-        if not len(c["x"]):
+        if not runs or not len(c["x"]):
             continue
         line, = ax.plot(c["x"], c["mean"], lw=1.8, label=f"{arm} ({len(runs)} seeds)")
         if len(runs) > 1:

@@ -1,8 +1,10 @@
 """A sweep directory (``hpcrl sweep``: ``SWEEP_DIR/sweep.json``, runs under ``SWEEP_DIR/runs/``): its arms compared.
 
-An arm is a run's name without its ``-sSEED`` (config and arm, or grid point); its seeds are repeats. Per arm:
-the return at marks of the budget (the mean of the last ``window`` episodes that ended at or before M env steps,
-on every seed), mean and standard deviation (ddof 1) over the seeds, Welch's t-test against the reference arm at
+An arm is a run's name without its ``-sSEED`` (config and arm, or grid point); its seeds are repeats. Runs of another
+system beside the sweep (``SWEEP_DIR/external/ARM-sSEED/rounds.jsonl``, e.g. ``hpcrl bench rllib-ppo --out
+SWEEP_DIR/external``) are arms too, scored by their evaluations. Per arm: the return at marks of the budget (the
+last evaluation's mean return at or before M env steps when every run has evaluations, else the mean of the last
+``window`` training episodes that ended by M, on every seed), mean and standard deviation (ddof 1) over the seeds, Welch's t-test against the reference arm at
 each mark, the final return, the run's (virtual, for a simulated run) seconds, and its cost as
 ``metrics.cost`` prices it (serverless and serverful). Two figures: mean +- std of the smoothed return against
 env steps and against time. Only ``done`` runs count; the others are named in the notes. The Stellaris artifact's
@@ -15,6 +17,7 @@ import csv
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +34,29 @@ def is_sweep(path: str | Path) -> bool:
     return (Path(path) / "sweep.json").is_file()
 
 
+@dataclass
+class External:
+    """A run of another system beside the sweep (``SWEEP_DIR/external/ARM-sSEED/rounds.jsonl``, one row per round:
+    env_steps, seconds, eval_returns; ``hpcrl bench rllib-ppo`` writes them): in the arm table by its evaluations."""
+
+    path: Path
+    label: str
+    rounds: list[dict]
+
+
+def load_external(path: Path) -> External:
+    try:
+        rounds = [json.loads(line) for line in (path / "rounds.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise AnalysisError(f"{path / 'rounds.jsonl'}: not readable ({exc})") from None
+    if not rounds:
+        raise AnalysisError(f"{path / 'rounds.jsonl'}: no round")
+    return External(path, SEED.sub("", path.name), rounds)
+
+
 def load_sweep(path: str | Path) -> tuple[str, dict[str, list[Run]], list[str]]:
-    """(the sweep's name, arm -> its done runs in seed order, notes on runs left out)."""
+    """(the sweep's name, arm -> its done runs in seed order, notes on runs left out); the external runs
+    (``external/ARM-sSEED/``) are arms too."""
     path = Path(path)
     try:
         state = json.loads((path / "sweep.json").read_text())
@@ -46,6 +70,11 @@ def load_sweep(path: str | Path) -> tuple[str, dict[str, list[Run]], list[str]]:
             continue
         arm = SEED.sub("", name)
         arms.setdefault(arm, []).append(load_run(path / "runs" / name, label=arm))
+    if not arms:
+        raise AnalysisError(f"{path}: no run of sweep {state.get('name')!r} is done yet")
+    for ext in sorted((path / "external").glob("*/rounds.jsonl")):
+        run = load_external(ext.parent)
+        arms.setdefault(run.label, []).append(run)
     if not arms:
         raise AnalysisError(f"{path}: no run of sweep {state.get('name')!r} is done yet")
     return state.get("name", path.name), arms, notes
@@ -63,6 +92,36 @@ def return_at(run: Run, mark: float, window: int) -> float:
     ax = M.episode_axes(run)
     sel = ax["return"][ax["env_steps"] <= mark]
     return float(sel[-window:].mean()) if sel.size else math.nan
+
+
+def evaluations(run) -> tuple[np.ndarray, np.ndarray]:
+    """(env steps when each evaluation was asked for, its mean return): an hpcrl run's evaluation k follows its k-th
+    round (the rounds table's env_steps_total), an external run's follows its round."""
+    if isinstance(run, External):
+        return (np.asarray([r["env_steps"] for r in run.rounds], dtype=float),
+                np.asarray([np.mean(r["eval_returns"]) for r in run.rounds], dtype=float))
+    ev, rounds = M.evaluations(run), run.table("rounds")
+    if not len(ev["round"]) or not rounds or "env_steps_total" not in rounds:
+        return np.zeros(0), np.zeros(0)
+    # evaluation k follows k rounds ended: the rounds table's round k - 1 (it counts from 0)
+    steps = {r + 1: n for r, n in zip(rounds["round"].tolist(), rounds["env_steps_total"].tolist())}
+    keep = [i for i, k in enumerate(ev["round"].tolist()) if k in steps]
+    return np.asarray([steps[ev["round"][i]] for i in keep], dtype=float), ev["mean"][keep]
+
+
+def eval_at(run, mark: float) -> float:
+    """The last evaluation's mean return at or before ``mark`` env steps (NaN before the first)."""
+    steps, means = evaluations(run)
+    sel = means[steps <= mark]
+    return float(sel[-1]) if sel.size else math.nan
+
+
+def budget(run) -> float:
+    return float(run.rounds[-1]["env_steps"]) if isinstance(run, External) else float(M.env_steps(run))
+
+
+def seconds(run) -> float:
+    return float(run.rounds[-1]["seconds"]) if isinstance(run, External) else M.wall_seconds(run)
 
 
 def welch_p(a: list[float], b: list[float]) -> float:
@@ -107,29 +166,39 @@ def _betainc(a: float, b: float, x: float) -> float:
     return front * (f - 1.0)
 
 
-def compare(arms: dict[str, list[Run]], prices: dict, reference: str | None = None, window: int = 20) -> dict:
-    """The arm table: marks (env steps), and per arm its rows of numbers (see the module docstring)."""
+def compare(arms: dict[str, list], prices: dict, reference: str | None = None, window: int = 20) -> dict:
+    """The arm table: marks (env steps), and per arm its rows of numbers (see the module docstring). Scored by
+    evaluation returns when every run has evaluations (an external arm has only those), else by the training
+    episodes' returns."""
     reference = reference or next(iter(arms))
     if reference not in arms:
         raise AnalysisError(f"--reference {reference!r}: not an arm of this sweep ({', '.join(arms)})")
-    budget = min(M.env_steps(r) for runs in arms.values() for r in runs)
-    marks = [int(budget * share) for share in MARKS]
-    at = {arm: [[return_at(r, m, window) for r in runs] for m in marks] for arm, runs in arms.items()}
+    runs_all = [r for runs in arms.values() for r in runs]
+    by_eval = all(len(evaluations(r)[0]) for r in runs_all)
+    least = min(budget(r) for r in runs_all)
+    marks = [int(least * share) for share in MARKS]
+
+    def score(run, mark: int) -> float:  # an external run has only its evaluations
+        return eval_at(run, mark) if by_eval or isinstance(run, External) else return_at(run, mark, window)
+
+    at = {arm: [[score(r, m) for r in runs] for m in marks] for arm, runs in arms.items()}
     rows = []
     for arm, runs in arms.items():
-        costs = [M.cost(r, prices) for r in runs]
+        costs = [M.cost(r, prices) for r in runs if not isinstance(r, External)]
         row = {"arm": arm, "runs": len(runs)}
         for m, values, ref in zip(marks, at[arm], at[reference]):
             v = np.asarray([x for x in values if math.isfinite(x)])
             row[f"return@{m}"] = (float(v.mean()) if v.size else math.nan, float(v.std(ddof=1)) if v.size > 1 else math.nan)
             row[f"p@{m}"] = math.nan if arm == reference else welch_p(values, ref)
-        for key, values in (("seconds", [M.wall_seconds(r) for r in runs]),
+        for key, values in (("seconds", [seconds(r) for r in runs]),
                             ("serverless USD", [sum(v for k, v in c.items() if k.startswith("serverless_")) for c in costs]),
                             ("serverful USD", [sum(v for k, v in c.items() if k.startswith("serverful_")) for c in costs])):
             v = np.asarray(values, dtype=float)
-            row[key] = (float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan)
+            row[key] = (float(v.mean()) if v.size else math.nan, float(v.std(ddof=1)) if v.size > 1 else math.nan)
         rows.append(row)
-    return {"reference": reference, "marks": marks, "rows": rows, "window": window}
+    mixed = not by_eval and any(isinstance(r, External) for r in runs_all)
+    return {"reference": reference, "marks": marks, "rows": rows, "window": window, "by_eval": by_eval,
+            "mixed": mixed}
 
 
 def _cell(value, digits: int = 1) -> str:
@@ -148,15 +217,20 @@ def markdown(name: str, table: dict, notes: list[str]) -> str:
     head = ["arm", "runs", *[f"return at {m:,}" for m in marks], *[f"p at {m:,}" for m in marks],
             "seconds", "serverless USD", "serverful USD"]
     lines = [f"# Sweep {name}: arms against {ref}", "",
-             f"Return: mean +- std over seeds of each run's last {table['window']} episodes at or before the mark "
-             f"(env steps); p: Welch's t-test against {ref} at the mark; seconds: the run's (virtual, if simulated); "
-             "cost: the run's rank-seconds at the price table's rates.", "",
+             ("Return: mean +- std over seeds of each run's last evaluation (greedy episodes) at or before the mark "
+              "(env steps)" if table["by_eval"] else
+              f"Return: mean +- std over seeds of each run's last {table['window']} episodes at or before the mark "
+              "(env steps)") + f"; p: Welch's t-test against {ref} at the mark; seconds: the run's (virtual, if "
+             "simulated); cost: the run's rank-seconds at the price table's rates (none for an external run).", "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in table["rows"]:
         cells = [row["arm"], str(row["runs"]), *[_cell(row[f"return@{m}"]) for m in marks],
                  *[_cell(row[f"p@{m}"]) for m in marks], _cell(row["seconds"]), _cell(row["serverless USD"], 4),
                  _cell(row["serverful USD"], 4)]
         lines.append("| " + " | ".join(cells) + " |")
+    if table.get("mixed"):
+        lines += ["", "The external arms are scored by their evaluations, the sweep's runs (which have none) by their "
+                      "training episodes: not the same measure."]
     if notes:
         lines += ["", "Left out: " + "; ".join(notes)]
     return "\n".join(lines) + "\n"

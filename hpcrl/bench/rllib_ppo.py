@@ -9,10 +9,11 @@ predates them). It runs ``--rounds`` rounds, or as many as the workload's ``stop
 evaluates after each round as hpcrl's runs do (``eval.episodes`` greedy episodes: the Gaussian's mean, on env copies
 seeded ``eval.seed + k * episodes + i``), in this process, so both sides are evaluated alike.
 
-Per seed it writes ``OUT/rllib-sSEED/``:
+Per seed it writes ``OUT/rllib-sSEED/`` (a seed whose folder holds ``rounds.jsonl`` is done and skipped; one
+stopped part way starts again):
 
 - ``rounds.jsonl``: per round, its env steps (RLlib's lifetime count), seconds since the start, and the evaluation's
-  returns;
+  returns (``rounds.jsonl.partial`` until the seed's last round);
 - the artifact's ``rllib~ENV~ppo~info.csv`` and ``~timeline.csv`` (ENV as the artifact names it: Hopper-v3), with
   the round's evaluation returns and wall-clock; cost and staleness columns are 0 (RLlib's PPO has neither).
 
@@ -94,7 +95,7 @@ def run_seed(cfg, seed: int, rounds: int, env_runners: int, out: Path, say=print
     timeline = [["Wall clock time (s)", "Episodic reward"], [0, 0]]
     start = time.monotonic()
     try:
-        with open(run_dir / "rounds.jsonl", "w") as rows:
+        with open(run_dir / "rounds.jsonl.partial", "w") as rows:
             for k in range(rounds):
                 result = algo.train()
                 seconds = time.monotonic() - start
@@ -116,6 +117,7 @@ def run_seed(cfg, seed: int, rounds: int, env_runners: int, out: Path, say=print
     for name, table in (("info", info), ("timeline", timeline)):
         with open(run_dir / f"rllib~{env_name}~ppo~{name}.csv", "w", newline="") as fh:
             csv.writer(fh).writerows(table)
+    (run_dir / "rounds.jsonl.partial").rename(run_dir / "rounds.jsonl")  # whole: what an analysis reads
     return run_dir
 
 
@@ -146,6 +148,9 @@ def main(argv: list[str]) -> int:
         p.error(f"--env-runners {args.env_runners}: the batch of {cfg.algo.train_batch_size} steps must split into "
                 "equal fragments")
     for seed in [int(s) for s in args.seeds.split(",")]:
+        if (Path(args.out) / f"rllib-s{seed}" / "rounds.jsonl").is_file():
+            print(f"rllib seed {seed}: done already ({Path(args.out) / f'rllib-s{seed}'})", flush=True)
+            continue
         print(f"wrote {run_seed(cfg, seed, rounds, args.env_runners, Path(args.out))}", flush=True)
     return 0
 

@@ -118,7 +118,6 @@ def run_local(spec: SweepSpec, sweep_dir: Path, parallel: int | None = None, ret
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     running: list[_Running] = []
-    failed = 0
     try:
         with RunLock(sweep_dir):
             while (todo and not stopping) or running:
@@ -146,7 +145,7 @@ def run_local(spec: SweepSpec, sweep_dir: Path, parallel: int | None = None, ret
                 for r in [r for r in running if r.proc.poll() is not None]:
                     running.remove(r)
                     r.log.close()
-                    failed += _finished(state, sweep_dir, r, say)
+                    _finished(state, sweep_dir, r, say)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -216,6 +215,7 @@ def _finished(state: SweepState, sweep_dir: Path, r: _Running, say) -> int:
     message = "" if status == "done" else last_line(sweep_dir / "logs" / f"{name}.log")
     data = state.read()
     total = data["runs"][name].get("seconds", 0.0) + seconds
-    state.update(name, status=status, exit=code, seconds=round(total, 1), message=message, pid=None)
-    say(f"{status} {name} after {seconds:.0f} s (exit {code}){': ' + message if status == 'failed' else ''}")
+    after = counts(state.update(name, status=status, exit=code, seconds=round(total, 1), message=message, pid=None))
+    say(f"{status} {name} after {seconds:.0f} s (exit {code}){': ' + message if status == 'failed' else ''} "
+        f"[{after['done']}/{sum(after.values())} done]")
     return int(status == "failed")

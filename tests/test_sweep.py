@@ -30,6 +30,7 @@ def write_spec(path: Path, **fields) -> Path:
     data = {"name": "t", "config": "cartpole.yaml", "overrides": FAST + ["stop.total_env_steps=600"],
             "arms": {"sync": ["aggregation.policy=sync"], "async": ["aggregation.policy=pure_async"]},
             "seeds": 2, **fields}
+    data = {k: v for k, v in data.items() if v is not None}
     path.write_text(json.dumps(data))  # JSON is YAML
     return path
 
@@ -60,12 +61,12 @@ def test_arms_times_grid_times_seeds_names_and_orders_the_runs(tmp_path):
 
 
 def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_path, capsys):
-    spec = write_spec(tmp_path / "spec.yaml", parallel=2,
+    spec = write_spec(tmp_path / "spec.yaml", parallel=2, config=None, configs={"a": "cartpole.yaml", "b": "cartpole.yaml"},
                       overrides=FAST + ["stop.total_env_steps=600", "eval.episodes=2", "eval.every_rounds=1"])
     out = tmp_path / "out"
     assert cli_main(["sweep", str(spec), "--out", str(out)]) == 0
     state = json.loads((out / "sweep.json").read_text())
-    assert sorted(state["runs"]) == ["async-s0", "async-s1", "sync-s0", "sync-s1"]
+    assert sorted(state["runs"]) == [f"{c}-{a}-s{s}" for c in "ab" for a in ("async", "sync") for s in (0, 1)]
     assert all(e["status"] == "done" and e["attempts"] == 1 for e in state["runs"].values())
     for name in state["runs"]:
         steps = read_table(out / "runs" / name / "run.h5", "actors", ["steps"])["steps"].sum()
@@ -75,25 +76,30 @@ def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_pat
     assert "0 to run" in capsys.readouterr().err
     # an external system's runs beside the sweep (hpcrl bench rllib-ppo's rounds.jsonl): an arm scored by evaluations
     for seed, returns in ((0, [10.0, 30.0]), (1, [12.0, 50.0])):
-        ext = out / "external" / f"rllib-s{seed}"
+        ext = out / "external" / f"a-rllib-s{seed}"  # beside config a's arms
         ext.mkdir(parents=True)
         ext.joinpath("rounds.jsonl").write_text("".join(
             json.dumps({"round": k + 1, "env_steps": 256 * (k + 1), "seconds": 1.0 + k, "eval_returns": [r, r + 2]}) + "\n"
             for k, r in enumerate(returns)))
-    # hpcrl analyze SWEEP_DIR: the arms against the first, at four marks (every run evaluated: by evaluations)
-    assert cli_main(["analyze", str(out), "--no-figures", "--no-html", "--artifact-names"]) == 0
+    # hpcrl analyze SWEEP_DIR: config by config, the arms against sync at four marks (every run evaluated: by
+    # evaluations), the external arm with config a
+    assert cli_main(["analyze", str(out), "--no-figures", "--no-html", "--artifact-names", "--reference", "sync"]) == 0
     table = (out / "analysis" / "arms.md").read_text()
+    assert "# Sweep t: a: arms against sync" in table and "# Sweep t: b: arms against sync" in table, table
     assert "last evaluation (greedy episodes)" in table, table
-    rows = [line for line in table.splitlines() if line.startswith(("| sync |", "| async |", "| rllib |"))]
+    part_a = table.split("# Sweep t: b")[0]
+    rows = [line for line in part_a.splitlines() if line.startswith(("| sync |", "| async |", "| rllib |"))]
     assert len(rows) == 3 and rows[0].count("+-") >= 4, table
     rllib = [c.strip() for c in rows[2].split("|")]
     assert rllib[2] == "2" and rllib[4] == "12.0 +- 1.4", table  # seeds 0 and 1: 11 and 13 at 256 steps
     p_values = [float(p) for p in rows[1].split("|")[7:11] if p.strip()]  # Welch's p at each mark after an evaluation
     assert len(p_values) >= 2 and all(0 <= p <= 1 for p in p_values), table
+    # the artifact's files, a folder per seed, named by arm (CONFIG-ARM where two configs share an env)
     assert sorted(p.name for p in (out / "analysis" / "stellaris-csv" / "s1").glob("*~info.csv")) == [
-        "pure_async~CartPole-v1~ppo~info.csv", "sync~CartPole-v1~ppo~info.csv"]
+        f"{c}-{a}~CartPole-v1~ppo~info.csv" for c in "ab" for a in ("async", "sync")]
     # a run whose overrides the spec now changes is refused, not mixed into the old record
-    write_spec(spec, overrides=FAST + ["stop.total_env_steps=700"])
+    write_spec(spec, config=None, configs={"a": "cartpole.yaml", "b": "cartpole.yaml"},
+               overrides=FAST + ["stop.total_env_steps=700"])
     assert cli_main(["sweep", str(spec), "--out", str(out)]) == 2
     assert "ran with another overrides" in capsys.readouterr().err
 

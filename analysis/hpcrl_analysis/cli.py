@@ -136,35 +136,50 @@ def run_clusterenv(args: argparse.Namespace) -> int:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    """A sweep directory: every done run analysed with its arm as label, then the arms compared (sweep.py)."""
+    """A sweep directory: every done run analysed with its arm as label, then the arms compared, config by config
+    (sweep.py)."""
     if len(args.run_dirs) != 1:
         raise AnalysisError("a sweep directory is analysed alone (its runs are the sweep's)")
-    name, arms, notes = SW.load_sweep(args.run_dirs[0])
+    name, groups, notes = SW.load_sweep(args.run_dirs[0])
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "analysis"
-    runs = [r for group in arms.values() for r in group if not isinstance(r, SW.External)]
-    external = [r for group in arms.values() for r in group if isinstance(r, SW.External)]
-    res = analyze([r.path for r in runs], out, args.prices, [r.label for r in runs], html=not args.no_html,
+    every = [r for arms in groups.values() for runs in arms.values() for r in runs]
+    runs = [r for r in every if not isinstance(r, SW.External)]
+    external = [r for r in every if isinstance(r, SW.External)]
+    labelled = [f"{c}-{r.label}" if c else r.label for c, arms in groups.items() for runs in arms.values()
+                for r in runs if not isinstance(r, SW.External)]
+    res = analyze([r.path for r in runs], out, args.prices, labelled, html=not args.no_html,
                   figures=not args.no_figures, pricing=args.pricing, marless_prices=args.marless_prices)
-    if args.stellaris_csv or args.artifact_names:  # a folder per seed: the artifact's names hold no seed
-        for seed, group in SW.by_seed(runs).items():
-            (out / "stellaris-csv" / seed).mkdir(parents=True, exist_ok=True)
-            S.write_stellaris_csv(group, out / "stellaris-csv" / seed, M.load_prices(args.prices),
-                                  args.stellaris_scheduler, args.artifact_names)
+    if args.stellaris_csv or args.artifact_names:  # a folder per seed (the artifact's names hold no seed); each
+        # run's SCHEDULER is its arm (stellaris, sync, stellaris_no_is), CONFIG-ARM where two configs share an env
+        placed = [(c, r, S.names(r, "policy", args.artifact_names)[1]) for c, arms in groups.items()
+                  for g in arms.values() for r in g if not isinstance(r, SW.External)]
+        shared = {(r.label, env) for c, r, env in placed
+                  if len({c2 for c2, r2, env2 in placed if (r2.label, env2) == (r.label, env)}) > 1}
+        for config, run, env in placed:
+            folder = out / "stellaris-csv" / run.path.name.rsplit("-", 1)[-1]
+            folder.mkdir(parents=True, exist_ok=True)
+            scheduler = f"{config}-{run.label}" if (run.label, env) in shared else run.label
+            S.write_stellaris_csv([run], folder, M.load_prices(args.prices), scheduler, args.artifact_names)
         for run in external:  # an external run's own artifact files (rllib~...) beside them
             folder = out / "stellaris-csv" / run.path.name.rsplit("-", 1)[-1]
             folder.mkdir(parents=True, exist_ok=True)
             for f in run.path.glob("*~*.csv"):
                 shutil.copyfile(f, folder / f.name)
-    table = SW.compare(arms, M.load_prices(args.prices), args.reference)
-    text = SW.markdown(name, table, notes)
+    texts, tables = [], []
+    for config, arms in groups.items():
+        table = SW.compare(arms, M.load_prices(args.prices), args.reference)
+        tables.append((config, table))
+        texts.append(SW.markdown(name, table, notes if config == list(groups)[-1] else [], config))
+        if not args.no_figures:
+            for x in ("env_steps", "time"):
+                F.arms({a: [r for r in g if not isinstance(r, SW.External)] for a, g in arms.items()}, x,
+                       out / f"arms{'-' + config if config else ''}-return-vs-{x.replace('_', '-')}.png")
+    text = "\n".join(texts)
     (out / "arms.md").write_text(text)
-    SW.write_csv(table, out / "arms.csv")
-    if not args.no_figures:
-        for x in ("env_steps", "time"):
-            F.arms({a: [r for r in g if not isinstance(r, SW.External)] for a, g in arms.items()}, x,
-                   out / f"arms-return-vs-{x.replace('_', '-')}.png")
-    print(f"sweep {name}: {len(runs)} runs{f' and {len(external)} external' if external else ''} in {len(arms)} arms; wrote arms.md, arms.csv"
-          + ("" if args.no_figures else ", arms-return-vs-*.png") + f" and each run's analysis to {res.out_dir}")
+    SW.write_csv(tables, out / "arms.csv")
+    print(f"sweep {name}: {len(runs)} runs{f' and {len(external)} external' if external else ''} in "
+          f"{sum(len(a) for a in groups.values())} arms; wrote arms.md, arms.csv"
+          + ("" if args.no_figures else ", arms-*.png") + f" and each run's analysis to {res.out_dir}")
     print(text)
     return 0
 

@@ -71,12 +71,14 @@ def config_value(run: Run, section: str, key: str, default: str = "") -> str:
 
 def names(run: Run, scheduler: str = "stellaris", artifact_names: bool = False) -> tuple[str, str, str]:
     """(SCHEDULER, ENV, ALGO) of a run's file names; scheduler "policy" means the run's aggregation.policy;
-    ``artifact_names`` maps both to the artifact's (ARTIFACT_ENVS, ARTIFACT_SCHEDULERS)."""
+    ``artifact_names`` maps both to the artifact's (ARTIFACT_ENVS, ARTIFACT_SCHEDULERS), but a scheduler other than
+    "stellaris" and "policy" (a sweep's arm name) is kept as it is."""
     env = config_value(run, "env", "id", "env").rsplit("/", 1)[-1]
     algo = config_value(run, "algo", "name", "ppo")
     policy = config_value(run, "aggregation", "policy", "stellaris")
     if artifact_names:
-        return ARTIFACT_SCHEDULERS.get(policy, policy), ARTIFACT_ENVS.get(env.split("-v")[0], env), algo
+        named = scheduler if scheduler not in ("stellaris", "policy") else ARTIFACT_SCHEDULERS.get(policy, policy)
+        return named, ARTIFACT_ENVS.get(env.split("-v")[0], env), algo
     return (policy if scheduler == "policy" else scheduler), env, algo
 
 

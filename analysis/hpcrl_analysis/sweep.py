@@ -8,8 +8,9 @@ last evaluation's mean return at or before M env steps when every run has evalua
 each mark, the final return, the run's (virtual, for a simulated run) seconds, and its cost as
 ``metrics.cost`` prices it (serverless and serverful). Two figures: mean +- std of the smoothed return against
 env steps and against time. Only ``done`` runs count; the others are named in the notes. The Stellaris artifact's
-CSV files (``--stellaris-csv``, ``--artifact-names``) go to a folder per seed, ``stellaris-csv/sN/``: their names
-hold the scheduler, env and algorithm, not the seed.
+CSV files (``--stellaris-csv``, ``--artifact-names``) go to a folder per seed, ``stellaris-csv/sN/``, named by the
+run's arm (``stellaris~Hopper-v3~ppo~info.csv``, ``sync~...``, an external ``rllib~...``): their names hold the
+scheduler, env and algorithm, not the seed.
 """
 from __future__ import annotations
 
@@ -54,38 +55,36 @@ def load_external(path: Path) -> External:
     return External(path, SEED.sub("", path.name), rounds)
 
 
-def load_sweep(path: str | Path) -> tuple[str, dict[str, list[Run]], list[str]]:
-    """(the sweep's name, arm -> its done runs in seed order, notes on runs left out); the external runs
-    (``external/ARM-sSEED/``) are arms too."""
+def load_sweep(path: str | Path) -> tuple[str, dict[str, dict[str, list]], list[str]]:
+    """(the sweep's name, config -> arm -> its done runs in seed order, notes on runs left out). A sweep of one
+    config has the one config "". External runs (``external/ARM-sSEED/``) are arms too; beside a sweep of several
+    configs, ``external/CONFIG-ARM-sSEED/`` goes with CONFIG."""
     path = Path(path)
     try:
         state = json.loads((path / "sweep.json").read_text())
     except (OSError, ValueError) as exc:
         raise AnalysisError(f"{path / 'sweep.json'}: not readable ({exc})") from None
-    arms: dict[str, list[Run]] = {}
-    notes = []
+    configs = {e.get("config_name", "") for e in state["runs"].values()}
+    several = len(configs) > 1
+    groups: dict[str, dict[str, list]] = {}
+    left: dict[str, list[str]] = {}
     for name, entry in state["runs"].items():
         if entry.get("status") != "done":
-            notes.append(f"{name}: {entry.get('status')}, left out")
+            left.setdefault(entry.get("status", "?"), []).append(name)
             continue
-        arm = SEED.sub("", name)
-        arms.setdefault(arm, []).append(load_run(path / "runs" / name, label=arm))
-    if not arms:
+        config = entry.get("config_name", "") if several else ""
+        arm = entry.get("arm") or SEED.sub("", name)
+        groups.setdefault(config, {}).setdefault(arm, []).append(load_run(path / "runs" / name, label=arm))
+    if not groups:
         raise AnalysisError(f"{path}: no run of sweep {state.get('name')!r} is done yet")
     for ext in sorted((path / "external").glob("*/rounds.jsonl")):
         run = load_external(ext.parent)
-        arms.setdefault(run.label, []).append(run)
-    if not arms:
-        raise AnalysisError(f"{path}: no run of sweep {state.get('name')!r} is done yet")
-    return state.get("name", path.name), arms, notes
-
-
-def by_seed(runs: list[Run]) -> dict[str, list[Run]]:
-    """Runs by their seed (``s3``: the run directory's name ends with it)."""
-    out: dict[str, list[Run]] = {}
-    for r in runs:
-        out.setdefault(r.path.name.rsplit("-", 1)[-1], []).append(r)
-    return out
+        config = next((c for c in configs if several and run.label.startswith(f"{c}-")), "")
+        run.label = run.label[len(config) + 1:] if config else run.label
+        groups.setdefault(config, {}).setdefault(run.label, []).append(run)
+    notes = [f"{len(names)} {status}" + (f" ({', '.join(names)})" if len(names) <= 10 else "")
+             for status, names in sorted(left.items())]
+    return state.get("name", path.name), groups, notes
 
 
 def return_at(run: Run, mark: float, window: int) -> float:
@@ -170,7 +169,7 @@ def compare(arms: dict[str, list], prices: dict, reference: str | None = None, w
     """The arm table: marks (env steps), and per arm its rows of numbers (see the module docstring). Scored by
     evaluation returns when every run has evaluations (an external arm has only those), else by the training
     episodes' returns."""
-    reference = reference or next(iter(arms))
+    reference = reference if reference in arms else next(iter(arms)) if reference is None else reference
     if reference not in arms:
         raise AnalysisError(f"--reference {reference!r}: not an arm of this sweep ({', '.join(arms)})")
     runs_all = [r for runs in arms.values() for r in runs]
@@ -212,11 +211,11 @@ def _cell(value, digits: int = 1) -> str:
     return str(value)
 
 
-def markdown(name: str, table: dict, notes: list[str]) -> str:
+def markdown(name: str, table: dict, notes: list[str], config: str = "") -> str:
     marks, ref = table["marks"], table["reference"]
     head = ["arm", "runs", *[f"return at {m:,}" for m in marks], *[f"p at {m:,}" for m in marks],
             "seconds", "serverless USD", "serverful USD"]
-    lines = [f"# Sweep {name}: arms against {ref}", "",
+    lines = [f"# Sweep {name}{': ' + config if config else ''}: arms against {ref}", "",
              ("Return: mean +- std over seeds of each run's last evaluation (greedy episodes) at or before the mark "
               "(env steps)" if table["by_eval"] else
               f"Return: mean +- std over seeds of each run's last {table['window']} episodes at or before the mark "
@@ -232,19 +231,24 @@ def markdown(name: str, table: dict, notes: list[str]) -> str:
         lines += ["", "The external arms are scored by their evaluations, the sweep's runs (which have none) by their "
                       "training episodes: not the same measure."]
     if notes:
-        lines += ["", "Left out: " + "; ".join(notes)]
+        lines += ["", "Runs not done, left out: " + "; ".join(notes)]
     return "\n".join(lines) + "\n"
 
 
-def write_csv(table: dict, path: Path) -> Path:
+def write_csv(tables: list[tuple[str, dict]], path: Path) -> Path:
+    """Every config's arm table (``tables``: (config, compare's table)), a row per arm, mean and std apart."""
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
-        keys = [k for k in table["rows"][0] if k not in ("arm", "runs")]
-        w.writerow(["arm", "runs", *[f"{k} {part}" if isinstance(table["rows"][0][k], tuple) else k
-                                     for k in keys for part in (("mean", "std") if isinstance(table["rows"][0][k], tuple) else ("",))]])
-        for row in table["rows"]:
-            out = [row["arm"], row["runs"]]
-            for k in keys:
-                out += list(row[k]) if isinstance(row[k], tuple) else [row[k]]
-            w.writerow(out)
+        for i, (config, table) in enumerate(tables):
+            first = table["rows"][0]
+            keys = [k for k in first if k not in ("arm", "runs")]
+            head = [f"{k} {part}".strip() for k in keys for part in (("mean", "std") if isinstance(first[k], tuple)
+                                                                        else ("",))]
+            if i == 0 or keys != [k for k in tables[i - 1][1]["rows"][0] if k not in ("arm", "runs")]:
+                w.writerow(["config", "arm", "runs", *head])
+            for row in table["rows"]:
+                out = [config, row["arm"], row["runs"]]
+                for k in keys:
+                    out += list(row[k]) if isinstance(row[k], tuple) else [row[k]]
+                w.writerow(out)
     return path

@@ -9,7 +9,7 @@ predates them). It runs ``--rounds`` rounds, or as many as the workload's ``stop
 evaluates after each round as hpcrl's runs do (``eval.episodes`` greedy episodes: the Gaussian's mean, on env copies
 seeded ``eval.seed + k * episodes + i``), in this process, so both sides are evaluated alike.
 
-Per seed it writes ``OUT/rllib-sSEED/`` (a seed whose folder holds ``rounds.jsonl`` is done and skipped; one
+Per seed it writes ``OUT/NAME-sSEED/`` (``--name``, default rllib) (a seed whose folder holds ``rounds.jsonl`` is done and skipped; one
 stopped part way starts again):
 
 - ``rounds.jsonl``: per round, its env steps (RLlib's lifetime count), seconds since the start, and the evaluation's
@@ -21,7 +21,7 @@ Needs ``ray[rllib]``, which is not an hpcrl dependency:
 ``pip install "ray[rllib]"`` in a venv that has hpcrl (``hpcrl bench rllib-ppo`` says so when it is missing).
 
     hpcrl bench rllib-ppo [--config stellaris/hopper_ppo.yaml] [--seeds 0] [--rounds N] [--env-runners 16]
-                          [--out DIR]
+                          [--out DIR] [--name rllib]
 """
 from __future__ import annotations
 
@@ -82,10 +82,10 @@ def greedy_returns(module, env_id: str, episodes: int, seed: int) -> list[float]
     return out
 
 
-def run_seed(cfg, seed: int, rounds: int, env_runners: int, out: Path, say=print) -> Path:
+def run_seed(cfg, seed: int, rounds: int, env_runners: int, out: Path, name: str = "rllib", say=print) -> Path:
     import ray
 
-    run_dir = out / f"rllib-s{seed}"
+    run_dir = out / f"{name}-s{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     env_name = ARTIFACT_ENVS.get(cfg.env.id.split("-v")[0], cfg.env.id)
     ray.init(num_cpus=max(2, env_runners + 1), include_dashboard=False, ignore_reinit_error=True,
@@ -129,6 +129,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, help="rounds per seed (default: the config's stop.total_env_steps / batch)")
     p.add_argument("--env-runners", type=int, default=16, help="RLlib env runners (the artifact's 16)")
     p.add_argument("--out", default="rllib-ppo", help="results folder (default ./rllib-ppo)")
+    p.add_argument("--name", default="rllib", help="the runs' folders are NAME-sSEED (default rllib; beside a sweep of "
+                   "several configs, CONFIG-rllib, e.g. hopper-rllib)")
     args = p.parse_args(argv)
     try:
         import ray  # noqa: F401
@@ -148,10 +150,10 @@ def main(argv: list[str]) -> int:
         p.error(f"--env-runners {args.env_runners}: the batch of {cfg.algo.train_batch_size} steps must split into "
                 "equal fragments")
     for seed in [int(s) for s in args.seeds.split(",")]:
-        if (Path(args.out) / f"rllib-s{seed}" / "rounds.jsonl").is_file():
-            print(f"rllib seed {seed}: done already ({Path(args.out) / f'rllib-s{seed}'})", flush=True)
+        if (Path(args.out) / f"{args.name}-s{seed}" / "rounds.jsonl").is_file():
+            print(f"rllib seed {seed}: done already ({Path(args.out) / f'{args.name}-s{seed}'})", flush=True)
             continue
-        print(f"wrote {run_seed(cfg, seed, rounds, args.env_runners, Path(args.out))}", flush=True)
+        print(f"wrote {run_seed(cfg, seed, rounds, args.env_runners, Path(args.out), args.name)}", flush=True)
     return 0
 
 

@@ -68,11 +68,12 @@ class SweepState:
                 what = {"config": r.config, "config_sha256": r.config_sha256(), "overrides": list(r.overrides)}
                 entry = data["runs"].get(r.name)
                 if entry is None:
-                    data["runs"][r.name] = {"status": "pending", "attempts": 0, **what}
+                    entry = data["runs"][r.name] = {"status": "pending", "attempts": 0, **what}
                 elif any(entry.get(k) != v for k, v in what.items()):
                     key = next(k for k, v in what.items() if entry.get(k) != v)
                     raise ConfigError(f"{self.dir}: run {r.name} ran with another {key.replace('_sha256', ' file')} "
                                       f"({data.get('spec')}); use another --out, or undo the change")
+                entry.update(config_name=r.config_name, arm=r.arm, seed=r.seed)  # for hpcrl analyze
             data["spec"] = spec.path
             self._write(data)
         return data

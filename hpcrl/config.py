@@ -293,8 +293,8 @@ class LaunchConfig(Section):
     sim_actors: Literal["rank", "node"] = "rank"
     """launch.runner=sim: 'rank' simulates every actor rank as the other runners run it; 'node' runs the actor
     ranks of each simulated node as one role in lockstep, one batched sampler, no trajectory files (jobs of
-    hundreds of nodes on one core: docs/sim.md says what it changes; refuses actors.on_policy, eval.episodes > 0
-    and actors.weight_sync=aaps, and cannot be resumed)."""
+    hundreds of nodes on one core: docs/sim.md says what it changes; refuses actors.on_policy and
+    actors.weight_sync=aaps, and cannot be resumed)."""
     mpiexec: str = "mpiexec"
     """MPI launcher for local runs (the one next to the Python interpreter is preferred)."""
     mpiexec_args: list[str] = Field(default_factory=list)
@@ -456,7 +456,6 @@ class RunConfig(Section):
             return self
         if self.launch.sim_actors == "node":
             refused = [what for what, on in (("actors.on_policy=true", self.actors.on_policy),
-                                             (f"eval.episodes={self.eval.episodes}", self.eval.episodes > 0),
                                              ("actors.weight_sync=aaps", self.actors.weight_sync == "aaps")) if on]
             if refused:
                 raise ValueError(f"launch.sim_actors=node runs a node's actor ranks in lockstep, which does not "

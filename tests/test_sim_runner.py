@@ -147,7 +147,7 @@ def test_every_shipped_profile_loads_says_its_sources_and_holds_the_default_job(
     (["env.id=Acrobot-v1"], "no costs.env_step for env 'Acrobot-v1'"),
     (["learners.ranks_per_group=2", "algo.minibatch_size=128"], "learners.ranks_per_group"),
     (["launch.sim_actors=node", "actors.on_policy=true"], "does not simulate actors.on_policy=true"),
-    (["launch.sim_actors=node", "eval.episodes=2"], "does not simulate eval.episodes=2"),
+    (["launch.sim_actors=node", "actors.weight_sync=aaps"], "does not simulate actors.weight_sync=aaps"),
 ])
 def test_a_profile_that_cannot_run_the_job_is_one_line_and_nothing_is_written(tmp_path, capsys, overrides, says):
     run_dir = tmp_path / "run"
@@ -258,3 +258,17 @@ def test_a_push_waiting_for_a_slot_tries_again_when_it_would_have_nap_by_nap(tmp
     assert key(got["woken"]) == key(got["every-tick"])
     per_group = lambda rows: np.bincount(rows["group"], minlength=8).tolist()
     assert per_group(got["woken"]) == per_group(got["every-tick"])
+
+
+def test_the_node_that_holds_the_last_actor_runs_the_evaluations(tmp_path):
+    """launch.sim_actors=node with eval.episodes: the last actor rank's node plays the evaluation episodes after
+    each round, as that actor rank would (run.h5 eval_episodes)."""
+    from hpcrl.bench.sim_scale import profile_for
+
+    cfg = config(tmp_path / "run", actors={"count": 8}, eval={"episodes": 2, "every_rounds": 1},
+                 stop={"max_rounds": 8}, launch={"profile": str(profile_for(4, tmp_path)), "sim_actors": "node"})
+    result = sim.run(make_plan(cfg), tmp_path / "run")
+    assert result.stop_reason.startswith("stop.max_rounds"), result.message
+    ev = read_table(tmp_path / "run" / "run.h5", "eval_episodes", ["round", "env_index", "length", "policy_version"])
+    assert len(ev["round"]) >= 4 and set(ev["env_index"].tolist()) == {0, 1} and ev["round"].min() >= 1
+    assert (ev["length"] > 0).all() and ev["policy_version"].max() > 0

@@ -19,7 +19,8 @@ version at one virtual time and straggle together (one draw per node, the profil
 environments are seeded from the node's first rank (``env.seed + 1000 x rank + i`` over the k x N); observation
 and reward normalisation are the node's; and nothing is written to ``traj/``: a study of scale keeps the
 record's tables (episodes, fragments, gradients, updates), not 60,000 trajectory files, so such a run cannot be
-resumed. Refused at load (one line): ``actors.on_policy``, ``eval.episodes > 0``, ``actors.weight_sync: aaps``;
+resumed. The node that holds the last actor rank runs the evaluation episodes (``eval.episodes``) as that rank
+would, between two of its fragments. Refused at load (one line): ``actors.on_policy``, ``actors.weight_sync: aaps``;
 actor parking (an algorithm's actor scaling) ends the run with a one-line error when it reaches the node.
 """
 from __future__ import annotations
@@ -30,9 +31,10 @@ import numpy as np
 import torch
 
 from hpcrl.runtime.clock import Work
-from hpcrl.runtime.messages import FragmentReport
+from hpcrl.runtime.messages import Evaluation, FragmentReport
 from hpcrl.runtime.roles.actor import (ActorSettings, action_seed, groups_with_room, least_backlogged_group,
                                        wait_for_groups)
+from hpcrl.runtime.roles.evaluation import Evaluator
 from hpcrl.runtime.roles.sampler import VectorSampler
 from hpcrl.runtime.transport import control
 
@@ -59,6 +61,9 @@ class NodeActors:
         self.version = -1
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
         self.fragments = [0] * len(self.actors)
+        evaluates = settings.eval.episodes > 0 and self.plan.actors - 1 in self.actors  # the last actor evaluates
+        self.evaluator = Evaluator(settings.env, settings.eval, self.sampler) if evaluates else None
+        self.evaluated_rounds = 0
 
     def run(self) -> None:
         counters, clock, reports = self.job.counters, self.clock, self.job.reports
@@ -71,6 +76,8 @@ class NodeActors:
             words = counters.read_all()
             if words[control.STOP]:
                 break
+            if self.evaluator is not None and words[control.EVAL] > self.evaluated_rounds:
+                self._evaluate(int(words[control.EVAL]))
             if words[control.ACTIVE_ACTORS] <= self.actors[-1]:  # the node's indices ascend
                 raise RuntimeError(f"actors {self.actors[0]}..{self.actors[-1]}: actor parking (ACTIVE_ACTORS="
                                    f"{int(words[control.ACTIVE_ACTORS])}) is not simulated with "
@@ -124,6 +131,22 @@ class NodeActors:
         self.version = v
         return True
 
+    def _evaluate(self, rounds: int) -> None:
+        """The evaluation requested after ``rounds`` rounds: the last actor rank pulls the newest weights and plays
+        the evaluation episodes (as an actor rank does), then the node acts on with the version it held. Its steps
+        cost the node no virtual time: rank by rank, the node's other ranks go on sampling while the last one
+        plays, and the lockstep would otherwise hold them all (the last rank's own fragments are not delayed: the
+        one difference)."""
+        newest = np.empty_like(self.weights)
+        v = self.job.board.read_latest(newest)
+        self.model.flat.load_(newest)
+        episodes = self.evaluator.run(self.algo, self.model)
+        self.job.reports.send(Evaluation(time=self.clock.unix(), round=rounds, policy_version=v,
+                                         episodes=tuple(episodes)))
+        self.evaluated_rounds = rounds
+        if self.version >= 0:
+            self.model.flat.load_(self.weights)
+
     def _wait_for_room(self, j: int, G: int, every_group: bool) -> list[int] | None:
         rotate = self.fragments[j] + self.actors[j]
 
@@ -156,6 +179,8 @@ class NodeActors:
             link.close()
         self.job.reports.close()
         self.sampler.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
         self.job.counters.add(control.ACTORS_DONE, len(self.actors))
 
     def close_on_error(self) -> None:

@@ -100,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hpcrl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output went away (hpcrl sweep --list | head): not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error as Python flushes at exit
+        return 0
 
 
 if __name__ == "__main__":

@@ -52,6 +52,17 @@ def test_a_bad_spec_is_one_line_and_runs_nothing(tmp_path, capsys, fields, says)
     assert not out.exists()
 
 
+def test_a_config_entry_carries_its_own_overrides(tmp_path):
+    from hpcrl.sweep.spec import load_spec
+
+    spec = load_spec(write_spec(tmp_path / "spec.yaml", config=None, seeds=1, arms={"x": ["algo.lr=0.01"]},
+                                configs={"a": {"config": "cartpole.yaml", "overrides": ["algo.num_sgd_iter=3"]},
+                                         "b": "cartpole.yaml"}))
+    a, b = spec.runs
+    assert a.overrides[-3:] == ("algo.num_sgd_iter=3", "algo.lr=0.01", "env.seed=0") and b.overrides[-2:] == (
+        "algo.lr=0.01", "env.seed=0")
+
+
 def test_arms_times_grid_times_seeds_names_and_orders_the_runs(tmp_path):
     from hpcrl.sweep.spec import load_spec
 

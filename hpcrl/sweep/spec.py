@@ -3,7 +3,8 @@
 ::
 
     name: fig11                     # optional (default: the file's stem); letters, digits, '.', '_', '-'
-    config: stellaris/hopper_ppo.yaml   # one config, or ``configs: {hopper: A.yaml, walker: B.yaml}`` (or a list)
+    config: stellaris/hopper_ppo.yaml   # one config, or ``configs: {hopper: A.yaml, walker: B.yaml}`` (or a list;
+                                    # an entry may be {config: A.yaml, overrides: [...]}: that config's own)
     overrides: [launch.runner=sim, launch.profile=stellaris-hpc]   # every run
     arms:                           # name -> overrides (optional)
       sync: [aggregation.policy=sync]
@@ -16,7 +17,8 @@
 A config path is read relative to the spec's folder, else as one of the package's configs (``hpcrl/configs``). A
 spec that is not a file is looked up by name among the shipped ones (``hpcrl/sweeps/NAME.yaml``).
 Runs go config by config, seed by seed, every arm of a seed before the next seed. A run is named ``[CONFIG-]ARM-sSEED`` (the config's name only with several configs; the arm ``base`` with
-neither arms nor grid) and its overrides are, in order: the spec's, the arm's, the grid point's, ``env.seed``.
+neither arms nor grid) and its overrides are, in order: the spec's, its config's own, the arm's, the grid point's,
+``env.seed``.
 Every run's config is built and validated here (:func:`hpcrl.config.load_config`), so a bad key or value
 in any of them is one line before any run starts.
 """
@@ -91,17 +93,29 @@ def _config_path(path: Path, value: Any) -> str:
     raise _fail(path, f"config {value!r} not found (looked in {path.parent} and in the package's configs)")
 
 
-def _configs(path: Path, data: dict) -> dict[str, str]:
+def _configs(path: Path, data: dict) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Config name -> (its file, its own overrides): ``configs`` entries are a file, or ``{config: FILE,
+    overrides: [...]}`` for settings only that config takes (its batch, when the configs' algorithms differ)."""
     if ("config" in data) == ("configs" in data):
         raise _fail(path, "give exactly one of 'config' (one file) and 'configs' (a list, or name: file)")
     if "config" in data:
-        return {Path(str(data["config"])).stem: _config_path(path, data["config"])}
+        return {Path(str(data["config"])).stem: (_config_path(path, data["config"]), ())}
     configs = data["configs"]
     if isinstance(configs, list):
         configs = {Path(str(c)).stem: c for c in configs}
     if not isinstance(configs, dict) or not configs:
         raise _fail(path, f"configs: expected a non-empty list or mapping, got {configs!r}")
-    return {str(name): _config_path(path, c) for name, c in configs.items()}
+    out = {}
+    for name, entry in configs.items():
+        if isinstance(entry, dict):
+            extra = [k for k in entry if k not in ("config", "overrides")]
+            if extra or "config" not in entry:
+                raise _fail(path, f"configs.{name}: expected a file, or config: FILE and overrides: [...]")
+            out[str(name)] = (_config_path(path, entry["config"]), _overrides(path, f"configs.{name}.overrides",
+                                                                             entry.get("overrides")))
+        else:
+            out[str(name)] = (_config_path(path, entry), ())
+    return out
 
 
 def _arms(path: Path, data: dict) -> dict[str, tuple[str, ...]]:
@@ -178,12 +192,12 @@ def load_spec(path: str | Path, check_configs: bool = True) -> SweepSpec:
     seeds = _seeds(path, data.get("seeds", 1))
     runs = []
     # seed by seed, every arm of a seed before the next seed: a sweep stopped part way holds whole seeds of every arm
-    for (cname, cpath), seed, (arm, arm_o) in itertools.product(configs.items(), seeds, arms.items()):
+    for (cname, (cpath, config_o)), seed, (arm, arm_o) in itertools.product(configs.items(), seeds, arms.items()):
         run_name = "-".join([*([cname] if len(configs) > 1 else []), arm, f"s{seed}"])
         if not NAME.match(run_name):
             raise _fail(path, f"run name {run_name!r}: arms and config names may hold letters, digits, '.', '_', "
                               "'-', '=', ','")
-        overrides = (*common, *arm_o, f"env.seed={seed}")
+        overrides = (*common, *config_o, *arm_o, f"env.seed={seed}")
         if check_configs:
             try:
                 load_config(cpath, list(overrides))

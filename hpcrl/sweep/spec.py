@@ -16,11 +16,12 @@
 
 A config path is read relative to the spec's folder, else as one of the package's configs (``hpcrl/configs``). A
 spec that is not a file is looked up by name among the shipped ones (``hpcrl/sweeps/NAME.yaml``).
-Runs go config by config, seed by seed, every arm of a seed before the next seed. A run is named ``[CONFIG-]ARM-sSEED`` (the config's name only with several configs; the arm ``base`` with
-neither arms nor grid) and its overrides are, in order: the spec's, its config's own, the arm's, the grid point's,
-``env.seed``.
-Every run's config is built and validated here (:func:`hpcrl.config.load_config`), so a bad key or value
-in any of them is one line before any run starts.
+
+Runs go config by config, seed by seed, every arm of a seed before the next seed (a sweep stopped part way holds
+whole seeds of every arm). A run is named ``[CONFIG-]ARM-sSEED`` (the config's name only with several configs; the
+arm ``base`` with neither arms nor grid); its overrides are, in order: the spec's, its config's own, the arm's, the
+grid point's, ``env.seed``. Every run's config is built and validated here (:func:`hpcrl.config.load_config`), so a
+bad key or value in any of them is one line before any run starts.
 """
 from __future__ import annotations
 

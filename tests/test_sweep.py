@@ -71,6 +71,7 @@ def test_arms_times_grid_times_seeds_names_and_orders_the_runs(tmp_path):
     assert spec.runs[1].overrides[-3:] == ("aggregation.policy=sync", "algo.lr=0.5", "env.seed=3")
 
 
+@pytest.mark.slow
 def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_path, capsys):
     spec = write_spec(tmp_path / "spec.yaml", parallel=2, config=None, configs={"a": "cartpole.yaml", "b": "cartpole.yaml"},
                       overrides=FAST + ["stop.total_env_steps=600", "eval.episodes=2", "eval.every_rounds=1"])

@@ -264,18 +264,10 @@ def check_min_nodes(cfg: RunConfig, site: Site, min_nodes: int, nodes: int, per_
     check_placement(cfg, site, min_nodes * per_node, per_node)
 
 
-def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str | None = None,
-             account: str | None = None, queue: str | None = None, run_dir: str | None = None,
-             python: str | None = None, warning_seconds: int = 120, max_restarts: int = 10,
-             env_script: str | None = None, overrides: tuple[str, ...] = (), cwd: Path | None = None,
-             stamp: str | None = None, min_nodes: int | None = None) -> BatchJob:
-    """Validate the flags against the site and the config; nothing is written."""
-    if not cfg.uses_mpi:
-        raise ConfigError("launch.runner: serial runs every role in one process; a batch job starts MPI ranks "
-                          "(use -o launch.runner=mpi)")
-    ranks = cfg.num_ranks
-    nodes, per_node, cpus = layout(ranks, site, nodes)
-    join_nodes = check_joining(cfg, site, min_nodes)
+def check_batch_flags(site: Site, queue: str | None, time: str | None, account: str | None, warning_seconds: int,
+                      max_restarts: int, nodes: int, join_nodes: int = 0) -> tuple[str | None, str]:
+    """The flags every batch job takes (``hpcrl submit``, a sweep's array) against the site: (queue, walltime),
+    the site's defaults filled in; ConfigError (one line) for what the site or queue does not allow."""
     queue = check_name("--queue", queue) if queue else site.default_queue
     time = check_time("--time", time or site.default_time)
     limits = site.queues.get(queue) if queue else None
@@ -297,6 +289,22 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
                           f"({seconds(time)} s)")
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts: {max_restarts} must be 0 or more")
+    return queue, time
+
+
+def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str | None = None,
+             account: str | None = None, queue: str | None = None, run_dir: str | None = None,
+             python: str | None = None, warning_seconds: int = 120, max_restarts: int = 10,
+             env_script: str | None = None, overrides: tuple[str, ...] = (), cwd: Path | None = None,
+             stamp: str | None = None, min_nodes: int | None = None) -> BatchJob:
+    """Validate the flags against the site and the config; nothing is written."""
+    if not cfg.uses_mpi:
+        raise ConfigError("launch.runner: serial runs every role in one process; a batch job starts MPI ranks "
+                          "(use -o launch.runner=mpi)")
+    ranks = cfg.num_ranks
+    nodes, per_node, cpus = layout(ranks, site, nodes)
+    join_nodes = check_joining(cfg, site, min_nodes)
+    queue, time = check_batch_flags(site, queue, time, account, warning_seconds, max_restarts, nodes, join_nodes)
     check_placement(cfg, site, ranks, per_node)
     if min_nodes is not None:
         check_min_nodes(cfg, site, min_nodes, nodes, per_node)

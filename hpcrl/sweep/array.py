@@ -86,7 +86,7 @@ def plan_array(spec: SweepSpec, sweep_dir: Path, site: Site, *, parallel: int, t
                queue: str | None = None, account: str | None = None, warning_seconds: int = 120,
                max_restarts: int = 10, python: str | None = None, env_script: str | None = None) -> SweepArray:
     """Validate the array against the site; nothing is written."""
-    from hpcrl.submit import check_name, check_path, check_time, seconds
+    from hpcrl.submit import check_batch_flags, check_name, check_path
 
     if site.scheduler != "slurm":
         raise ConfigError(f"--site {site.name} schedules with {site.scheduler}; a sweep's job array is written for "
@@ -95,19 +95,7 @@ def plan_array(spec: SweepSpec, sweep_dir: Path, site: Site, *, parallel: int, t
     if len(spec.runs) > limit:
         raise ConfigError(f"sweep {spec.name}: {len(spec.runs)} runs, more than the {limit} tasks of {site.name}'s "
                           f"largest job array (MaxArraySize, {source}); split the spec")
-    queue = check_name("--queue", queue) if queue else site.default_queue
-    time = check_time("--time", time or site.default_time)
-    limits = site.queues.get(queue) if queue else None
-    if site.only_listed_queues and limits is None:
-        raise ConfigError(f"--queue: {site.name} has no partition {queue!r}; it has {', '.join(site.queues)}")
-    if limits is not None and seconds(time) > seconds(limits.max_time):
-        raise ConfigError(f"--time: {time} exceeds the {site.name} {queue} limit of {limits.max_time}")
-    if account:
-        check_name("--account", account)
-    elif site.account_required:
-        raise ConfigError(f"--account: {site.name} charges every job to a project; pass --account PROJECT")
-    if not 0 < warning_seconds < seconds(time):
-        raise ConfigError(f"--warning-seconds: {warning_seconds} must be between 1 and the walltime ({seconds(time)} s)")
+    queue, time = check_batch_flags(site, queue, time, account, warning_seconds, max_restarts, nodes=1)
     return SweepArray(name=check_name("name", f"sweep-{spec.name}"[:64]), spec=check_path("SPEC", spec.path),
                       sweep_dir=check_path("--out", sweep_dir), tasks=len(spec.runs), parallel=parallel,
                       ranks=run_ranks(spec, site), time=time, queue=queue, account=account,

@@ -109,6 +109,15 @@ def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_pat
     # the artifact's files, a folder per seed, named by arm (CONFIG-ARM where two configs share an env)
     assert sorted(p.name for p in (out / "analysis" / "stellaris-csv" / "s1").glob("*~info.csv")) == [
         f"{c}-{a}~CartPole-v1~ppo~info.csv" for c in "ab" for a in ("async", "sync")]
+    # --pricing marless: each arm priced as MARLess prices it, and against the reference arm's Lambda and c6a costs
+    assert cli_main(["analyze", str(out), "--no-figures", "--no-html", "--reference", "sync",
+                     "--pricing", "marless"]) == 0
+    table = (out / "analysis" / "arms.md").read_text()
+    head = next(line for line in table.splitlines() if line.startswith("| arm |")).split("|")
+    sync = next(line for line in table.splitlines() if line.startswith("| sync |")).split("|")
+    cells = dict(zip([h.strip() for h in head], [c.strip() for c in sync]))
+    assert float(cells["Lambda / ref Lambda"]) == 1.0 and float(cells["Lambda / ref c6a"]) > 0, table
+    assert float(cells["Lambda USD"].split()[0]) > 0, table
     # a run whose overrides the spec now changes is refused, not mixed into the old record
     write_spec(spec, config=None, configs={"a": "cartpole.yaml", "b": "cartpole.yaml"},
                overrides=FAST + ["stop.total_env_steps=700"])

@@ -167,7 +167,8 @@ def run_sweep(args: argparse.Namespace) -> int:
                 shutil.copyfile(f, folder / f.name)
     texts, tables = [], []
     for config, arms in groups.items():
-        table = SW.compare(arms, M.load_prices(args.prices), args.reference)
+        table = SW.compare(arms, M.load_prices(args.prices), args.reference,
+                           marless_prices=P.load_marless_prices(args.marless_prices) if args.pricing == "marless" else None)
         tables.append((config, table))
         texts.append(SW.markdown(name, table, notes if config == list(groups)[-1] else [], config))
         if not args.no_figures:

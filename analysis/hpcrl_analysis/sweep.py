@@ -24,9 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from . import metrics as M
+from . import pricing as P
 from .h5read import AnalysisError, Run, load_run
 
 SEED = re.compile(r"-s\d+$")
+MARLESS_COLUMNS = ("Lambda USD", "c6a.16xlarge USD", "Lambda / ref Lambda", "Lambda / ref c6a")
 MARKS = (0.25, 0.5, 0.75, 1.0)
 """Marks as shares of the smallest budget any run reached."""
 
@@ -165,10 +167,14 @@ def _betainc(a: float, b: float, x: float) -> float:
     return front * (f - 1.0)
 
 
-def compare(arms: dict[str, list], prices: dict, reference: str | None = None, window: int = 20) -> dict:
+def compare(arms: dict[str, list], prices: dict, reference: str | None = None, window: int = 20,
+            marless_prices: dict | None = None) -> dict:
     """The arm table: marks (env steps), and per arm its rows of numbers (see the module docstring). Scored by
     evaluation returns when every run has evaluations (an external arm has only those), else by the training
-    episodes' returns."""
+    episodes' returns. With ``marless_prices`` (``hpcrl analyze --pricing marless``) each arm is also priced as
+    MARLess prices it (pricing.marless_cost: its functions on AWS Lambda, and a c6a.16xlarge for its wall-clock),
+    and set against the reference arm: Lambda over the reference's Lambda (MARLess against MARLess without its
+    designs) and over the reference's c6a.16xlarge (against the serverful job)."""
     reference = reference if reference in arms else next(iter(arms)) if reference is None else reference
     if reference not in arms:
         raise AnalysisError(f"--reference {reference!r}: not an arm of this sweep ({', '.join(arms)})")
@@ -194,7 +200,18 @@ def compare(arms: dict[str, list], prices: dict, reference: str | None = None, w
                             ("serverful USD", [sum(v for k, v in c.items() if k.startswith("serverful_")) for c in costs])):
             v = np.asarray(values, dtype=float)
             row[key] = (float(v.mean()) if v.size else math.nan, float(v.std(ddof=1)) if v.size > 1 else math.nan)
+        if marless_prices is not None:
+            priced = [P.marless_cost(r, marless_prices) for r in runs if not isinstance(r, External)]
+            for key, part in (("Lambda USD", "serverless"), ("c6a.16xlarge USD", "serverful")):
+                v = np.asarray([c[part] for c in priced], dtype=float)
+                row[key] = (float(v.mean()) if v.size else math.nan, float(v.std(ddof=1)) if v.size > 1 else math.nan)
         rows.append(row)
+    if marless_prices is not None:
+        ref = next(r for r in rows if r["arm"] == reference)
+        for row in rows:
+            lam = row["Lambda USD"][0]
+            row["Lambda / ref Lambda"] = lam / ref["Lambda USD"][0] if ref["Lambda USD"][0] > 0 else math.nan
+            row["Lambda / ref c6a"] = lam / ref["c6a.16xlarge USD"][0] if ref["c6a.16xlarge USD"][0] > 0 else math.nan
     mixed = not by_eval and any(isinstance(r, External) for r in runs_all)
     return {"reference": reference, "marks": marks, "rows": rows, "window": window, "by_eval": by_eval,
             "mixed": mixed}
@@ -213,8 +230,9 @@ def _cell(value, digits: int = 1) -> str:
 
 def markdown(name: str, table: dict, notes: list[str], config: str = "") -> str:
     marks, ref = table["marks"], table["reference"]
+    marless = [k for k in MARLESS_COLUMNS if k in table["rows"][0]]
     head = ["arm", "runs", *[f"return at {m:,}" for m in marks], *[f"p at {m:,}" for m in marks],
-            "seconds", "serverless USD", "serverful USD"]
+            "seconds", "serverless USD", "serverful USD", *marless]
     lines = [f"# Sweep {name}{': ' + config if config else ''}: arms against {ref}", "",
              ("Return: mean +- std over seeds of each run's last evaluation (greedy episodes) at or before the mark "
               "(env steps)" if table["by_eval"] else
@@ -225,8 +243,12 @@ def markdown(name: str, table: dict, notes: list[str], config: str = "") -> str:
     for row in table["rows"]:
         cells = [row["arm"], str(row["runs"]), *[_cell(row[f"return@{m}"]) for m in marks],
                  *[_cell(row[f"p@{m}"]) for m in marks], _cell(row["seconds"]), _cell(row["serverless USD"], 4),
-                 _cell(row["serverful USD"], 4)]
+                 _cell(row["serverful USD"], 4), *[_cell(row[k], 4) for k in marless]]
         lines.append("| " + " | ".join(cells) + " |")
+    if marless:
+        lines += ["", f"MARLess' pricing (pricing.py): every function at AWS Lambda's GB-second and request prices, "
+                      f"pre-warm charged; the serverful job on c6a.16xlarge instances for the run's wall-clock. The "
+                      f"ratios set each arm's Lambda cost against {ref}'s Lambda and c6a.16xlarge costs."]
     if table.get("mixed"):
         lines += ["", "The external arms are scored by their evaluations, the sweep's runs (which have none) by their "
                       "training episodes: not the same measure."]

@@ -124,11 +124,12 @@ def test_mpi_parked_actor_ranks_block_wake_and_the_run_ends_cleanly(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_compare_runs_both_arms_for_the_same_rounds_and_prices_them(capsys):
+def test_bench_compare_runs_both_arms_for_the_same_rounds_and_prices_them(capsys, tmp_path):
     from hpcrl.bench import marless
 
     over = [*SMALL, "algo.sharing_window=3", "algo.actor_scaling_window=3", "algo.sharing_samples_per_agent=24", "algo.sharing_lanczos_steps=6"]
-    assert marless.main(["--compare", "--algos", "ippo", "--seeds", "1", "--rounds", "3", *_args(over)]) == 0
+    assert marless.main(["--compare", "--algos", "ippo", "--seeds", "1", "--rounds", "3", "--out", str(tmp_path),
+                         *_args(over)]) == 0
     lines = capsys.readouterr().out.splitlines()
     end = next(i for i, line in enumerate(lines) if line.startswith("over seeds"))
     runs = [line.split() for line in lines[:end] if line.startswith("ippo ")]

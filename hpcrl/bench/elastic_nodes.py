@@ -1,8 +1,10 @@
 """Static learner groups (or actors) against ones that join and leave, on a Slurm cluster: final return,
 wall-clock and the node-seconds the scheduler bills (issue 26 items 2 and 4).
 
-The same config, budget and seed in each arm, one job after another through ``hpcrl submit``. With
-``--role learners`` (the default):
+The same config, budget and seed in each arm, one job after another through ``hpcrl submit``. Not a sweep (as
+the seed benches are, hpcrl/bench/sweep_runs.py): a sweep's runs are ``hpcrl run``s of one node each, while each
+arm here is a batch job of its own shape (its nodes, elastic mode and joining jobs). With ``--role learners`` (the
+default):
 
 - ``static``: G learner groups of ``--ranks-per-group`` ranks, all active for the whole job
   (``learners.elastic=park``, ``min_active=G``); the job holds every group's ranks on ``--static-nodes`` nodes.

@@ -4,12 +4,16 @@ CleanRL is run as it is published: its script file, unmodified, in a Python envi
 with the versions CleanRL pins (gymnasium 0.29.1, tyro, tensorboard; ``scripts/cleanrl_env.sh``
 makes one). hpcrl runs ``hpcrl/configs/hopper.yaml`` with only the env id, the seed and the step
 budget overridden. Both train on the same env id (Hopper-v4 by default: CleanRL's gymnasium has no
-v5), one core each (``OMP_NUM_THREADS=1``), ``--jobs`` runs at a time.
+v5), one core each (``OMP_NUM_THREADS=1``), ``--jobs`` runs at a time: hpcrl's runs first, as a sweep
+(hpcrl/bench/sweep_runs.py: ``OUT/runs/hpcrl-ENV-STEPS-sSEED``, state in ``OUT/sweep.json``), then CleanRL's, each
+an external process in ``OUT/cleanrl-seedSEED``.
 
 Return at a mark M: the mean return of the last 20 episodes that ended at or before M env steps,
 for both. Welch's t-test compares the two at each mark over the seeds. Each finished run is
-appended to ``OUT/results.jsonl`` at once, so an interrupted bench loses at most the runs in
-flight; ``--out`` on an existing directory keeps its results and runs only what is missing.
+appended to ``OUT/results.jsonl`` at once (one row per side and seed: ``impl``, ``seed``, ``wall_seconds``,
+``steps``, ``returns``, and ``env``, ``budget`` and hpcrl's ``overrides``, which rows of older benches lack), so an
+interrupted bench loses at most CleanRL's runs in flight (hpcrl's go on from their checkpoints); ``--out`` on an
+existing directory keeps its results and runs only what is missing for this env, budget and overrides.
 
     hpcrl bench hopper-vs-cleanrl --cleanrl-script ppo_continuous_action.py --cleanrl-python VENV/bin/python \
         --seeds 5 [--first-seed 0] [--steps 1000000] [--env Hopper-v4] [--runner serial] [--jobs 2] \
@@ -36,6 +40,8 @@ import numpy as np
 
 from hpcrl.bench import curves
 from hpcrl.bench.curves import return_at, welch
+from hpcrl.bench.sweep_runs import run_sweep
+from hpcrl.runtime.signals import EXIT_STOPPED
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "hopper.yaml"
 CLEANRL_EPISODE = re.compile(r"global_step=(\d+), episodic_return=\[?([-+0-9.eE]+)\]?")
@@ -63,22 +69,36 @@ def run_cleanrl(args, seed: int, out: Path) -> dict:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no stderr)"]
         raise RuntimeError(f"CleanRL seed {seed} failed with exit code {done.returncode}: {tail[0]} ({work}/stderr.txt)")
     steps, returns = cleanrl_episodes(done.stdout)
-    return {"impl": "cleanrl", "seed": seed, "wall_seconds": wall, "steps": steps.tolist(), "returns": returns.tolist()}
+    return {"impl": "cleanrl", "seed": seed, "wall_seconds": wall, "steps": steps.tolist(), "returns": returns.tolist(),
+            "env": args.env, "budget": args.steps}
 
 
-def run_hpcrl(args, seed: int, out: Path) -> dict:
-    run_dir = out / f"hpcrl-seed{seed}"
-    overrides = [f"env.id={args.env}", f"env.seed={seed}", f"stop.total_env_steps={args.steps}", *args.overrides]
-    wall = curves.run_hpcrl(CONFIG, run_dir, args.runner, overrides, out / f"hpcrl-seed{seed}.log")
+def hpcrl_run(args, seed: int):
+    """hpcrl's side of one seed as a sweep run: hopper.yaml with the env id, seed and budget, then the ``-o``
+    overrides, ``io.log_seconds=60`` and the runner (the ``hpcrl run`` that curves.run_hpcrl starts)."""
+    from hpcrl.sweep.spec import SweepRun
+
+    overrides = (f"env.id={args.env}", f"env.seed={seed}", f"stop.total_env_steps={args.steps}", *args.overrides,
+                 "io.log_seconds=60", f"launch.runner={args.runner}")
+    label = f"hpcrl-{args.env}-{args.steps}"
+    return SweepRun(f"{label}-s{seed}", str(CONFIG), overrides, CONFIG.stem, label, seed)
+
+
+def hpcrl_row(args, seed: int, run_dir: Path, seconds: float) -> dict:
     steps, returns = curves.episodes(run_dir)
-    return {"impl": "hpcrl", "seed": seed, "wall_seconds": wall, "steps": steps.tolist(), "returns": returns.tolist()}
+    return {"impl": "hpcrl", "seed": seed, "wall_seconds": seconds, "steps": steps.tolist(), "returns": returns.tolist(),
+            "env": args.env, "budget": args.steps, "overrides": list(args.overrides), "run_dir": str(run_dir)}
 
 
-def load_results(path: Path) -> dict[tuple[str, int], dict]:
+def load_results(path: Path, env: str | None = None, budget: int | None = None,
+                 overrides: list[str] | None = None) -> dict[tuple[str, int], dict]:
+    """Rows by (impl, seed); with ``env``, ``budget`` and ``overrides`` only the rows made with them (a row
+    without such a field, from an older bench, counts for any)."""
     if not path.exists():
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {(r["impl"], r["seed"]): r for r in rows}
+    wanted = {k: v for k, v in (("env", env), ("budget", budget), ("overrides", overrides)) if v is not None}
+    return {(r["impl"], r["seed"]): r for r in rows if all(r.get(k, v) == v for k, v in wanted.items())}
 
 
 def report(results: dict[tuple[str, int], dict], seeds: list[int], marks: list[int]) -> bool:
@@ -131,7 +151,7 @@ def main(argv: list[str]) -> int:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="hpcrl-vs-cleanrl-"))
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "results.jsonl"
-    results = load_results(results_file)
+    results = load_results(results_file, args.env, args.steps, args.overrides)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     marks = [args.steps // 4 * k for k in (1, 2, 3)] + [args.steps]
     impls = [args.only] if args.only else ["cleanrl", "hpcrl"]
@@ -139,21 +159,34 @@ def main(argv: list[str]) -> int:
     print(f"hopper-vs-cleanrl: {len(todo)} runs of {args.steps:,} env steps on {args.env} ({args.jobs} at a time), "
           f"results in {results_file}", flush=True)
 
-    def one(task: tuple[str, int]) -> None:
-        impl, seed = task
-        try:
-            row = (run_cleanrl if impl == "cleanrl" else run_hpcrl)(args, seed, out)
-        except RuntimeError as exc:
-            print(f"  {exc}", file=sys.stderr, flush=True)
-            return
+    def finished(row: dict) -> None:
         with results_file.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        results[task] = row
+        results[(row["impl"], row["seed"])] = row
         final = return_at(np.asarray(row["steps"]), np.asarray(row["returns"]), args.steps)
-        print(f"  {impl} seed {seed}: {final:.0f} at {args.steps:,} steps, {row['wall_seconds']:.0f} s", flush=True)
+        print(f"  {row['impl']} seed {row['seed']}: {final:.0f} at {args.steps:,} steps, {row['wall_seconds']:.0f} s",
+              flush=True)
+
+    ours = {s: hpcrl_run(args, s) for impl, s in todo if impl == "hpcrl"}
+    entries = run_sweep("hopper-vs-cleanrl", out, list(ours.values()), args.jobs)
+    for seed, run in ours.items():
+        entry = entries[run.name]
+        if entry["status"] == "done":
+            finished(hpcrl_row(args, seed, out / "runs" / run.name, entry["seconds"]))
+        else:
+            print(f"  hpcrl seed {seed}: {entry['status']} {entry.get('message', '')}", file=sys.stderr, flush=True)
+    if any(entries[run.name]["status"] == "stopped" for run in ours.values()):
+        print(f"stopped: CleanRL's runs not started; run again with --out {out}", file=sys.stderr)
+        return EXIT_STOPPED
+
+    def one(seed: int) -> None:
+        try:
+            finished(run_cleanrl(args, seed, out))
+        except RuntimeError as exc:
+            print(f"  {exc}", file=sys.stderr, flush=True)
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        list(pool.map(one, todo))
+        list(pool.map(one, [s for impl, s in todo if impl == "cleanrl"]))
     report(results, seeds, marks)
     missing = [t for t in ((i, s) for s in seeds for i in impls) if t not in results]
     return 1 if missing else 0

@@ -118,6 +118,7 @@ def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_pat
     cells = dict(zip([h.strip() for h in head], [c.strip() for c in sync]))
     assert float(cells["Lambda / ref Lambda"]) == 1.0 and float(cells["Lambda / ref c6a"]) > 0, table
     assert float(cells["Lambda USD"].split()[0]) > 0, table
+    assert next(v for k, v in cells.items() if k.startswith("in sync's range at")) == "2/2", table  # the reference's seeds lie within their own range
     # a run whose overrides the spec now changes is refused, not mixed into the old record
     write_spec(spec, config=None, configs={"a": "cartpole.yaml", "b": "cartpole.yaml"},
                overrides=FAST + ["stop.total_env_steps=700"])

@@ -195,6 +195,10 @@ def compare(arms: dict[str, list], prices: dict, reference: str | None = None, w
             v = np.asarray([x for x in values if math.isfinite(x)])
             row[f"return@{m}"] = (float(v.mean()) if v.size else math.nan, float(v.std(ddof=1)) if v.size > 1 else math.nan)
             row[f"p@{m}"] = math.nan if arm == reference else welch_p(values, ref)
+        # at the last mark: how many of this arm's runs fall within the reference arm's seeds' range (min..max)
+        last, ref_last = [x for x in at[arm][-1] if math.isfinite(x)], [x for x in at[reference][-1] if math.isfinite(x)]
+        inside = sum(min(ref_last) <= x <= max(ref_last) for x in last) if ref_last else 0
+        row["in ref range"] = f"{inside}/{len(last)}"
         for key, values in (("seconds", [seconds(r) for r in runs]),
                             ("serverless USD", [sum(v for k, v in c.items() if k.startswith("serverless_")) for c in costs]),
                             ("serverful USD", [sum(v for k, v in c.items() if k.startswith("serverful_")) for c in costs])):
@@ -232,17 +236,18 @@ def markdown(name: str, table: dict, notes: list[str], config: str = "") -> str:
     marks, ref = table["marks"], table["reference"]
     marless = [k for k in MARLESS_COLUMNS if k in table["rows"][0]]
     head = ["arm", "runs", *[f"return at {m:,}" for m in marks], *[f"p at {m:,}" for m in marks],
-            "seconds", "serverless USD", "serverful USD", *marless]
+            f"in {ref}'s range at {marks[-1]:,}", "seconds", "serverless USD", "serverful USD", *marless]
     lines = [f"# Sweep {name}{': ' + config if config else ''}: arms against {ref}", "",
              ("Return: mean +- std over seeds of each run's last evaluation (greedy episodes) at or before the mark "
               "(env steps)" if table["by_eval"] else
               f"Return: mean +- std over seeds of each run's last {table['window']} episodes at or before the mark "
-              "(env steps)") + f"; p: Welch's t-test against {ref} at the mark; seconds: the run's (virtual, if "
+              "(env steps)") + f"; p: Welch's t-test against {ref} at the mark; in range: the arm's runs whose return at the last "
+             f"mark lies within {ref}'s seeds' (min to max); seconds: the run's (virtual, if "
              "simulated); cost: the run's rank-seconds at the price table's rates (none for an external run).", "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in table["rows"]:
         cells = [row["arm"], str(row["runs"]), *[_cell(row[f"return@{m}"]) for m in marks],
-                 *[_cell(row[f"p@{m}"]) for m in marks], _cell(row["seconds"]), _cell(row["serverless USD"], 4),
+                 *[_cell(row[f"p@{m}"]) for m in marks], row["in ref range"], _cell(row["seconds"]), _cell(row["serverless USD"], 4),
                  _cell(row["serverful USD"], 4), *[_cell(row[k], 4) for k in marless]]
         lines.append("| " + " | ".join(cells) + " |")
     if marless:

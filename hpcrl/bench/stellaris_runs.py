@@ -165,8 +165,7 @@ class Bench:
         """Run what is missing (``jobs`` at a time, seed by seed so machine load hits every setting alike) as a
         sweep (``hpcrl sweep``'s runner: a run stopped or killed goes on from its checkpoint), appending each
         finished run's row to results.jsonl; returns every row of this budget."""
-        from hpcrl.sweep.local import run_local
-        from hpcrl.sweep.state import SweepState
+        from hpcrl.bench.sweep_runs import run_sweep
 
         self.out.mkdir(parents=True, exist_ok=True)
         results = self.load()
@@ -175,9 +174,7 @@ class Bench:
               f"to go ({jobs} at a time), results in {self.results_file}", flush=True)
         if not todo:
             return results
-        spec = self.sweep(todo, jobs)
-        run_local(spec, self.out, jobs, say=lambda line: print(f"  {line}", flush=True))
-        state = SweepState(self.out).read()["runs"]
+        state = run_sweep(self.name, self.out, list(self.sweep(todo, jobs).runs), jobs)
         for setting, seed in todo:
             entry = state[self.run_name(setting, seed)]
             if entry["status"] != "done":

@@ -397,16 +397,24 @@ def parse_job_id(scheduler: str, output: str) -> str:
     return m[1]
 
 
-def submit(job: BatchJob) -> str:
-    cmd = submit_command(job)
+def run_submit(cmd: list[str], scheduler: str, cwd: str, what: str = "the job") -> str:
+    """Run a submit command (sbatch --parsable / qsub) in ``cwd``; the job id it printed. A missing command or a
+    refusal is one ConfigError line with the scheduler's last line."""
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=job.job_dir)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=cwd)
     except FileNotFoundError:
-        raise ConfigError(f"--site {job.site.name}: {cmd[0]!r} not found; submit from a login node of the site, "
-                          "or use --dry-run to see the script") from None
+        raise ConfigError(f"{cmd[0]!r} not found; submit from a login node of the site, or use --dry-run to see "
+                          "the script") from None
     if out.returncode != 0:
         msg = (out.stderr or out.stdout).strip().splitlines()
-        raise ConfigError(f"{cmd[0]} refused the job: {msg[-1] if msg else 'exit code ' + str(out.returncode)}")
-    job_id = parse_job_id(job.site.scheduler, out.stdout)
+        raise ConfigError(f"{cmd[0]} refused {what}: {msg[-1] if msg else 'exit code ' + str(out.returncode)}")
+    return parse_job_id(scheduler, out.stdout)
+
+
+def submit(job: BatchJob) -> str:
+    try:
+        job_id = run_submit(submit_command(job), job.site.scheduler, job.job_dir)
+    except ConfigError as exc:
+        raise ConfigError(f"--site {job.site.name}: {exc}") from None
     (Path(job.job_dir) / "job_id").write_text(job_id + "\n")
     return job_id

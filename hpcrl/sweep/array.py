@@ -112,17 +112,9 @@ def render_array(array: SweepArray, site: Site) -> str:
 
 def submit_array(array: SweepArray, script: str) -> str:
     """Write the script into the sweep's directory and sbatch it; the array's job id."""
-    from hpcrl.submit import parse_job_id
+    from hpcrl.submit import run_submit
 
     path = Path(array.script_path)
     path.write_text(script)
     path.chmod(0o750)
-    try:
-        out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60,
-                             cwd=array.sweep_dir)
-    except FileNotFoundError:
-        raise ConfigError("sbatch not found; submit from a login node of the site, or use --dry-run") from None
-    if out.returncode != 0:
-        msg = (out.stderr or out.stdout).strip().splitlines()
-        raise ConfigError(f"sbatch refused the array: {msg[-1] if msg else 'exit code ' + str(out.returncode)}")
-    return parse_job_id("slurm", out.stdout)
+    return run_submit(["sbatch", "--parsable", str(path)], "slurm", array.sweep_dir, "the array")

@@ -244,9 +244,38 @@ class IOConfig(Section):
     """HDF5 dataset compression filter."""
     log_seconds: float = Field(10.0, gt=0)
     """Interval of progress lines when stdout is not a terminal."""
-    tensorboard: bool = True
-    """Live scalars: the parameter rank writes TensorBoard event files to RUN_DIR/tensorboard/ (one event per
-    round, x = env steps; `tensorboard --logdir RUN_DIR/tensorboard`); false: none."""
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["tensorboard"])
+    """Trackers the parameter rank (or the fused loop) sends the live scalars to, the same scalars to each, x = env
+    steps (docs/runtime.md): tensorboard (event files in RUN_DIR/tensorboard/), wandb (a W&B run in RUN_DIR/wandb/,
+    offline unless WANDB_MODE is set), mlflow (a run in the file store RUN_DIR/mlruns/ unless MLFLOW_TRACKING_URI is
+    set; experiment: the config's name); []: none. wandb and mlflow need `pip install 'hpcrl[trackers]'`."""
+    tensorboard: bool = Field(True, exclude=True)
+    """The older switch for tensorboard in io.loggers: false removes it, true adds it; as loaded, whether io.loggers
+    holds tensorboard (config.yaml keeps io.loggers alone)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_switch(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        loggers = data.get("loggers", ["tensorboard"])
+        loggers = [loggers] if isinstance(loggers, str) else loggers  # io.loggers=wandb on the command line
+        switch = data.get("tensorboard")
+        if not isinstance(loggers, list) or not isinstance(switch, (bool, type(None))):
+            return data  # the fields' checks name the bad value
+        if switch is False:
+            loggers = [name for name in loggers if name != "tensorboard"]
+        elif switch is True and "tensorboard" not in loggers:
+            loggers = [*loggers, "tensorboard"]
+        return {**data, "loggers": loggers, "tensorboard": "tensorboard" in loggers}
+
+    @field_validator("loggers")
+    @classmethod
+    def _each_logger_once(cls, v: list[str]) -> list[str]:
+        twice = [name for i, name in enumerate(v) if name in v[:i]]
+        if twice:
+            raise ValueError(f"{twice[0]} appears twice")
+        return v
 
 
 class ContainerConfig(Section):

@@ -13,7 +13,7 @@ from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.runtime.topology import one_process_rank_map
 
-IO = SimpleNamespace(compression="gzip", flush_seconds=5.0, tensorboard=False)
+IO = SimpleNamespace(compression="gzip", flush_seconds=5.0, loggers=[])
 STOP = SimpleNamespace(total_env_steps=10**6, target_return=None, return_window=3, max_wall_seconds=None,
                        max_rounds=None)
 

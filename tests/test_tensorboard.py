@@ -2,7 +2,6 @@
 EventAccumulator; the progress line's stop-rule heading and ETA."""
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,9 +14,9 @@ from hpcrl.io import read_table
 from hpcrl.runtime.messages import EvalEpisode, Evaluation
 from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.record import scalars
+from hpcrl.runtime.record.loggers import TENSORBOARD_DIR, TensorBoardLogger
 from hpcrl.runtime.record.progress import format_line
 from hpcrl.runtime.record.run_record import RunRecord
-from hpcrl.runtime.record.scalars import TENSORBOARD_DIR
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.runtime.runners import serial
 from hpcrl.runtime.topology import one_process_rank_map
@@ -40,7 +39,7 @@ def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def record(run_dir: Path, tensorboard: bool = True) -> RunRecord:
-    io = SimpleNamespace(compression="gzip", flush_seconds=5.0, tensorboard=tensorboard)
+    io = SimpleNamespace(compression="gzip", flush_seconds=5.0, loggers=["tensorboard"] if tensorboard else [])
     return RunRecord.create(run_dir, io, "name: t\n", one_process_rank_map(), StopRule(STOP),
                             {"runner": "serial", "fused": True})
 
@@ -75,8 +74,8 @@ def test_rounds_within_half_a_second_are_one_event_over_all_their_numbers(tmp_pa
     assert got["throughput/env_steps_per_second"][0][1] == pytest.approx(steps_per_second, rel=1e-5)
 
 
-def test_a_round_without_episodes_leaves_its_returns_out_and_io_tensorboard_false_writes_no_folder(tmp_path,
-                                                                                                    monkeypatch):
+def test_a_round_without_episodes_leaves_its_returns_out_and_no_tensorboard_logger_writes_no_folder(tmp_path,
+                                                                                                     monkeypatch):
     monkeypatch.setattr(scalars, "WRITE_SECONDS", 0.0)  # every round its own event
     rec = record(tmp_path / "on")
     window(rec, 0, [1.0], [], 0)
@@ -93,12 +92,12 @@ def test_a_round_without_episodes_leaves_its_returns_out_and_io_tensorboard_fals
 def test_a_resumed_run_starts_a_new_event_file_that_drops_the_points_past_its_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(scalars, "WRITE_SECONDS", 0.0)
     folder = tmp_path / TENSORBOARD_DIR
-    first = scalars.Scalars(folder, 5.0)
+    first = TensorBoardLogger(folder, 5.0)
     for step in (100, 200, 300):  # the checkpoint was at 150; 200 and 300 are redone by the resumed job
-        first.add(step, {"train/loss": step / 100})
+        first.scalars(step, {"train/loss": step / 100})
     first.close()
-    resumed = scalars.Scalars(folder, 5.0, resume_step=150)
-    resumed.add(250, {"train/loss": 9.0, "episode/return_mean": math.nan})  # NaN: left out
+    resumed = TensorBoardLogger(folder, 5.0, resume_step=150)
+    resumed.scalars(250, {"train/loss": 9.0})
     resumed.close()
     assert len(list(folder.iterdir())) == 2
     assert read_scalars(folder) == {"train/loss": [(100, 1.0), (250, 9.0)]}
@@ -120,7 +119,7 @@ def test_a_serial_run_writes_scalars_tensorboard_reads_back(tmp_path):
     run_dir = tmp_path / "run"
     cfg = build_config(tiny(run_dir, stop={"total_env_steps": 1500, "target_return": 400}))
     result = serial.run(make_plan(cfg), run_dir, progress="plain")
-    assert cfg.io.tensorboard and result.stop_reason.startswith("stop.total_env_steps")
+    assert cfg.io.loggers == ["tensorboard"] and result.stop_reason.startswith("stop.total_env_steps")
     got = read_scalars(run_dir / TENSORBOARD_DIR)
     for tag in ("episode/return_mean", "episode/length_mean", "throughput/env_steps_per_second", "train/loss",
                 "train/kl", "staleness/mean", "gradients/admitted", "gradients/queued", "learners/active_groups",

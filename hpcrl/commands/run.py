@@ -3,8 +3,9 @@
 Without ``--inside-mpi`` this process is the launcher: it resolves and validates the whole
 config and makes its :class:`~hpcrl.runtime.plan.Plan` (nothing is written when anything is
 wrong), creates the run directory with the resolved ``config.yaml``, prints one line saying
-which runner runs the job (``plan.runner_reason``), one saying where the live scalars go
-(``tensorboard --logdir RUN_DIR/tensorboard``, with ``io.tensorboard``) and calls that runner once
+which runner runs the job (``plan.runner_reason``), one per logger of ``io.loggers`` saying where the live
+scalars go (``tensorboard --logdir RUN_DIR/tensorboard``; a tracker whose package is missing is refused before
+anything starts) and calls that runner once
 (:mod:`hpcrl.runtime.runners`: ``run(plan, run_dir, resume, progress) -> RunResult``):
 
 - ``mpi`` (:mod:`~hpcrl.runtime.runners.mpiexec`): ``mpiexec`` with the right number of ranks,
@@ -31,7 +32,7 @@ from hpcrl.config import RunConfig, load_config
 from hpcrl.errors import ConfigError
 from hpcrl.io.run_lock import RunLock
 from hpcrl.runtime.plan import Plan, make_plan
-from hpcrl.runtime.record.scalars import TENSORBOARD_DIR
+from hpcrl.runtime.record.loggers import describe, missing_package
 from hpcrl.runtime.runners import RunResult, runner
 from hpcrl.runtime.runners.prestart import PrestartServer
 from hpcrl.runtime.runners.startup import process_start_unix, record_startup
@@ -87,12 +88,15 @@ def resolve_plan(args: argparse.Namespace, ranks_from: str = "--ranks") -> tuple
         plan = make_plan(cfg)
     if run_dir is not None:
         check_resume_changes(load_config(run_dir / CONFIG_FILE), cfg)
+    if (why := missing_package(cfg.io.loggers)) is not None:
+        raise ConfigError(why)
     validate(plan)
     return plan, run_dir
 
 
 RESUMABLE = ("stop.", "io.flush_seconds", "io.checkpoint_every", "io.checkpoint_min_seconds", "io.log_seconds",
-             "launch.", "eval.", "debug.", "actors.count", "learners.elastic_headroom", "learners.elastic_seconds")
+             "io.loggers", "launch.", "eval.", "debug.", "actors.count", "learners.elastic_headroom",
+             "learners.elastic_seconds")
 """Settings a resumed run may change; every other one is part of the state the checkpoint holds."""
 
 
@@ -219,8 +223,8 @@ def main(args: argparse.Namespace) -> int:
         if run_dir is None:
             run_dir = create_run_dir(plan)
         verbosity.say(f"hpcrl run: {plan.runner_reason}, run directory {run_dir}", flush=True)
-        if cfg.io.tensorboard:
-            verbosity.say(f"hpcrl run: {live_scalars_line(run_dir)}", flush=True)
+        for logger in cfg.io.loggers:
+            verbosity.say(f"hpcrl run: live scalars: {describe(logger, run_dir, cfg.name)}", flush=True)
         if verbosity.level() >= verbosity.VERBOSE:
             for line in plan_lines(plan, run_dir if args.resume else None):
                 print(f"hpcrl run: {line}", flush=True)
@@ -259,15 +263,6 @@ def plan_lines(plan: Plan, resume_dir: Path | None) -> list[str]:
         lines.append(f"resuming from {checkpoint_path(resume_dir)}: version {state.get('version')}, "
                      f"{state.get('env_steps')} env steps, {state.get('wall_seconds', 0.0):.1f} s so far")
     return lines
-
-
-def live_scalars_line(run_dir: Path) -> str:
-    """Where the parameter rank writes the live scalars (hpcrl.runtime.record.scalars), or why it cannot."""
-    from importlib.util import find_spec
-
-    if find_spec("tensorboard") is None:
-        return "no live scalars: the tensorboard package is not installed (pip install tensorboard)"
-    return f"live scalars: tensorboard --logdir {run_dir / TENSORBOARD_DIR}"
 
 
 def progress_mode() -> str:

@@ -22,9 +22,9 @@ happened and the record writes the rows; it knows no MPI, no admission rule and 
     load(clock)                        a parameter_load row (where rank 0's time went)
     stats(...), summary(...)           the progress line's numbers and the closing summary
 
-With ``io.tensorboard`` each round's numbers, the load numbers and each evaluation also go to the
-run's live scalars (:mod:`hpcrl.runtime.record.scalars`: TensorBoard events of merged rounds at most
-every half second, x = env steps), never one per gradient.
+With ``io.loggers`` each round's numbers, the load numbers and each evaluation also go to the
+run's live scalars (:mod:`hpcrl.runtime.record.scalars`: TensorBoard, W&B or MLflow events of merged
+rounds at most every half second, x = env steps), never one per gradient.
 
 Frequent rows (gradients, updates, actors, episodes) go through a :class:`RowBuffer`, appended a
 table at a time; rows from other ranks carry Unix times and are stored from the run's start.
@@ -73,19 +73,20 @@ class RunRecord:
 
     @classmethod
     def create(cls, run_dir: Path, io, config_yaml: str, rank_map: Mapping[str, Sequence], stop_rule: StopRule,
-               attrs: Mapping[str, Any], traj_layout=None, num_actors: int | None = None, clock: Clock = WALL
-               ) -> "RunRecord":
+               attrs: Mapping[str, Any], traj_layout=None, num_actors: int | None = None, clock: Clock = WALL,
+               name: str = "run") -> "RunRecord":
         """A new ``run_dir/run.h5`` (``io``: the config's io section; ``attrs``: file attributes such as the runner;
-        ``clock``: the parameter rank's, whose times the tables hold)."""
+        ``clock``: the parameter rank's, whose times the tables hold; ``name``: the config's, the live scalars'
+        W&B project and MLflow experiment)."""
         run_file = RunFile.create(Path(run_dir) / RUN_FILE, config_yaml, rank_map, io.compression,
                                   traj_layout=traj_layout, num_actors=num_actors, flush_seconds=io.flush_seconds,
                                   attrs=attrs, unix=clock.unix)
-        return cls(run_file, stop_rule, scalars=open_scalars(run_dir, io, clock=clock))._started()
+        return cls(run_file, stop_rule, scalars=open_scalars(run_dir, io, name, clock=clock))._started()
 
     @classmethod
     def reopen(cls, run_dir: Path, io, rank_map: Mapping[str, Sequence], stop_rule: StopRule, note: Mapping[str, Any],
                counts: Mapping[str, int], traj_layout=None, num_actors: int | None = None,
-               env_steps: int = 0, clock: Clock = WALL) -> "RunRecord":
+               env_steps: int = 0, clock: Clock = WALL, name: str = "run") -> "RunRecord":
         """``run_dir/run.h5`` reopened to resume (``note``: what the resume cut back, kept as JSON in the file;
         ``counts``: the checkpoint's episodes, updates, gradients and admitted; ``env_steps``: its env steps,
         where the live scalars go on)."""
@@ -93,7 +94,7 @@ class RunRecord:
                                        rank_map=rank_map, traj_layout=traj_layout, num_actors=num_actors,
                                        unix=clock.unix)
         return cls(run_file, stop_rule, **counts,
-                   scalars=open_scalars(run_dir, io, resume_step=env_steps, clock=clock))._started()
+                   scalars=open_scalars(run_dir, io, name, resume_step=env_steps, clock=clock))._started()
 
     def _started(self) -> "RunRecord":
         """The allocations row of this start, when it runs inside a batch job."""

@@ -1,4 +1,4 @@
-"""Live scalars: TensorBoard event files in ``RUN_DIR/tensorboard/``, written as the run goes.
+"""Live scalars: what a run's trackers (``io.loggers``: TensorBoard by default, W&B, MLflow) are sent as it goes.
 
 The :class:`~hpcrl.runtime.record.run_record.RunRecord` hands its :class:`LiveScalars` each ended
 round (its rounds row and the numbers it kept), the parameter rank's newest load numbers and each
@@ -6,7 +6,8 @@ evaluation; the x axis is env steps (those the learners consumed, the rounds tab
 ``env_steps_total``). Rounds are merged until :data:`WRITE_SECONDS` have passed since the last
 write, so a run of a hundred rounds a second writes two events a second, and a run of one round
 a minute one a minute; :meth:`LiveScalars.flush` (before a checkpoint) and :meth:`LiveScalars.close`
-write what is left. Tags (NaN values, e.g. of a merge without episodes, are left out):
+write what is left. Each write goes to every logger (:mod:`hpcrl.runtime.record.loggers`) with the
+same tags and values (NaN values, e.g. of a merge without episodes, are left out):
 
     episode/return_mean, return_min, return_max, length_mean, count   the merged rounds' episodes
     episode/return_window              the stop rule's mean return (what stop.target_return is compared with)
@@ -18,20 +19,14 @@ write what is left. Tags (NaN values, e.g. of a merge without episodes, are left
     parameter/absorption_rate, arrival_rate, busy_fraction      the roles only, not the fused loop
     eval/return_mean, eval/length_mean  each evaluation, at the env steps of the round end that asked for it
 
-One write is one TensorBoard ``Event`` holding every value as a ``Summary.Value`` (what
-``torch.utils.tensorboard.SummaryWriter.add_scalar`` writes, one per event), queued for tensorboard's
-``EventFileWriter``, whose own thread frames it and flushes the file every ``io.flush_seconds``.
-Measured (CPU seconds of the loop's thread, 2 shared cores): a write of 35 tags merging 25 rounds
-of 20 gradients costs the loop about 0.7 ms (0.13 ms of it building and queueing the event), the
-writer thread about 0.4 ms more (tensorboard's pure-Python CRC-32C of the event's ~700 bytes): at
-two writes a second, under 0.3% of a core. Between writes a round costs a list append.
+Measured (CPU seconds of the loop's thread, 2 shared cores): a TensorBoard write of 35 tags merging
+25 rounds of 20 gradients costs the loop about 0.7 ms (0.13 ms of it building and queueing the
+event), tensorboard's writer thread about 0.4 ms more (its pure-Python CRC-32C of the event's ~700
+bytes): at two writes a second, under 0.3% of a core. Between writes a round costs a list append.
+The other loggers' costs are in :mod:`hpcrl.runtime.record.loggers`.
 
-``tensorboard`` is imported when the first :class:`Scalars` is made, on the parameter rank only
-(about 0.15 s); no other rank imports it.
-
-Resume: the resumed job writes a new event file in the same folder that starts with a
-``SessionLog.START`` event one step past the checkpoint's env steps, so TensorBoard drops the
-earlier file's points that the resumed run redoes.
+The trackers are imported when the loggers are opened, on the parameter rank only (tensorboard about
+0.15 s); no other rank imports one.
 """
 from __future__ import annotations
 
@@ -44,9 +39,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from hpcrl.runtime.clock import WALL, Clock
-
-TENSORBOARD_DIR = "tensorboard"
-"""The event files' folder in the run directory (``tensorboard --logdir RUN_DIR/tensorboard``)."""
+from hpcrl.runtime.record.loggers import Logger, open_loggers
 
 WRITE_SECONDS = 0.5
 """Least seconds (of the run's clock) between two round events (rounds in between are merged into the next)."""
@@ -55,48 +48,13 @@ TRAIN_STATS = ("loss", "policy_loss", "value_loss", "entropy", "kl")
 """The learners' gradient stats (transport.control.GRAD_STATS) written as ``train/<name>``."""
 
 
-class Scalars:
-    """One event file; :meth:`add` queues an event, tensorboard's writer thread writes it."""
-
-    def __init__(self, folder: Path, flush_seconds: float, resume_step: int | None = None, clock: Clock = WALL) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-        self._event, self.clock = Event, clock
-        self.folder = Path(folder)
-        self._writer = EventFileWriter(str(self.folder), max_queue_size=64, flush_secs=flush_seconds)
-        if resume_step is not None:
-            self._writer.add_event(Event(wall_time=clock.unix(), step=int(resume_step) + 1,
-                                         session_log=SessionLog(status=SessionLog.START)))
-        self.writes, self.seconds = 0, 0.0  # what add cost the caller
-
-    def add(self, step: int, values: Mapping[str, float]) -> None:
-        """One event at env step ``step`` holding each finite value of ``values`` under its tag."""
-        t = time.perf_counter()  # real seconds: what writing costs this process
-        event = self._event(wall_time=self.clock.unix(), step=int(step))
-        add = event.summary.value.add  # in place: Summary(value=[Summary.Value(...)]) copies, 2.5x the time
-        for tag, v in values.items():
-            if v is not None and math.isfinite(v):
-                add(tag=tag, simple_value=v)
-        if event.summary.value:
-            self._writer.add_event(event)
-        self.writes += 1
-        self.seconds += time.perf_counter() - t
-
-    def flush(self) -> None:
-        """Everything queued so far on disk (waits for the writer thread)."""
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.close()
-
-
 class LiveScalars:
-    """What a run's :class:`Scalars` are given and when: merged rounds, load numbers, evaluations."""
+    """What a run's loggers are given and when: merged rounds, load numbers, evaluations."""
 
-    def __init__(self, scalars: Scalars, env_steps: int = 0) -> None:
-        self.scalars = scalars
-        self.clock = scalars.clock
+    def __init__(self, loggers: Sequence[Logger], env_steps: int = 0, clock: Clock = WALL) -> None:
+        self.loggers = list(loggers)
+        self.clock = clock
+        self.writes, self.seconds = 0, 0.0  # what the writes cost the caller
         self.step = env_steps  # env steps at the last round's end
         self.rounds: list[tuple[dict, dict]] = []  # (rounds row, kept numbers) not yet written
         self.queued, self.window_return = 0, math.nan  # of the newest kept round
@@ -118,13 +76,13 @@ class LiveScalars:
 
     def evaluation(self, episodes: Sequence[Mapping[str, Any]]) -> None:
         if episodes:
-            self.scalars.add(self.step, {"eval/return_mean": float(np.mean([ep["return"] for ep in episodes])),
-                                         "eval/length_mean": float(np.mean([ep["length"] for ep in episodes]))})
+            self._send(self.step, {"eval/return_mean": float(np.mean([ep["return"] for ep in episodes])),
+                                   "eval/length_mean": float(np.mean([ep["length"] for ep in episodes]))})
 
     def write(self) -> None:
         """The rounds kept since the last write as one event (nothing without any)."""
         if self.rounds:
-            self.scalars.add(self.step, self.merged())
+            self._send(self.step, self.merged())
             self.rounds, self.load_now = [], {}
         self.written_at = self.clock.now()
 
@@ -168,13 +126,32 @@ class LiveScalars:
         stats = [s for _, kept in self.rounds for s in kept["grad_stats"]]
         return {name: np.fromiter((s.get(name, math.nan) for s in stats), float, len(stats)) for name in TRAIN_STATS}
 
+    def _send(self, step: int, values: Mapping[str, float]) -> None:
+        """The finite values at env step ``step`` to every logger (nothing without any). A logger that fails is
+        dropped after one line on stderr: the run goes on, run.h5 holds every number."""
+        t = time.perf_counter()  # real seconds: what writing costs this process
+        finite = {tag: float(v) for tag, v in values.items() if v is not None and math.isfinite(v)}
+        if finite:
+            self._each("scalars", step, finite)
+        self.writes += 1
+        self.seconds += time.perf_counter() - t
+
+    def _each(self, method: str, *args) -> None:
+        for logger in list(self.loggers):
+            try:
+                getattr(logger, method)(*args)
+            except Exception as exc:  # a tracker's own error (a full disk, a server gone): not the run's end
+                self.loggers.remove(logger)
+                print(f"hpcrl: io.loggers: {type(logger).__name__}.{method} failed ({type(exc).__name__}: {exc}); "
+                      "no more live scalars to it", file=sys.stderr, flush=True)
+
     def flush(self) -> None:
         self.write()
-        self.scalars.flush()
+        self._each("flush")
 
     def close(self) -> None:
         self.write()
-        self.scalars.close()
+        self._each("close")
 
 
 def _mean(values: np.ndarray) -> float:
@@ -183,15 +160,9 @@ def _mean(values: np.ndarray) -> float:
     return float(finite.mean()) if finite.size else math.nan
 
 
-def open_scalars(run_dir: Path, io, resume_step: int | None = None, clock: Clock = WALL) -> LiveScalars | None:
-    """The run's :class:`LiveScalars` (``io``: the config's io section), or None with ``io.tensorboard`` false
-    or, after one line on stderr, without the tensorboard package (the run goes on without live scalars)."""
-    if not io.tensorboard:
-        return None
-    try:
-        scalars = Scalars(Path(run_dir) / TENSORBOARD_DIR, io.flush_seconds, resume_step, clock)
-    except ImportError as exc:
-        print(f"hpcrl: io.tensorboard: no live scalars ({exc}; pip install tensorboard, "
-              "or set io.tensorboard=false)", file=sys.stderr, flush=True)
-        return None
-    return LiveScalars(scalars, resume_step or 0)
+def open_scalars(run_dir: Path, io, name: str = "run", resume_step: int | None = None, clock: Clock = WALL
+                 ) -> LiveScalars | None:
+    """The run's :class:`LiveScalars` (``io``: the config's io section; ``name``: the config's name, the W&B
+    project and MLflow experiment), or None when no logger is named or none could start."""
+    loggers = open_loggers(run_dir, io, name, resume_step, clock)
+    return LiveScalars(loggers, resume_step or 0, clock) if loggers else None

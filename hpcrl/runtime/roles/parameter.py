@@ -92,6 +92,8 @@ class ParameterSettings:
     debug: DebugConfig
     config_yaml: str
     """The resolved config (run.h5 keeps it)."""
+    name: str = "run"
+    """The config's name (the live scalars' W&B project and MLflow experiment)."""
 
 
 class ParameterRank:
@@ -160,7 +162,7 @@ class ParameterRank:
         if not job.resume:
             return RunRecord.create(job.run_dir, io, self.settings.config_yaml, job.topo.rank_map(), self.stop_rule,
                                     {"runner": job.runner, "num_params": self.flat.num_params}, **files,
-                                    clock=job.clock)
+                                    clock=job.clock, name=self.settings.name)
         state = load_checkpoint(job.run_dir)
         if state is None:
             raise RuntimeError(f"--resume: no checkpoint in {job.run_dir}")
@@ -168,7 +170,7 @@ class ParameterRank:
         return RunRecord.reopen(job.run_dir, io, job.topo.rank_map(), self.stop_rule,
                                 {"discarded": job.rolled_back, "version": self.version},
                                 {k: state[k] for k in ("episodes", "updates", "gradients", "admitted")}, **files,
-                                env_steps=self.consumed, clock=job.clock)
+                                env_steps=self.consumed, clock=job.clock, name=self.settings.name)
 
     def _weight_fetch_rows(self) -> dict:
         """The board's fetch counts per version (rows of a version once it is old enough that no late count can

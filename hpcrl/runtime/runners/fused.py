@@ -228,7 +228,7 @@ def _open(cfg: Sections, run_dir: Path, loop: FusedLoop, resume: bool) -> tuple[
         if not (run_dir / "config.yaml").is_file():
             (run_dir / "config.yaml").write_text(cfg.yaml)
         return RunRecord.create(run_dir, cfg.io, cfg.yaml, one_process_rank_map(), StopRule(cfg.stop),
-                                attrs={"runner": "serial", "fused": True}), None
+                                attrs={"runner": "serial", "fused": True}, name=cfg.name), None
     from hpcrl.runtime.runners.job import roll_back_record
 
     state = load_checkpoint(run_dir)
@@ -242,7 +242,7 @@ def _open(cfg: Sections, run_dir: Path, loop: FusedLoop, resume: bool) -> tuple[
     record = RunRecord.reopen(run_dir, cfg.io, one_process_rank_map(), stop_rule,
                               {"discarded": rolled_back, "version": state["version"]},
                               {k: state[k] for k in ("episodes", "updates", "gradients", "admitted")},
-                              env_steps=state["env_steps"])
+                              env_steps=state["env_steps"], name=cfg.name)
     return record, state
 
 

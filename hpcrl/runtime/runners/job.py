@@ -166,7 +166,7 @@ def make_role(job: Job):
 
         return ParameterRank(job, ParameterSettings(aggregation=s.aggregation, learners=s.learners, stop=s.stop,
                                                     io=s.io, eval=s.eval, launch=s.launch, debug=s.debug,
-                                                    config_yaml=s.yaml))
+                                                    config_yaml=s.yaml, name=s.name))
     if role == "learner":
         from hpcrl.runtime.roles.learner import LearnerGroup, LearnerSettings
 

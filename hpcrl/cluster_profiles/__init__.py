@@ -119,6 +119,11 @@ class Profile(_Strict):
     start_seconds: float = Field(0.0, ge=0)
     oversubscribe: bool = False
     """True: more ranks than cores is allowed (a node's ranks then share its cores, as on this machine)."""
+    time_slice_seconds: float | None = Field(None, gt=0)
+    """How a node's ranks share its cores when more want one than it has: null, first come first served (a rank
+    holds a core for the whole of each piece of work); a time in seconds, round robin in slices of it, as the OS
+    shares an oversubscribed node: after each slice the work gives its core up when another rank waits for one,
+    so a short piece of work (a push, an apply) is not held behind a whole fragment's sampling."""
     placement: Literal["learners_on_gpu_nodes"] = "learners_on_gpu_nodes"
     sources: dict[str, str] = {}
 

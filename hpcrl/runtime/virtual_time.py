@@ -150,7 +150,11 @@ class VirtualClock:
         """``seconds`` of work on one of this role's node's cores (queued while they are busy)."""
         if seconds > 0:
             self.role.cpu_seconds += seconds
-            self.role.hand_back(_holding(self.world.env, self.role.core, seconds), what)
+            core = self.role.core
+            if isinstance(core, Cores) and core.time_slice is not None:
+                self.role.hand_back(_sliced(self.world.env, core, seconds), what)
+            else:
+                self.role.hand_back(_holding(self.world.env, core, seconds), what)
 
     def transfer(self, seconds: float, link: simpy.Resource | None, what: str) -> None:
         """A transfer of ``seconds`` that holds ``link`` (rank 0's, shared) while its bytes move."""
@@ -179,6 +183,9 @@ class VirtualWorld:
 
     def resource(self, capacity: int) -> simpy.Resource:
         return simpy.Resource(self.env, capacity=capacity)
+
+    def cores(self, count: int, time_slice: float | None = None) -> "Cores":
+        return Cores(self.env, count, time_slice)
 
     def spawn(self, rank: int, name: str, body: Callable[[], None], clock: VirtualClock,
               core: simpy.Resource | None, start: float = 0.0) -> Role:
@@ -226,6 +233,30 @@ def _holding(env: simpy.Environment, resource: simpy.Resource | None, seconds: f
     with resource.request() as req:
         yield req
         yield env.timeout(seconds)
+
+
+class Cores(simpy.Resource):
+    """A node's cores: ``count`` places, and the slice its ranks share them in when more want one than it has
+    (cluster_profiles.Profile.time_slice_seconds; None: each piece of work holds its core to the end)."""
+
+    def __init__(self, env: simpy.Environment, count: int, time_slice: float | None) -> None:
+        super().__init__(env, capacity=count)
+        self.time_slice = time_slice
+
+
+def _sliced(env: simpy.Environment, cores: Cores, seconds: float):
+    """``seconds`` of work on one of ``cores``, round robin: the work runs a slice at a time, and after a slice goes
+    to the back of the queue if another rank waits for a core."""
+    left = seconds
+    while left > 1e-12:
+        with cores.request() as req:
+            yield req
+            while left > 1e-12:
+                step = min(cores.time_slice, left)
+                yield env.timeout(step)
+                left -= step
+                if cores.queue:
+                    break
 
 
 def _until(env: simpy.Environment, signal: Signal, seconds: float):

@@ -78,7 +78,7 @@ class Machine:
     def core(self, rank: int):
         node = self.slots[rank].node
         if node not in self.cores:
-            self.cores[node] = self.world.resource(self.slots[rank].kind.cores)
+            self.cores[node] = self.world.cores(self.slots[rank].kind.cores, self.profile.time_slice_seconds)
         return self.cores[node]
 
     def link_seconds(self, a: int, b: int, nbytes: int) -> float:

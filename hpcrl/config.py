@@ -553,6 +553,8 @@ def _one_line(exc: ValidationError, source: str, overrides: dict[str, str] | Non
     dotted key -> the override's text) or else on ``source``."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+    parts = [str(p) for p in err["loc"]]
+    algo_tag = parts[1] if len(parts) > 1 and parts[0] == "algo" and parts[1] in ALGO_NAMES else None
     # discriminated unions put the tag in the location: algo.ppo.lr -> algo.lr
     for tag in ALGO_NAMES:
         loc = loc.replace(f"algo.{tag}.", "algo.").replace(f"algo.{tag}", "algo")
@@ -563,7 +565,8 @@ def _one_line(exc: ValidationError, source: str, overrides: dict[str, str] | Non
             source = f"{source} with -o {text}"
     if err["type"] == "extra_forbidden":
         parent = loc.rsplit(".", 1)[0] if "." in loc else ""
-        return f"{source}: unknown key '{loc}'; allowed keys{' in ' + parent if parent else ''}: {_allowed_keys(parent)}"
+        where = f" in {parent}" + (f" (algo.name={algo_tag})" if parent == "algo" and algo_tag else "")
+        return f"{source}: unknown key '{loc}'; allowed keys{where if parent else ''}: {_allowed_keys(parent, algo_tag)}"
     if err["type"] == "union_tag_invalid":
         return f"{source}: algo.name: {err['msg']}"
     msg = err["msg"].removeprefix("Value error, ")
@@ -572,7 +575,10 @@ def _one_line(exc: ValidationError, source: str, overrides: dict[str, str] | Non
     return f"{source}: {loc}: {msg} (got {err.get('input')!r})"
 
 
-def _allowed_keys(dotted: str) -> str:
+def _allowed_keys(dotted: str, algo_tag: str | None = None) -> str:
+    """The fields of the section ``dotted`` names (algo: those of the algorithm ``algo_tag``)."""
+    if dotted == "algo" and algo_tag:
+        return ", ".join(next(c for c in ALGO_CONFIGS if c.model_fields["name"].default == algo_tag).model_fields)
     model: Any = RunConfig
     for part in [p for p in dotted.split(".") if p]:
         field = model.model_fields.get(part)

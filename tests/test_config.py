@@ -1,4 +1,6 @@
 """Config validation: every mistake is one line naming the field and what is allowed."""
+from pathlib import Path
+
 import pytest
 
 from hpcrl.config import build_config, load_config
@@ -44,6 +46,17 @@ def test_unknown_keys_list_the_allowed_ones():
     assert "env.idd" in msg and "num_envs" in msg
     msg = one_line_error({"learner": {}})
     assert "'learner'" in msg and "learners" in msg
+
+
+def test_an_unknown_algo_key_lists_that_algorithms_keys_and_blames_the_override():
+    from hpcrl.config import load_config
+    from hpcrl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(Path(__file__).parents[1] / "hpcrl" / "configs" / "mpe_spread_iql.yaml", ["algo.lrr=0.1"])
+    msg = str(e.value)
+    assert msg.startswith("-o algo.lrr=0.1: unknown key 'algo.lrr'") and "yaml" not in msg.split(";")[0], msg
+    assert "(algo.name=iql)" in msg and "buffer_size" in msg and "num_sgd_iter" not in msg, msg
 
 
 def test_unknown_algorithm_lists_the_known_ones():

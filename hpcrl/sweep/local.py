@@ -125,7 +125,17 @@ def run_local(spec: SweepSpec, sweep_dir: Path, parallel: int | None = None, ret
                     name = state.claim([todo.pop(0)], wanted)
                     if name is None:
                         continue
-                    running.append(_start(state, sweep_dir, spec.run(name), say))
+                    run = spec.run(name)
+                    wait_until_free(run_dir(sweep_dir, run), say)
+                    log = open(sweep_dir / "logs" / f"{name}.log", "ab")
+                    cmd = run_command(sweep_dir, run)
+                    log.write(f"\n$ {' '.join(cmd)}\n".encode())
+                    log.flush()
+                    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            preexec_fn=_die_with_parent, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                    state.update(name, pid=proc.pid, started_unix=time.time())
+                    running.append(_Running(run, proc, time.monotonic(), log))
+                    say(f"started {name}{' (resumed)' if '--resume' in cmd else ''}")
                 if stopping:
                     for r in running:  # once: a second SIGTERM could land while the run closes its files
                         if r.proc.poll() is None and not r.told_to_stop:
@@ -163,41 +173,33 @@ def run_task(spec: SweepSpec, sweep_dir: Path, index: int, say=print) -> int:
     (sweep_dir / "logs").mkdir(exist_ok=True)
     (sweep_dir / "runs").mkdir(exist_ok=True)
     state.claim([run.name], ("pending", "stopped", "running", "failed"))
+    wait_until_free(run_dir(sweep_dir, run), say)
     stopping: list[int] = []
+    proc: subprocess.Popen | None = None
 
     def on_signal(signum, _frame) -> None:
+        if not stopping and proc is not None and proc.poll() is None:  # once (see run_local)
+            proc.send_signal(signal.SIGTERM)
         stopping.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     try:
-        running = _start(state, sweep_dir, run, say)
-        proc = running.proc
-        while proc.poll() is None:
-            if stopping and not running.told_to_stop:  # once (see run_local), also for a signal during the start
-                proc.send_signal(signal.SIGTERM)
-                running.told_to_stop = True
-            time.sleep(0.2)
-        running.log.close()
-        failed = _finished(state, sweep_dir, running, say)
+        with open(sweep_dir / "logs" / f"{run.name}.log", "ab") as log:
+            cmd = run_command(sweep_dir, run)
+            log.write(f"\n$ {' '.join(cmd)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=_die_with_parent, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            state.update(run.name, pid=proc.pid, started_unix=time.time())
+            say(f"started {run.name}{' (resumed)' if '--resume' in cmd else ''}")
+            started = time.monotonic()
+            while proc.poll() is None:
+                time.sleep(0.5)
+            failed = _finished(state, sweep_dir, _Running(run, proc, started, log), say)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return 1 if failed else (0 if proc.returncode == EXIT_FINISHED else EXIT_STOPPED)
-
-
-def _start(state: SweepState, sweep_dir: Path, run: SweepRun, say) -> _Running:
-    """Start (or resume) one claimed run in a child process once its directory is free, its output appended to
-    SWEEP_DIR/logs/NAME.log."""
-    wait_until_free(run_dir(sweep_dir, run), say)
-    log = open(sweep_dir / "logs" / f"{run.name}.log", "ab")
-    cmd = run_command(sweep_dir, run)
-    log.write(f"\n$ {' '.join(cmd)}\n".encode())
-    log.flush()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    state.update(run.name, pid=proc.pid, started_unix=time.time())
-    say(f"started {run.name}{' (resumed)' if '--resume' in cmd else ''}")
-    return _Running(run, proc, time.monotonic(), log)
 
 
 def _finished(state: SweepState, sweep_dir: Path, r: _Running, say) -> int:

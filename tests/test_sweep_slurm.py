@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,12 @@ def _show(job: str) -> str:
     return subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=20).stdout
 
 
+def _diagnosis(out: Path, job: str) -> str:
+    """What a failure needs to be read: the sweep's state, task 0's Slurm record and the array's logs."""
+    logs = "".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted((out / "logs").glob("*")))
+    return f"sweep.json runs: {_state(out)}\n--- scontrol show job {job}_0\n{_show(f'{job}_0')}{logs}"
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -47,12 +54,17 @@ def test_a_sweep_as_a_job_array_requeues_a_warned_task_and_finishes_every_run_on
         subprocess.run(["scancel", "--batch", "--signal=USR1", f"{job}_0"], check=True, timeout=20)
         wait_for(lambda: _state(out).get("sync-s0", {}).get("status") == "stopped", 120, "sync-s0 to stop")
         # Slurm holds a requeued job for about 2 minutes (BeginTime): make it eligible now (asked again until it
-        # runs: an update while the requeue is still under way does not hold)
+        # runs: an update while the requeue is still under way does not hold). Not within the second of the
+        # requeue: slurmd refuses a launch credential made in the same second as the one it revoked for the
+        # killed instance ("Job credential revoked"), and the task would end with exit 1 instead of resuming.
         wait_for(lambda: "JobState=PENDING" in _show(f"{job}_0"), 60, "task 0 to be requeued")
+        time.sleep(2.0)
         wait_for(lambda: subprocess.run(["scontrol", "update", f"JobId={job}_0", "StartTime=now"], timeout=20) and
                  "JobState=PENDING" not in _show(f"{job}_0"), 60, "task 0 to start again", poll=2.0)
         wait_for(lambda: all(e["status"] == "done" for e in _state(out).values()) and len(_state(out)) == 2, 300,
                  "both runs done")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{_diagnosis(out, job)}") from None
     finally:
         subprocess.run(["scancel", job], timeout=20)
     state = _state(out)

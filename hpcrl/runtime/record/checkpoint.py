@@ -12,11 +12,15 @@ goes through these steps, each leaving a usable directory if the job dies right 
    GPFS included) and fsync the directory.
 
 :func:`load_checkpoint` takes ``latest.pt``, or ``previous.pt`` when ``latest.pt`` is missing,
-empty or truncated, saying so in one line on stderr. Temporary files are never read: a
-save that did not reach step 4 did not happen.
+empty or truncated, saying so in one line on stderr (once per process: a resume loads it more than
+once). Temporary files are never read: a save that did not reach step 4 did not happen. A save that
+cannot write (a full disk, a quota) removes its temporary file and raises one line naming the
+checkpoint and the OS error (``... disk full (No space left on device) ...``); latest.pt stays as it was.
 """
 from __future__ import annotations
 
+import errno
+import io
 import os
 import random
 import shutil
@@ -103,12 +107,7 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
     _step("cleaned")
     final, previous = folder / LATEST, folder / PREVIOUS
     tmp = folder / f".{LATEST}.{os.getpid()}.tmp"
-    import torch
-
-    with open(tmp, "wb") as fh:
-        torch.save({"format": FORMAT, **state}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    _write_synced(tmp, _serialised(state))
     _step("tmp_written")
     # a save killed after step 3 left previous.pt as a hard link of latest.pt; rename() between two
     # links of one file does nothing (POSIX), so there is nothing to do then
@@ -117,8 +116,13 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
         try:
             os.link(final, keep)
         except OSError:  # no hard links on this filesystem: a copy, synced
-            shutil.copyfile(final, keep)
-            _fsync_file(keep)
+            try:
+                shutil.copyfile(final, keep)
+                _fsync_file(keep)
+            except OSError as exc:
+                keep.unlink(missing_ok=True)
+                tmp.unlink(missing_ok=True)
+                raise checkpoint_write_error(final, exc) from None
         _step("previous_linked")
         os.replace(keep, previous)
         _step("previous_replaced")
@@ -126,6 +130,43 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
     _step("latest_replaced")
     _fsync_dir(folder)
     return final
+
+
+def _serialised(state: dict[str, Any]) -> memoryview:
+    """The checkpoint file's bytes: serialised in memory, so that a failing write reports the OS error (torch's
+    own file writer says only "unexpected pos" on a full disk)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, **state}, buf)
+    return buf.getbuffer()
+
+
+def _write_synced(tmp: Path, data: memoryview) -> None:
+    """Write and fsync ``tmp``; on failure remove it (a partial file would hold the space a full disk lacks) and
+    raise a one-line :class:`~hpcrl.io.errors.RecordWriteError` naming the checkpoint and the OS error."""
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise checkpoint_write_error(tmp.parent / LATEST, exc) from None
+
+
+def checkpoint_write_error(final: Path, exc: OSError):
+    """``cannot write checkpoint PATH: disk full (No space left on device); ...`` as a RecordWriteError."""
+    from hpcrl.io.errors import RecordWriteError
+
+    code = exc.errno
+    reason = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded"}.get(code, "write failed")
+    what = os.strerror(code) if code else str(exc).splitlines()[0]
+    kept = (f"the last checkpoint {final} is kept" if final.is_file() or (final.parent / PREVIOUS).is_file()
+            else "no checkpoint was written")
+    err = RecordWriteError(f"cannot write checkpoint {final}: {reason} ({what}); {kept}")
+    err.errno, err.filename = code, str(final)
+    return err
 
 
 def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
@@ -148,9 +189,28 @@ def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
             found = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise CheckpointError(f"{path}: checkpoint format {found!r}, this hpcrl reads {FORMAT}")
         if bad:
-            print(f"hpcrl: checkpoint {'; '.join(bad)} is unusable; resuming from {path}", file=sys.stderr, flush=True)
+            _say_once(f"hpcrl: checkpoint {'; '.join(bad)} is unusable; resuming from {path}", candidates)
         return state
     raise CheckpointError(f"no intact checkpoint in {folder}: {'; '.join(bad)}")
+
+
+_said: set[tuple] = set()
+"""The fallback lines this process has printed, with the files' identity then (a resume loads twice)."""
+
+
+def _say_once(line: str, files: tuple[Path, ...]) -> None:
+    """Print ``line`` on stderr unless this process printed it for these same files (inode, size, mtime)."""
+    ids = []
+    for p in files:
+        try:
+            st = p.stat()
+            ids.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            ids.append(None)
+    key = (line, tuple(ids))
+    if key not in _said:
+        _said.add(key)
+        print(line, file=sys.stderr, flush=True)
 
 
 def _try_load(path: Path) -> tuple[Any, str | None]:

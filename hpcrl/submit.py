@@ -12,7 +12,6 @@ directory; ``submit`` runs sbatch/qsub and returns the job id.
 from __future__ import annotations
 
 import math
-import os
 import re
 import shlex
 import subprocess
@@ -28,10 +27,8 @@ from hpcrl.errors import ConfigError
 from hpcrl.launch import rank_command
 from hpcrl.launchers import ShellWord, for_site
 from hpcrl.sites import Site
+from hpcrl.templates import template_dir
 
-TEMPLATE_DIR = Path(os.environ.get("HPCRL_TEMPLATE_DIR") or Path(__file__).resolve().parent.parent / "slurm_templates")
-"""The source tree's slurm_templates/ (hpcrl is installed from a checkout, ``pip install -e .``);
-HPCRL_TEMPLATE_DIR points elsewhere, e.g. at a site's own edited copies."""
 CHECKPOINT = "checkpoints/latest.pt"
 """Relative to the run directory (hpcrl.runtime.record.checkpoint): its presence means resume."""
 JOB_SUFFIX = ".job"
@@ -325,8 +322,8 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
                     config_yaml=run_config(cfg, run_text).to_yaml())
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
+def _environment(folder: Path) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(folder), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters["q"] = lambda v: shlex.quote(str(v))
     env.filters["words"] = lambda seq: " ".join(shlex.quote(str(w)) for w in seq)
@@ -336,12 +333,13 @@ def _environment() -> jinja2.Environment:
 def render_template(name: str, **context) -> str:
     """Fill ``slurm_templates/NAME``; every template also gets ``checkpoint`` (its presence means resume)
     and ``rank_env`` (the variables every rank gets, :data:`hpcrl.launch.RANK_ENV`)."""
-    if not (TEMPLATE_DIR / name).is_file():
-        raise ConfigError(f"template {name!r} not found in {TEMPLATE_DIR} (hpcrl submit and the workflows "
-                          "need a source checkout, or HPCRL_TEMPLATE_DIR naming a templates folder)")
+    folder = template_dir()
+    if not (folder / name).is_file():
+        raise ConfigError(f"template {name!r} not found in {folder}; its *.j2 files: "
+                          f"{', '.join(sorted(p.name for p in folder.glob('*.j2'))) or 'none'}")
     from hpcrl.launch import RANK_ENV
 
-    text = _environment().get_template(name).render(checkpoint=CHECKPOINT, rank_env=RANK_ENV, **context)
+    text = _environment(folder).get_template(name).render(checkpoint=CHECKPOINT, rank_env=RANK_ENV, **context)
     return text if text.endswith("\n") else text + "\n"
 
 

@@ -170,3 +170,13 @@ def test_clusterenv_batch_and_parsl_apps_render(venv):
     for site, command in out["apps"].items():
         assert out["python"] in command and command.endswith('\n$PARSL_MPI_PREFIX "${RANK_ARGS[@]}"\n'), site
         assert (work / f"parsl-{site}.job" / "config.yaml").is_file()
+
+
+def test_sweep_array_dry_run_names_the_installed_spec(venv):
+    where = fresh(venv, venv / "bin" / "python", "-c", "import sys, hpcrl; print(sys.executable); print(hpcrl.__file__)")
+    python, package = where.stdout.split()
+    specs = sorted(Path(package).parent.joinpath("sweeps").glob("*.yaml"))
+    assert specs, "the wheel has no hpcrl/sweeps/*.yaml"
+    out = fresh(venv, venv / "bin" / "hpcrl", "sweep", specs[0].stem, "--site", "local-slurm", "--dry-run",
+                "--out", venv.parent / "work" / "sweep").stdout
+    assert "#SBATCH --array=0-" in out and f"{python} -m hpcrl sweep {specs[0]} --out " in out

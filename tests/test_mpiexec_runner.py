@@ -71,3 +71,19 @@ def test_the_launchers_watch_of_rank_0_warns_once_then_ends_the_job_at_the_limit
     (tmp_path / "checkpoints" / "latest.pt").write_bytes(b"x")
     assert watch.message(5.0, tmp_path).endswith(f"`hpcrl run --resume {tmp_path}` goes on from its last checkpoint "
                                                  f"({tmp_path / 'checkpoints' / 'latest.pt'})")
+
+
+def test_rank_0s_fallback_line_is_not_echoed_when_hpcrl_run_said_it_already(tmp_path, capfd):
+    from hpcrl.runtime.record.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+
+    save_checkpoint(tmp_path, {"version": 1})
+    save_checkpoint(tmp_path, {"version": 2})
+    checkpoint_path(tmp_path).write_bytes(b"not a checkpoint")
+    assert load_checkpoint(tmp_path)["version"] == 1  # hpcrl run checks the checkpoint before the ranks start
+    said = capfd.readouterr().err.strip()
+    assert said.endswith("is unusable; resuming from " + str(checkpoint_path(tmp_path).parent / "previous.pt"))
+    echoed = []
+    view = _View()
+    view.echo = echoed.append
+    _pump(_Proc([said, "hpcrl: another line"]), view, {}, lambda line: None, ROLES, tmp_path)
+    assert echoed == ["hpcrl: another line"]

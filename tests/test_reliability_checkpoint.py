@@ -1,5 +1,6 @@
 """Checkpoints under trouble (issue 41 item 7): a full disk during a save is one line that says "No space left"
-(torch's own writer says only "unexpected pos"), and the fallback from a bad latest.pt to previous.pt is said once.
+(torch's own writer says only "unexpected pos"); the fallback from a bad latest.pt to previous.pt is said once, and
+the resumed job does not keep the bad file as its previous.pt.
 
 The full disk is a small tmpfs mounted for the test (needs root; skipped with the reason otherwise).
 """
@@ -87,8 +88,11 @@ def test_the_fallback_to_previous_is_said_once_per_resume(tmp_path):
     save_checkpoint(run_dir, load_checkpoint(run_dir))  # latest and previous, the same state
     latest = checkpoint_path(run_dir)
     latest.write_bytes(latest.read_bytes()[:1000])  # cut short
-    res = hpcrl_run("--resume", str(run_dir), "-o", "stop.total_env_steps=3000")
+    res = hpcrl_run("--resume", str(run_dir), "-o", "stop.total_env_steps=1")  # stops at once: one (final) save
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [line for line in res.stderr.splitlines() if "is unusable; resuming from" in line]
     assert len(lines) == 1, res.stderr[-3000:]
     assert str(latest) in lines[0] and "previous.pt" in lines[0]
+    # the resumed job's save did not make the unusable latest.pt its previous.pt: both load
+    assert load_checkpoint(run_dir)["env_steps"] >= 2000
+    assert torch.load(latest.parent / "previous.pt", weights_only=False)["format"] == 1

@@ -111,7 +111,9 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
     _step("tmp_written")
     # a save killed after step 3 left previous.pt as a hard link of latest.pt; rename() between two
     # links of one file does nothing (POSIX), so there is nothing to do then
-    if final.exists() and not (previous.exists() and os.path.samefile(final, previous)):
+    # a latest.pt this process found unusable (it resumed from previous.pt) must not become the previous one
+    if final.exists() and not (previous.exists() and os.path.samefile(final, previous)) \
+            and _identity(final) not in _unusable:
         keep = folder / f".{PREVIOUS}.{os.getpid()}.tmp"
         try:
             os.link(final, keep)
@@ -184,6 +186,8 @@ def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
         state, why = _try_load(path)
         if why is not None:
             bad.append(f"{path} ({why})")
+            if (ident := _identity(path)) is not None:
+                _unusable.add(ident)
             continue
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             found = state.get("format") if isinstance(state, dict) else type(state).__name__
@@ -194,23 +198,32 @@ def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
     raise CheckpointError(f"no intact checkpoint in {folder}: {'; '.join(bad)}")
 
 
+_unusable: set[tuple] = set()
+"""Identities (:func:`_identity`) of checkpoint files this process could not load."""
 _said: set[tuple] = set()
 """The fallback lines this process has printed, with the files' identity then (a resume loads twice)."""
 
 
 def _say_once(line: str, files: tuple[Path, ...]) -> None:
     """Print ``line`` on stderr unless this process printed it for these same files (inode, size, mtime)."""
-    ids = []
-    for p in files:
-        try:
-            st = p.stat()
-            ids.append((st.st_ino, st.st_size, st.st_mtime_ns))
-        except OSError:
-            ids.append(None)
-    key = (line, tuple(ids))
+    key = (line, tuple(_identity(p) for p in files))
     if key not in _said:
         _said.add(key)
         print(line, file=sys.stderr, flush=True)
+
+
+def _identity(path: Path) -> tuple | None:
+    """(device, inode, size, mtime) of ``path``, None when it is missing."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def said_here(line: str) -> bool:
+    """True if this process printed ``line`` as a fallback line (the mpi launcher does not echo a rank's copy)."""
+    return any(key[0] == line for key in _said)
 
 
 def _try_load(path: Path) -> tuple[Any, str | None]:
@@ -225,7 +238,7 @@ def _try_load(path: Path) -> tuple[Any, str | None]:
         # our own file: it holds numpy RNG state and optimizer dicts, not only tensors
         return torch.load(path, map_location="cpu", weights_only=False), None
     except Exception as exc:  # noqa: BLE001 - any failure to load means: use the next one
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        text = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__  # torch adds advice
         return None, f"truncated or corrupt: {text}"
 
 

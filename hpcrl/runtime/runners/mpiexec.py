@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Mapping
 
 from hpcrl import launch
+from hpcrl.runtime.record.checkpoint import said_here
 from hpcrl.runtime.runners import RunResult
 from hpcrl.runtime.plan import Sections
 from hpcrl.runtime.signals import EXIT_STOPPED, EXIT_TIMEOUT, early_signal
@@ -205,6 +206,8 @@ def _pump(proc: subprocess.Popen, view, summary: dict, parse_line, roles: list[s
                 summary["banner"] = name(summary["pids"][int(banner[1])], banner[2])
             elif code and "banner" in summary and "failed" not in summary:
                 summary["failed"] = f"{summary['banner']} ended first, mpiexec reports {_code_name(int(code[1]))}"
+            elif said_here(line):  # rank 0's fallback to previous.pt, which hpcrl run has said already
+                continue
             view.echo(line)
             continue
         summary["line_at"] = time.monotonic()  # rank 0's sign of life (ParameterWatch)

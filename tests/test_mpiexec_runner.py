@@ -1,10 +1,11 @@
 """The mpi runner's launcher side names the rank that died, from the lines mpiexec and the ranks print."""
 from __future__ import annotations
 
+import platform
 import signal
 from pathlib import Path
 
-from hpcrl.runtime.runners.mpiexec import _pump
+from hpcrl.runtime.runners.mpiexec import _name_the_first_to_end, _pump
 from hpcrl.runtime.runners.prestart import killed_line
 
 ROLES = ["parameter", "learner group 0", "actor 0", "actor 1"]
@@ -25,9 +26,11 @@ class _View:
         pass
 
 
-def pumped(lines, pids=None) -> dict:
+def pumped(lines, pids=None, first=None) -> dict:
+    """The launcher's reading of a failed job's lines; ``first``: the rank whose process ended first (ExitOrder)."""
     summary = {} if pids is None else {"pids": pids}
     _pump(_Proc(lines), _View(), summary, lambda line: None, ROLES, Path("/nonexistent"))
+    _name_the_first_to_end(summary, first, ROLES)
     return summary
 
 
@@ -43,6 +46,42 @@ def test_hydras_banner_pid_is_mapped_to_its_rank():
     assert pumped(BANNER, pids={4241: 1, 4242: 2})["failed"] == \
         "rank 2 (actor 0 on node2) ended first, mpiexec reports exit code 9 (SIGKILL)"
     assert "failed" not in pumped(BANNER, pids={1: 0})  # a PID of no rank of this job: nothing to name
+
+
+def test_the_rank_whose_process_ended_first_is_named_over_hydras_banner():
+    # hydra kills the other ranks, then its banner shows the lowest rank that ended badly (seen: rank 0 for a
+    # killed rank 3); the kernel's order of the processes' ends names rank 3
+    host = platform.node()
+    assert pumped(BANNER, pids={4242: 0}, first=3)["failed"] == \
+        f"rank 3 (actor 1 on {host}) ended first, mpiexec reports exit code 9 (SIGKILL)"
+    abort = "[rank 1] hpcrl: rank 1 (learner on node1) failed: ValueError: x; aborting the job"
+    assert pumped([abort, *BANNER], first=3)["failed"].startswith("rank 1 (learner on node1) failed")
+
+
+def test_exit_order_names_the_process_that_ended_alone_first():
+    import subprocess
+    import sys
+    import time
+
+    from hpcrl.runtime.runners.rank_exits import ExitOrder
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(3)]
+    exits = ExitOrder()
+    try:
+        exits.watch({p.pid: rank for rank, p in enumerate(procs)})
+        procs[2].kill()
+        procs[2].wait()
+        time.sleep(0.5)
+        for p in procs[:2]:
+            p.kill()
+            p.wait()
+        time.sleep(0.3)
+        assert exits.first == 2
+    finally:
+        exits.stop()
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def test_a_rank_that_raised_is_named_by_its_abort_line_first():

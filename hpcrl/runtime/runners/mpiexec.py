@@ -23,6 +23,7 @@ from typing import Mapping
 from hpcrl import launch
 from hpcrl.runtime.record.checkpoint import said_here
 from hpcrl.runtime.runners import RunResult
+from hpcrl.runtime.runners.rank_exits import ExitOrder
 from hpcrl.runtime.plan import Sections
 from hpcrl.runtime.signals import EXIT_STOPPED, EXIT_TIMEOUT, early_signal
 
@@ -132,6 +133,7 @@ def supervise(cmd: list[str], cfg: Sections, run_dir: Path, extra_env: Mapping[s
 
     old = {s: signal.signal(s, graceful) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     summary: dict = {}
+    exits = ExitOrder()  # which rank's process ends first: the one to name when no rank said why
     reader = threading.Thread(target=_pump, args=(proc, view, summary, parse_line, roles, run_dir), daemon=True)
     reader.start()
     start = time.monotonic()
@@ -147,6 +149,9 @@ def supervise(cmd: list[str], cfg: Sections, run_dir: Path, extra_env: Mapping[s
                 state["timed_out"] = True
                 state["stop_requested_at"] = now
                 _signal(proc, signal.SIGTERM)
+            if "progress" not in summary and len(summary.get("pids", {})) < len(roles):
+                note_rank_pids(summary, run_dir)  # while the ranks start: one killed then is named too
+            exits.watch(summary.get("pids", {}))
             if "progress" not in summary and now - start > cfg.launch.startup_seconds and not state["killed"]:
                 _kill(proc)  # the role loops' watchdog runs only once every rank has started
                 state["killed"] = state["stuck_starting"] = True
@@ -162,6 +167,7 @@ def supervise(cmd: list[str], cfg: Sections, run_dir: Path, extra_env: Mapping[s
                 state["killed"] = True
         reader.join(timeout=5)
     finally:
+        exits.stop()
         for s, h in old.items():
             signal.signal(s, h)
     rc, ended = proc.returncode, summary.get("summary") or {}
@@ -182,6 +188,7 @@ def supervise(cmd: list[str], cfg: Sections, run_dir: Path, extra_env: Mapping[s
                                 EXIT_TIMEOUT, summary=ended)
     result = RunResult.ended("mpi", run_dir, ended)
     if result.exit_code == 0 and rc != 0:
+        _name_the_first_to_end(summary, exits.first, roles)
         first = f"{summary['failed']}; " if "failed" in summary else ""
         return RunResult.failed("mpi", run_dir, f"the MPI job failed (exit code {rc}): {first}{how_to_go_on(run_dir)}",
                                 summary=ended)
@@ -202,22 +209,51 @@ def _pump(proc: subprocess.Popen, view, summary: dict, parse_line, roles: list[s
                 summary["failed"] = failed[1] or failed[2]
             elif killed and "failed" not in summary:
                 summary["failed"] = f"{name(int(killed[1]), killed[2])} was killed by {killed[3]}"
-            elif banner and "failed" not in summary and int(banner[1]) in summary.get("pids", {}):
-                summary["banner"] = name(summary["pids"][int(banner[1])], banner[2])
-            elif code and "banner" in summary and "failed" not in summary:
-                summary["failed"] = f"{summary['banner']} ended first, mpiexec reports {_code_name(int(code[1]))}"
+            elif banner and "failed" not in summary and (rank := _banner_rank(int(banner[1]), summary, roles)) is not None:
+                summary["banner"] = name(rank, banner[2])
+            elif code and "failed" not in summary and "code" not in summary:
+                summary["code"] = _code_name(int(code[1]))
             elif said_here(line):  # rank 0's fallback to previous.pt, which hpcrl run has said already
                 continue
             view.echo(line)
             continue
         summary["line_at"] = time.monotonic()  # rank 0's sign of life (ParameterWatch)
         if rec.get("kind") == "progress":
-            if "pids" not in summary:  # the ranks run: which local process is which rank, to name one that dies
-                summary["pids"] = {pid: rank for rank, pid in local_rank_pids(run_dir).items()}
+            if "progress" not in summary:  # the ranks run: which local process is which rank, to name one that dies
+                note_rank_pids(summary, run_dir)
             summary["progress"] = rec  # the ranks are running
             view.update(rec)
         elif rec.get("kind") == "summary":
             summary["summary"] = {k: v for k, v in rec.items() if k != "kind"}
+
+
+def _name_the_first_to_end(summary: dict, first: int | None, roles: list[str]) -> None:
+    """``summary["failed"]`` when no rank said why the job ended: the rank whose process the kernel saw end first
+    (:class:`~hpcrl.runtime.runners.rank_exits.ExitOrder`), else the one hydra's banner names."""
+    if "failed" in summary:
+        return
+    code = f", mpiexec reports {summary['code']}" if "code" in summary else ""
+    if first is not None and first < len(roles):
+        summary["failed"] = f"rank {first} ({roles[first]} on {platform.node()}) ended first{code}"
+    elif "banner" in summary:
+        summary["failed"] = f"{summary['banner']} ended first{code}"
+
+
+def note_rank_pids(summary: dict, run_dir: Path) -> None:
+    """Add the job's local rank processes now running to ``summary["pids"]`` (PID -> rank); a rank seen once stays
+    (a rank killed while starting, before the prestart server took it, is then still named)."""
+    seen = {pid: rank for rank, pid in local_rank_pids(run_dir).items()}
+    summary["pids"] = {**summary.get("pids", {}), **seen}
+
+
+def _banner_rank(pid: int, summary: dict, roles: list[str]) -> int | None:
+    """The rank whose process hydra's banner names: by its PID, or, for a PID never seen (a rank killed within
+    a look of its start), the one rank whose process was never seen while every other was."""
+    pids = summary.get("pids", {})
+    if pid in pids:
+        return pids[pid]
+    unseen = set(range(len(roles))) - set(pids.values())
+    return unseen.pop() if len(unseen) == 1 and len(pids) else None
 
 
 def local_rank_pids(run_dir: Path) -> dict[int, int]:

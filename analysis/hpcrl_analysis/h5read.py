@@ -9,7 +9,8 @@ process that reads every table's metadata and is killed after HPCRL_READ_TIMEOUT
 30). A plain open fails at once on damage. Either way a damaged file is one line naming the table.
 A table is read up to its ``committed_rows`` attribute and the shortest column; rows whose
 required columns hold fill values (never written) are left out. Each of these is reported in
-``Run.notes``, so a run is called complete only when every table was whole.
+``Run.notes``, and so is a trajectory file cut short, damaged or holding fewer steps than its rows report
+(:func:`trajectory_notes`), so a run is called complete only when every table and file was whole.
 """
 from __future__ import annotations
 
@@ -246,6 +247,58 @@ def _read_group(f: h5py.File, name: str) -> tuple[dict[str, np.ndarray], list[st
     return data, problems
 
 
+def trajectory_notes(run_dir: Path, actors: dict[str, np.ndarray]) -> list[str]:
+    """What is wrong with the run's traj/actor-NNNNN.h5 files: cut short (fewer bytes than the superblock's end of
+    file), not HDF5, damaged, or holding fewer steps than the actor's rows in the 'actors' table report. A file a
+    writer holds is only checked for its size. Empty when every file is whole."""
+    notes = []
+    for path in sorted((run_dir / "traj").glob("actor-*.h5")):
+        name = f"trajectory file traj/{path.name}"
+        size = path.stat().st_size
+        if size == 0:
+            notes.append(f"{name} is empty")
+            continue
+        eof = _stored_eof(path)
+        if eof is None:
+            notes.append(f"{name} is not an HDF5 file")
+            continue
+        if eof > size:
+            notes.append(f"{name} is cut short ({size:,} of {eof:,} bytes): its steps are not all there")
+            continue
+        try:
+            with h5py.File(path, "r", locking=False) as f:
+                held = f.attrs.get("committed_steps")
+        except OSError as exc:
+            if "already open for write" not in str(exc):
+                notes.append(f"{name} is damaged ({_first_line(exc)})")
+            continue
+        try:
+            actor = int(path.stem.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if held is not None and len(actors.get("actor", ())) and "steps" in actors:
+            reported = int(np.maximum(actors["steps"][actors["actor"] == actor], 0).sum())
+            if int(held) < reported:
+                notes.append(f"{name} holds {int(held):,} steps, fewer than the {reported:,} its rows in "
+                             "table 'actors' report")
+    return notes
+
+
+def _stored_eof(path: Path) -> int | None:
+    """The end-of-file address a v2/v3 superblock records (the size the file must have); the file's own size for
+    older superblocks; None without an HDF5 signature."""
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    at = next((o for o in (0, 512, 1024, 2048) if head[o:o + 8] == _SIGNATURE), None)
+    if at is None:
+        return None
+    if head[at + 8] not in (2, 3):
+        return path.stat().st_size
+    o = head[at + 9]
+    base = int.from_bytes(head[at + 12: at + 12 + o], "little")
+    return base + int.from_bytes(head[at + 12 + 2 * o: at + 12 + 3 * o], "little")
+
+
 def _label(attrs: dict, path: Path) -> str:
     text = attrs.get("config_yaml", "")
     try:
@@ -287,6 +340,7 @@ def load_run(run_dir: str | Path, label: str | None = None) -> Run:
                 table = ""
                 if "episodes" not in present:
                     raise AnalysisError(f"{h5}: table 'episodes' is missing (not a complete hpcrl run file)")
+                run.notes += trajectory_notes(h5.parent, run.table("actors"))
                 return run
         except (OSError, KeyError, RuntimeError) as exc:  # damaged metadata; or, while a writer holds the file,
             if live and attempt < 4:                      # a race with its flush: read again

@@ -67,6 +67,22 @@ def _superblock(fh) -> tuple[int, bytes]:
     return at, head
 
 
+def stored_eof(path: str | Path) -> int | None:
+    """The size a v2/v3 superblock says the file has (base address + end-of-file address); None for other
+    superblock versions or without an HDF5 signature."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            at, head = _superblock(fh)
+    except (OSError, ValueError):
+        return None
+    if len(head) < at + 12 or head[at + 8] not in (2, 3):
+        return None
+    o = head[at + 9]
+    base = int.from_bytes(head[at + 12: at + 12 + o], "little")
+    return base + int.from_bytes(head[at + 12 + 2 * o: at + 12 + 3 * o], "little")
+
+
 def is_truncated(path: str | Path) -> bool:
     """True if a v2/v3 superblock's end-of-file address lies beyond the file's size.
 

@@ -15,7 +15,9 @@ report. :func:`truncate_record` cuts the file to that, and drops the actor's row
 the ``actors`` table (rows of other actors keep their order); an actor's file that holds fewer
 steps than the checkpoint counted (deleted, or cut short) is said in one line on stderr, and
 its rows are cut to what the file holds. After a resume each actor's rows and file hold the same
-fragments, so the actor numbers its next fragment from its file (steps / fragment steps).
+fragments, so the actor numbers its next fragment from its file (steps / fragment steps). A file that cannot
+be cut (cut short in bytes, damaged metadata) is one line naming it and what is wrong, with the way on: for an
+actor's file, move it aside and resume again (that actor starts over from the checkpoint, as for a deleted file).
 
 API::
 
@@ -38,7 +40,7 @@ import numpy as np
 from hpcrl.io.errors import RunFileError
 from hpcrl.io.h5format import APPEND_LIBVER
 from hpcrl.io.readers import _read_trajectory_steps, _retry, read_row_counts, read_table
-from hpcrl.io.recovery import clear_write_flags
+from hpcrl.io.recovery import clear_write_flags, stored_eof
 from hpcrl.io.run_file import RunFile
 from hpcrl.io.schema import NEVER_CUT, RUN_FILE, TABLES, TRAJ_DIR, traj_filename
 from hpcrl.io.tables import COMMITTED_STEPS, Table
@@ -119,20 +121,76 @@ def truncate_record(run_dir: str | Path, counts: Mapping[str, int], traj_steps: 
     path = run_dir / RUN_FILE
     if not path.is_file():
         raise RunFileError(f"{path}: no such run file to truncate")
-    with _open_for_cutting(path) as f:
-        tables = {}
-        for name, rows in counts.items():
-            if name not in f:
-                raise RunFileError(f"{path}: table '{name}' is missing")
-            tables[name] = Table.open(f, TABLES[name])
-            removed_rows[name] = tables[name].cut(int(rows))
-        actors = tables.get("actors")
-        reported = _steps_by_actor(actors.read_written(("actor", "steps"))) if actors is not None else None
-        cut = _cut_trajectories(run_dir, traj_steps, reported)
-        if actors is not None:
-            removed_rows["actors"] += _keep_fragments_on_file(actors, cut.pop("kept"))
+    where = None  # the table being cut, for the message when it is damaged
+    try:
+        with _open_for_cutting(path) as f:
+            tables = {}
+            for name, rows in counts.items():
+                if name not in f:
+                    raise RunFileError(f"{path}: table '{name}' is missing")
+                where = name
+                tables[name] = Table.open(f, TABLES[name])
+                removed_rows[name] = tables[name].cut(int(rows))
+            where = "actors"
+            actors = tables.get("actors")
+            reported = _steps_by_actor(actors.read_written(("actor", "steps"))) if actors is not None else None
+            where = None
+            cut = _cut_trajectories(run_dir, traj_steps, reported)
+            if actors is not None:
+                where = "actors"
+                removed_rows["actors"] += _keep_fragments_on_file(actors, cut.pop("kept"))
+    except RunFileError:
+        raise
+    except _DAMAGE as exc:
+        raise _record_damaged(path, where, exc) from None
     cut.pop("kept", None)
     return {"tables": removed_rows, **cut}
+
+
+def check_not_cut_short(run_dir: str | Path) -> None:
+    """Before a resume starts its ranks: run.h5 or an actor's file shorter than its superblock says (a copy or a
+    full disk cut it) is the one-line RunFileError :func:`truncate_record` would raise, with the way on. Reads
+    each file's first 4 KB and changes nothing."""
+    run_dir = Path(run_dir)
+    files = [(run_dir / RUN_FILE, None), *((p, a) for a, p in trajectory_files(run_dir).items())]
+    for path, actor in files:
+        stored = stored_eof(path) if path.is_file() else None
+        if stored is not None and stored > path.stat().st_size:
+            exc = OSError("truncated file")
+            raise _record_damaged(path, None, exc) if actor is None else _trajectory_damaged(path, actor, exc)
+
+
+_DAMAGE = (OSError, KeyError, RuntimeError, ValueError)
+"""What h5py raises on a file it cannot read or write as its metadata says (checksums, a file cut short)."""
+
+
+def _what_is_wrong(path: Path, table: str | None, exc: BaseException) -> str:
+    """``is cut short (N of M bytes)`` or ``is damaged (table 'x': HDF5's first line)``."""
+    stored = stored_eof(path)
+    size = path.stat().st_size
+    if stored is not None and stored > size:
+        return f"is cut short ({size:,} of {stored:,} bytes)"
+    text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return f"is damaged ({f'table {table!r}: ' if table else ''}{first})"
+
+
+def _record_damaged(path: Path, table: str | None, exc: BaseException) -> RunFileError:
+    """run.h5 cannot be cut back for --resume: what is wrong, and the ways on."""
+    run_dir, what = path.parent, _what_is_wrong(path, table, exc)
+    again = "if a copy cut it short, copy it again and resume; else " if what.startswith("is cut short") else ""
+    return RunFileError(
+        f"--resume: {path} {what}, so the record cannot go on from the checkpoint; {again}the run cannot go on in "
+        f"{run_dir} (its checkpointed policy still plays and exports: hpcrl eval {run_dir}, hpcrl export {run_dir})")
+
+
+def _trajectory_damaged(path: Path, actor: int, exc: BaseException) -> RunFileError:
+    """An actor's file cannot be cut back for --resume: what is wrong, and the way on from the checkpoint."""
+    run_dir = path.parent.parent
+    return RunFileError(
+        f"--resume: {path} {_what_is_wrong(path, None, exc)}, so actor {actor}'s trajectories cannot go on in it; "
+        f"to resume from the checkpoint without them: mv {path} {path}.damaged && hpcrl run --resume {run_dir} "
+        f"(actor {actor} starts a new file, its rows leave the actors table; run.h5 and the other files go on)")
 
 
 def _cut_trajectories(run_dir: Path, traj_steps: Mapping[int, int], reported: Mapping[int, int] | None) -> dict:
@@ -146,9 +204,12 @@ def _cut_trajectories(run_dir: Path, traj_steps: Mapping[int, int], reported: Ma
         if not path.is_file():
             removed[actor], kept[actor] = 0, 0
         else:
-            with _open_for_cutting(path) as f:
-                removed[actor] = cut_trajectory(f, target)
-                kept[actor] = int(f.attrs[COMMITTED_STEPS])
+            try:
+                with _open_for_cutting(path) as f:
+                    removed[actor] = cut_trajectory(f, target)
+                    kept[actor] = int(f.attrs[COMMITTED_STEPS])
+            except _DAMAGE as exc:
+                raise _trajectory_damaged(path, actor, exc) from None
         if kept[actor] < target:
             lost[actor] = target - kept[actor]
             why = "is missing" if not path.is_file() else f"holds {kept[actor]:,} steps"
@@ -179,8 +240,9 @@ def _keep_fragments_on_file(table: Table, kept: Mapping[int, int]) -> int:
 
 
 def _open_for_cutting(path: Path) -> h5py.File:
-    try:
-        clear_write_flags(path)  # a killed writer left them; nobody writes the file now
-        return h5py.File(path, "a", libver=APPEND_LIBVER, locking=False)
-    except (OSError, ValueError) as exc:
-        raise RunFileError(f"{path}: cannot open to truncate ({str(exc).splitlines()[0]})") from None
+    """Open for appending (a killed writer's flags cleared first); h5py's error when it cannot (the callers name
+    the file, what is wrong and the way on)."""
+    if (stored := stored_eof(path)) is not None and stored > path.stat().st_size:
+        raise OSError("truncated file")  # before clear_write_flags, which would take the cut size for the end
+    clear_write_flags(path)  # a killed writer left them; nobody writes the file now
+    return h5py.File(path, "a", libver=APPEND_LIBVER, locking=False)

@@ -147,7 +147,7 @@ def run_job(plan: Plan, run_dir: Path, resume: bool, progress: str = "plain") ->
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
         if role is not None:
             role.close_on_error()
-        _abort(comm, who, brief=_is_watchdog_end(exc))
+        _abort(comm, who, brief=_is_watchdog_end(exc), mistake=_is_record_file_error(exc))
     return RunResult.ended("mpi", run_dir, role.summary if job.topo.role == "parameter" else {})
 
 
@@ -261,12 +261,21 @@ def _is_watchdog_end(exc: BaseException) -> bool:
     return isinstance(exc, RankSilent)
 
 
-def _abort(comm, who: str, brief: bool = False) -> None:
+def _is_record_file_error(exc: BaseException) -> bool:
+    from hpcrl.io.errors import RunFileError
+
+    return isinstance(exc, RunFileError)
+
+
+def _abort(comm, who: str, brief: bool = False, mistake: bool = False) -> None:
     """Print this rank's failure (one line naming rank, role and host, then the traceback; ``brief``: the watchdog
-    ended the job, and its one line names the silent rank) and end the job."""
+    ended the job, and its one line names the silent rank; ``mistake``: a record file that cannot be read or cut
+    back, whose one line says what is wrong and the way on) and end the job."""
     rank = comm.Get_rank()
     if brief:
         sys.stderr.write(f"[rank {rank}] hpcrl: {sys.exc_info()[1]}\n")
+    elif mistake:
+        sys.stderr.write(f"[rank {rank}] hpcrl: {who} failed: {sys.exc_info()[1]}; aborting the job\n")
     else:
         lines = traceback.format_exc().rstrip().splitlines()
         text = "\n".join(f"[rank {rank}] {line}" for line in lines)

@@ -88,6 +88,10 @@ def run(plan, run_dir: Path, resume: bool = False, progress: str = "plain",
     """Run the plan's job as ``plan.num_ranks`` local MPI ranks (``environ``: variables added for the ranks,
     e.g. the prestart server's); ``progress`` tty shows a bar, plain periodic lines."""
     s = plan.sections
+    if resume:  # a record file cut short: one line and the way on now, not rank 0's abort after the start
+        from hpcrl.io.rollback import check_not_cut_short
+
+        check_not_cut_short(run_dir)
     mpiexec = launch.find_mpiexec(s.launch)
     cmd = launch.local_command(s.launch, plan.num_ranks, run_dir, mpiexec=mpiexec,
                                flavour=launch.mpi_flavour(mpiexec), resume=resume, progress="pipe")
@@ -189,7 +193,10 @@ def supervise(cmd: list[str], cfg: Sections, run_dir: Path, extra_env: Mapping[s
     result = RunResult.ended("mpi", run_dir, ended)
     if result.exit_code == 0 and rc != 0:
         _name_the_first_to_end(summary, exits.first, roles)
-        first = f"{summary['failed']}; " if "failed" in summary else ""
+        failed = summary.get("failed", "")
+        if ": --resume: " in failed:  # rank 0 could not cut the record back: its line has the way on
+            return RunResult.failed("mpi", run_dir, f"the MPI job failed (exit code {rc}): {failed}", summary=ended)
+        first = f"{failed}; " if failed else ""
         return RunResult.failed("mpi", run_dir, f"the MPI job failed (exit code {rc}): {first}{how_to_go_on(run_dir)}",
                                 summary=ended)
     return result

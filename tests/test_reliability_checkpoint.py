@@ -67,16 +67,20 @@ def hpcrl_run(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO)
 
 
-def test_a_run_whose_disk_fills_at_its_checkpoint_says_no_space_left_in_its_last_line(small_disk, tmp_path):
+@pytest.mark.parametrize("runner", ["serial", pytest.param("mpi", marks=pytest.mark.mpi)])
+def test_a_run_whose_disk_fills_at_its_checkpoint_says_no_space_left_in_its_last_line(small_disk, tmp_path, runner):
     # a 512-wide model's checkpoint (params and Adam state, about 6.5 MB) cannot fit on the 2 MB disk; the record
     # written up to the first checkpoint (a few hundred KB) can
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(run_config(small_disk / "run", 100_000, [512, 512])))
+    data = run_config(small_disk / "run", 100_000, [512, 512])
+    data["launch"]["runner"] = runner
+    path.write_text(yaml.safe_dump(data))
     res = hpcrl_run(str(path))
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("hpcrl run: ") and "no space left on device" in last.lower(), res.stderr[-3000:]
-    assert "checkpoint" in last and "unexpected pos" not in res.stderr
+    assert "rank 0 (parameter" in last and "cannot write checkpoint" in last, last
+    assert "unexpected pos" not in res.stderr and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert not list((small_disk / "run" / "checkpoints").glob(".*.tmp"))
 
 

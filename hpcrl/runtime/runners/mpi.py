@@ -147,7 +147,7 @@ def run_job(plan: Plan, run_dir: Path, resume: bool, progress: str = "plain") ->
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
         if role is not None:
             role.close_on_error()
-        _abort(comm, who, brief=_is_watchdog_end(exc), mistake=_is_record_file_error(exc))
+        _abort(comm, who, brief=_is_watchdog_end(exc), one_line=_is_record_file_error(exc))
     return RunResult.ended("mpi", run_dir, role.summary if job.topo.role == "parameter" else {})
 
 
@@ -262,19 +262,20 @@ def _is_watchdog_end(exc: BaseException) -> bool:
 
 
 def _is_record_file_error(exc: BaseException) -> bool:
-    from hpcrl.io.errors import RunFileError
+    """A record file that cannot be read, cut back or written (a full disk): its one line says it all."""
+    from hpcrl.io.errors import RecordWriteError, RunFileError
 
-    return isinstance(exc, RunFileError)
+    return isinstance(exc, (RunFileError, RecordWriteError))
 
 
-def _abort(comm, who: str, brief: bool = False, mistake: bool = False) -> None:
+def _abort(comm, who: str, brief: bool = False, one_line: bool = False) -> None:
     """Print this rank's failure (one line naming rank, role and host, then the traceback; ``brief``: the watchdog
-    ended the job, and its one line names the silent rank; ``mistake``: a record file that cannot be read or cut
-    back, whose one line says what is wrong and the way on) and end the job."""
+    ended the job, and its one line names the silent rank; ``one_line``: a record file that cannot be read, cut
+    back or written, whose one line says what is wrong and the way on) and end the job."""
     rank = comm.Get_rank()
     if brief:
         sys.stderr.write(f"[rank {rank}] hpcrl: {sys.exc_info()[1]}\n")
-    elif mistake:
+    elif one_line:
         sys.stderr.write(f"[rank {rank}] hpcrl: {who} failed: {sys.exc_info()[1]}; aborting the job\n")
     else:
         lines = traceback.format_exc().rstrip().splitlines()

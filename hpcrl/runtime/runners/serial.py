@@ -21,6 +21,7 @@ import threading
 import traceback
 from pathlib import Path
 
+from hpcrl.io.errors import RecordWriteError
 from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners.job import Job, make_role
 from hpcrl.runtime.runners.job import build_jobs as jobs_in_process
@@ -166,4 +167,6 @@ def _run_roles(jobs, roles, failures, guarded, abort) -> None:
         job, exc, details = failures[0]
         if isinstance(exc, RankSilent):  # the watchdog's line names the silent role; no traceback of its own
             raise RoleFailed(str(exc), "")
+        if isinstance(exc, RecordWriteError):  # a full disk: its one line says so, the traceback adds nothing
+            raise RoleFailed(f"rank {job.rank} ({job.topo.role}) failed: {exc}", "")
         raise RoleFailed(f"rank {job.rank} ({job.topo.role}) failed: {type(exc).__name__}: {exc}", details)

@@ -208,6 +208,8 @@ def _cut_trajectories(run_dir: Path, traj_steps: Mapping[int, int], reported: Ma
                 with _open_for_cutting(path) as f:
                     removed[actor] = cut_trajectory(f, target)
                     kept[actor] = int(f.attrs[COMMITTED_STEPS])
+            except RunFileError:
+                raise
             except _DAMAGE as exc:
                 raise _trajectory_damaged(path, actor, exc) from None
         if kept[actor] < target:

@@ -192,7 +192,7 @@ def supervise(cmd: list[str], cfg: Sections, run_dir: Path, extra_env: Mapping[s
                                 EXIT_TIMEOUT, summary=ended)
     result = RunResult.ended("mpi", run_dir, ended)
     if result.exit_code == 0 and rc != 0:
-        _name_the_first_to_end(summary, exits.first, roles)
+        _name_the_first_to_end(summary, None if ended else exits.first, roles)  # after a summary: ranks ended
         failed = summary.get("failed", "")
         if ": --resume: " in failed:  # rank 0 could not cut the record back: its line has the way on
             return RunResult.failed("mpi", run_dir, f"the MPI job failed (exit code {rc}): {failed}", summary=ended)

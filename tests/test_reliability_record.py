@@ -126,3 +126,21 @@ def test_under_mpi_a_damaged_trajectory_file_ends_the_resume_with_its_one_line(r
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert last.startswith("hpcrl run: the MPI job failed") and f"{traj} is damaged" in last, last
     assert f"mv {traj} {traj}.damaged && hpcrl run --resume {run_dir}" in last and "goes on from" not in last, last
+
+
+def test_a_run_h5_behind_its_checkpoint_is_refused_with_the_earlier_checkpoint_as_the_way_on(run_dir, capsys):
+    h5, older = run_dir / "run.h5", run_dir.parent / "run.h5.older"
+    shutil.copyfile(h5, older)  # the record as the first job left it (its final checkpoint counted these rows)
+    rc, err = resume(run_dir, capsys, "-o", "stop.total_env_steps=2300")  # one more checkpoint, further on
+    assert rc == 0, err
+    shutil.copyfile(older, h5)  # the newer rows lost: an older copy put back
+    rc, err = resume(run_dir, capsys, "-o", "stop.total_env_steps=2600")
+    last = err.splitlines()[-1]
+    assert rc == 2 and last.startswith("hpcrl run: error: --resume: "), err
+    assert f"{h5} table '" in last and "fewer than the" in last and "would leave a gap" in last, last
+    latest = run_dir / "checkpoints" / "latest.pt"
+    assert f"mv {latest} {latest}.ahead && hpcrl run --resume {run_dir}" in last, last
+    shutil.move(latest, f"{latest}.ahead")  # the way on: previous.pt, the first job's last checkpoint
+    rc, err = resume(run_dir, capsys, "-o", "stop.total_env_steps=2600")
+    assert rc == 0, err
+    assert check_record(run_dir) == []  # no gap: every key once

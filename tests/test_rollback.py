@@ -84,7 +84,11 @@ def test_truncate_record_never_lengthens_and_names_bad_input(tmp_path):
     write_synthetic_run(run_dir, rounds=1, actors=ACTORS)
     counts = record_counts(run_dir)
     more = {name: n + 10 for name, n in counts["tables"].items()}
-    removed = truncate_record(run_dir, more, {0: 10 ** 6, 7: 5})  # actor 7 has no file: nothing to cut
+    # a checkpoint that counted more rows than run.h5 holds is refused, naming a table, and nothing is cut
+    with pytest.raises(RunFileError, match=r"table '\w+' holds \d+ rows, fewer than the \d+ the checkpoint counted"):
+        truncate_record(run_dir, more, {0: 10 ** 6})
+    assert record_counts(run_dir) == counts
+    removed = truncate_record(run_dir, counts["tables"], {0: 10 ** 6, 7: 5})  # actor 7 has no file: nothing to cut
     assert removed == {"tables": {name: 0 for name in CUT}, "traj_steps": {0: 0, 7: 0}, "lost_steps": {}}
     assert record_counts(run_dir) == counts
     with pytest.raises(RunFileError, match="no table 'epsiodes'"):

@@ -125,11 +125,15 @@ def truncate_record(run_dir: str | Path, counts: Mapping[str, int], traj_steps: 
     try:
         with _open_for_cutting(path) as f:
             tables = {}
-            for name, rows in counts.items():
+            for name in counts:
                 if name not in f:
                     raise RunFileError(f"{path}: table '{name}' is missing")
                 where = name
                 tables[name] = Table.open(f, TABLES[name])
+            where = None
+            _check_not_behind(path, {name: (tables[name].committed, int(rows)) for name, rows in counts.items()})
+            for name, rows in counts.items():
+                where = name
                 removed_rows[name] = tables[name].cut(int(rows))
             where = "actors"
             actors = tables.get("actors")
@@ -145,6 +149,23 @@ def truncate_record(run_dir: str | Path, counts: Mapping[str, int], traj_steps: 
         raise _record_damaged(path, where, exc) from None
     cut.pop("kept", None)
     return {"tables": removed_rows, **cut}
+
+
+def _check_not_behind(path: Path, rows: Mapping[str, tuple[int, int]]) -> None:
+    """Refuse (one line, the way on) when a table holds fewer rows than the checkpoint counted: writes made before
+    the checkpoint did not reach the file (a node that crashed before the page cache reached the disk, an older
+    copy put back), and resuming from that checkpoint would leave a gap in the record. Nothing is cut then."""
+    behind = [(name, have, want) for name, (have, want) in rows.items() if have < want]
+    if not behind:
+        return
+    name, have, want = behind[0]
+    folder = path.parent / "checkpoints"
+    raise RunFileError(
+        f"--resume: {path} table '{name}' holds {have:,} rows, fewer than the {want:,} the checkpoint counted "
+        f"({len(behind)} table{'s' if len(behind) > 1 else ''} behind it: writes before the checkpoint did not "
+        "reach the file, or it is an older copy), so resuming from it would leave a gap; go on from an earlier "
+        f"checkpoint the file still holds: mv {folder / 'latest.pt'} {folder / 'latest.pt.ahead'} && "
+        f"hpcrl run --resume {path.parent} (it takes previous.pt), or put back the newer run.h5")
 
 
 def check_not_cut_short(run_dir: str | Path) -> None:

@@ -95,7 +95,8 @@ def check_record(run_dir: Path) -> list[str]:
     return problems
 
 
-def inject(fault: str, proc: subprocess.Popen, run_dir: Path, runner: str, rng: random.Random) -> tuple[str, int | None]:
+def inject(fault: str, proc: subprocess.Popen, run_dir: Path, runner: str,
+           rng: random.Random) -> tuple[str, int | None]:
     """Inject ``fault`` into the running job: what was done, and the rank it hit (None: the whole job)."""
     if fault == "kill_job":
         os.killpg(proc.pid, signal.SIGKILL)

@@ -107,9 +107,10 @@ def truncate_record(run_dir: str | Path, counts: Mapping[str, int], traj_steps: 
 
     Never lengthens: a table holding fewer rows than ``counts`` (writes lost after the checkpoint counted
     them, an older copy) is refused in one line before anything is cut; tables and actors not named are
-    left as they are (rows a killed writer left uncommitted are dropped from every file opened). The ``actors`` table then keeps, of each
-    listed actor, only the rows of the fragments its file still holds (module docstring); a file
-    holding fewer steps than ``traj_steps`` says (deleted, cut short) is one line on stderr.
+    left as they are (rows a killed writer left uncommitted are dropped from every file opened). The
+    ``actors`` table then keeps, of each listed actor, only the rows of the fragments its file still holds
+    (module docstring); a file holding fewer steps than ``traj_steps`` says (deleted, cut short) is one
+    line on stderr.
     Returns what was removed. Run it with no writer open on these files (the run lock held).
     """
     run_dir = Path(run_dir)

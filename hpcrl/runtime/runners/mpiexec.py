@@ -216,8 +216,8 @@ def _pump(proc: subprocess.Popen, view, summary: dict, parse_line, roles: list[s
                 summary["failed"] = failed[1] or failed[2]
             elif killed and "failed" not in summary:
                 summary["failed"] = f"{name(int(killed[1]), killed[2])} was killed by {killed[3]}"
-            elif banner and "failed" not in summary and (rank := _banner_rank(int(banner[1]), summary, roles)) is not None:
-                summary["banner"] = name(rank, banner[2])
+            elif banner and "failed" not in summary and (at := _banner_rank(int(banner[1]), summary, roles)) is not None:
+                summary["banner"] = name(at, banner[2])
             elif code and "failed" not in summary and "code" not in summary:
                 summary["code"] = _code_name(int(code[1]))
             elif said_here(line):  # rank 0's fallback to previous.pt, which hpcrl run has said already

@@ -15,7 +15,7 @@ from hpcrl.runtime.messages import EvalEpisode, Evaluation
 from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.record import scalars
 from hpcrl.runtime.record.loggers import TENSORBOARD_DIR, TensorBoardLogger
-from hpcrl.runtime.record.progress import format_line
+from hpcrl.runtime.record.progress import ReturnTrend, format_line
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.runtime.runners import serial
@@ -107,11 +107,69 @@ def test_progress_line_shows_the_stop_rule_it_heads_to_and_the_eta_of_its_step_b
     stats = {"env_steps": 100_000, "total_steps": 300_000, "elapsed": 60.0, "episodes": 10, "mean_return": 200.0,
              "version": 5, "staleness": 0.5, "active_groups": 1, "groups": 1, "round": 4, "target_return": 475.0,
              "max_wall_seconds": None, "max_rounds": None}
-    line = format_line(stats)
-    assert line.endswith("-> 475 return or 300,000 steps  ETA 02:00"), line  # 200,000 more at 1,667/s
-    assert format_line({**stats, "max_wall_seconds": 90.0}).endswith("or 90 s  ETA 00:30")  # the wall limit first
-    assert format_line({**stats, "target_return": None, "env_steps": 1000}).endswith("-> 300,000 steps  ETA 4:59:00")
+    line = format_line(stats, target_eta=750.0)
+    assert "return 200.0 -> 475 in 12:30" in line and line.endswith("ETA 02:00"), line  # 200,000 more at 1,667/s
+    assert "-> 475 in -" in format_line(stats)  # no trend yet
+    assert format_line({**stats, "max_wall_seconds": 90.0}).endswith("ETA 00:30 wall")  # the wall limit first
+    assert format_line({**stats, "target_return": None, "env_steps": 1000}).endswith("ETA 4:59:00")
+    assert "->" not in format_line({**stats, "target_return": None})
     assert format_line({**stats, "env_steps": 0}).endswith("ETA -")  # no rate yet
+
+
+def test_progress_line_fits_80_columns_leaving_out_the_least_needed_numbers_first():
+    huge = {"env_steps": 123_456_789_012, "total_steps": 999_999_999_999, "elapsed": 9_999_999.9, "episodes": 98_765_432,
+            "mean_return": -123_456.7, "version": 12_345_678, "staleness": 1234.5, "active_groups": 2000,
+            "groups": 2000, "round": 9_876_543, "target_return": 1_000_000.0, "max_wall_seconds": None,
+            "max_rounds": 99_999_999}
+    small = {**huge, "env_steps": 4000, "total_steps": 50_000, "elapsed": 12.5, "episodes": 40, "mean_return": 21.5,
+             "version": 8, "staleness": 0.25, "active_groups": 1, "groups": 1, "round": 2, "target_return": None,
+             "max_rounds": None}
+    assert len(format_line(small)) <= 80 and "ep 40" in format_line(small)  # room for everything
+    assert "learners" not in format_line(small) and "round" not in format_line(small)  # one group, no round limit
+    wide = format_line({**small, "groups": 2, "max_rounds": 9}, width=120)
+    assert "learners 1/2" in wide and "round 2" in wide
+    line = format_line(huge, target_eta=5e6)
+    assert len(line) <= 80, (len(line), line)
+    assert line.startswith("[9999999.9 s] steps 123.5G (12%)") and "-> 1e+06 in 57.9d" in line
+    assert "round" not in line and " ep " not in line  # the least needed numbers went first
+    assert line.endswith("ETA 821.8d")  # (999,999,999,999 - 123,456,789,012) steps at 12,346 per s
+    assert format_line(huge, width=200).count("  ") > line.count("  ")  # a wide line keeps them
+
+
+def test_the_target_eta_follows_the_recent_trend_of_the_return():
+    trend = ReturnTrend()
+    assert trend.seconds_to(100.0) is None
+    for t, r in [(10, 0.0), (20, 5.0), (30, 30.0), (40, 40.0), (50, 50.0), (60, 60.0)]:  # 1 return/s from t=30
+        trend.add({"elapsed": t, "mean_return": r})
+    assert trend.seconds_to(100.0) == pytest.approx(40.0)  # the early points (before half the run) left out
+    assert trend.seconds_to(50.0) == 0.0  # reached
+    trend.add({"elapsed": 70, "mean_return": float("nan")})  # no episode yet: nothing learnt from it
+    falling = ReturnTrend()
+    for t, r in [(10, 50.0), (20, 40.0), (30, 30.0)]:
+        falling.add({"elapsed": t, "mean_return": r})
+    assert falling.seconds_to(100.0) is None
+
+
+def test_a_plain_view_prints_lines_with_the_target_eta_of_the_records_it_saw():
+    import io
+
+    from hpcrl import verbosity
+    from hpcrl.runtime.record.progress import ProgressView
+
+    out = io.StringIO()
+    view = ProgressView(tty=False, log_seconds=0.0, stream=out)
+    old = verbosity.level()
+    verbosity.set_level(verbosity.NORMAL)
+    try:
+        for t in (10, 20, 30, 40):
+            view.update({"env_steps": t * 100, "total_steps": 100_000, "elapsed": float(t), "mean_return": 2.0 * t,
+                         "target_return": 480.0, "episodes": t, "version": t, "staleness": 0.0, "active_groups": 1,
+                         "groups": 1, "round": 1, "max_wall_seconds": None, "max_rounds": None})
+    finally:
+        verbosity.set_level(old)
+    lines = out.getvalue().splitlines()
+    assert "-> 480 in -" in lines[0] and "-> 480 in 03:20" in lines[-1], lines  # 400 more at 2 per s
+    assert all(len(x) <= 80 for x in lines)
 
 
 @pytest.mark.slow

@@ -12,11 +12,13 @@ Each stats dict holds: env_steps, total_steps, episodes, mean_return, version, s
 active_groups, groups, round, elapsed, and the stop rule's target_return, max_wall_seconds and
 max_rounds (None where unset). The summary dict adds run_dir, stop_reason, files.
 
-Every line ends with what the stop rule heads to and when it gets there at the rate so far, e.g.
-``-> 475 return or 300,000 steps  ETA 04:48``: the step budget's (or wall limit's, or round
-limit's) ETA, whichever comes first; a target return has none. ``hpcrl -q`` shows no progress at all
-(the summary only), ``hpcrl -v`` a line for every record with the numbers the line leaves out
-(:func:`format_detail`; :mod:`hpcrl.verbosity`).
+A plain line fits 80 columns (:data:`WIDTH`): the elapsed seconds, the steps (and the share of the
+budget), the mean return and, with a target return, ``-> 475 in 12:30``: when the return trend of the
+last records (:class:`ReturnTrend`) reaches it; it ends with the ETA of the first limit the stop rule
+sets (step budget, or ``wall`` seconds, or ``rounds``) at the rate so far. Where the line would be
+wider, the least needed numbers (round, episodes, learners, staleness, version, rate) are left out, in
+that order; the learners are shown only with more than one group, the round only with a round limit. ``hpcrl -q`` shows no progress at all (the summary only), ``hpcrl -v`` a line for every
+record with the numbers the line leaves out (:func:`format_detail`; :mod:`hpcrl.verbosity`).
 """
 from __future__ import annotations
 
@@ -56,30 +58,83 @@ def heading(s: dict[str, Any]) -> str:
     return "-> " + " or ".join(goals) if goals else ""
 
 
-def eta_seconds(s: dict[str, Any]) -> float | None:
-    """Seconds until the first limit (steps, wall seconds, rounds) is reached at the rate so far; None unknown."""
+def eta_limit(s: dict[str, Any]) -> tuple[float | None, str]:
+    """Seconds until the first limit (steps, wall seconds, rounds) is reached at the rate so far, and which one
+    (``steps``, ``wall``, ``rounds``); (None, "") when unknown."""
     elapsed = s.get("elapsed") or 0.0
     if elapsed <= 0:
-        return None
+        return None, ""
     left = []
     steps, total = s.get("env_steps", 0), s.get("total_steps")
     if total and steps > 0:
-        left.append(max(total - steps, 0) * elapsed / steps)
+        left.append((max(total - steps, 0) * elapsed / steps, "steps"))
     if s.get("max_wall_seconds") is not None:
-        left.append(max(s["max_wall_seconds"] - elapsed, 0.0))
+        left.append((max(s["max_wall_seconds"] - elapsed, 0.0), "wall"))
     rounds = s.get("round", 0)
     if s.get("max_rounds") is not None and rounds > 0:
-        left.append(max(s["max_rounds"] - rounds, 0) * elapsed / rounds)
-    return min(left) if left else None
+        left.append((max(s["max_rounds"] - rounds, 0) * elapsed / rounds, "rounds"))
+    return min(left) if left else (None, "")
+
+
+def eta_seconds(s: dict[str, Any]) -> float | None:
+    """Seconds until the first limit of the stop rule at the rate so far; None unknown."""
+    return eta_limit(s)[0]
+
+
+class ReturnTrend:
+    """When the mean return reaches the target at its recent trend: the least-squares slope of (elapsed, mean
+    return) over the records of the last half of the run so far (the start's climb says little about the end's),
+    at least ``MIN_POINTS`` of them; None while the return does not rise."""
+
+    MIN_POINTS = 3
+
+    def __init__(self) -> None:
+        self._points: list[tuple[float, float]] = []
+
+    def add(self, s: dict[str, Any]) -> None:
+        t, r = s.get("elapsed"), s.get("mean_return")
+        if t is None or r is None or r != r or (self._points and t <= self._points[-1][0]):
+            return
+        self._points.append((float(t), float(r)))
+        keep_from = t / 2
+        while len(self._points) > self.MIN_POINTS and self._points[0][0] < keep_from:
+            self._points.pop(0)
+
+    def seconds_to(self, target: float | None) -> float | None:
+        if target is None or len(self._points) < self.MIN_POINTS:
+            return None
+        last = self._points[-1][1]
+        if last >= target:
+            return 0.0
+        n = len(self._points)
+        mt = sum(t for t, _ in self._points) / n
+        mr = sum(r for _, r in self._points) / n
+        var = sum((t - mt) ** 2 for t, _ in self._points)
+        slope = sum((t - mt) * (r - mr) for t, r in self._points) / var if var > 0 else 0.0
+        return (target - last) / slope if slope > 0 else None
+
+
+def _clock(seconds: float | None) -> str:
+    """``mm:ss`` (``h:mm:ss`` past an hour), ``-`` when not known."""
+    if seconds is None or seconds != seconds:
+        return "-"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    if h >= 100:
+        return f"{seconds / 86400:.1f}d"
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60:02d}:{rest % 60:02d}"
+
+
+def _count(n: int) -> str:
+    """``n`` in digits up to 10 million, then ``12.3M`` / ``4.5G``: a step count that keeps the line short."""
+    if n < 10_000_000:
+        return str(n)
+    return f"{n / 1e6:.1f}M" if n < 10_000_000_000 else f"{n / 1e9:.1f}G"
 
 
 def format_eta(seconds: float | None) -> str:
     """``ETA mm:ss`` (``h:mm:ss`` past an hour), ``ETA -`` when not known."""
-    if seconds is None or seconds != seconds:
-        return "ETA -"
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    return f"ETA {h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"ETA {rest // 60:02d}:{rest % 60:02d}"
+    return f"ETA {_clock(seconds)}"
 
 
 LINE_KEYS = {"env_steps", "total_steps", "episodes", "mean_return", "version", "staleness", "active_groups", "groups",
@@ -94,18 +149,37 @@ def format_detail(s: dict[str, Any]) -> str:
                      if k not in LINE_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
-def format_line(s: dict[str, Any]) -> str:
-    """One plain progress line."""
+WIDTH = 80
+"""The widest a plain progress line gets."""
+
+
+def format_line(s: dict[str, Any], target_eta: float | None = None, width: int = WIDTH) -> str:
+    """One plain progress line of at most ``width`` columns; ``target_eta``: seconds until the target return
+    (:class:`ReturnTrend`), shown where the stop rule has one."""
     total = s.get("total_steps") or 0
-    pct = f" ({100.0 * s.get('env_steps', 0) / total:.0f}%)" if total else ""
-    rate = s.get("env_steps", 0) / s["elapsed"] if s.get("elapsed") else 0.0
-    return (
-        f"[{_num(s.get('elapsed'), '7.1f')} s] steps {s.get('env_steps', 0)}{pct} ({rate:.0f}/s)  "
-        f"episodes {s.get('episodes', 0)}  return {_num(s.get('mean_return'), '.1f')}  "
-        f"version {s.get('version', 0)}  staleness {_num(s.get('staleness'), '.2f')}  "
-        f"learners {s.get('active_groups', 0)}/{s.get('groups', 0)}  round {s.get('round', 0)}  "
-        f"{heading(s)}  {format_eta(eta_seconds(s))}"
-    )
+    steps = s.get("env_steps", 0)
+    pct = f" ({100.0 * steps / total:.0f}%)" if total else ""
+    rate = steps / s["elapsed"] if s.get("elapsed") else 0.0
+    ret = f"return {_num(s.get('mean_return'), '.1f')}"
+    if s.get("target_return") is not None:
+        ret += f" -> {s['target_return']:g} in {_clock(target_eta)}"
+    eta, limit = eta_limit(s)
+    end = format_eta(eta) + ("" if limit in ("", "steps") else f" {limit}")
+    # (text, priority): the lowest priority goes first when the line is too wide; None: always shown
+    fields = [(f"[{_num(s.get('elapsed'), '.1f')} s] steps {_count(steps)}{pct}", None), (f"{rate:.0f}/s", 1),
+              (f"ep {s.get('episodes', 0)}", 5), (ret, None), (f"v{s.get('version', 0)}", 2),
+              (f"stale {_num(s.get('staleness'), '.2f')}", 3),
+              (f"learners {s.get('active_groups', 0)}/{s.get('groups', 0)}", 4), (f"round {s.get('round', 0)}", 6),
+              (end, None)]
+    # one learner group has nothing to say about activity, and rounds matter where the stop rule counts them
+    fields = [f for f in fields if not ((f[1] == 4 and (s.get("groups") or 0) <= 1)
+                                        or (f[1] == 6 and s.get("max_rounds") is None))]
+    while True:
+        line = "  ".join(text for text, _ in fields)
+        droppable = [f for f in fields if f[1] is not None]
+        if len(line) <= width or not droppable:
+            return line
+        fields.remove(max(droppable, key=lambda f: f[1]))
 
 
 class ProgressView:
@@ -118,6 +192,11 @@ class ProgressView:
         self._last_print = -1e18
         self._bar = None
         self._task = None
+        self._trend = ReturnTrend()
+
+    def line(self, s: dict[str, Any]) -> str:
+        """The plain line of ``s`` with the target return's ETA from the records seen so far."""
+        return format_line(s, self._trend.seconds_to(s.get("target_return")))
 
     def _start_bar(self, total: int) -> None:
         from rich.console import Console
@@ -139,8 +218,9 @@ class ProgressView:
         level = verbosity.level()
         if level == verbosity.QUIET:
             return
+        self._trend.add(s)
         if level == verbosity.VERBOSE:
-            line = format_line(s)
+            line = self.line(s)
             detail = format_detail(s)
             if not self.tty:
                 print(f"{line}  {detail}" if detail else line, file=self.stream, flush=True)
@@ -149,8 +229,10 @@ class ProgressView:
         if self.tty:
             if self._bar is None:
                 self._start_bar(int(s.get("total_steps") or 0))
-            info = (f"ep {s.get('episodes', 0)}  ret {_num(s.get('mean_return'), '.1f')}  "
-                    f"v{s.get('version', 0)}  stale {_num(s.get('staleness'), '.2f')}  "
+            target = s.get("target_return")
+            info = (f"ep {s.get('episodes', 0)}  ret {_num(s.get('mean_return'), '.1f')}"
+                    + (f" -> {target:g} in {_clock(self._trend.seconds_to(target))}" if target is not None else "")
+                    + f"  v{s.get('version', 0)}  stale {_num(s.get('staleness'), '.2f')}  "
                     f"learners {s.get('active_groups', 0)}/{s.get('groups', 0)}  {heading(s)}  "
                     f"{format_eta(eta_seconds(s))}")
             self._bar.update(self._task, completed=s.get("env_steps", 0), info=info)
@@ -158,7 +240,7 @@ class ProgressView:
         now = time.monotonic()
         if now - self._last_print >= self.log_seconds:
             self._last_print = now
-            print(format_line(s), file=self.stream, flush=True)
+            print(self.line(s), file=self.stream, flush=True)
 
     def echo(self, text: str) -> None:
         """Pass an ordinary output line through without breaking the bar."""

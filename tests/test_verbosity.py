@@ -56,6 +56,16 @@ def test_verbose_shows_the_plan_and_a_detailed_line_for_every_update(tmp_path, c
     assert "hpcrl run summary" in out
 
 
+@pytest.mark.timeout(200)
+def test_verbose_shows_ppos_losses_kl_entropy_and_clip_fraction_in_a_roles_run(tmp_path, capsys):
+    assert cli_main(["-v", *serial_run(tmp_path, "ppo")]) == 0
+    detailed = [line for line in capsys.readouterr().out.splitlines() if PROGRESS.match(line)]
+    last = detailed[-1]
+    for name in ("policy_loss", "value_loss", "kl", "entropy", "clip_fraction"):
+        assert re.search(rf"  {name} -?[\d.]", last), last
+    assert "mailbox_wait_seconds" not in last and "compute_seconds" not in last  # the push's timings stay out
+
+
 def test_quiet_and_verbose_together_are_refused(capsys):
     with pytest.raises(SystemExit) as exc:
         cli_main(["run", "-q", "-v"])

@@ -54,6 +54,8 @@ from hpcrl.staleness import GradientRecord
 REASON = {name: i for i, name in enumerate(GRADIENT_REASONS)}
 GROUP_ACTION = {name: i for i, name in enumerate(ELASTIC_ACTIONS)}
 GROUP_REASON = {name: i for i, name in enumerate(ELASTIC_REASONS)}
+PUSH_TIMINGS = frozenset({"compute_seconds", "mailbox_wait_seconds", "new_env_steps", "busy_seconds", "inner_steps"})
+"""What a learner adds to its gradient's stats about the push itself, not the algorithm (learner.push)."""
 
 
 class RunRecord:
@@ -67,7 +69,7 @@ class RunRecord:
         self.round_t0 = run_file.now()
         self.current = self._new_round()
         self.staleness_recent: deque[int] = deque(maxlen=64)
-        self.last_stats: dict[str, float] = {}  # the fused loop's newest iteration: the algorithm's numbers
+        self.last_stats: dict[str, float] = {}  # the newest iteration's or gradient's algorithm numbers
         self._load_counts = (gradients, admitted, updates)
         self._sources: list[tuple[str, Callable[[], Mapping[str, Sequence]]]] = []
 
@@ -155,6 +157,8 @@ class RunRecord:
         r["staleness"].extend(stale)
         r["loss"].extend(losses)
         r["grad_stats"].extend(rec.stats for rec, _ in step)  # the round's kl, the live scalars' train/ means
+        # the newest gradient's algorithm numbers (PPO: losses, kl, entropy, clip fraction) for `hpcrl -v`'s line
+        self.last_stats = {k: v for k, v in step[-1][0].stats.items() if k not in PUSH_TIMINGS and v == v}
         r["updates"] += 1
         # most steps hold one gradient: plain floats then (numpy's reductions cost 5 us each, per update)
         loss_mean, loss_min, loss_max = ((losses[0],) * 3 if len(losses) == 1

@@ -47,7 +47,7 @@ TAG_SHARE = 15
 """Joined learner rank -> its group's root: the gradient of its share of a minibatch (runtime/transport/joining.py)."""
 
 GRAD_STATS = ("loss", "compute_seconds", "mailbox_wait_seconds", "new_env_steps", "policy_loss",
-              "value_loss", "entropy", "kl", "busy_seconds", "inner_steps")
+              "value_loss", "entropy", "kl", "busy_seconds", "inner_steps", "clip_fraction")
 """The float64 stats a learner pushes with each gradient, in this order (the mailbox's stats capacity).
 busy_seconds: the gradient's learner cycle so far without its waits (for data, for a mailbox slot),
 the elastic rule's measure of a group's capacity. inner_steps: optimizer steps the group took to make an

@@ -192,6 +192,9 @@ def test_a_serial_run_writes_scalars_tensorboard_reads_back(tmp_path):
     ended = (grads["admitted"] == 1) & (grads["round"] < len(rounds["round"]))
     assert sum(v for _, v in got["gradients/admitted"]) == ended.sum()
     assert all(v >= 0 for _, v in got["staleness/mean"])
+    # the last point holds the round the run stopped in: the summary's return and env steps
+    last_step, last_window = got["episode/return_window"][-1]
+    assert last_window == pytest.approx(result.summary["mean_return"]) and last_step == result.summary["env_steps"]
 
 
 @pytest.mark.slow

@@ -70,6 +70,7 @@ class RunRecord:
         self.current = self._new_round()
         self.staleness_recent: deque[int] = deque(maxlen=64)
         self.last_stats: dict[str, float] = {}  # the newest iteration's or gradient's algorithm numbers
+        self.summary_env_steps: int | None = None
         self._load_counts = (gradients, admitted, updates)
         self._sources: list[tuple[str, Callable[[], Mapping[str, Sequence]]]] = []
 
@@ -368,6 +369,7 @@ class RunRecord:
                 files: Mapping[str, str] | None = None, **extra: Any) -> dict[str, Any]:
         """The closing summary every runner prints and returns: the last progress numbers (``stats``), why the
         run stopped, the gradient counts, the runner's ``extra`` facts and the files (run.h5, ``files``, config)."""
+        self.summary_env_steps = stats.get("env_steps")  # the last live scalars' x (close)
         return {**stats, "stop_reason": stop_reason, "run_dir": str(run_dir),
                 "return_window": self.stop_rule.cfg.return_window, "gradients": self.gradients,
                 "admitted": self.admitted, **extra,
@@ -390,6 +392,8 @@ class RunRecord:
         self.rows.flush()
         self.file.close()
         if self.scalars is not None:
+            if self.current["episodes"] or self.current["env_steps"]:  # the round the run stopped in
+                self.scalars.tail(self.current, self.stop_rule.mean_return(), self.summary_env_steps)
             self.scalars.close()
 
     def close_on_error(self) -> None:

@@ -145,6 +145,16 @@ class LiveScalars:
                 print(f"hpcrl: io.loggers: {type(logger).__name__}.{method} failed ({type(exc).__name__}: {exc}); "
                       "no more live scalars to it", file=sys.stderr, flush=True)
 
+    def tail(self, kept: Mapping[str, Any], window_return: float, env_steps: int | None = None) -> None:
+        """The part of a round the run ended in (``kept``: RunRecord's numbers of it), written at the end so the
+        last point holds the episode that met the stop rule: the return window and env steps (``env_steps``,
+        the summary's) are then the summary's."""
+        self.write()
+        self.step = env_steps if env_steps is not None else self.step + kept["env_steps"]
+        self._send(self.step, {"episode/return_window": window_return,
+                               "episode/return_mean": _mean(np.asarray(kept["returns"], dtype=np.float64)),
+                               "episode/count": kept["episodes"]})
+
     def flush(self) -> None:
         self.write()
         self._each("flush")

@@ -72,8 +72,15 @@ def check_eval_table(run_dir, every: int, episodes: int) -> None:
 
 def test_serial_run_records_evaluations(tmp_path):
     cfg = build_config({**EVAL_RUN, "launch": {"runner": "serial"}, "io": {"run_dir": str(tmp_path)}})
-    assert serial.run(make_plan(cfg), tmp_path).stop_reason.startswith("stop.")
+    result = serial.run(make_plan(cfg), tmp_path)
+    assert result.stop_reason.startswith("stop.")
     check_eval_table(tmp_path, every=4, episodes=3)
+    # the summary's evaluation line is the newest evaluation's
+    ev = read_table(tmp_path / "run.h5", "eval_episodes")
+    newest = ev["policy_version"] == ev["policy_version"].max()
+    s = result.summary
+    assert s["eval_return"] == pytest.approx(ev["return"][newest].mean()) and s["eval_episodes"] == 3
+    assert s["eval_version"] == ev["policy_version"].max()
 
 
 @pytest.mark.mpi
@@ -87,6 +94,7 @@ def test_mpi_run_records_evaluations(tmp_path):
     out = subprocess.run(args, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     check_eval_table(run_dir, every=4, episodes=3)
+    assert "evaluation return (v" in out.stdout and "3 greedy episodes)" in out.stdout  # the summary's line
 
 
 def test_stellaris_csv_takes_eval_rewards_from_the_evaluations(tmp_path):

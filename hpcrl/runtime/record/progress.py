@@ -271,6 +271,8 @@ def print_summary(s: dict[str, Any], stream: TextIO, rich_table: bool = False) -
         ("environment steps", str(s.get("env_steps", 0))),
         ("episodes", str(s.get("episodes", 0))),
         (f"mean return (last {s.get('return_window', '?')})", _num(s.get("mean_return"), ".2f")),
+        *([(f"evaluation return (v{s['eval_version']}, {s['eval_episodes']} greedy episodes)",
+            f"{s['eval_return']:.2f} +- {s['eval_return_std']:.2f}")] if "eval_return" in s else []),
         ("policy version", str(s.get("version", 0))),
         ("rounds", str(s.get("round", 0))),
         (f"{'updates' if s.get('push') == 'update' else 'gradients'} received / admitted",

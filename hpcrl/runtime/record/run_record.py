@@ -71,6 +71,7 @@ class RunRecord:
         self.staleness_recent: deque[int] = deque(maxlen=64)
         self.last_stats: dict[str, float] = {}  # the newest iteration's or gradient's algorithm numbers
         self.summary_env_steps: int | None = None
+        self.last_evaluation: dict[str, float] = {}  # the newest evaluation's mean return (the summary's line)
         self._load_counts = (gradients, admitted, updates)
         self._sources: list[tuple[str, Callable[[], Mapping[str, Sequence]]]] = []
 
@@ -239,6 +240,10 @@ class RunRecord:
         rows = [ep.row() for ep in evaluation.episodes]
         for row in rows:
             self.file.append("eval_episodes", {**head, **row})
+        if rows:  # the summary's evaluation line: the newest evaluation's
+            returns = [float(row["return"]) for row in rows]
+            self.last_evaluation = {"eval_return": float(np.mean(returns)), "eval_return_std": float(np.std(returns)),
+                                    "eval_episodes": len(returns), "eval_version": evaluation.policy_version}
         if self.scalars is not None:
             self.scalars.evaluation(rows)
 
@@ -372,7 +377,7 @@ class RunRecord:
         self.summary_env_steps = stats.get("env_steps")  # the last live scalars' x (close)
         return {**stats, "stop_reason": stop_reason, "run_dir": str(run_dir),
                 "return_window": self.stop_rule.cfg.return_window, "gradients": self.gradients,
-                "admitted": self.admitted, **extra,
+                "admitted": self.admitted, **self.last_evaluation, **extra,
                 "files": {"record": str(self.file.path), **(files or {}), "config": str(Path(run_dir) / "config.yaml")}}
 
     # ---- the file ------------------------------------------------------------------------------

@@ -81,6 +81,10 @@ def test_serial_run_records_evaluations(tmp_path):
     s = result.summary
     assert s["eval_return"] == pytest.approx(ev["return"][newest].mean()) and s["eval_episodes"] == 3
     assert s["eval_version"] == ev["policy_version"].max()
+    # hpcrl analyze: the newest evaluation in the summary table, every evaluation drawn in the return figure
+    assert hpcrl_main(["analyze", str(tmp_path), "--out", str(tmp_path / "analysis")]) == 0
+    md = (tmp_path / "analysis" / "summary.md").read_text()
+    assert f"| last evaluation return (greedy) | {ev['return'][newest].mean():.4g}" in md, md
 
 
 @pytest.mark.mpi

@@ -138,6 +138,11 @@ def test_eval_video_writes_one_mp4_per_episode_with_every_frame(cartpole_run, ca
     frames = [iio.get_reader(str(v), "ffmpeg").count_frames() for v in videos]
     assert frames == [n + 1 for n in lengths]  # the reset's frame and one per step
     assert "videos  2 mp4" in out
+    # what is played is said before the episodes (the seconds of silence were the video's)
+    lines = out.splitlines()
+    assert lines[0] == f"hpcrl eval: loading the checkpoint of {cartpole_run}"
+    assert lines[1].startswith("hpcrl eval: ") and lines[1].endswith(f"recording videos in {tmp_path / 'v'}")
+    assert lines[2].startswith("  return  mean")
 
 
 # ---- export = eval's actions, for every kind of env and model -------------------------------

@@ -29,17 +29,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.episodes < 1:
+        raise ConfigError(f"--episodes {args.episodes}: at least 1")
+    # a line at once, then one per phase: torch's import, the checkpoint and the episodes (with video, the
+    # longest part) take seconds each
+    print(f"hpcrl eval: loading the checkpoint of {args.run_dir}", flush=True)
     from hpcrl.policy.load import load_policy, read_run_config
     from hpcrl.policy.play import play, prepare_rendering
 
-    if args.episodes < 1:
-        raise ConfigError(f"--episodes {args.episodes}: at least 1")
     if args.video:  # before the first env of the run renders: MUJOCO_GL is read once per process
         prepare_rendering(read_run_config(args.run_dir).env.id)
     policy = load_policy(args.run_dir, args.checkpoint)
     seed = policy.cfg.eval.seed if args.seed is None else args.seed
+    lines = report(policy, args, seed, None)
+    print(lines[0] + (f"; recording videos in {args.video}" if args.video else ""), flush=True)
     result = play(policy, args.episodes, sampled=args.sampled, seed=seed, video_dir=args.video)
-    for line in report(policy, args, seed, result):
+    for line in report(policy, args, seed, result)[1:]:
         print(line)
     return 0
 
@@ -50,7 +55,8 @@ def _stats(x: np.ndarray, fmt: str) -> str:
 
 
 def report(policy, args, seed: int, result) -> list[str]:
-    """The lines ``hpcrl eval`` prints: what was played, then return and length (per policy group for MARL)."""
+    """The lines ``hpcrl eval`` prints: what is played, then return and length (per policy group for MARL);
+    the first only while ``result`` is None (before the episodes)."""
     cfg, steps = policy.cfg, policy.state.get("env_steps")
     agents = policy.agents
     mode = "sampled" if args.sampled else "greedy"
@@ -60,6 +66,8 @@ def report(policy, args, seed: int, result) -> list[str]:
     lines = [f"hpcrl eval: {policy.run_dir}: {env}, {cfg.algo.name}, checkpoint version {policy.version}{trained}"
              f"{norm}; {args.episodes} {mode} episode{'s' if args.episodes > 1 else ''}, seeds {seed}.."
              f"{seed + args.episodes - 1}"]
+    if result is None:
+        return lines
     width = len("return per agent") if agents else len("return")
     lines.append(f"  {'return per agent' if agents else 'return':<{width}}  {_stats(result.returns, '.2f')}")
     lines.append(f"  {'length':<{width}}  {_stats(result.lengths, 'd')}")

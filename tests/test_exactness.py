@@ -167,6 +167,22 @@ def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(tmp_path):
             assert np.array_equal(a[name][:trained], b[name][:trained]), f"actor {actor}: {name} differ"
 
 
+@pytest.mark.slow
+def test_a_serial_job_repeats_itself_exactly(tmp_path):
+    # docs/runtime.md "The same seed, the same record": sync admission, actors.on_policy=true (hopper.yaml)
+    first = run_job(tmp_path / "a", "hopper", "serial")
+    second = run_job(tmp_path / "b", "hopper", "serial")
+    assert torch.equal(load_checkpoint(first)["params"], load_checkpoint(second)["params"])
+    a, b = read_table(first / "run.h5", "episodes"), read_table(second / "run.h5", "episodes")
+    for actor in range(2):  # each actor's episodes; the order of two actors' rows is their arrival's
+        for name in ("return", "length", "policy_version"):
+            assert np.array_equal(a[name][a["actor"] == actor], b[name][b["actor"] == actor]), f"episodes.{name}"
+    for actor in range(2):
+        a, b = read_trajectory(first / traj_filename(actor)), read_trajectory(second / traj_filename(actor))
+        for name in ("actions", "rewards"):
+            assert np.array_equal(a[name], b[name]), f"actor {actor}: {name} differ"
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_update_push_resume_goes_on_with_each_groups_optimizer_state(tmp_path):

@@ -94,6 +94,24 @@ def mpi_flavour(mpiexec: str) -> str:
     return "unknown"
 
 
+OPENMPI_BTL = "self,tcp"
+"""Open MPI's byte transfer layers for a local job. Open MPI 4.1's one-sided ``osc/rdma`` emulates atomics
+over a BTL, and a Compare_and_swap crashes over the shared-memory one (``mca_btl_vader_emu_acswap``: SIGSEGV on
+a null endpoint, the parameter rank's CAS on its own window: transport/windows.py) and over libfabric's
+(``mca_btl_ofi_acswap``, a learner's CAS on rank 0's window), both measured with Debian's 4.1.4; over
+``self`` and ``tcp`` the same atomics run."""
+
+
+def openmpi_environment(base: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """What an Open MPI job's ranks need beside ``base`` (the environment), and the one line that says so; none
+    when the user chose the transports (``OMPI_MCA_btl`` or ``OMPI_MCA_osc`` set)."""
+    if "OMPI_MCA_btl" in base or "OMPI_MCA_osc" in base:
+        return {}, None
+    return {"OMPI_MCA_btl": OPENMPI_BTL}, (
+        f"Open MPI: OMPI_MCA_btl={OPENMPI_BTL} (Open MPI 4.1's one-sided atomics crash over its shared-memory "
+        "and libfabric BTLs; set OMPI_MCA_btl or OMPI_MCA_osc to choose otherwise)")
+
+
 def rank_command(run_dir: str | Path, *, python: str = sys.executable, resume: bool = False,
                  progress: str = "plain", container: ContainerConfig | None = None,
                  binds: Iterable[str] = (), fit_actors: bool = False) -> list[str]:

@@ -5,7 +5,7 @@
 # h5dump, h5ls; python3-h5py) for the record-format check. Installs what is missing when run as
 # root with apt-get; otherwise says what is missing (those tests then skip with a reason).
 set -u
-packages=(slurm-wlm slurmdbd munge mariadb-server iproute2 openfoam openfoam-examples chromium hdf5-tools python3-h5py)
+packages=(slurm-wlm slurmdbd munge mariadb-server iproute2 openfoam openfoam-examples chromium hdf5-tools python3-h5py openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

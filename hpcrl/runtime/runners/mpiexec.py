@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from hpcrl import launch
+from hpcrl import launch, verbosity
 from hpcrl.runtime.record.checkpoint import said_here
 from hpcrl.runtime.runners import RunResult
 from hpcrl.runtime.runners.rank_exits import ExitOrder
@@ -93,8 +93,14 @@ def run(plan, run_dir: Path, resume: bool = False, progress: str = "plain",
 
         check_not_cut_short(run_dir)
     mpiexec = launch.find_mpiexec(s.launch)
+    flavour = launch.mpi_flavour(mpiexec)
     cmd = launch.local_command(s.launch, plan.num_ranks, run_dir, mpiexec=mpiexec,
-                               flavour=launch.mpi_flavour(mpiexec), resume=resume, progress="pipe")
+                               flavour=flavour, resume=resume, progress="pipe")
+    if flavour == "openmpi":
+        needed, line = launch.openmpi_environment({**os.environ, **(environ or {})})
+        environ = {**(environ or {}), **needed}
+        if line:
+            verbosity.say(f"hpcrl run: {line}", flush=True)
     return supervise(cmd, s, Path(run_dir), environ, tty=progress == "tty", roles=_role_names(plan))
 
 

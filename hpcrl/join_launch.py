@@ -7,7 +7,8 @@ HPCRL_SITE), as a one-node batch job of their own (``sbatch --wait``, recorded a
 ``hpcrl analyze`` bills it), or with a second local ``mpiexec`` outside a batch job. Each runs ``python -m
 hpcrl.runtime.runners.join``; the files of the N-th join of door WHO are ``RUN_DIR/joins/WHO-N.*``: .port (the MPI
 port), .ready (host and pid of their first rank, written just before it connects), .log, .leaving, .left, and with
-``jobs`` .sbatch (the job id). A PBS job cannot start joining ranks (PALS has no job steps on other nodes):
+``jobs`` .sbatch (the job id). In a PBS job (Polaris, Aurora) ``steps`` is a second PALS ``mpiexec --hosts NODE``
+on a node of $PBS_NODEFILE that holds none of the job's ranks; PBS ``jobs`` (qsub) is not built yet:
 :func:`joining_refused` says so before the run starts.
 
 The MPI half (the port, accept and merge, disconnect; :class:`~hpcrl.runtime.transport.joining.JoinedReduce` and
@@ -51,16 +52,27 @@ def step_environment(env: dict[str, str], how: str = "steps") -> dict[str, str]:
     return out
 
 
+def allocation_nodes(env: dict[str, str]) -> tuple[str, list[str]]:
+    """The batch job's nodes, each once, in the scheduler's order, and where they came from (a PBS job's
+    $PBS_NODEFILE, one line per rank slot; else Slurm's SLURM_JOB_NODELIST through ``scontrol show hostnames``)."""
+    if env.get("PBS_NODEFILE"):
+        lines = Path(env["PBS_NODEFILE"]).read_text().split()
+        return env["PBS_NODEFILE"], list(dict.fromkeys(lines))
+    out = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True,
+                         timeout=30)
+    return env["SLURM_JOB_NODELIST"], [] if out.returncode else out.stdout.split()
+
+
 def join_node(own_hosts: list[str], slot: int, env: dict[str, str], setting: str = "learners.elastic") -> str:
-    """The node of the Slurm allocation where joining launch ``slot`` runs: the allocation's nodes that hold none
+    """The node of the Slurm or PBS allocation where joining launch ``slot`` runs: the allocation's nodes that hold none
     of the job's own ranks, one per slot (``hpcrl submit`` asks for one per learner group that can be active at
     once, then one per actor: slots 0 .. G-1 are the groups', G + a actor a's; left to Slurm, two steps would
     queue behind each other on one node)."""
-    out = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True,
-                         timeout=30)
-    spare = [h for h in out.stdout.split() if h not in set(own_hosts)]
-    if out.returncode or not spare:
-        raise RuntimeError(f"{setting}=steps: no node of allocation {env['SLURM_JOB_NODELIST']} is free of the "
+    where, nodes = allocation_nodes(env)
+    own = {h.split(".")[0] for h in own_hosts}  # PBS_NODEFILE has full names, gethostname() may not
+    spare = [h for h in nodes if h.split(".")[0] not in own]
+    if not spare:
+        raise RuntimeError(f"{setting}=steps: no node of allocation {where} is free of the "
                            f"job's own ranks ({', '.join(sorted(set(own_hosts)))}); submit with hpcrl submit, which "
                            "adds the nodes the joining ranks need")
     return spare[slot % len(spare)]
@@ -73,9 +85,10 @@ def joining_refused(how: str, env, setting: str = "learners.elastic") -> str | N
         return (f"{setting}=jobs: joining ranks are submitted as Slurm batch jobs, and this run is not in a "
                 "batch job of hpcrl submit on a Slurm site (no SLURM_JOB_ID / HPCRL_SITE); allowed here: "
                 f"{setting}=steps (a second mpiexec on this machine) or park")
-    if env.get("PBS_JOBID"):
-        return (f"{setting}={how}: this run is in a PBS job, where hpcrl cannot start joining ranks (PALS "
-                f"has no job steps on other nodes of the allocation); allowed: {setting}=park")
+    if env.get("PBS_JOBID") and not (how == "steps" and env.get("PBS_NODEFILE") and env.get("HPCRL_SITE")):
+        return (f"{setting}={how}: this run is in a PBS job; PALS has no job steps, so hpcrl adds ranks only as a "
+                "second mpiexec --hosts on a spare node of $PBS_NODEFILE in a job of hpcrl submit (HPCRL_SITE); "
+                f"allowed: {setting}=steps there, or park")
     return None
 
 
@@ -110,6 +123,15 @@ def join_command(how: str, ranks: int, own_hosts: list[str], slot: int, env: dic
         away = f"--exclude={','.join(sorted(set(own_hosts)))}"
         return ["sbatch", "--wait", "--parsable", "--nodes=1", f"--ntasks={ranks}", name, f"--output={log}", away,
                 *queue, *account, "--wrap", shell_line([*site_srun(env, setting).words(ranks, ranks), *command])]
+    if env.get("PBS_JOBID") and env.get("PBS_NODEFILE") and env.get("HPCRL_SITE"):
+        from hpcrl.launchers import PalsMpiexec, for_site
+        from hpcrl.sites import load_site
+
+        pals = for_site(load_site(env["HPCRL_SITE"]), gpus=True)
+        if not isinstance(pals, PalsMpiexec):
+            raise RuntimeError(f"{setting}: this PBS job's site {env['HPCRL_SITE']} launches with {pals.kind}; "
+                               "allowed: a PALS site (polaris, aurora)")
+        return [*pals.on_hosts([join_node(own_hosts, slot, env, setting)], ranks, ranks), *command]
     if env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE"):
         return [*site_srun(env, setting).words(ranks, ranks), "--nodes=1",
                 f"--nodelist={join_node(own_hosts, slot, env, setting)}", name, "--kill-on-bad-exit=1", *command]

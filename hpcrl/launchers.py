@@ -177,6 +177,16 @@ class PalsMpiexec(Launcher):
         return ["mpiexec", "-n", str(ranks), "--ppn", str(ranks_per_node), *self.options(cpus_per_rank),
                 "--hostfile", NODEFILE]
 
+    def on_hosts(self, hosts: list[str], ranks: int, ranks_per_node: int,
+                 cpus_per_rank: int | None = None) -> list[str]:
+        """The same launch on ``hosts`` (``--hosts A,B``: nodes of the running PBS job) instead of the whole
+        $PBS_NODEFILE: a joining launch inside the allocation."""
+        check_layout(self.kind, ranks, ranks_per_node, cpus_per_rank)
+        if not hosts or len(hosts) * ranks_per_node < ranks:
+            raise ValueError(f"{self.kind}: hosts={hosts!r}; allowed: at least ranks / ranks_per_node host names")
+        return ["mpiexec", "-n", str(ranks), "--ppn", str(ranks_per_node), *self.options(cpus_per_rank),
+                "--hosts", ",".join(hosts)]
+
 
 @dataclass(frozen=True)
 class ParslMpiPrefix(Launcher):

@@ -55,3 +55,26 @@ def test_steps_refuse_a_slurm_site_in_a_pbs_job(tmp_path):
     env = pbs_env(tmp_path, "perlmutter-cpu", NODES)
     with pytest.raises(RuntimeError, match="launches with srun; allowed: a PALS site"):
         join_command("steps", 1, [NODES[0]], 0, env, None, ["true"], tmp_path / "log")
+
+
+@pytest.mark.mpi
+def test_steps_argv_runs_under_hydra_on_the_spare_node(tmp_path):
+    """MPICH's Hydra mpiexec takes the same ``-n --ppn --hosts``: the join argv, with this machine as the
+    nodefile's spare node, starts its ranks there (PALS itself needs a PBS site)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from hpcrl.join_launch import step_environment
+
+    here = socket.gethostname()
+    env = pbs_env(tmp_path, "aurora", ["busy-node", here])
+    probe = [sys.executable, "-c", "from mpi4py import MPI; c = MPI.COMM_WORLD; "
+             "print(c.rank, c.size, MPI.Get_processor_name())"]
+    argv = join_command("steps", 2, ["busy-node"], 0, env, None, probe, tmp_path / "log")
+    assert argv[argv.index("--hosts") + 1] == here
+    argv[0] = str(Path(sys.executable).with_name("mpiexec"))
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=step_environment(dict(os.environ)))
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.split("\n")[:2]) == [f"0 2 {here}", f"1 2 {here}"]

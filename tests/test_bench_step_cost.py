@@ -1,0 +1,21 @@
+"""hpcrl bench step-cost on CartPole with a tiny budget: every part of issue 42 is present and they add up."""
+from hpcrl.bench import step_cost
+
+
+def test_step_cost_parts_cover_the_measured_cpu():
+    res = step_cost.measure(None, 256, ["env.num_envs=2", "algo.train_batch_size=64",
+                                        "algo.minibatch_size=64", "algo.num_sgd_iter=2"])
+    parts = res["parts_us"]
+    assert list(parts) == list(step_cost.PARTS)
+    assert all(v >= 0.0 for v in parts.values())
+    # the profiled role loops cannot claim more CPU than the process spent (no part counted twice), 5 % slack
+    assert res["profiled_us"] <= 1.05 * res["process_cpu_us"]
+    assert abs(res["total_us"] - res["process_cpu_us"]) <= 0.05 * res["process_cpu_us"]
+    for part in ("env step", "policy forward", "action sampling", "fragment and record writes",
+                 "learner update", "parameter apply and publish"):
+        assert parts[part] > 0.0, part
+    assert res["env_alone_us"] > 0.0 and res["plain_torch_update_us"] > 0.0
+    assert res["hpcrl_over_env_alone"] > 1.0
+    text = step_cost.table(res)
+    for part in step_cost.PARTS:
+        assert part in text

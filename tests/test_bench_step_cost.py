@@ -4,7 +4,7 @@ from hpcrl.bench import step_cost
 
 def test_step_cost_parts_cover_the_measured_cpu():
     res = step_cost.measure(None, 256, ["env.num_envs=2", "algo.train_batch_size=64",
-                                        "algo.minibatch_size=64", "algo.num_sgd_iter=2"])
+                                        "algo.minibatch_size=64", "algo.num_sgd_iter=2", "io.loggers=[]"])
     parts = res["parts_us"]
     assert list(parts) == list(step_cost.PARTS)
     assert all(v >= 0.0 for v in parts.values())
@@ -16,6 +16,8 @@ def test_step_cost_parts_cover_the_measured_cpu():
         assert parts[part] > 0.0, part
     assert res["env_alone_us"] > 0.0 and res["plain_torch_update_us"] > 0.0
     assert res["hpcrl_over_env_alone"] > 1.0
+    # TensorBoard is off here: its row stays, at 0, with a note saying why
+    assert parts["TensorBoard"] == 0.0 and "TensorBoard" in res["notes"]
     text = step_cost.table(res)
     for part in step_cost.PARTS:
         assert part in text

@@ -169,7 +169,7 @@ def profile_run(config: str | None, steps: int, overrides: list[str], run_dir: P
     env_steps = int(result.summary.get("env_steps") or result.summary.get("env_steps_total") or steps)
     notes = {}
     if parts["TensorBoard"] == 0.0:
-        notes["TensorBoard"] = "off in this config (io.tensorboard)"
+        notes["TensorBoard"] = "off in this config (io.loggers has no tensorboard)"
     return {"parts": parts, "env_steps": env_steps, "process_cpu_seconds": cpu, "profiled_seconds": profiled, "notes": notes,
             "env_id": cfg.env.id, "cfg": cfg}
 

@@ -313,7 +313,9 @@ def test_on_policy_actors_sample_with_the_weights_of_the_last_trained_batch(tmp_
     on, off = versions[True], versions[False]
     # fragment i is sampled with the weights after batch i-1: 4 i versions or more
     assert len(on) >= 10 and all(v >= 4 * i for i, v in enumerate(on)), on
-    assert off[1] == 0, off  # pipelined: fragment 1 was sampled while fragment 0 trained
+    # pipelined: some fragment was sampled while the batch before it trained (with fewer than its 4 i versions;
+    # which one depends on the threads' timing: fragment 1 on a quiet machine, a later one under load)
+    assert any(v < 4 * i for i, v in enumerate(off) if i > 0), off
 
 
 @pytest.mark.slow

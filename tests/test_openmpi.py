@@ -9,12 +9,13 @@ crash over its shared-memory and libfabric BTLs; ``hpcrl run`` says so in one li
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from mpi_programs.launcher import run_bounded
 
 from hpcrl.io import read_table
 from hpcrl.launch import OPENMPI_BTL, mpi_flavour, openmpi_environment
@@ -47,15 +48,8 @@ def openmpi_env(**extra: str) -> dict[str, str]:
 
 
 def run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"{' '.join(cmd[:4])}... hung (> {timeout} s):\n{out[-4000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    code, out = run_bounded(cmd, env, timeout, f"{' '.join(cmd[:4])}...")
+    return subprocess.CompletedProcess(cmd, code, out, "")
 
 
 def test_the_launcher_knows_open_mpi_and_leaves_a_users_transport_choice_alone():

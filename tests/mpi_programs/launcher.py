@@ -16,6 +16,15 @@ def run_mpi(n: int, program: str, *args: str, timeout: float = 30.0) -> str:
     """Run ``tests/mpi_programs/<program>.py`` on n ranks (python -m mpi4py: an exception aborts all ranks)."""
     cmd = [str(MPIEXEC), "-n", str(n), sys.executable, "-m", "mpi4py", str(HERE / f"{program}.py"), *map(str, args)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), UCX_LOG_LEVEL="error", PYTHONUNBUFFERED="1")
+    code, out = run_bounded(cmd, env, timeout, f"{program} on {n} ranks")
+    if code != 0:
+        raise AssertionError(f"{program} on {n} ranks exited {code}:\n{out[-4000:]}")
+    return out
+
+
+def run_bounded(cmd: list[str], env: dict[str, str], timeout: float, what: str) -> tuple[int, str]:
+    """Run ``cmd`` in a session of its own (from the repository root); its exit code and output. Past ``timeout``
+    its whole process group is killed and an AssertionError names ``what``."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=ROOT, start_new_session=True)
     try:
@@ -23,7 +32,5 @@ def run_mpi(n: int, program: str, *args: str, timeout: float = 30.0) -> str:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise AssertionError(f"{program} on {n} ranks hung (> {timeout} s):\n{out[-4000:]}") from None
-    if proc.returncode != 0:
-        raise AssertionError(f"{program} on {n} ranks exited {proc.returncode}:\n{out[-4000:]}")
-    return out
+        raise AssertionError(f"{what} hung (> {timeout} s):\n{out[-4000:]}") from None
+    return proc.returncode, out

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.bench.scale_predict import Costs, Layout, Linear, Workload, perlmutter, predict, saturation_nodes
+from hpcrl.bench.scale_predict import (Costs, Interconnect, Layout, Linear, Workload, perlmutter, predict,
+                                       saturation_nodes, scaling_efficiency)
 
 ROOT = Path(__file__).resolve().parent.parent
 MS = 1e-3
@@ -108,6 +109,46 @@ def test_hierarchical_aggregation_and_shards_lift_rank0_as_their_costs_say():
     sharded = predict(c, WORK, lay, shards=4)
     per_push = lambda P: 0.2 * MS + 30e-9 * P  # noqa: E731
     assert sharded.env_steps_per_s / base.env_steps_per_s == pytest.approx(per_push(WORK.floats) / per_push(2500))
+
+
+def test_allreduce_costs_rabenseifners_latencies_and_bytes_across_the_learner_nodes():
+    net = Interconnect(latency=5e-6, node_bytes_per_s=1e9, learners_per_node=4)
+    assert net.allreduce(10**6, 4) == 0.0  # one node: summed over NVLink, left out
+    two = 2 * 1 * 5e-6 + 2 * (1 / 2) * 4e6 / 1e9  # 2 nodes: 2 log2(2) latencies, half the bytes each way
+    assert net.allreduce(10**6, 8) == pytest.approx(two)
+    assert net.allreduce(10**6, 4 * 100) == pytest.approx(2 * 7 * 5e-6 + 2 * 99 / 100 * 4e6 / 1e9)  # ceil(log2 100) = 7
+
+
+def test_allreduce_has_no_parameter_rank_to_saturate_and_steps_once_per_minibatch_of_all_learners():
+    c = costs(receive=Linear(1 * MS), publish=Linear(1 * MS), gradient=2 * MS, apply_gradient=Linear(0.5 * MS))
+    net = Interconnect(latency=0.0, node_bytes_per_s=1e12, learners_per_node=1)
+    lay = Layout(nodes=64, actors=10**6, actor_nodes=64, learners=64)
+    server, ring = predict(c, WORK, lay, "update"), predict(c, WORK, lay, topology="allreduce", net=net)
+    assert server.bottleneck == "rank 0 CPU" and ring.bottleneck == "learners"
+    per_step = (WORK.minibatches / WORK.batch_steps) * (2 * MS + net.allreduce(WORK.floats, 64) + 0.5 * MS)
+    assert ring.env_steps_per_s == pytest.approx(64 / per_step)
+    assert ring.pushes_per_s == 0.0 and ring.rank0_in_bytes_per_s == 0.0  # no pushes reach rank 0
+    with pytest.raises(ValueError, match="topology must be one of"):
+        predict(c, WORK, lay, topology="ring")
+
+
+def test_per_node_reports_divide_rank0s_record_work_by_the_actors_per_node():
+    c = costs(report=1 * MS)
+    lay = Layout(nodes=10, actors=640, actor_nodes=10, learners=10**6)
+    per_fragment, per_node = predict(c, WORK, lay), predict(c, WORK, lay, reports="node")
+    assert per_fragment.bottleneck == per_node.bottleneck == "rank 0 CPU"
+    assert per_fragment.env_steps_per_s == pytest.approx(WORK.fragment_steps / (1 * MS))
+    assert per_node.env_steps_per_s / per_fragment.env_steps_per_s == pytest.approx(64)
+
+
+def test_scaling_efficiency_is_one_while_only_the_nodes_work_and_falls_once_rank0_binds():
+    c = costs(actor_step=100e-6, gradient=1 * MS, receive=Linear(0.01 * MS))  # rank 0: 100K pushes/s
+    rate, eff = scaling_efficiency(c, WORK, 2, push="update")
+    assert eff == pytest.approx(1.0)
+    assert scaling_efficiency(c, WORK, 64, push="update")[1] == pytest.approx(1.0)  # actors and learners scale
+    n = saturation_nodes(c, WORK, "update", "actor")
+    big, eff_big = scaling_efficiency(c, WORK, 4 * n, push="update")
+    assert eff_big < 0.5 and big == pytest.approx(predict(c, WORK, perlmutter(n), "update").env_steps_per_s, rel=0.3)
 
 
 def test_linear_fit_recovers_a_line_and_keeps_terms_non_negative():

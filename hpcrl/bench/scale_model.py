@@ -27,8 +27,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from hpcrl.bench.scale_predict import (FETCH_MODES, PUSH_MODES, Costs, Layout, Linear, Workload, blend, fmt_rate,
-                                       per_env_step, perlmutter, predict, saturation_nodes)
+from hpcrl.bench.scale_predict import (FETCH_MODES, PUSH_MODES, Costs, Interconnect, Layout, Linear, Workload, blend,
+                                       fmt_rate, per_env_step, perlmutter, predict, saturation_nodes, scaling_efficiency)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NODES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000]
@@ -86,6 +86,36 @@ def table(title: str, costs: Costs, work: Workload, nodes: list[int], gpu_share:
     print("what would come next (not built), on top of update push and per-node fetch:")
     for name, variant in VARIANTS:
         saturation(costs, work, layout_of, name, "update", "node", **variant)
+
+
+EFFICIENCY_NODES = [2, 8, 64, 256, 1000]
+TOPOLOGY_VARIANTS = [
+    ("gradient push, per-actor fetch (built)", {"push": "gradient", "fetch": "actor"}),
+    ("update push, per-node fetch (built)", {"push": "update", "fetch": "node"}),
+    ("+ node combine and 16 shards", {"push": "update", "fetch": "node", "combine": 4, "shards": 16}),
+    ("+ node combine, 16 shards, per-node reports", {"push": "update", "fetch": "node", "combine": 4, "shards": 16,
+                                                     "reports": "node"}),
+    ("allreduce (DD-PPO-like), per-node fetch", {"topology": "allreduce", "fetch": "node"}),
+    ("allreduce, per-node fetch and reports", {"topology": "allreduce", "fetch": "node", "reports": "node"}),
+]
+
+
+def efficiency_table(title: str, costs: Costs, work: Workload, gpu_share: float, nic: float, net: Interconnect,
+                     nodes: list[int] = EFFICIENCY_NODES) -> None:
+    """Scaling efficiency of each way to train at scale: env steps/s at N nodes over N x the 2-node rate per node,
+    and the bottleneck at the largest N."""
+    layout_of = lambda n: perlmutter(n, gpu_share, nic_bytes_per_s=nic)  # noqa: E731
+    print(f"\n{title}, scaling efficiency (env steps/s at N nodes over N x the per-node rate of 2 nodes, one GPU and "
+          f"one CPU node); allreduce over Slingshot-like links of {net.node_bytes_per_s / 1e9:.0f} GB/s per learner node, "
+          f"{net.latency * 1e6:.1f} us per message:")
+    print(f"  {'':50s} " + " ".join(f"{n:>13,}" for n in nodes) + "  bottleneck at the last")
+    for name, variant in TOPOLOGY_VARIANTS:
+        cells = []
+        for n in nodes:
+            rate, eff = scaling_efficiency(costs, work, n, layout_of, net=net, **variant)
+            cells.append(f"{fmt_rate(rate):>6} {min(eff, 9.99):>5.0%}")
+        last = predict(costs, work, layout_of(nodes[-1]), net=net, **variant).bottleneck
+        print(f"  {name:50s} " + " ".join(cells) + f"  {last}")
 
 
 def saturation(costs: Costs, work: Workload, layout_of, name: str, push: str, fetch: str, **variant) -> None:
@@ -242,6 +272,9 @@ def main(argv: list[str]) -> int:
                    help="a GPU learner's minibatch gradient in the table (default: the H200 CUDA-graph figure)")
     p.add_argument("--large", default=LARGE, help="P,B,M,F of a second job for the table (default %(default)s)")
     p.add_argument("--nic-gbs", type=float, default=25.0, help="rank 0's link in GB/s (Slingshot-11: 25)")
+    p.add_argument("--learner-node-gbs", type=float, default=100.0,
+                   help="a learner node's links for allreduce, GB/s (Perlmutter GPU node: 4 x 25)")
+    p.add_argument("--net-latency-us", type=float, default=3.0, help="latency per message between nodes, us")
     p.add_argument("--check-cluster", action="store_true", help="also run the job on 1, 2, 3 local cluster nodes")
     p.add_argument("--cluster-nodes", type=ints, default=[1, 2, 3])
     p.add_argument("--actors-per-node", type=int, default=2)
@@ -268,9 +301,13 @@ def main(argv: list[str]) -> int:
     if remote is not None:
         print_costs("costs with the ranks as on different nodes (OFI netmod over TCP, no shared memory)", remote, work)
     gpu = replace(local, gradient=args.gpu_gradient_ms * 1e-3)
-    for P, B, M, F in ([work.floats, work.batch_steps, work.minibatches, work.fragment_steps], ints(args.large)):
-        table("the job" if P == work.floats and B == work.batch_steps else "a large job", gpu,
-              Workload(P, B, M, F), args.nodes, args.gpu_share, args.nic_gbs * 1e9)
+    net = Interconnect(latency=args.net_latency_us * 1e-6, node_bytes_per_s=args.learner_node_gbs * 1e9)
+    jobs = [("the job", Workload(work.floats, work.batch_steps, work.minibatches, work.fragment_steps)),
+            ("a large job", Workload(*ints(args.large)))]
+    for title, job in jobs:
+        table(title, gpu, job, args.nodes, args.gpu_share, args.nic_gbs * 1e9)
+    for title, job in jobs:
+        efficiency_table(title[0].upper() + title[1:], gpu, job, args.gpu_share, args.nic_gbs * 1e9, net)
     rows = (cluster_table(cluster_runs(args.config, args.overrides, args), local, remote, work, args)
             if args.check_cluster else [])
     if args.json:

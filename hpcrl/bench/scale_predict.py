@@ -17,6 +17,11 @@ Every role is a loop of operations whose costs are measured; each gives a bound 
 - where ranks share cores (the local cluster): all their seconds per env step over the cores there are.
 
 The job runs at the smallest bound; the role that sets it is the bottleneck.
+
+``topology="allreduce"`` is the other way to train at scale (DD-PPO, Wijmans et al. 2020; not built): no parameter
+rank; the G learner ranks average each minibatch's gradient by an allreduce over the learners' nodes and each
+steps its own copy of the weights, so one new version per minibatch of all G learners together; actors fetch
+from the learners' nodes, and rank 0 only keeps the record (the fragment reports).
 """
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ from dataclasses import dataclass, replace
 
 PUSH_MODES = ("gradient", "update")
 FETCH_MODES = ("actor", "node")
+TOPOLOGIES = ("server", "allreduce")
+REPORT_MODES = ("fragment", "node")
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,31 @@ class Layout:
     nic_bytes_per_s: float | None = None  # rank 0's injection bandwidth; None: no limit
 
 
+    @property
+    def actors_per_node(self) -> float:
+        return self.actors / max(self.actor_nodes, 1)
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """The links between the learners' nodes, for ``topology="allreduce"``. Defaults: Slingshot-11, a GPU node of
+    Perlmutter with 4 learner ranks and 4 NICs of 25 GB/s (docs.nersc.gov, Perlmutter architecture)."""
+
+    latency: float = 3e-6              # seconds per message between nodes
+    node_bytes_per_s: float = 100e9    # one learner node's injection bandwidth
+    learners_per_node: int = 4
+
+    def allreduce(self, floats: int, learners: int) -> float:
+        """Seconds of one allreduce of ``floats`` float32 values over ``learners`` ranks: summed on each node first
+        (over NVLink: left out), then across the n nodes by reduce-scatter and allgather (Rabenseifner's algorithm,
+        Thakur, Rabenseifner & Gropp 2005): 2 ceil(log2 n) latencies and 2 (n - 1) / n of the bytes through each
+        node's link."""
+        nodes = -(-learners // self.learners_per_node)
+        if nodes <= 1:
+            return 0.0
+        return 2 * math.ceil(math.log2(nodes)) * self.latency + 2 * (nodes - 1) / nodes * 4 * floats / self.node_bytes_per_s
+
+
 @dataclass(frozen=True)
 class Prediction:
     env_steps_per_s: float
@@ -100,8 +132,17 @@ class Prediction:
     bounds: dict                   # env steps/s each part allows
 
 
+def reports_per_env_step(work: Workload, layout: Layout, reports: str) -> float:
+    """Messages rank 0 takes in per env step for the record: one per fragment, or (``reports="node"``, not built)
+    one per node for its actors' fragments together."""
+    if reports not in REPORT_MODES:
+        raise ValueError(f"reports must be one of {REPORT_MODES}")
+    per_fragment = 1.0 / work.fragment_steps
+    return per_fragment if reports == "fragment" else per_fragment / max(layout.actors_per_node, 1.0)
+
+
 def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch: str, combine: int = 1,
-                 shards: int = 1) -> dict:
+                 shards: int = 1, reports: str = "fragment") -> dict:
     """Seconds (summed over each role's ranks) and rank-0 bytes per env step, and the rates behind them.
 
     ``combine`` (hierarchical aggregation, not built): pushes are summed ``combine`` at a time on the way, so rank
@@ -133,9 +174,31 @@ def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch:
         learner = (M / B) * (costs.gradient + costs.apply_gradient(P)) + learner_pushes * costs.push(P) \
             + learner_fetches * costs.fetch(P)
     apply = costs.apply_gradient if push == "gradient" else costs.apply_update
-    rank0 = pushes * (costs.receive(P) + costs.admit) + versions * (apply(P) + costs.publish(P)) + costs.report / F
+    rank0 = pushes * (costs.receive(P) + costs.admit) + versions * (apply(P) + costs.publish(P)) \
+        + costs.report * reports_per_env_step(work, layout, reports)
     return {"actor": actor, "learner": learner, "rank0": rank0, "pushes": pushes,
             "out_bytes": 4 * P * (remote_fetches + learner_fetches), "in_bytes": 4 * P * pushes}
+
+
+def per_env_step_allreduce(costs: Costs, work: Workload, layout: Layout, net: Interconnect, fetch: str,
+                           reports: str = "fragment") -> dict:
+    """As :func:`per_env_step`, for ``topology="allreduce"``: per minibatch each learner computes its gradient,
+    takes part in the allreduce and steps its own weights (Adam at the measured CPU cost: a GPU's is less); the
+    G learners step together, one version per minibatch of them all, ``M / (G B)`` per env step; actors fetch each
+    new version (or once per fragment) from the learners' nodes, which share the serving: ``out_bytes`` is one
+    learner node's. Rank 0 only takes the fragment reports."""
+    P, B, M, F = work.floats, work.batch_steps, work.minibatches, work.fragment_steps
+    G = layout.learners
+    versions = M / (G * B)
+    readers = layout.actors if fetch == "actor" else layout.actor_nodes
+    remote_fetches = min(readers * versions, 1.0 / F)
+    actor = costs.actor_step + costs.fragment_send / F + remote_fetches * costs.fetch(P)
+    if fetch == "node":
+        actor += min(layout.actors * versions, 1.0 / F) * costs.node_copy(P)
+    learner = (M / B) * (costs.gradient + net.allreduce(P, G) + costs.apply_gradient(P))
+    learner_nodes = -(-G // net.learners_per_node)
+    return {"actor": actor, "learner": learner, "rank0": costs.report * reports_per_env_step(work, layout, reports),
+            "pushes": 0.0, "out_bytes": 4 * P * remote_fetches / learner_nodes, "in_bytes": 0.0}
 
 
 def _times(cost: Linear, n: int) -> Linear:
@@ -145,16 +208,29 @@ def _times(cost: Linear, n: int) -> Linear:
 
 
 def predict(costs: Costs, work: Workload, layout: Layout, push: str = "gradient", fetch: str = "actor",
-            combine: int = 1, shards: int = 1) -> Prediction:
-    """Env steps/s of the job: the smallest of the bounds its roles, rank 0's link and the cores set."""
-    s = per_env_step(costs, work, layout, push, fetch, combine, shards)
+            combine: int = 1, shards: int = 1, reports: str = "fragment", topology: str = "server",
+            net: Interconnect | None = None) -> Prediction:
+    """Env steps/s of the job: the smallest of the bounds its roles, rank 0's link and the cores set. Under
+    ``topology="allreduce"`` (``push``, ``combine`` and ``shards`` do not apply) rank 0 is the recorder and the link
+    that bounds is a learner node's, serving weights to its share of the actors."""
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"topology must be one of {TOPOLOGIES}")
+    if topology == "allreduce":
+        net = net or Interconnect()
+        s = per_env_step_allreduce(costs, work, layout, net, fetch, reports)
+        link, link_bytes_per_s = "weight links", net.node_bytes_per_s if layout.nic_bytes_per_s else None
+    else:
+        s = per_env_step(costs, work, layout, push, fetch, combine, shards, reports)
+        link, link_bytes_per_s = "rank 0 link", layout.nic_bytes_per_s
+
     def bound(capacity: float, need: float) -> float:
         return capacity / need if need > 0 else math.inf
 
+    rank0 = "rank 0 CPU" if topology == "server" else "rank 0 record"  # under allreduce it only takes the reports
     bounds = {"actors": bound(layout.actors, s["actor"]), "learners": bound(layout.learners, s["learner"]),
-              "rank 0 CPU": bound(1.0, s["rank0"])}
-    if layout.nic_bytes_per_s:
-        bounds["rank 0 link"] = bound(layout.nic_bytes_per_s, max(s["out_bytes"], s["in_bytes"]))
+              rank0: bound(1.0, s["rank0"])}
+    if link_bytes_per_s:
+        bounds[link] = bound(link_bytes_per_s, max(s["out_bytes"], s["in_bytes"]))
     if layout.cores:
         bounds["cores"] = bound(layout.cores, s["actor"] + s["learner"] + s["rank0"])
     bottleneck = min(bounds, key=bounds.get)
@@ -174,6 +250,16 @@ def perlmutter(nodes: int, gpu_share: float = 0.5, actors_per_node: int = 64, le
     actors = cpu * actors_per_node if cpu else actors_per_node - learners_per_node - 1
     return Layout(nodes=nodes, actors=actors, actor_nodes=max(cpu, 1), learners=gpu * learners_per_node,
                   nic_bytes_per_s=nic_bytes_per_s)
+
+
+def scaling_efficiency(costs: Costs, work: Workload, nodes: int, layout_of=perlmutter, base_nodes: int = 2,
+                       **variant) -> tuple[float, float]:
+    """(env steps/s at ``nodes``, scaling efficiency): that rate over ``nodes`` x the per-node rate of the smallest
+    allocation that has both kinds of node (``base_nodes``: one GPU node and one CPU node), under the same
+    ``variant`` (what :func:`predict` takes beside the layout)."""
+    rate = predict(costs, work, layout_of(nodes), **variant).env_steps_per_s
+    per_node = predict(costs, work, layout_of(base_nodes), **variant).env_steps_per_s / base_nodes
+    return rate, rate / (nodes * per_node)
 
 
 def blend(local: Costs, remote: Costs, share: float) -> Costs:

@@ -208,6 +208,8 @@ class AggregationConfig(Section):
     """learners.push=update: momentum m of the outer step (0: plain)."""
     outer_nesterov: bool = False
     """learners.push=update: Nesterov momentum (the step is d + m * buffer); needs outer_momentum > 0."""
+    shards: int = Field(1, ge=1)
+    """Parameter ranks that each own a slice of the weights and its optimizer state (ranks 0 .. shards-1; rank 0 decides admission for all). MPI runner only."""
 
     @model_validator(mode="after")
     def _nesterov_needs_momentum(self) -> "AggregationConfig":
@@ -501,6 +503,25 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _what_parameter_shards_need(self) -> "RunConfig":
+        S = self.aggregation.shards
+        refused = [(why, allowed) for why, allowed, on in (
+            (f"launch.runner={self.launch.runner} runs one parameter role", "launch.runner=mpi",
+             self.launch.runner != "mpi"),
+            ("actors.weight_sync=aaps needs the whole model's probe outputs on one rank", "actors.weight_sync=every_fragment",
+             self.actors.weight_sync == "aaps"),
+            ("ranks that join (learners.elastic, actors.elastic) reach rank 0's windows only",
+             "learners.elastic=park and actors.elastic=park",
+             self.learners.elastic != "park" or self.actors.elastic != "park"),
+            (f"launch.placement.roles={self.launch.placement.roles} places one parameter rank",
+             "launch.placement.roles=in_launch_order",
+             self.launch.placement.roles != "in_launch_order")) if on]
+        if S > 1 and refused:
+            raise ValueError(f"aggregation.shards={S}: {refused[0][0]} (allowed: {refused[0][1]}, or "
+                             "aggregation.shards=1)")
+        return self
+
+    @model_validator(mode="after")
     def _what_joining_actors_need(self) -> "RunConfig":
         if self.actors.elastic != "park" and self.launch.runner != "mpi":
             raise ValueError(f"actors.elastic={self.actors.elastic} needs launch.runner=mpi (samplers join through "
@@ -532,17 +553,19 @@ class RunConfig(Section):
 
     @property
     def num_ranks(self) -> int:
-        """1 parameter rank + G x L learner ranks (G roots with learners.elastic=steps) + actor ranks."""
-        return 1 + self.learners.groups * self.learners.launched_ranks_per_group + self.actors.count
+        """S parameter ranks (aggregation.shards) + G x L learner ranks (G roots with learners.elastic=steps) + actor
+        ranks."""
+        return self.aggregation.shards + self.learners.groups * self.learners.launched_ranks_per_group + self.actors.count
 
     def actors_for(self, ranks: int, what: str = "--ranks") -> int:
         """The actor count of a job of ``ranks`` ranks: the ranks beyond the parameter and learner ranks
         (ValueError, one line, when there are too few)."""
         learner_ranks = self.learners.groups * self.learners.launched_ranks_per_group
-        if ranks - 1 - learner_ranks < 1:
-            raise ValueError(f"{what} {ranks}: too few; this config needs 1 parameter + {learner_ranks} learner ranks "
-                             f"+ at least 1 actor = {learner_ranks + 2}")
-        return ranks - 1 - learner_ranks
+        S = self.aggregation.shards
+        if ranks - S - learner_ranks < 1:
+            raise ValueError(f"{what} {ranks}: too few; this config needs {S} parameter (aggregation.shards) + "
+                             f"{learner_ranks} learner ranks + at least 1 actor = {S + learner_ranks + 1}")
+        return ranks - S - learner_ranks
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

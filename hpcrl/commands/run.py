@@ -78,6 +78,9 @@ def resolve_plan(args: argparse.Namespace, ranks_from: str = "--ranks") -> tuple
 
         if not has_checkpoint(run_dir):
             raise ConfigError(f"--resume: {args.resume!r} has no checkpoint ({checkpoint_path(run_dir)})")
+        if cfg.aggregation.shards > 1:
+            raise ConfigError(f"--resume: aggregation.shards={cfg.aggregation.shards} runs are not resumable yet (each "
+                              "shard's optimizer state stays on its rank; the checkpoint holds the weights only)")
     if args.ranks is not None:
         try:
             actors = cfg.actors_for(args.ranks, ranks_from)
@@ -140,7 +143,12 @@ def validate(plan: Plan) -> None:
             from hpcrl.marl.agents import check_agent_count
 
             check_agent_count(cfg, info)  # a wrong count that divides the real one would pass silently
-    plan_roles(plan.num_ranks, cfg.learners.groups, cfg.learners.launched_ranks_per_group, cfg.actors.count)
+    plan_roles(plan.num_ranks, cfg.learners.groups, cfg.learners.launched_ranks_per_group, cfg.actors.count,
+               plan.shards)
+    if plan.shards > 1:
+        from hpcrl.runtime.runners.shard_check import check_shards
+
+        check_shards(plan)
     for setting, how in (("learners.elastic", cfg.learners.elastic), ("actors.elastic", cfg.actors.elastic)):
         if how != "park":
             from hpcrl.join_launch import joining_refused

@@ -97,6 +97,8 @@ class Plan:
     group before each batch it updates on with push=update); None: the optimiser's own."""
     push: Push
     """What a learner group pushes: one gradient per minibatch, or one update per batch (learners.push)."""
+    shards: int
+    """Parameter ranks that own a slice of the weights each (aggregation.shards; rank 0 is shard 0 and decides)."""
     reward_gamma: float
     """Discount of the discounted return whose std normalises rewards (env.normalize_reward)."""
     runner: Runner
@@ -139,7 +141,8 @@ def make_plan(cfg: Any) -> Plan:
                 num_ranks=cfg.num_ranks, seed=cfg.env.seed, fragment_length=cfg.actors.fragment_length,
                 fragment_steps=fragment_steps, round_steps=round_steps, group_batch_size=group_batch,
                 routing=algo.routing(), pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
-                lr_schedule=algo.lr_schedule(), push=cfg.learners.push, reward_gamma=algo.reward_discount(),
+                lr_schedule=algo.lr_schedule(), push=cfg.learners.push, shards=cfg.aggregation.shards,
+                reward_gamma=algo.reward_discount(),
                 runner=runner, runner_reason=reason, sections=sections,
                 trajectory_files=not (runner == "sim" and cfg.launch.sim_actors == "node"))
 

@@ -1,7 +1,9 @@
 """Rank map of one hpcrl MPI job: parameter rank, learner groups, actors.
 
-World rank 0 is the parameter rank, the next G x L ranks are G learner groups of L ranks
-(the first rank of a group is its root, the one that pushes gradients), the rest are actors.
+World rank 0 is the parameter rank, ranks 1 .. S-1 the other parameter shards (``aggregation.shards``, S = 1 by
+default: none), the next G x L ranks are G learner groups of L ranks (the first rank of a group is its root, the
+one that pushes gradients), the rest are actors. run.h5's rank map records a shard as a parameter rank whose index
+is its shard.
 :func:`plan_roles` is pure (usable before MPI starts); :meth:`Topology.from_config` is
 collective over the communicator it is given.
 """
@@ -14,37 +16,38 @@ from typing import NamedTuple
 from hpcrl.errors import ConfigError
 from hpcrl.io.schema import ROLES
 
-PARAMETER, LEARNER, ACTOR = "parameter", "learner", "actor"
+PARAMETER, LEARNER, ACTOR, SHARD = "parameter", "learner", "actor", "shard"
 PARAMETER_RANK = 0
-ROLE_CODES = {name: i for i, name in enumerate(ROLES)}
-"""The role column of run.h5's rank_map table."""
+ROLE_CODES = {**{name: i for i, name in enumerate(ROLES)}, SHARD: ROLES.index(PARAMETER)}
+"""The role column of run.h5's rank_map table (a parameter shard is a parameter rank there)."""
 
 
 class Role(NamedTuple):
-    """One rank's place: role, learner group (-1 unless a learner), rank inside that group (-1 likewise)."""
+    """One rank's place: role, learner group (-1 unless a learner), rank inside that group (-1 likewise; a parameter
+    shard's: its shard)."""
 
     role: str
     group: int
     group_rank: int
 
 
-def required_ranks(groups: int, ranks_per_group: int, actors: int) -> int:
-    """1 parameter rank + G x L learner ranks + A actor ranks."""
-    return 1 + groups * ranks_per_group + actors
+def required_ranks(groups: int, ranks_per_group: int, actors: int, shards: int = 1) -> int:
+    """S parameter ranks (1 unless sharded) + G x L learner ranks + A actor ranks."""
+    return shards + groups * ranks_per_group + actors
 
 
-def plan_roles(world_size: int, groups: int, ranks_per_group: int, actors: int) -> list[Role]:
+def plan_roles(world_size: int, groups: int, ranks_per_group: int, actors: int, shards: int = 1) -> list[Role]:
     """The role of every world rank; ConfigError when the launch size does not match the config."""
     for name, value in (("learners.groups", groups), ("learners.ranks_per_group", ranks_per_group), ("actors.count", actors)):
         if value < 1:
             raise ConfigError(f"{name}: must be >= 1 (got {value})")
-    need = required_ranks(groups, ranks_per_group, actors)
+    need = required_ranks(groups, ranks_per_group, actors, shards)
     if world_size != need:
         raise ConfigError(
-            f"launch: {world_size} ranks but the config needs 1 parameter + {groups} x {ranks_per_group} "
+            f"launch: {world_size} ranks but the config needs {shards} parameter + {groups} x {ranks_per_group} "
             f"learners + {actors} actors = {need}"
         )
-    roles = [Role(PARAMETER, -1, -1)]
+    roles = [Role(PARAMETER, -1, -1)] + [Role(SHARD, -1, s) for s in range(1, shards)]
     roles += [Role(LEARNER, g, r) for g in range(groups) for r in range(ranks_per_group)]
     roles += [Role(ACTOR, -1, -1)] * actors
     return roles
@@ -80,7 +83,7 @@ class Topology:
     """Each rank's rank in the communicator the job was started with (its launcher's rank number)."""
 
     @classmethod
-    def from_config(cls, comm, learners_cfg, actors_count: int, placement=None) -> "Topology":
+    def from_config(cls, comm, learners_cfg, actors_count: int, placement=None, shards: int = 1) -> "Topology":
         """Collective over ``comm``: check the size against the config, order the ranks by the placement
         (hpcrl/runtime/placement.py: ``self.comm`` is then a reordered copy of ``comm``) and split the
         communicators."""
@@ -89,7 +92,7 @@ class Topology:
         from hpcrl.runtime.placement import role_order
 
         groups, per_group = learners_cfg.groups, learners_cfg.launched_ranks_per_group
-        roles = plan_roles(comm.Get_size(), groups, per_group, actors_count)
+        roles = plan_roles(comm.Get_size(), groups, per_group, actors_count, shards)
         world_rank = comm.Get_rank()
         order = list(range(comm.Get_size()))
         if placement is not None and placement.roles != "in_launch_order":
@@ -135,6 +138,16 @@ class Topology:
     @property
     def node_name(self) -> str:
         return self.nodes[self.rank]
+
+    @property
+    def shard(self) -> int:
+        """The parameter shard this rank owns (0: the parameter rank), -1 for learners and actors."""
+        return 0 if self.role == PARAMETER else self.group_rank if self.role == SHARD else -1
+
+    @property
+    def shard_ranks(self) -> list[int]:
+        """Rank of each parameter shard, indexed by shard."""
+        return [r for r, x in enumerate(self.roles) if x.role in (PARAMETER, SHARD)]
 
     @property
     def learner_roots(self) -> list[int]:

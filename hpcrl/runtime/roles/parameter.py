@@ -55,6 +55,7 @@ from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_st
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime.roles.active_groups import ActiveGroups
 from hpcrl.runtime.roles.push_apply import apply_mode
+from hpcrl.runtime.roles.shard_lead import lead_shards
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, make_policy
@@ -104,8 +105,10 @@ class ParameterRank:
         self.model, self.algo = job.model, job.algo
         self.flat = self.model.flat
         self._optimizer = None  # built on first use (see optimizer)
+        # the other parameter shards (aggregation.shards): told each decision; this rank steps its own slice
+        self.shards = lead_shards(job, settings.launch.watchdog_seconds)
         # what the groups push: gradients (the algorithm's optimizer steps) or updates (the outer step)
-        self.push_mode = apply_mode(self.plan.push, self.algo, self.model, self.plan.lr_schedule,
+        self.push_mode = apply_mode(self.plan.push, self.algo, self.shards.model(self.model), self.plan.lr_schedule,
                                     settings.aggregation, self.plan.groups)
         self._postprocess_groups = self.plan.postprocess_groups
         self.policy = make_policy(self.settings.aggregation)
@@ -196,8 +199,10 @@ class ParameterRank:
 
     # ---- checkpoint ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
+        with self.shards.whole_weights(self.flat, self.version):
+            params = self.flat.params.detach().cpu().clone()
         return {
-            "params": self.flat.params.detach().cpu().clone(),
+            "params": params,
             "optimizer": self.optimizer.state_dict(),
             "admission_policy": self.policy,
             "algo_state": self.algo.parameter_state(),
@@ -296,6 +301,7 @@ class ParameterRank:
             self.groups.rule.gradient(self.time.now(), new_steps, float(stats.get("busy_seconds", math.nan)))
             self.record.consumed(new_steps, float(stats.get("compute_seconds", 0.0)))
             if not np.isfinite(grad).all():
+                self.shards.drop(rec)
                 self.consumed += new_steps
                 self.record.gradient(rec, False, "nonfinite", self.version, self.round)
                 continue
@@ -335,6 +341,7 @@ class ParameterRank:
             for step in adm.steps:
                 if self.push_mode.lr_schedule is not None:
                     self._set_lr()
+                self.shards.step(self.version + 1, step, self.optimizer.param_groups[0]["lr"])
                 self.push_mode.apply(self.optimizer, self.algo.aggregate(step))
                 self.time.did(Work.APPLY)
                 self.version += 1
@@ -361,7 +368,9 @@ class ParameterRank:
 
     def _publish(self) -> None:
         probe = self.job.probe_outputs(self.model) if self.job.probe_size else None
+        self.shards.announce(self.version)
         self.board.publish(self.version, self.flat.numpy(), probe)
+        self.shards.wait(self.version)  # visible: every shard has it
 
     def _end_round(self) -> None:
         stats = self.record.end_round(self.round, self.consumed, self.policy.threshold, self.groups.active,
@@ -369,8 +378,9 @@ class ParameterRank:
         self.policy.end_round(self.round)
         # a changed setting (e.g. the KL coefficient) is in the flat buffer: it reaches the learners
         # with the next published version; what is returned (algos.base.ROUND_CHANGES) is acted on here
-        changed = round_changes(self.algo, self.algo.end_round(self.model, {
-            **stats, "actors": {"count": self.plan.actors, "active": self.active_actors}}))
+        with self.shards.whole_weights(self.flat, self.version):
+            changed = round_changes(self.algo, self.algo.end_round(self.model, {
+                **stats, "actors": {"count": self.plan.actors, "active": self.active_actors}}))
         schedule = self.settings.debug.active_actors
         if schedule:  # tests of the parking machinery
             changed["active_actors"] = schedule[min(self.round, len(schedule) - 1)]
@@ -456,6 +466,7 @@ class ParameterRank:
             "the weights the previous batch made (actors.on_policy=true)" if self.plan.on_policy else
             "weights up to a batch old: actors sample the next batch while learners train (actors.on_policy=false)"))
         self.record.close()
+        self.shards.close()
         self.job.progress.finish(self.summary)
 
     def _trajectory_files(self) -> str:

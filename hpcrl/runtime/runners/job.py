@@ -25,6 +25,7 @@ from hpcrl.io import TrajLayout
 from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import Startup
 from hpcrl.runtime.plan import Plan
+from hpcrl.runtime import shards
 from hpcrl.runtime.record.progress import ProgressEmitter
 from hpcrl.runtime.roles.aaps import Probe
 from hpcrl.runtime.roles.sampler import EnvInfo
@@ -76,6 +77,8 @@ class Job:
     """What rank 0 told every rank at start (set by the runner before the role runs)."""
     clock: Clock = WALL
     """The role's time (runtime/clock.py): the wall clock, or its clock in the virtual-time world (launch.runner=sim)."""
+    shard_link: object | None = None
+    """Rank 0's decisions to the other parameter shards (transport/shard_link.py; aggregation.shards > 1 only)."""
 
     @property
     def rank(self) -> int:
@@ -105,7 +108,8 @@ class Job:
 class Wiring(Protocol):
     """A runner's shared objects for :func:`build_job`, asked in this order on every rank (the MPI runner's are
     collective: every rank asks for every object, the same order everywhere); the serial runner's make each once
-    and hand every role the same."""
+    and hand every role the same. A job with parameter shards (``plan.shards`` > 1, the MPI runner only) first tells it
+    ``split_weights(bounds)`` and asks ``shard_link(topo)`` after the others."""
 
     def counters(self, words: int) -> Counters: ...
     def mailbox(self, groups: int, slots: int, num_params: int, stats: int) -> Mailbox: ...
@@ -127,6 +131,8 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
     algo, model, traj_layout = role_parts(plan, env, role_device(s.learners, topo))
     probe = None if probe_states is None else Probe(probe_states, model, s.actors.aaps_delta)
     P, G = model.flat.num_params, plan.groups
+    if plan.shards > 1:  # the MPI wiring's windows are made per shard, over these floats (runtime/shards.py)
+        wiring.split_weights(shards.bounds(shards.param_sizes(model), plan.shards))
     counters = wiring.counters(control.num_counters(G, topo.size))
     mailbox = wiring.mailbox(G, s.aggregation.mailbox_slots, P, len(control.GRAD_STATS))
     board = wiring.board(P, max(2, s.aggregation.weight_history), 0 if probe is None else probe.size, topo)
@@ -134,12 +140,13 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
     fragments = wiring.fragments(fragment_layout_for(plan, env, model), s.actors.max_in_flight, topo)
     # a learner group's collectives (NCCL or Horovod set-up) run after the windows'
     group_reduce = wiring.group_reduce(topo, model.device, counters, reports) if topo.role == "learner" else None
+    shard_link = wiring.shard_link(topo) if plan.shards > 1 else None
     return Job(plan=plan, topo=topo, run_dir=run_dir, resume=resume, runner=runner, algo=algo, model=model, env=env,
                traj_layout=traj_layout, counters=counters, mailbox=mailbox, board=board, reports=reports,
                fragments=fragments, group_reduce=group_reduce, probe=probe, clock=wiring.clock(topo),
                joiner=wiring.joiner(topo) if topo.role == "actor" else None,
                progress=ProgressEmitter(progress, s.io.log_seconds) if topo.role == "parameter" else None,
-               rolled_back=rolled_back)
+               rolled_back=rolled_back, shard_link=shard_link)
 
 
 def build_jobs(plan: Plan, topos: list[Topology], env: EnvInfo, run_dir: Path, resume: bool, runner: str,
@@ -171,6 +178,10 @@ def make_role(job: Job):
         from hpcrl.runtime.roles.learner import LearnerGroup, LearnerSettings
 
         return LearnerGroup(job, LearnerSettings(learners=s.learners, debug=s.debug))
+    if role == "shard":
+        from hpcrl.runtime.roles.shard import ShardRank, ShardSettings
+
+        return ShardRank(job, ShardSettings(aggregation=s.aggregation))
     from hpcrl.runtime.roles.actor import Actor
 
     return Actor(job, actor_settings(job.plan))

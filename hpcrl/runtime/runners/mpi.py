@@ -158,7 +158,7 @@ def _setup(plan: Plan, comm, run_dir: Path, resume: bool, progress: str) -> Job:
     from hpcrl.runtime.topology import Topology
 
     s = plan.sections
-    topo = Topology.from_config(comm, s.learners, plan.actors, s.launch.placement)
+    topo = Topology.from_config(comm, s.learners, plan.actors, s.launch.placement, plan.shards)
     comm = topo.comm  # the ranks in role order (launch.placement): everything below runs on it
     # rank 0 cuts the record back to the checkpoint before any rank opens a file (actors wait in the bcast)
     rolled_back = roll_back_record(run_dir) if resume and topo.rank == 0 else None
@@ -178,6 +178,11 @@ class MpiWiring:
 
     def __init__(self, plan: Plan, comm, run_dir: Path) -> None:
         self.plan, self.comm, self.run_dir = plan, comm, run_dir
+        self.bounds: list[int] | None = None  # the shards' floats (aggregation.shards > 1)
+
+    def split_weights(self, bounds: list[int]) -> None:
+        """The floats of each parameter shard: its windows hold those (ranks 0 .. S-1 own them)."""
+        self.bounds = list(bounds)
 
     def counters(self, words: int):
         from hpcrl.runtime.transport.windows import CounterWindow
@@ -185,9 +190,29 @@ class MpiWiring:
         return CounterWindow(self.comm, 0, words, initial=0)
 
     def mailbox(self, groups: int, slots: int, num_params: int, stats: int):
+        """Rank 0's mailbox; with parameter shards, one per shard over its floats (collective, shard by shard)."""
         from hpcrl.runtime.transport.windows import GradientMailbox
 
-        return GradientMailbox(self.comm, 0, groups, slots, num_params, stats_capacity=stats)
+        if self.plan.shards == 1:
+            return GradientMailbox(self.comm, 0, groups, slots, num_params, stats_capacity=stats)
+        from hpcrl.runtime.transport.sharded import ShardedMailbox
+
+        b, owners = self.bounds, self._shard_ranks()
+        parts = [GradientMailbox(self.comm, owner, groups, slots, b[s + 1] - b[s], stats_capacity=stats)
+                 for s, owner in enumerate(owners)]
+        return ShardedMailbox(parts, b, self._my_shard(owners))
+
+    def _shard_ranks(self) -> list[int]:
+        return list(range(self.plan.shards))  # ranks 0 .. S-1 (runtime/topology.py)
+
+    def _my_shard(self, owners: list[int]) -> int:
+        rank = self.comm.Get_rank()
+        return owners.index(rank) if rank in owners else -1
+
+    def shard_link(self, topo):
+        from hpcrl.runtime.transport.shard_link import MpiShardLink
+
+        return MpiShardLink(self.comm, topo.shard_ranks)
 
     def board(self, num_params: int, history: int, probe_size: int, topo):
         """The weight board (collective); an actor's is its node's cache of it (one fetch from rank 0 per node and
@@ -195,8 +220,15 @@ class MpiWiring:
         from hpcrl.runtime.transport import node_cache
         from hpcrl.runtime.transport.windows import WeightBoard
 
-        board = WeightBoard(self.comm, 0, num_params, history=history, probe_size=probe_size,
-                            reader="learner" if topo.role == "learner" else "actor")
+        reader = "learner" if topo.role == "learner" else "actor"
+        if self.plan.shards == 1:
+            board = WeightBoard(self.comm, 0, num_params, history=history, probe_size=probe_size, reader=reader)
+        else:
+            from hpcrl.runtime.transport.sharded import ShardedBoard
+
+            b, owners = self.bounds, topo.shard_ranks
+            board = ShardedBoard([WeightBoard(self.comm, owner, b[s + 1] - b[s], history=history, reader=reader)
+                                  for s, owner in enumerate(owners)], b, self._my_shard(owners))
         actor_nodes = [topo.nodes[r] for r in topo.actor_ranks]
         if not node_cache.wanted(self.plan.sections.launch.node_weight_cache, actor_nodes):
             return board

@@ -109,10 +109,10 @@ def _role_names(plan) -> list[str]:
     from hpcrl.runtime.topology import plan_roles
 
     launched = plan.sections.learners.launched_ranks_per_group
-    roles = plan_roles(plan.num_ranks, plan.groups, launched, plan.actors)
-    first_actor = 1 + plan.groups * launched
+    roles = plan_roles(plan.num_ranks, plan.groups, launched, plan.actors, plan.shards)
+    first_actor = plan.shards + plan.groups * launched
     return [f"actor {rank - first_actor}" if r.role == "actor" else f"learner group {r.group}" if r.role == "learner"
-            else r.role for rank, r in enumerate(roles)]
+            else f"parameter shard {r.group_rank}" if r.role == "shard" else r.role for rank, r in enumerate(roles)]
 
 
 def supervise(cmd: list[str], cfg: Sections, run_dir: Path, extra_env: Mapping[str, str] | None = None,

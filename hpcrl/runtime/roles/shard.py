@@ -81,9 +81,13 @@ class ShardRank:
         self.handlers = {ShardStep: self._step, ShardPublish: self._publish_as, ShardSet: self._set,
                          ShardDrop: self._drop}
 
+    def publish_initial(self) -> None:
+        """Version 0, the same initial weights on every rank, before any rank starts (a sharded run starts at 0:
+        it is not resumable yet)."""
+        self.version = 0
+        self._publish()
+
     def run(self) -> None:
-        self.version = self.job.startup.version
-        self._publish()  # the start version: the same initial weights on every rank
         backoff = Backoff(2e-5, 2e-4, self.job.clock)
         while True:
             self.heartbeat.beat()

@@ -53,6 +53,7 @@ class LeadShards:
         self.patience = patience  # seconds a shard may stay behind (launch.watchdog_seconds)
         self.start: int | None = None  # the first version: every shard publishes it by itself
         self.announced = -1
+        self.unpublished: dict[int, np.ndarray] = {}  # shard -> values set since its last publish (ShardSet)
 
     def model(self, model):
         """What rank 0's push mode steps: its own slice."""
@@ -66,14 +67,18 @@ class LeadShards:
         """Before rank 0 applies the step that makes ``version``: the same step to every shard."""
         self._to_all(ShardStep(version, tuple((rec.group, rec.seq, float(scale)) for rec, scale in step), float(lr)))
         self.announced = version
+        self.unpublished.clear()  # the shards publish what they were set to with it
 
     def announce(self, version: int) -> None:
         """Before rank 0 publishes ``version``: a version made without a step is published by every shard too."""
-        if self.start is None:
+        if self.start is None:  # publish_initial's: the other shards publish it themselves
+            if version != 0:
+                raise RuntimeError(f"parameter shards start at version 0, not {version}")
             self.start = version
         elif version > self.announced:
             self._to_all(ShardPublish(version))
             self.announced = version
+            self.unpublished.clear()
 
     def wait(self, version: int) -> None:
         """After rank 0 published ``version``: until every shard has (it is then visible)."""
@@ -94,18 +99,22 @@ class LeadShards:
 
     @contextmanager
     def whole_weights(self, flat, version: int):
-        """Rank 0's model holds the whole weights of ``version`` (every shard has published it) inside the block;
+        """Rank 0's model holds the whole weights inside the block: those of ``version`` (every shard has published
+        it) with the values set since (a round's end: published with the next version, as with one parameter rank);
         the values the block changes in another shard's slice are sent to that shard."""
         whole = np.empty(flat.num_params, dtype=np.float32)
         if not self.board.read_version(version, whole):
             raise RuntimeError(f"parameter shards: version {version} is not on every shard's board")
+        for s, values in self.unpublished.items():
+            whole[self.board.slice_of(s)] = values
         flat.load_(whole)
         yield
         now = flat.numpy()
         for s in range(1, self.shards):
             where = self.board.slice_of(s)
             if not np.array_equal(now[where], whole[where]):
-                self.link.send(s, ShardSet(np.array(now[where], dtype=np.float32)))
+                self.unpublished[s] = np.array(now[where], dtype=np.float32)
+                self.link.send(s, ShardSet(self.unpublished[s]))
 
     def close(self) -> None:
         """The run is over: every shard leaves its loop."""

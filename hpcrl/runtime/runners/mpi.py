@@ -138,8 +138,9 @@ def run_job(plan: Plan, run_dir: Path, resume: bool, progress: str = "plain") ->
         if job.topo.role == "actor" and plan.sections.launch.actor_nice:
             os.nice(plan.sections.launch.actor_nice)  # on an oversubscribed node the gradient path gets the cores first
         role = make_role(job)
-        if job.topo.role == "parameter":
+        if job.topo.role in ("parameter", "shard"):  # every shard's first version before any rank reads one
             role.publish_initial()
+        if job.topo.role == "parameter":
             job.startup = role.startup_info()
         job.startup = _polling_bcast(job.topo.comm, job.startup)
         role.run()

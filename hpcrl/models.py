@@ -125,6 +125,39 @@ def _mlp(sizes: list[int], activation: str, out_gain: float) -> MLP:
     return MLP(*layers, activation=activation)
 
 
+_LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+
+
+def normal_log_prob(loc: Tensor, scale: Tensor, value: Tensor) -> Tensor:
+    """``Normal(loc, scale).log_prob(value)`` by the same operations in the same order (the same bits and the same
+    autograd graph), without building the distribution object (its checks and broadcasts cost more than the
+    arithmetic at an actor's batch of 1). ``loc``, ``scale`` and ``value`` have one shape."""
+    return -((value - loc) ** 2) / (2 * scale ** 2) - scale.log() - _LOG_SQRT_2PI
+
+
+def mlp_layers(net: nn.Module) -> tuple[tuple[tuple[Tensor, Tensor], ...], Any] | None:
+    """((weight, bias) of each linear layer, activation) of a network that is one :class:`MLP` and nothing else
+    (what :func:`run_mlp` evaluates without module calls), else None (uint8 scaling, a CNN torso)."""
+    mods = list(net) if isinstance(net, nn.Sequential) and type(net) is not MLP else [net]
+    if len(mods) != 1 or type(mods[0]) is not MLP:
+        return None
+    layers = list(mods[0])
+    linears = layers[0::2]
+    if any(type(m) is not nn.Linear for m in linears) or any(type(m) is nn.Linear for m in layers[1::2]):
+        return None
+    return tuple((m.weight, m.bias) for m in linears), mods[0]._activation
+
+
+def run_mlp(layers: tuple[tuple[Tensor, Tensor], ...], activation, x: Tensor) -> Tensor:
+    """:meth:`MLP.forward` on the layers :func:`mlp_layers` took out of it: the same calls in the same order."""
+    last = len(layers) - 1
+    for i, (w, b) in enumerate(layers):
+        x = F.linear(x, w, b)
+        if i < last:
+            x = activation(x)
+    return x
+
+
 def _inverse_cdf_draw(log_probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """One action per row of log pi(.|s) [B, n], as [B, 1]: the first action whose cumulative
     probability exceeds a uniform draw on [0, total) (half the cost of torch.multinomial at an
@@ -252,16 +285,32 @@ class ActorCritic(nn.Module):
         self.to(device)
         self.device = torch.device(device)
         self.flat = FlatParameters(self)
+        # the policy's and value's layers for the actor's fast path (a tuple: not registered as submodules, so
+        # parameters(), state_dict() and checkpoints are as before); None for a CNN or uint8 network
+        self._fast = (mlp_layers(self.pi), mlp_layers(self.vf)) if not self.image else (None, None)
 
     def _obs(self, obs: Tensor | np.ndarray) -> Tensor:
         """Observations on the model's device: uint8 kept (the network scales it), anything else float32;
         flattened per sample for an MLP, [B, C, H, W] for the CNN."""
+        if type(obs) is np.ndarray and obs.dtype == np.float32 and obs.ndim == 2 and len(self.obs_shape) == 1 \
+                and self.device.type == "cpu" and obs.flags.writeable:
+            return torch.from_numpy(obs)  # an actor's observations [N, obs_dim]: as as_tensor (shared memory), cheaper
         x = torch.as_tensor(obs, device=self.device)
         if x.dtype != torch.uint8:
             x = x.to(torch.float32)
         if self.image:
             return x.reshape((-1, *self.obs_shape))
         return x.reshape(x.shape[:x.dim() - len(self.obs_shape)] + (-1,))
+
+    def _pi_out(self, x: Tensor) -> Tensor:
+        """``self.pi(x)``: for an MLP its layers called directly (:func:`run_mlp`, the same operations)."""
+        fast = self._fast[0]
+        return self.pi(x) if fast is None else run_mlp(fast[0], fast[1], x)
+
+    def _vf_out(self, x: Tensor) -> Tensor:
+        """``self.vf(x)``, as :meth:`_pi_out`."""
+        fast = self._fast[1]
+        return self.vf(x) if fast is None else run_mlp(fast[0], fast[1], x)
 
     def _dist(self, net: nn.Module, log_std: Tensor | None, obs: Tensor | np.ndarray) -> Distribution:
         out = net(self._obs(obs))
@@ -292,7 +341,7 @@ class ActorCritic(nn.Module):
 
     def value(self, obs: Tensor | np.ndarray) -> Tensor:
         """V(obs), shape [B]."""
-        return self.vf(self._obs(obs)).squeeze(-1)
+        return self._vf_out(self._obs(obs)).squeeze(-1)
 
     def _logp(self, dist: Distribution, actions: Tensor) -> Tensor:
         if self.discrete:
@@ -301,22 +350,26 @@ class ActorCritic(nn.Module):
         return dist.log_prob(flat.to(torch.float32)).sum(-1)
 
     def evaluate(self, obs: Tensor | np.ndarray, actions: Tensor | np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
-        """(log pi(a|s) [B], entropy [B], V(s) [B]) with gradients."""
+        """(log pi(a|s) [B], entropy [B], V(s) [B]) with gradients. Box: the Normal's log_prob and entropy by
+        the same operations, without the distribution object (:func:`normal_log_prob`; the same bits)."""
         x = self._obs(obs)
         actions = torch.as_tensor(actions, device=self.device)
         if self.discrete:
             log_probs = self._log_probs(x)
             entropy = -(log_probs.exp() * log_probs).sum(-1)
-            return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, self.vf(x).squeeze(-1)
-        d = self.dist(x)
-        return self._logp(d, actions), d.entropy().sum(-1), self.vf(x).squeeze(-1)
+            return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, self._vf_out(x).squeeze(-1)
+        mean = self._pi_out(x)
+        scale = self.log_std.exp().expand_as(mean)
+        flat = actions.reshape(actions.shape[:actions.dim() - len(self.action_shape)] + (-1,)).to(torch.float32)
+        entropy = 0.5 + 0.5 * math.log(2 * math.pi) + torch.log(scale)  # Normal.entropy
+        return normal_log_prob(mean, scale, flat).sum(-1), entropy.sum(-1), self._vf_out(x).squeeze(-1)
 
     def _log_probs(self, x: Tensor) -> Tensor:
         """Discrete: log pi(.|s) [B, n] at prepared observations, clamped to finite values as
         Categorical's entropy clamps them (0 * log 0 = 0, not NaN). Categorical's own log_prob,
         entropy and sample on the same logits, without building the distribution object (a third
         of an actor's step on small networks)."""
-        log_probs = torch.log_softmax(self.pi(x), -1)
+        log_probs = torch.log_softmax(self._pi_out(x), -1)
         return log_probs.clamp(min=torch.finfo(log_probs.dtype).min)
 
     @torch.no_grad()
@@ -329,16 +382,39 @@ class ActorCritic(nn.Module):
 
     @torch.no_grad()
     def act(self, obs: Tensor | np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
-        """Sample (action, log-prob, value) for a batch; Box actions are unclipped samples."""
+        """Sample (action, log-prob, value) for a batch; Box actions are unclipped samples.
+
+        The actor's path, once per env step: the networks' layers called directly and the Normal's sample and
+        log_prob by their own operations, no module calls and no distribution object (a third of the cost at
+        batch 1). The same operations in the same order as :meth:`act_plain`, so the same draws and the same
+        bits (tests/test_models.py compares them)."""
         x = self._obs(obs)
         if self.discrete:
             log_probs = self._log_probs(x)
+            a = _inverse_cdf_draw(log_probs, self.sampling_generator)
+            return a.squeeze(-1), log_probs.gather(-1, a).squeeze(-1), self._vf_out(x).squeeze(-1)
+        mean = self._pi_out(x)
+        scale = self.log_std.exp().expand_as(mean)
+        if self.sampling_generator is None:
+            a = torch.normal(mean, scale)  # Normal.sample
+        else:  # Normal.sample's draw (loc + scale * eps), from the actor's own stream
+            a = mean + scale * torch.randn(mean.shape, device=mean.device, generator=self.sampling_generator)
+        logp = normal_log_prob(mean, scale, a).sum(-1)
+        return a.reshape(a.shape[:-1] + self.action_shape), logp, self._vf_out(x).squeeze(-1)
+
+    @torch.no_grad()
+    def act_plain(self, obs: Tensor | np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`act` through the modules and torch.distributions (the reference the fast path is tested against)."""
+        x = self._obs(obs)
+        if self.discrete:
+            log_probs = torch.log_softmax(self.pi(x), -1)
+            log_probs = log_probs.clamp(min=torch.finfo(log_probs.dtype).min)
             a = _inverse_cdf_draw(log_probs, self.sampling_generator)
             return a.squeeze(-1), log_probs.gather(-1, a).squeeze(-1), self.vf(x).squeeze(-1)
         d = self.dist(x)
         if self.sampling_generator is None:
             a = d.sample()
-        else:  # Normal.sample's draw (loc + scale * eps), from the actor's own stream
+        else:
             a = d.loc + d.scale * torch.randn(d.loc.shape, device=d.loc.device, generator=self.sampling_generator)
         logp = self._logp(d, a)
         return a.reshape(a.shape[:-1] + self.action_shape), logp, self.vf(x).squeeze(-1)

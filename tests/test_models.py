@@ -123,3 +123,62 @@ def test_actor_critic_box_and_flat_roundtrip(device):
 def test_unsupported_spaces_raise_config_error():
     with pytest.raises(ConfigError, match="action space"):
         ActorCritic(OBS, spaces.MultiDiscrete([2, 2]), CFG)
+
+
+def _act_difference(model: ActorCritic, obs: np.ndarray, seed: int = 3) -> float:
+    """Largest |fast act - plain act| over actions, log-probs and values, each drawn from the same generator state."""
+    model.sampling_generator = torch.Generator().manual_seed(seed)
+    fast = model.act(obs)
+    model.sampling_generator = torch.Generator().manual_seed(seed)
+    plain = model.act_plain(obs)
+    return max(float((f.double() - p.double()).abs().max()) for f, p in zip(fast, plain))
+
+
+@pytest.mark.parametrize("action_space", [spaces.Discrete(3), spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)],
+                         ids=["discrete", "box"])
+def test_fast_act_is_the_plain_modules_act(action_space):
+    """The actor's path (layers called directly, no distribution object) gives the plain modules' and
+    torch.distributions' actions, log-probs and values for the same draws, at an actor's batch of 1 and of 8,
+    through the actor's own generator and through torch's global one; a fast path on other weights is caught."""
+    torch.manual_seed(0)
+    model = ActorCritic(OBS, action_space, CFG)
+    with torch.no_grad():
+        model.flat.params.add_(0.3 * torch.randn(model.flat.num_params))  # a trained policy, not the init's
+    rng = np.random.default_rng(0)
+    for rows in (1, 8):
+        obs = rng.standard_normal((rows, 4)).astype(np.float32)
+        assert _act_difference(model, obs) <= 1e-6
+        model.sampling_generator = None
+        torch.manual_seed(5)
+        fast = model.act(obs)
+        torch.manual_seed(5)
+        plain = model.act_plain(obs)
+        for f, p in zip(fast, plain):
+            torch.testing.assert_close(f, p, rtol=0, atol=1e-6)
+    # the comparison can fail: the fast path reading another network's layers is seen at once
+    torch.manual_seed(1)
+    other = ActorCritic(OBS, action_space, CFG)
+    model._fast = other._fast
+    assert _act_difference(model, rng.standard_normal((8, 4)).astype(np.float32)) > 1e-3
+
+
+def test_box_evaluate_is_the_normals_log_prob_and_entropy():
+    """evaluate without the Normal object: the same log-probs, entropies and gradients as torch.distributions.Normal."""
+    torch.manual_seed(0)
+    model = ActorCritic(OBS, spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32), CFG)
+    with torch.no_grad():
+        model.log_std.add_(torch.tensor([0.4, -0.7]))
+    obs, actions = torch.randn(32, 4), torch.randn(32, 2)
+
+    def grads(fn):
+        model.flat.zero_grad()
+        logp, ent, v = fn()
+        (logp.mean() + 0.1 * ent.mean() + v.pow(2).mean()).backward()
+        return [logp, ent, v, model.flat.grads.clone()]
+
+    def plain():
+        d = torch.distributions.Normal(model.pi(obs), model.log_std.exp().expand(32, 2))
+        return d.log_prob(actions).sum(-1), d.entropy().sum(-1), model.vf(obs).squeeze(-1)
+
+    for f, p in zip(grads(lambda: model.evaluate(obs, actions)), grads(plain)):
+        torch.testing.assert_close(f, p, rtol=1e-6, atol=1e-6)

@@ -72,6 +72,11 @@ def rescale(raw: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """Policy output clipped to [-1, 1], mapped linearly onto [low, high]."""
     return low + (high - low) * (np.clip(raw, -1.0, 1.0) + 1.0) / 2.0
 
+def _clip(x, low, high):
+    """``np.clip(x, low, high)`` (the same values, NaN kept) without its Python wrapper: two ufuncs."""
+    return np.minimum(np.maximum(x, low), high)
+
+
 def bootstrap_values(fragment: dict) -> np.ndarray:
     """[T, N]: what GAE bootstraps from where the fragment's next row does not continue the episode:
     ``final_values`` on truncated steps, ``last_value`` on the last step (unless it ended the episode),
@@ -91,7 +96,13 @@ class RunningMeanStd:
         self.count = 1e-4
 
     def update(self, x: np.ndarray) -> None:
-        m, v, n = x.mean(axis=0), x.var(axis=0), x.shape[0]
+        n = x.shape[0]
+        if n == 1:  # one instance per step (MuJoCo's layout): the mean and var numpy gives, without its reductions
+            m = x[0]
+            d = m - m  # 0, or NaN where x is not finite (as np.var)
+            v = d * d
+        else:
+            m, v = x.mean(axis=0), x.var(axis=0)
         delta, total = m - self.mean, self.count + n
         self.mean = self.mean + delta * n / total
         self.var = (self.var * self.count + v * n + delta ** 2 * self.count * n / total) / total
@@ -148,7 +159,7 @@ class VectorSampler:
         if update:
             self.obs_rms.update(raw)
         z = (raw - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8)
-        return np.clip(z, -self.clip, self.clip).astype(np.float32)
+        return _clip(z, -self.clip, self.clip).astype(np.float32)
 
     def _scale_rewards(self, r: np.ndarray, done: np.ndarray) -> np.ndarray:
         if self.ret_rms is None:
@@ -156,7 +167,7 @@ class VectorSampler:
         self.disc_return = self.disc_return * self.gamma + r
         self.ret_rms.update(self.disc_return.reshape(-1, 1)[:, 0])
         self.disc_return[done] = 0.0
-        return np.clip(r / np.sqrt(self.ret_rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
+        return _clip(r / np.sqrt(self.ret_rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
 
     def normalizer_state(self) -> dict | None:
         """The running statistics of env.normalize_obs / env.normalize_reward (None without either)."""
@@ -183,7 +194,7 @@ class VectorSampler:
             return a.astype(np.int64)
         if self.rescale:
             return rescale(a, self.low, self.high).astype(np.float32)
-        return np.clip(a, self.low, self.high)
+        return _clip(a, self.low, self.high)
 
     def sample(self, algo, model, T: int, version: int, actor: int) -> tuple[dict[str, np.ndarray], list[Episode]]:
         """T steps of every instance acting with ``algo.act(model, obs)``; returns (fragment, finished episodes)."""
@@ -207,17 +218,18 @@ class VectorSampler:
             self.ep_return += step.rewards
             self.ep_length += 1
             done = step.terminated | step.truncated
-            now = self.clock.unix()
-            for i in np.flatnonzero(done):
-                episodes.append(Episode(time=now, actor=actor, env_index=int(i),
-                                        episode_return=float(self.ep_return[i]), length=int(self.ep_length[i]),
-                                        policy_version=version))
-            self.ep_return[done], self.ep_length[done] = 0.0, 0
-            boot = np.flatnonzero(step.truncated & ~step.terminated)
-            if boot.size:
-                with torch.no_grad():
-                    final = self._norm_obs(step.final_obs[boot], update=False)
-                    final_values[t, boot] = algo.value(model, final).cpu().numpy()
+            if done.any():
+                now = self.clock.unix()
+                for i in np.flatnonzero(done):
+                    episodes.append(Episode(time=now, actor=actor, env_index=int(i),
+                                            episode_return=float(self.ep_return[i]), length=int(self.ep_length[i]),
+                                            policy_version=version))
+                self.ep_return[done], self.ep_length[done] = 0.0, 0
+                boot = np.flatnonzero(step.truncated & ~step.terminated)
+                if boot.size:
+                    with torch.no_grad():
+                        final = self._norm_obs(step.final_obs[boot], update=False)
+                        final_values[t, boot] = algo.value(model, final).cpu().numpy()
             rewards[t] = self._scale_rewards(rewards[t], done)
             self.raw_obs = step.obs
             self.obs = self._norm_obs(step.obs, update=True)

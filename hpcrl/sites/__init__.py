@@ -27,6 +27,8 @@ class Queue(BaseModel):
     max_time: str = Field(pattern=r"^\d{1,3}:[0-5]\d:[0-5]\d$")
     """Longest walltime the queue (PBS queue, Slurm QOS or partition) accepts, HH:MM:SS."""
     min_nodes: int = Field(1, ge=1)
+    max_jobs_per_user: int | None = Field(None, ge=1)
+    """Jobs one user may have running or queued in it at once (ALCF's debug queues: 1); None: no limit known."""
 
 
 class Site(BaseModel):

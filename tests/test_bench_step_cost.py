@@ -21,3 +21,21 @@ def test_step_cost_parts_cover_the_measured_cpu():
     text = step_cost.table(res)
     for part in step_cost.PARTS:
         assert part in text
+
+
+def test_against_table_gives_old_over_new_per_part():
+    """--against's table: both sides' medians per part and old / new (a part at 0 on the new side shows '-')."""
+    def side(scale: float, forward: float) -> dict:
+        parts = {k: scale for k in step_cost.PARTS}
+        parts["policy forward"] = forward
+        return {"env_id": "X-v0", "env_steps": 8, "parts_us": parts, "loop_us": 10 * scale,
+                "env_alone_us": 1.0, "plain_torch_update_us": 2.0}
+
+    ab = {"rev": "abc123", "old": side(3.0, 6.0), "new": side(1.5, 0.0), "runs": {"old": [{}], "new": [{}]}}
+    lines = step_cost.ratio_table(ab).splitlines()
+    row = {line[:30].strip(): line[30:].split() for line in lines[2:]}
+    assert row["env step"] == ["3.0", "1.5", "2.00"]
+    assert row["policy forward"] == ["6.0", "0.0", "-"]
+    assert row["per step without setup"] == ["30.0", "15.0", "2.00"]
+    assert row["limit: env alone"][-1] == "1.00"
+    assert "old = abc123" in lines[0]

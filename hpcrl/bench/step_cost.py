@@ -9,7 +9,11 @@ role loops: building the roles, imports, closing). The two limits are measured i
 stepped with random actions for the same number of steps, and a plain-torch PPO update (the config's MLP
 shapes, minibatch size, epochs, Adam; no hpcrl code) per env step of its batch.
 
-    hpcrl bench step-cost [CONFIG] [--steps 8192] [--out FILE.json] [-o KEY=VALUE ...]
+    hpcrl bench step-cost [CONFIG] [--steps 8192] [--out FILE.json] [-o KEY=VALUE ...] [--against REV [--repeat 2]]
+
+``--against REV``: the same measurement of the code at git revision REV (a worktree of it, its own process each
+time) and of this checkout, taken in turns ``--repeat`` times each (old, new, new, old, ...: a shared machine's load
+falls on both), and a table of both per part (medians) with the ratio old / new.
 
 Profiling inflates every part alike; compare shares and ratios, not the absolute microseconds with an
 unprofiled run's steps/s.
@@ -21,6 +25,7 @@ import cProfile
 import json
 import os
 import pstats
+import subprocess
 import tempfile
 import threading
 import time
@@ -95,7 +100,8 @@ def _actor_parts(stats: dict) -> dict:
     norm = _ct_from_outside(stats, _func("hpcrl/runtime/roles/sampler", "_norm_obs", "_scale_rewards"),
                             _func("hpcrl/runtime/roles/sampler", "sample"))
     policy = _ct_from_outside(stats, _func("hpcrl/models", "act", "value"), _not(_in("hpcrl/models")))
-    forward = _ct_from_outside(stats, _func("torch/nn/modules/module", "_wrapped_call_impl"), _in("hpcrl/models"))
+    forward = (_ct_from_outside(stats, _func("torch/nn/modules/module", "_wrapped_call_impl"), _in("hpcrl/models"))
+               + _ct_from_outside(stats, _func("hpcrl/models", "run_mlp"), _in("hpcrl/models")))  # the fast path's layers
     sampling = max(policy - forward, 0.0) + _ct_from_outside(
         stats, _func("hpcrl/runtime/roles/sampler", "env_action"), _func("hpcrl/runtime/roles/sampler", "sample"))
     writes = _ct_from_outside(stats, RECORD_FILES, _not(RECORD_FILES))
@@ -282,13 +288,78 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _one_run(python: str, root: Path, config: str | None, steps: int, overrides: list[str], out: Path) -> dict:
+    """One ``hpcrl bench step-cost`` of the code under ``root`` in its own process; its JSON results."""
+    argv = [python, "-m", "hpcrl", "bench", "step-cost", *([config] if config else []), "--steps", str(steps),
+            "--out", str(out)] + [w for o in overrides for w in ("-o", o)]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    subprocess.run(argv, cwd=root, env=env, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def against(rev: str, config: str | None, steps: int, overrides: list[str], repeat: int) -> dict:
+    """Medians of ``repeat`` measurements each of revision ``rev`` (a temporary git worktree) and of this checkout,
+    taken in turns; {"old": res, "new": res, "runs": {"old": [...], "new": [...]}}."""
+    import statistics
+    import sys
+
+    here = Path(__file__).resolve().parents[2]
+    config = str(Path(config).resolve()) if config else None
+    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory(prefix="hpcrl-step-cost-ab-") as tmp:
+        tree = Path(tmp) / "old"
+        subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", str(tree), rev], check=True,
+                       capture_output=True)
+        try:
+            for i in range(repeat):
+                for side in (("old", "new") if i % 2 == 0 else ("new", "old")):
+                    root = tree if side == "old" else here
+                    runs[side].append(_one_run(sys.executable, root, config, steps, overrides,
+                                               Path(tmp) / f"{side}-{i}.json"))
+        finally:
+            subprocess.run(["git", "-C", str(here), "worktree", "remove", "--force", str(tree)], capture_output=True)
+
+    def median(side: str) -> dict:
+        res = dict(runs[side][0])
+        res["parts_us"] = {k: statistics.median(r["parts_us"][k] for r in runs[side]) for k in res["parts_us"]}
+        for k in ("process_cpu_us", "total_us", "loop_us", "env_alone_us", "plain_torch_update_us"):
+            res[k] = statistics.median(r[k] for r in runs[side])
+        return res
+
+    return {"rev": rev, "old": median("old"), "new": median("new"), "runs": runs}
+
+
+def ratio_table(ab: dict) -> str:
+    """Both sides per part (medians) and old / new."""
+    old, new = ab["old"], ab["new"]
+    lines = [f"{new['env_id']}: {new['env_steps']} env steps, serial runner, one thread; {len(ab['runs']['new'])} runs "
+             f"each, in turns; old = {ab['rev']}",
+             f"{'part':<30} {'old us/step':>12} {'new us/step':>12} {'old/new':>8}"]
+    rows = [(k, old["parts_us"][k], new["parts_us"][k]) for k in new["parts_us"]]
+    rows += [("per step without setup", old["loop_us"], new["loop_us"]),
+             ("limit: env alone", old["env_alone_us"], new["env_alone_us"]),
+             ("limit: plain-torch PPO update", old["plain_torch_update_us"], new["plain_torch_update_us"])]
+    for k, o, n in rows:
+        ratio = f"{o / n:>8.2f}" if n > 0 else f"{'-':>8}"
+        lines.append(f"{k:<30} {o:>12.1f} {n:>12.1f} {ratio}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="hpcrl bench step-cost", description=__doc__.splitlines()[0])
     p.add_argument("config", nargs="?", help="config file (default: the default job)")
     p.add_argument("--steps", type=int, default=8192, help="env steps of the profiled run (default 8192)")
     p.add_argument("--out", help="write the results as JSON to this file")
     p.add_argument("-o", dest="overrides", action="append", default=[], help="KEY=VALUE config override")
+    p.add_argument("--against", metavar="REV", help="also measure git revision REV, in turns with this checkout")
+    p.add_argument("--repeat", type=int, default=2, help="with --against: measurements of each side (default 2)")
     args = p.parse_args(argv)
+    if args.against:
+        ab = against(args.against, args.config, args.steps, args.overrides, args.repeat)
+        print(ratio_table(ab))
+        if args.out:
+            Path(args.out).write_text(json.dumps(ab, indent=1))
+        return 0
     res = measure(args.config, args.steps, args.overrides)
     print(table(res))
     if args.out:

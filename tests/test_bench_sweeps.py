@@ -102,3 +102,28 @@ def test_marless_bench_again_into_the_same_folder_runs_nothing_and_prints_the_sa
     assert [x.split()[:3] for x in table.splitlines() if x.startswith("ippo ")][0] == ["ippo", "all", "0"]  # seed 0
     assert second[second.index("random policy"):] == table
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2  # the random policy's row and the run's
+
+
+def test_hopper_speed_runs_hpcrl_then_cleanrl_once_and_reports_steps_per_second(tmp_path, monkeypatch, capsys):
+    """--speed: one hpcrl run at the short budget, then CleanRL's script (a stand-in here, which notes when it ran),
+    env steps/s = budget / wall seconds each and hpcrl's over CleanRL's; the rows stay out of the curves' results."""
+    order: list[str] = []
+
+    def run_hpcrl(config, run_dir, runner, overrides, log):
+        order.append("hpcrl")
+        assert (runner, overrides) == ("serial", ["env.id=Hopper-v4", "env.seed=0", "stop.total_env_steps=40960"])
+        return 20.0
+
+    monkeypatch.setattr(HC.curves, "run_hpcrl", run_hpcrl)
+    stand_in = tmp_path / "cleanrl.py"
+    stand_in.write_text(f"import time\nopen({str(tmp_path / 'ran')!r}, 'w').write('cleanrl')\ntime.sleep(0.2)\n"
+                        "print('global_step=2048, episodic_return=[12.5]')\n")
+    assert HC.main(["--speed", "--cleanrl-script", str(stand_in), "--out", str(tmp_path)]) == 0
+    assert order == ["hpcrl"] and (tmp_path / "ran").read_text() == "cleanrl"
+    rows = {r["impl"]: r for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}
+    assert rows["hpcrl"]["env_steps_per_second"] == 40960 / 20.0
+    cleanrl = rows["cleanrl"]
+    assert cleanrl["wall_seconds"] >= 0.2 and cleanrl["env_steps_per_second"] == 40960 / cleanrl["wall_seconds"]
+    ratio = (40960 / 20.0) / cleanrl["env_steps_per_second"]
+    assert f"hpcrl / CleanRL: {ratio:.2f}x" in capsys.readouterr().out
+    assert HC.load_results(tmp_path / "results.jsonl") == {}

@@ -19,6 +19,13 @@ existing directory keeps its results and runs only what is missing for this env,
         --seeds 5 [--first-seed 0] [--steps 1000000] [--env Hopper-v4] [--runner serial] [--jobs 2] \
         [--out DIR] [--only hpcrl|cleanrl] [-o KEY=VALUE ...]
 
+``--speed``: the cost per env step only, as issue 42 measures it: one seed of each side at a short budget
+(``--steps``, default 40,960), one after the other (hpcrl first, then CleanRL), each a whole process on one core;
+env steps/s = budget / wall seconds, and hpcrl's over CleanRL's (rows with ``"speed": true`` in results.jsonl).
+
+    hpcrl bench hopper-vs-cleanrl --speed --cleanrl-script ppo_continuous_action.py --cleanrl-python VENV/bin/python \
+        [--steps 40960] [--runner serial|mpi] [--out DIR]
+
 The hpcrl runs use ``--runner serial`` by default: the same role objects as an MPI job in one
 process, so both sides cost one core (``tests/test_exactness.py`` checks that both runners make
 the same weights from the same batches).
@@ -98,7 +105,8 @@ def load_results(path: Path, env: str | None = None, budget: int | None = None,
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     wanted = {k: v for k, v in (("env", env), ("budget", budget), ("overrides", overrides)) if v is not None}
-    return {(r["impl"], r["seed"]): r for r in rows if all(r.get(k, v) == v for k, v in wanted.items())}
+    return {(r["impl"], r["seed"]): r for r in rows
+            if not r.get("speed") and all(r.get(k, v) == v for k, v in wanted.items())}  # --speed rows: no curves
 
 
 def report(results: dict[tuple[str, int], dict], seeds: list[int], marks: list[int]) -> bool:
@@ -131,13 +139,43 @@ def report(results: dict[tuple[str, int], dict], seeds: list[int], marks: list[i
     return ok
 
 
+SPEED_STEPS = 40_960
+"""--speed's default budget (issue 42's: 20 batches of 2,048)."""
+
+
+def speed(args, out: Path) -> dict:
+    """--speed: hpcrl, then CleanRL, one seed each at ``args.steps``; {"hpcrl": sps, "cleanrl": sps, "ratio": ...}."""
+    seed, results_file = args.first_seed, out / "results.jsonl"
+    tag = f"speed-{args.runner}-s{seed}"
+    overrides = [f"env.id={args.env}", f"env.seed={seed}", f"stop.total_env_steps={args.steps}", *args.overrides]
+    print(f"hopper-vs-cleanrl --speed: {args.steps:,} env steps of {args.env}, hpcrl ({args.runner} runner), then "
+          f"CleanRL, one core each; results in {results_file}", flush=True)
+    hpcrl_wall = curves.run_hpcrl(CONFIG, out / "runs" / tag, args.runner, overrides, out / f"{tag}.log")
+    cleanrl = run_cleanrl(args, seed, out)
+    rows = [{"impl": "hpcrl", "seed": seed, "wall_seconds": hpcrl_wall, "runner": args.runner},
+            {"impl": "cleanrl", "seed": seed, "wall_seconds": cleanrl["wall_seconds"]}]
+    sps = {}
+    with results_file.open("a") as f:
+        for row in rows:
+            row.update(speed=True, env=args.env, budget=args.steps, env_steps_per_second=args.steps / row["wall_seconds"])
+            sps[row["impl"]] = row["env_steps_per_second"]
+            f.write(json.dumps(row) + "\n")
+    ratio = sps["hpcrl"] / sps["cleanrl"]
+    print(f"{'impl':<8} {'wall s':>8} {'env steps/s':>12}")
+    for row in rows:
+        print(f"{row['impl']:<8} {row['wall_seconds']:>8.1f} {row['env_steps_per_second']:>12.0f}")
+    print(f"hpcrl / CleanRL: {ratio:.2f}x env steps/s (whole process, one core each)")
+    return {**sps, "ratio": ratio}
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="hpcrl bench hopper-vs-cleanrl", description=__doc__.splitlines()[0])
     p.add_argument("--cleanrl-script", help="CleanRL's cleanrl/ppo_continuous_action.py, unmodified")
     p.add_argument("--cleanrl-python", default=sys.executable, help="the Python of CleanRL's environment")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=1_000_000)
+    p.add_argument("--steps", type=int, help=f"env steps per run (default 1,000,000; --speed: {SPEED_STEPS:,})")
+    p.add_argument("--speed", action="store_true", help="env steps/s only: one seed each, one after the other")
     p.add_argument("--env", default="Hopper-v4")
     p.add_argument("--runner", choices=("serial", "mpi"), default="serial")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (each takes one core)")
@@ -150,6 +188,13 @@ def main(argv: list[str]) -> int:
         p.error("--cleanrl-script is required (CleanRL's ppo_continuous_action.py; see scripts/cleanrl_env.sh)")
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="hpcrl-vs-cleanrl-"))
     out.mkdir(parents=True, exist_ok=True)
+    if args.steps is None:
+        args.steps = SPEED_STEPS if args.speed else 1_000_000
+    if args.speed:
+        if args.only:
+            p.error("--speed runs both sides; leave out --only")
+        speed(args, out)
+        return 0
     results_file = out / "results.jsonl"
     results = load_results(results_file, args.env, args.steps, args.overrides)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))

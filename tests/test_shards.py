@@ -20,6 +20,7 @@ from mpi_programs.shard_stress import run_threads
 
 from hpcrl.cli import main as cli_main
 from hpcrl.config import load_config
+from hpcrl.errors import ConfigError
 from hpcrl.io import read_table
 from hpcrl.runtime.plan import make_plan
 from hpcrl.runtime.record.checkpoint import load_checkpoint
@@ -28,6 +29,7 @@ from hpcrl.runtime.roles.sampler import describe_env
 from hpcrl.runtime.roles.shard import SliceModel
 from hpcrl.runtime.runners.job import role_parts
 from hpcrl.runtime.shards import ALIGN, bounds, cut_points, param_sizes
+from hpcrl.runtime.topology import plan_roles
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = str(ROOT / "hpcrl" / "configs" / "cartpole.yaml")
@@ -48,6 +50,14 @@ def test_slices_start_at_a_tensor_or_a_block_of_one():
     assert bounds([1_000_000], 4) == [0, 249856, 500224, 750080, 1_000_000]  # even to a block
     with pytest.raises(ValueError, match=f"split at most {len(points) - 1} ways"):
         bounds(sizes, len(points))
+
+
+def test_the_shards_are_the_ranks_after_rank_0():
+    roles = plan_roles(6, 1, 1, 2, shards=3)
+    assert [(r.role, r.group_rank) for r in roles] == [("parameter", -1), ("shard", 1), ("shard", 2),
+                                                      ("learner", 0), ("actor", -1), ("actor", -1)]
+    with pytest.raises(ConfigError, match="5 ranks but the config needs 3 parameter"):
+        plan_roles(5, 1, 1, 2, shards=3)
 
 
 @pytest.mark.parametrize("push", ["gradient", "update"])

@@ -9,13 +9,15 @@ import inspect
 
 import pytest
 
-from hpcrl.runtime.transport import group_reduce, links as transport, local, node_cache, protocols, windows
+from hpcrl.runtime.transport import group_reduce, links as transport, local, node_cache, protocols, sharded, windows
 
 PAIRS = [
     (protocols.Counters, windows.CounterWindow, local.LocalCounters),
     (protocols.Mailbox, windows.GradientMailbox, local.LocalMailbox),
     (protocols.Board, windows.WeightBoard, local.LocalBoard),
     (protocols.Board, node_cache.NodeWeightCache, local.LocalBoard),
+    (protocols.Mailbox, sharded.ShardedMailbox, local.LocalMailbox),  # aggregation.shards > 1
+    (protocols.Board, sharded.ShardedBoard, local.LocalBoard),
     (protocols.Reports, transport.MpiReports, local.LocalReports),
     (protocols.Fragments, transport.MpiFragments, local.LocalFragments),
     (protocols.ActorLink, transport.ActorLink, local.LocalActorLink),

@@ -123,7 +123,11 @@ SRUN_GPU_BINDS = ("none", "closest")
 @dataclass(frozen=True)
 class Srun(Launcher):
     """Slurm's ``srun --ntasks=N [--ntasks-per-node=P] [--cpus-per-task=C --cpu-bind=cores] [--gpu-bind=G]
-    [--overcommit] [--mpi=PLUGIN]``, inside an allocation (a batch job, a Parsl block) that names the nodes."""
+    [--overcommit] [--mpi=PLUGIN] --kill-on-bad-exit=1``, inside an allocation (a batch job, a Parsl block) that
+    names the nodes. ``--kill-on-bad-exit=1`` (in :meth:`words`, not in the :meth:`options` Parsl appends): a
+    node's ranks killed (``srun: error: node2: tasks 4-5: Killed``) end the step at once, whatever the cluster's
+    KillOnBadExit, instead of leaving the other ranks to wait for them until the watchdog
+    (``launch.watchdog_seconds``); the batch script then names the node and requeues without it (_slurm.sh.j2)."""
 
     mpi: str | None = None
     """--mpi=PLUGIN (pmi2 for the PyPI mpich wheel); None: the cluster's default (cray_shasta on Perlmutter)."""
@@ -158,7 +162,7 @@ class Srun(Launcher):
         ntasks = f"--ntasks={ranks}"
         if isinstance(ranks, ShellWord):  # the script's own count, expanded when it runs
             ntasks = ShellWord(ntasks)
-        return ["srun", ntasks, *per_node, *self.options(cpus_per_rank)]
+        return ["srun", ntasks, *per_node, *self.options(cpus_per_rank), "--kill-on-bad-exit=1"]
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,15 @@ def test_three_shards_make_the_weights_of_one_parameter_rank_element_wise(tmp_pa
     assert list(ranks["role"][:3]) == [0, 0, 0] and list(ranks["index"][:3]) == [0, 1, 2]  # shards are parameter ranks
 
 
+@pytest.mark.mpi
+def test_a_shard_that_fails_ends_the_job_naming_it(tmp_path):
+    cmd = [sys.executable, "-m", "hpcrl", "run", CARTPOLE, *[a for o in [
+        *SYNC_JOB, "aggregation.shards=2", "stop.max_rounds=100000", "debug.raise_on_rank=1",
+        "debug.raise_after_seconds=1", f"io.run_dir={tmp_path / 'run'}"] for a in ("-o", o)]]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "rank 1 (shard on" in done.stdout + done.stderr, done.stdout[-2000:]
+
+
 @pytest.mark.parametrize("args, says", [
     (["-o", "aggregation.shards=40"], "aggregation.shards=40: the model's 9156 floats in 13 tensors split at most"),
     (["--ranks", "4", "-o", "aggregation.shards=3"], "--ranks 4: too few; this config needs 3 parameter"),

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcrl.config import AggregationConfig
+from hpcrl.config import AggregationConfig, DebugConfig
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.roles.push_apply import apply_mode
 from hpcrl.runtime.shards import ShardDrop, ShardEnd, ShardPublish, ShardSet, ShardStep
@@ -61,6 +61,8 @@ class ShardSettings:
 
     aggregation: AggregationConfig
     """The outer step of update pushes."""
+    debug: DebugConfig
+    """debug.raise_on_rank."""
 
 
 class ShardRank:
@@ -76,6 +78,7 @@ class ShardRank:
         self.held: dict[tuple[int, int], np.ndarray] = {}  # (group, seq) -> this shard's slice of the push
         self.todo: list = []  # decisions received, not yet carried out
         self.heartbeat = control.Heartbeat(job.counters, self.plan.groups, job.rank, job.clock)
+        self.fault = control.FaultInjector(settings.debug, job.rank, clock=job.clock)
         self.applied = 0
         self.summary: dict = {}
         self.handlers = {ShardStep: self._step, ShardPublish: self._publish_as, ShardSet: self._set,
@@ -90,6 +93,7 @@ class ShardRank:
     def run(self) -> None:
         backoff = Backoff(2e-5, 2e-4, self.job.clock)
         while True:
+            self.fault.check()
             self.heartbeat.beat()
             got = self.job.mailbox.poll()
             for header, piece in got:

@@ -181,7 +181,7 @@ def make_role(job: Job):
     if role == "shard":
         from hpcrl.runtime.roles.shard import ShardRank, ShardSettings
 
-        return ShardRank(job, ShardSettings(aggregation=s.aggregation))
+        return ShardRank(job, ShardSettings(aggregation=s.aggregation, debug=s.debug))
     from hpcrl.runtime.roles.actor import Actor
 
     return Actor(job, actor_settings(job.plan))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -54,3 +55,53 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
             return value
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def show_job(job_id: str) -> str:
+    """scontrol's view of the job (its state while pending, which test_local_cluster.job_state leaves out)."""
+    return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=20).stdout
+
+
+def scontrol(*args: str) -> None:
+    subprocess.run(["scontrol", *args], check=True, capture_output=True, timeout=20)
+
+
+def node_processes(node: str, job_id: str) -> list[int]:
+    """The pids of job ``job_id`` in node's network namespace (its ranks there; not slurmd, not other jobs')."""
+    pids = subprocess.run(["ip", "netns", "pids", f"hpcrl-{node}"], capture_output=True, text=True, timeout=10)
+    mine = []
+    for pid in pids.stdout.split():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job_id}".encode() in environ and b"SLURM_STEP_ID=0" in environ:
+            mine.append(int(pid))
+    return mine
+
+
+def kill_pids(pids: list[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def start_now(job_id: str) -> None:
+    """Make the requeued job eligible in two seconds (Slurm holds a requeued job for about 2 minutes: BeginTime),
+    once its last run has left every node (a start while a node is still completing it, or within the second its
+    credential was revoked, is refused: 'Job credential revoked')."""
+    def settled() -> bool:  # every node idle, or out (the lost node): none still completing the last run
+        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20).stdout
+        return "JobState=PENDING" in show_job(job_id) and all(
+            s.strip().lower().rstrip("*~#!%$@^-") in ("idle", "drained", "down") for s in states.split())
+
+    wait_for(settled, 60, f"job {job_id}'s last run to leave the nodes")
+    # not "now": slurmd revokes the last run's credential with a one-second timestamp, and a start within that
+    # second is killed as "Job credential revoked" (seen in a run: requeued at 41:43.240, restarted and killed at 41:43.444)
+    scontrol("update", f"JobId={job_id}", "StartTime=now+2")
+
+
+def text_of(path: Path) -> str:
+    return path.read_text() if path.exists() else ""

@@ -19,38 +19,15 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
-from slurm_fixture import slurm, wait_for  # noqa: F401 - slurm: the session fixture
+from slurm_fixture import slurm  # noqa: F401 - slurm: the session fixture
+from slurm_fixture import kill_pids, node_processes, scontrol, show_job, start_now, text_of, wait_for
 from test_local_cluster import cluster, hpcrl, job_state  # noqa: F401 - cluster: the module fixture
 
 from hpcrl.bench.soak import check_record
 from hpcrl.io import read_table
 from hpcrl.runtime.record.checkpoint import load_checkpoint
-
-def node_processes(node: str, job_id: str) -> list[int]:
-    """The pids of job ``job_id`` in node's network namespace (its ranks there; not slurmd, not other jobs')."""
-    pids = subprocess.run(["ip", "netns", "pids", f"hpcrl-{node}"], capture_output=True, text=True, timeout=10)
-    mine = []
-    for pid in pids.stdout.split():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"SLURM_JOB_ID={job_id}".encode() in environ and b"SLURM_STEP_ID=0" in environ:
-            mine.append(int(pid))
-    return mine
-
-
-def _show(job_id: str) -> str:
-    """scontrol's view of the job (its state while pending, which job_state leaves out)."""
-    return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=20).stdout
-
-
-def scontrol(*args: str) -> None:
-    subprocess.run(["scontrol", *args], check=True, capture_output=True, timeout=20)
-
 
 @pytest.mark.slurm
 @pytest.mark.mpi
@@ -74,23 +51,23 @@ def test_a_hung_node_and_then_a_lost_node_each_bring_the_job_back(cluster, tmp_p
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
         since = time.monotonic()
-        wait_for(lambda: "JobState=PENDING" in _show(job_id), 90, f"job {job_id} to requeue itself")
+        wait_for(lambda: "JobState=PENDING" in show_job(job_id), 90, f"job {job_id} to requeue itself")
         hung_seconds = time.monotonic() - since
-        _kill(stopped)
-        _start_now(job_id)
-        wait_for(lambda: "resuming" in _text(log), 120, "the requeued job to resume")
+        kill_pids(stopped)
+        start_now(job_id)
+        wait_for(lambda: "resuming" in text_of(log), 120, "the requeued job to resume")
         resumed_at = load_checkpoint(run_dir)["version"]
         wait_for(lambda: load_checkpoint(run_dir)["version"] > resumed_at, 120, "a checkpoint of the resumed job")
         # 2. a lost node
         victims = node_processes("node3", job_id)
         assert victims, "no rank of the resumed job on node3"
-        _kill(victims)
+        kill_pids(victims)
         # DOWN ends the job (NODE_FAIL) and Slurm requeues it; DRAIN keeps node3 out of the next start (its
         # slurmd still answers, and ReturnToService=2 would otherwise give the node back at once)
         scontrol("update", "NodeName=node3", "State=DOWN", "Reason=hpcrl-test-node-lost")
         scontrol("update", "NodeName=node3", "State=DRAIN", "Reason=hpcrl-test-node-lost")
-        wait_for(lambda: "JobState=PENDING" in _show(job_id), 60, f"job {job_id} to be requeued")
-        _start_now(job_id)
+        wait_for(lambda: "JobState=PENDING" in show_job(job_id), 60, f"job {job_id} to be requeued")
+        start_now(job_id)
         state = wait_for(lambda: job_state(job_id), 180, f"job {job_id} to finish on the nodes left")
     finally:
         for pid in stopped:
@@ -99,7 +76,7 @@ def test_a_hung_node_and_then_a_lost_node_each_bring_the_job_back(cluster, tmp_p
             except ProcessLookupError:
                 pass
         subprocess.run(["scontrol", "update", "NodeName=node3", "State=RESUME"], capture_output=True, timeout=20)
-    text = _text(log)
+    text = text_of(log)
     assert state == "COMPLETED", text[-3000:]
     assert "on node3) made no progress" in text, text[-4000:]
     assert hung_seconds < 60, f"the hung node ended the job only after {hung_seconds:.0f} s"
@@ -110,30 +87,3 @@ def test_a_hung_node_and_then_a_lost_node_each_bring_the_job_back(cluster, tmp_p
     assert last["actors"] == 2 and last["env_steps"] >= 12000
     assert check_record(run_dir) == []  # every key once, counters match the files
     assert "node3" in {n.decode() for n in read_table(run_dir / "run.h5", "rank_map")["node"]}  # the first starts'
-
-
-def _start_now(job_id: str) -> None:
-    """Make the requeued job eligible in two seconds, once its last run has left every node (a start while a node
-    is still completing it, or within the second its credential was revoked, is refused: 'Job credential
-    revoked')."""
-    def settled() -> bool:  # every node idle, or out (the lost node): none still completing the last run
-        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20).stdout
-        return "JobState=PENDING" in _show(job_id) and all(
-            s.strip().lower().rstrip("*~#!%$@^-") in ("idle", "drained", "down") for s in states.split())
-
-    wait_for(settled, 60, f"job {job_id}'s last run to leave the nodes")
-    # not "now": slurmd revokes the last run's credential with a one-second timestamp, and a start within that
-    # second is killed as "Job credential revoked" (seen in a run: requeued at 41:43.240, restarted and killed at 41:43.444)
-    scontrol("update", f"JobId={job_id}", "StartTime=now+2")
-
-
-def _text(path: Path) -> str:
-    return path.read_text() if path.exists() else ""
-
-
-def _kill(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

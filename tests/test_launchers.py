@@ -33,13 +33,15 @@ def test_local_mpiexec_line_quotes_paths():
 
 
 @pytest.mark.parametrize("launcher, layout, line", [
-    (Srun(mpi="pmi2", overcommit=True), (4, 4, None), "srun --ntasks=4 --overcommit --mpi=pmi2"),
-    (Srun(mpi="pmi2"), (10, 4, None), "srun --ntasks=10 --ntasks-per-node=4 --mpi=pmi2"),
-    (Srun(), (4, 4, 64), "srun --ntasks=4 --ntasks-per-node=4 --cpus-per-task=64 --cpu-bind=cores"),
+    (Srun(mpi="pmi2", overcommit=True), (4, 4, None), "srun --ntasks=4 --overcommit --mpi=pmi2 --kill-on-bad-exit=1"),
+    (Srun(mpi="pmi2"), (10, 4, None), "srun --ntasks=10 --ntasks-per-node=4 --mpi=pmi2 --kill-on-bad-exit=1"),
+    (Srun(), (4, 4, 64),
+     "srun --ntasks=4 --ntasks-per-node=4 --cpus-per-task=64 --cpu-bind=cores --kill-on-bad-exit=1"),
     (Srun(gpu_bind="none"), (256, 64, 2),
-     "srun --ntasks=256 --ntasks-per-node=64 --cpus-per-task=2 --cpu-bind=cores --gpu-bind=none"),
+     "srun --ntasks=256 --ntasks-per-node=64 --cpus-per-task=2 --cpu-bind=cores --gpu-bind=none --kill-on-bad-exit=1"),
     (Srun(mpi="pmix", overcommit=True, gpu_bind="closest"), (6, 3, 1),
-     "srun --ntasks=6 --cpus-per-task=1 --cpu-bind=cores --gpu-bind=closest --overcommit --mpi=pmix"),
+     "srun --ntasks=6 --cpus-per-task=1 --cpu-bind=cores --gpu-bind=closest --overcommit --mpi=pmix "
+     "--kill-on-bad-exit=1"),
     (PalsMpiexec(), (12, 6, 10), 'mpiexec -n 12 --ppn 6 --depth=10 --cpu-bind depth --hostfile "$PBS_NODEFILE"'),
     (PalsMpiexec(), (5, 3, None), 'mpiexec -n 5 --ppn 3 --hostfile "$PBS_NODEFILE"'),
     (ParslMpiPrefix(Srun(mpi="pmi2")), (8, 4, 2), "$PARSL_MPI_PREFIX"),

@@ -122,10 +122,11 @@ def test_site_launch_lines_start_the_one_rank_command():
     box = "launch.container={runtime: apptainer, image: /images/hpcrl.sif, binds: ['/lus/proj:/data'], gpu: true}"
     text = render(plan_job(load_config(None, ["actors.count=62", box]), load_site("slurm"), run_dir="/runs/x",
                            python=PYTHON))
-    assert re.search(r"^srun --ntasks=64 --ntasks-per-node=32 --mpi=pmi2 \\$", text, re.M)
+    assert re.search(r"^srun --ntasks=64 --ntasks-per-node=32 --mpi=pmi2 --kill-on-bad-exit=1 \\$", text, re.M)
     assert ("RANK_ARGS=(apptainer exec --nv --bind /lus/proj:/data --bind /runs /images/hpcrl.sif "
             "python3 -m hpcrl.runtime.runners.mpi /runs/x --progress=plain)") in text
-    assert re.search(r"^srun .* --cpu-bind=cores --gpu-bind=none \\$", rendered("perlmutter-gpu"), re.M)
+    assert re.search(r"^srun .* --cpu-bind=cores --gpu-bind=none --kill-on-bad-exit=1 \\$", rendered("perlmutter-gpu"),
+                     re.M)
     pol = render(plan_job(load_config(None, ["actors.count=30"]), load_site("polaris"), account="P",
                           queue="debug-scaling", nodes=4, run_dir="/x/r", python=PYTHON))
     assert re.search(r"^mpiexec -n 32 --ppn 8 --depth=8 --cpu-bind depth ", pol, re.M)

@@ -57,7 +57,10 @@ trap 'CANCELLED=1; echo "hpcrl: terminated: checkpoint and stop"; forward TERM' 
 checkpoint_time() { stat -c %Y "$RUN_DIR/checkpoints/latest.pt" 2>/dev/null || echo none; }
 CHECKPOINT_AT_START=$(checkpoint_time)
 
-srun --ntasks=4 --ntasks-per-node=4 --mpi=pmi2 \
+# srun writes its own lines to the job's output file; the ranks' failure is read there from here on
+JOB_LOG=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdErr=//p')
+JOB_LOG_AT_LAUNCH=$(stat -c %s "$JOB_LOG" 2>/dev/null || echo 0)
+srun --ntasks=4 --ntasks-per-node=4 --mpi=pmi2 --kill-on-bad-exit=1 \
     "${RANK_ARGS[@]}" &
 LAUNCHER_PID=$!
 while :; do
@@ -66,6 +69,27 @@ while :; do
     kill -0 "$LAUNCHER_PID" 2>/dev/null || break  # wait was cut short by a signal: the ranks still run
 done
 echo "hpcrl: ranks exited with code $RC"
+# the ranks that ended first, when srun's first line about the end is theirs ("srun: error: node2: tasks 4-5:
+# Killed"; --kill-on-bad-exit=1 then ended the others), not a step ended by an MPI_Abort or a cancel (whose ranks
+# srun lists after, in no telling order): killed by a signal (not an exit code, not Out Of Memory), their node is
+# left out of a requeue
+LOST_NODE=
+FIRST=
+if [ "$RC" != 0 ] && [ "$REQUEUE" = 0 ] && [ "$CANCELLED" = 0 ] && [ -f "$JOB_LOG" ]; then
+    FIRST=$(tail -c +$((JOB_LOG_AT_LAUNCH + 1)) "$JOB_LOG" |
+        grep -m1 -E '^srun: error: [^ :]+: tasks? [0-9,-]+: |^srun: Job step aborted|^slurmstepd[^ ]*: error: \*\*\* ' |
+        sed -nE 's/^srun: error: ([^ :]+): tasks? ([0-9,-]+): (.+)$/\1 \2 \3/p')
+fi
+if [ -n "$FIRST" ]; then
+    read -r FAILED_NODE FAILED_RANKS FAILED_HOW <<<"$FIRST"
+    case "$FAILED_HOW" in
+        "Exited with exit code"*|"Out Of Memory"*)
+            echo "hpcrl: ranks $FAILED_RANKS on $FAILED_NODE ended first ($FAILED_HOW)" ;;
+        *)
+            LOST_NODE=$FAILED_NODE
+            echo "hpcrl: ranks $FAILED_RANKS on $FAILED_NODE were killed ($FAILED_HOW); srun ended the others" ;;
+    esac
+fi
 # a failure (a lost node or rank) after a new checkpoint comes back and resumes from it; one before any
 # progress does not (the same failure would repeat)
 if [ "$RC" != 0 ] && [ "$REQUEUE" = 0 ] && [ "$CANCELLED" = 0 ] && [ "$(checkpoint_time)" != "$CHECKPOINT_AT_START" ]; then
@@ -79,8 +103,17 @@ if [ "$REQUEUE" = 1 ]; then
     elif [ "$RESTART" -ge "$MAX_RESTARTS" ]; then
         echo "hpcrl: $MAX_RESTARTS restarts done; not requeueing (submit this script again to go on)"
     else
-        echo "hpcrl: requeueing job $SLURM_JOB_ID (restart $((RESTART + 1)) of $MAX_RESTARTS)"
+        trap '' TERM  # the requeue ends this script with SIGTERM; it must outlive it to update the pending job
+        if [ -n "$LOST_NODE" ]; then
+            EXCLUDE=$(scontrol show job "$SLURM_JOB_ID" | sed -nE 's/.*ExcNodeList=([^ (][^ ]*).*/\1,/p')$LOST_NODE
+            echo "hpcrl: requeueing job $SLURM_JOB_ID (restart $((RESTART + 1)) of $MAX_RESTARTS) without $LOST_NODE, where ranks $FAILED_RANKS were killed: it resumes on the nodes left (ExcNodeList=$EXCLUDE)"
+        else
+            echo "hpcrl: requeueing job $SLURM_JOB_ID (restart $((RESTART + 1)) of $MAX_RESTARTS)"
+        fi
         scontrol requeue "$SLURM_JOB_ID"
+        # ExcNodeList only once the job pends again: Slurm refuses it for a running job
+        [ -z "$LOST_NODE" ] || scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$EXCLUDE" ||
+            echo "hpcrl: warning: could not leave $LOST_NODE out of the requeued job (scontrol update ExcNodeList)"
     fi
 fi
 exit "$RC"

@@ -3,13 +3,16 @@ scheduler's side, beside :mod:`hpcrl.launchers` and the site files.
 
 A door rank (a learner group's root, an actor) has its joining ranks started here: as a job step on a node of the
 Slurm allocation that holds none of the job's own ranks (``srun``, the site of ``hpcrl submit``'s script,
-HPCRL_SITE), as a one-node batch job of their own (``sbatch --wait``, recorded as an ``allocations`` row so that
-``hpcrl analyze`` bills it), or with a second local ``mpiexec`` outside a batch job. Each runs ``python -m
-hpcrl.runtime.runners.join``; the files of the N-th join of door WHO are ``RUN_DIR/joins/WHO-N.*``: .port (the MPI
-port), .ready (host and pid of their first rank, written just before it connects), .log, .leaving, .left, and with
-``jobs`` .sbatch (the job id). In a PBS job (Polaris, Aurora) ``steps`` is a second PALS ``mpiexec --hosts NODE``
-on a node of $PBS_NODEFILE that holds none of the job's ranks; PBS ``jobs`` (qsub) is not built yet:
-:func:`joining_refused` says so before the run starts.
+HPCRL_SITE), as a one-node batch job of their own (:mod:`hpcrl.join_jobs`: ``sbatch --wait`` or ``qsub -W
+block=true``, recorded as an ``allocations`` row so that ``hpcrl analyze`` bills it), or with a second local
+``mpiexec`` outside a batch job. In a PBS job (Polaris, Aurora) ``steps`` is a second PALS ``mpiexec --hostfile
+WHO-N.hosts`` naming a node of $PBS_NODEFILE that holds none of the job's ranks (ALCF's way to run concurrent
+mpiexecs on distinct nodes of one job: its Polaris "Multi-node Ensemble Calculations" example splits
+$PBS_NODEFILE into one hostfile per launch, and its Aurora guide gives mpiexec an edited copy of it). Each runs
+``python -m hpcrl.runtime.runners.join``; the files of the N-th join of door WHO are ``RUN_DIR/joins/WHO-N.*``:
+.port (the MPI port), .ready (host and pid of their first rank, written just before it connects), .log, .leaving,
+.left, with PBS steps .hosts, and with ``jobs`` the submit command's output (the job id: .sbatch, .qsub) and on PBS
+the job's script (.pbs).
 
 The MPI half (the port, accept and merge, disconnect; :class:`~hpcrl.runtime.transport.joining.JoinedReduce` and
 :class:`~hpcrl.runtime.transport.joining.JoiningGroupReduce`) is in ``runtime/transport/joining.py``; the roles see
@@ -41,11 +44,12 @@ counts, ranks and binding would become the new step's defaults)."""
 
 def step_environment(env: dict[str, str], how: str = "steps") -> dict[str, str]:
     """``env`` without what makes this process a rank of its own launch (PMI, Hydra, its Slurm step; with ``jobs``
-    every SLURM_ variable: the new job gets its own)."""
+    every SLURM_ and PBS_ variable: the new job gets its own)."""
     keep = STEP_VARIABLES if how == "steps" else ()
+    scheduler = ("SLURM_",) if how == "steps" else ("SLURM_", "PBS_")  # a PALS step runs in this PBS job: keep PBS_
     out = {k: v for k, v in env.items()
            if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "MPI_LOCAL"))
-           and (not k.startswith("SLURM_") or k in keep)}
+           and (not k.startswith(scheduler) or k in keep)}
     # no shared-memory transport to the root (UCX's cma reads a peer's memory: a joined rank killed mid-transfer
     # aborts the root on the same host), unless the user chose the transports
     out.setdefault("UCX_TLS", "^sm")
@@ -80,27 +84,31 @@ def join_node(own_hosts: list[str], slot: int, env: dict[str, str], setting: str
 
 def joining_refused(how: str, env, setting: str = "learners.elastic") -> str | None:
     """Why ``setting=how`` cannot add ranks where this run starts (one line), or None."""
-    slurm = bool(env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE"))
-    if how == "jobs" and not slurm:
-        return (f"{setting}=jobs: joining ranks are submitted as Slurm batch jobs, and this run is not in a "
-                "batch job of hpcrl submit on a Slurm site (no SLURM_JOB_ID / HPCRL_SITE); allowed here: "
+    submitted = bool((env.get("SLURM_JOB_ID") or env.get("PBS_JOBID")) and env.get("HPCRL_SITE"))
+    if how == "jobs" and not submitted:
+        return (f"{setting}=jobs: joining ranks are submitted as batch jobs (sbatch, qsub), and this run is not in "
+                "a batch job of hpcrl submit (no SLURM_JOB_ID or PBS_JOBID with HPCRL_SITE); allowed here: "
                 f"{setting}=steps (a second mpiexec on this machine) or park")
-    if env.get("PBS_JOBID") and not (how == "steps" and env.get("PBS_NODEFILE") and env.get("HPCRL_SITE")):
-        return (f"{setting}={how}: this run is in a PBS job; PALS has no job steps, so hpcrl adds ranks only as a "
-                "second mpiexec --hosts on a spare node of $PBS_NODEFILE in a job of hpcrl submit (HPCRL_SITE); "
-                f"allowed: {setting}=steps there, or park")
+    if how == "steps" and env.get("PBS_JOBID") and not (env.get("PBS_NODEFILE") and env.get("HPCRL_SITE")):
+        return (f"{setting}=steps: this run is in a PBS job not of hpcrl submit (no PBS_NODEFILE / HPCRL_SITE); "
+                "PALS has no job steps, so hpcrl adds ranks as a second mpiexec on a spare node that hpcrl submit "
+                f"asked for; allowed: {setting}=steps or jobs in a job of hpcrl submit, or park")
     return None
 
 
-def site_srun(env: dict[str, str], setting: str = "learners.elastic"):
-    """The Srun launcher of the site this job was submitted to (HPCRL_SITE)."""
-    from hpcrl.launchers import Srun, for_site
+LAUNCHES = {"Srun": "a Slurm site (srun job steps, sbatch jobs)", "PalsMpiexec": "a PALS site (polaris, aurora)"}
+
+
+def site_launcher(env: dict[str, str], kind: type, setting: str = "learners.elastic"):
+    """The launcher of the site this job was submitted to (HPCRL_SITE), which must be a ``kind``
+    (:class:`~hpcrl.launchers.Srun` or :class:`~hpcrl.launchers.PalsMpiexec`); one-line RuntimeError otherwise."""
+    from hpcrl.launchers import for_site
     from hpcrl.sites import load_site
 
     launcher = for_site(load_site(env["HPCRL_SITE"]), gpus=True)
-    if not isinstance(launcher, Srun):
-        raise RuntimeError(f"{setting}: site {env['HPCRL_SITE']} launches with {launcher.kind}; allowed: a "
-                           "Slurm site (srun job steps, sbatch jobs)")
+    if not isinstance(launcher, kind):
+        raise RuntimeError(f"{setting}: site {env['HPCRL_SITE']} launches with {launcher.kind}; allowed: "
+                           f"{LAUNCHES[kind.__name__]}")
     return launcher
 
 
@@ -108,32 +116,27 @@ def join_command(how: str, ranks: int, own_hosts: list[str], slot: int, env: dic
                  command: list[str], log: Path, who: str = "", setting: str = "learners.elastic") -> list[str]:
     """The argv that starts ``command`` on ``ranks`` joining ranks (``how``: ``setting``'s value, steps or jobs;
     ``slot``: which spare node of the allocation, :func:`join_node`; ``who``: the job name's tail, group<slot>
-    by default)."""
-    name = f"--job-name=hpcrl-join-{who or f'group{slot}'}"
+    by default). PBS steps and jobs write their hostfile (.hosts) or script (.pbs) beside ``log``."""
+    job_name = f"hpcrl-join-{who or f'group{slot}'}"
     if how == "jobs":
-        if not (env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE")):
-            raise RuntimeError(f"{setting}=jobs: this run is not in a Slurm batch job of hpcrl submit "
-                               f"(no SLURM_JOB_ID / HPCRL_SITE); allowed there only, or {setting}=steps")
-        from hpcrl.launchers import shell_line
+        from hpcrl.join_jobs import joining_jobs
 
-        queue = [f"--partition={env['SLURM_JOB_PARTITION']}"] if env.get("SLURM_JOB_PARTITION") else []
-        account = [f"--account={env['SLURM_JOB_ACCOUNT']}"] if env.get("SLURM_JOB_ACCOUNT") else []
-        # --wait: this process lives as long as the job does (its exit status is the job's)
-        # not on the job's own nodes, where a shared partition would pack it beside the job's ranks
-        away = f"--exclude={','.join(sorted(set(own_hosts)))}"
-        return ["sbatch", "--wait", "--parsable", "--nodes=1", f"--ntasks={ranks}", name, f"--output={log}", away,
-                *queue, *account, "--wrap", shell_line([*site_srun(env, setting).words(ranks, ranks), *command])]
+        # its submit command lives as long as the job does (its exit status is the job's)
+        return joining_jobs(env, setting).submit_argv(ranks, own_hosts, command, Path(log), job_name)
     if env.get("PBS_JOBID") and env.get("PBS_NODEFILE") and env.get("HPCRL_SITE"):
-        from hpcrl.launchers import PalsMpiexec, for_site
-        from hpcrl.sites import load_site
+        from dataclasses import replace
 
-        pals = for_site(load_site(env["HPCRL_SITE"]), gpus=True)
-        if not isinstance(pals, PalsMpiexec):
-            raise RuntimeError(f"{setting}: this PBS job's site {env['HPCRL_SITE']} launches with {pals.kind}; "
-                               "allowed: a PALS site (polaris, aurora)")
-        return [*pals.on_hosts([join_node(own_hosts, slot, env, setting)], ranks, ranks), *command]
+        from hpcrl.launchers import PalsMpiexec
+
+        hostfile = Path(log).with_suffix(".hosts")
+        hostfile.write_text(join_node(own_hosts, slot, env, setting) + "\n")
+        pals = replace(site_launcher(env, PalsMpiexec, setting), hostfile=str(hostfile))
+        return [*pals.words(ranks, ranks), *command]
     if env.get("SLURM_JOB_ID") and env.get("HPCRL_SITE"):
-        return [*site_srun(env, setting).words(ranks, ranks), "--nodes=1",
+        from hpcrl.launchers import Srun
+
+        name = f"--job-name={job_name}"
+        return [*site_launcher(env, Srun, setting).words(ranks, ranks), "--nodes=1",
                 f"--nodelist={join_node(own_hosts, slot, env, setting)}", name, "--kill-on-bad-exit=1", *command]
     from hpcrl.launch import find_mpiexec, mpi_flavour
     from hpcrl.launchers import LocalMpiexec
@@ -148,7 +151,8 @@ class Joiner:
 
     The door (a learner group's root, an actor) is rank 0 of :attr:`comm`, the merged communicator, while the
     ranks are joined. Their files are ``RUN_DIR/joins/WHO-N.*`` for the N-th join (from 0): .port, .ready (host
-    and pid of their first rank), .log, .left, and with ``jobs`` .sbatch (the job id)."""
+    and pid of their first rank), .log, .left, and with ``jobs`` the submit command's output (.sbatch, .qsub: the
+    job id; :mod:`hpcrl.join_jobs`)."""
 
     def __init__(self, run_dir: Path, who: str, slot: int, how: str, ranks: int, timeout: float, launch_cfg,
                  own_hosts: list[str], setting: str) -> None:
@@ -160,6 +164,7 @@ class Joiner:
         self._proc: subprocess.Popen | None = None
         self._first: tuple[str, int] | None = None  # host and pid of the joined ranks' first rank
         self._stem: Path | None = None  # RUN_DIR/joins/WHO-N: the current join's files are this with a suffix
+        self._jobs = None  # jobs: the scheduler's JoiningJobs (hpcrl.join_jobs), chosen at the first join
 
     @property
     def comm(self):
@@ -186,10 +191,15 @@ class Joiner:
                 "--port-file", str(port_file), "--ready-file", str(ready_file),
                 "--root", f"{socket.gethostname()}:{os.getpid()}"]
         log = stem.with_suffix(".log")
-        command = join_command(self.how, self.ranks, self.own_hosts, self.slot, dict(os.environ), self.launch_cfg,
+        env = dict(os.environ)
+        command = join_command(self.how, self.ranks, self.own_hosts, self.slot, env, self.launch_cfg,
                                argv, log, self.who.replace("-", ""), self.setting)
-        # jobs: sbatch's own output (the job id) apart from the job's (--output=log)
-        out = stem.with_suffix(".sbatch") if self.how == "jobs" else log
+        if self.how == "jobs" and self._jobs is None:
+            from hpcrl.join_jobs import joining_jobs
+
+            self._jobs = joining_jobs(env, self.setting)
+        # jobs: the submit command's own output (the job id) apart from the job's (its log)
+        out = stem.with_suffix(self._jobs.id_suffix) if self._jobs else log
         with open(out, "w") as f:
             self._proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           env=step_environment(dict(os.environ), self.how), start_new_session=True)
@@ -222,8 +232,8 @@ class Joiner:
 
     def record_job(self, reports) -> None:
         """jobs: the joining job as an ``allocations`` row, through the door's reports (rank 0 writes it; hpcrl
-        analyze bills it from sacct); nothing for steps."""
-        if self.how == "jobs" and (row := self.job_row()) is not None:
+        analyze bills it); nothing for steps."""
+        if self._jobs and (row := self.job_row()) is not None:
             reports.send(JoiningJob(time=time.time(), columns=row))
 
     def lost(self) -> bool:
@@ -231,20 +241,17 @@ class Joiner:
         return self._proc.poll() is not None or (self._first is not None and process_gone(*self._first))
 
     def job_row(self) -> dict | None:
-        """jobs: the current joining job as an ``allocations`` row (hpcrl analyze bills it from sacct)."""
-        from hpcrl.runtime.record.allocation import batch_job
-
-        return batch_job({**os.environ, "SLURM_JOB_ID": self._job_id(), "SLURM_JOB_NUM_NODES": "1",
-                          "SLURM_STEP_ID": ""})
+        """jobs: the current joining job as an ``allocations`` row (hpcrl analyze bills it)."""
+        return self._jobs.row(self._job_id())
 
     def _job_id(self) -> str:
-        """jobs: the current joining job's id, as sbatch --parsable printed it ('' before it did)."""
-        return self._stem.with_suffix(".sbatch").read_text().split(";")[0].strip()
+        """jobs: the current joining job's id, as its submit command printed it ('' before it did)."""
+        return self._jobs.job_id(self._stem.with_suffix(self._jobs.id_suffix).read_text())
 
     def _stop_step(self) -> int:
         """End the launch's process (it ended by itself, or is killed; a joining job is cancelled): its exit status."""
-        if self.how == "jobs" and self._proc.poll() is None and (job := self._job_id()):
-            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+        if self._jobs and self._proc.poll() is None and (job := self._job_id()):
+            subprocess.run(self._jobs.cancel_argv(job), capture_output=True, timeout=30)
         if self._proc.poll() is None:
             try:
                 os.killpg(self._proc.pid, signal.SIGTERM)
@@ -276,9 +283,9 @@ class Joiner:
         deadline = time.monotonic() + 60
         while self._proc.poll() is None and not left.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        if self.how == "jobs" and self._proc.poll() is None and left.exists():
-            # sbatch --wait: its job ends by itself now; it would poll for up to half a minute more, and it
-            # finishes its poll before it acts on SIGTERM
+        if self._jobs and self._proc.poll() is None and left.exists():
+            # the blocking submit command: its job ends by itself now; sbatch --wait would poll for up to half a
+            # minute more, and it finishes its poll before it acts on SIGTERM
             self._proc.kill()
             self._proc.wait()
             return 0  # the ranks left cleanly (they write .left after they disconnected)

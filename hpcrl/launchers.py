@@ -168,9 +168,20 @@ class Srun(Launcher):
 @dataclass(frozen=True)
 class PalsMpiexec(Launcher):
     """The Cray PALS ``mpiexec -n N --ppn P [--depth=D --cpu-bind depth] --hostfile "$PBS_NODEFILE"`` of
-    PBS Pro at ALCF (Polaris, Aurora); D counts hardware threads."""
+    PBS Pro at ALCF (Polaris, Aurora); D counts hardware threads. The flags are those of ALCF's Polaris and Aurora
+    job guides (``-n``, ``--ppn``, ``--depth``, ``--cpu-bind depth``, ``--hostfile``, whose default is
+    $PBS_NODEFILE); a launch on some nodes of the job names them in a hostfile of its own, as ALCF's ensemble
+    example does (its Polaris "Multi-node Ensemble Calculations": one ``--hostfile`` per concurrent mpiexec)."""
+
+    hostfile: str = NODEFILE
+    """The nodes to start on, one name a line: the job's ($PBS_NODEFILE), or a file naming some of them (a
+    joining launch, hpcrl.join_launch)."""
 
     kind = "PALS mpiexec"
+
+    def __post_init__(self):
+        if not isinstance(self.hostfile, str) or not self.hostfile.strip() or "\n" in self.hostfile:
+            raise ValueError(f"{self.kind}: hostfile={self.hostfile!r}; allowed: a path, or \"$PBS_NODEFILE\"")
 
     def options(self, cpus_per_rank: int | None = None) -> list[str]:
         """The binding (Parsl's mpiexec prefix writes its own counts and hosts, then these)."""
@@ -179,17 +190,7 @@ class PalsMpiexec(Launcher):
     def words(self, ranks: int, ranks_per_node: int, cpus_per_rank: int | None = None) -> list[str]:
         check_layout(self.kind, ranks, ranks_per_node, cpus_per_rank)
         return ["mpiexec", "-n", str(ranks), "--ppn", str(ranks_per_node), *self.options(cpus_per_rank),
-                "--hostfile", NODEFILE]
-
-    def on_hosts(self, hosts: list[str], ranks: int, ranks_per_node: int,
-                 cpus_per_rank: int | None = None) -> list[str]:
-        """The same launch on ``hosts`` (``--hosts A,B``: nodes of the running PBS job) instead of the whole
-        $PBS_NODEFILE: a joining launch inside the allocation."""
-        check_layout(self.kind, ranks, ranks_per_node, cpus_per_rank)
-        if not hosts or len(hosts) * ranks_per_node < ranks:
-            raise ValueError(f"{self.kind}: hosts={hosts!r}; allowed: at least ranks / ranks_per_node host names")
-        return ["mpiexec", "-n", str(ranks), "--ppn", str(ranks_per_node), *self.options(cpus_per_rank),
-                "--hosts", ",".join(hosts)]
+                "--hostfile", self.hostfile]
 
 
 @dataclass(frozen=True)

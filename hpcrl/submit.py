@@ -25,7 +25,7 @@ import jinja2
 from hpcrl.config import RunConfig
 from hpcrl.errors import ConfigError
 from hpcrl.launch import rank_command
-from hpcrl.launchers import ShellWord, for_site
+from hpcrl.launchers import ShellWord, Srun, for_site
 from hpcrl.sites import Site
 from hpcrl.templates import template_dir
 
@@ -136,8 +136,11 @@ class BatchJob:
     ranks_per_node x the nodes it got, and the actors what is left after the parameter and learner ranks."""
     join_nodes: int = 0
     """learners.elastic / actors.elastic=steps: nodes the allocation holds beyond the ranks' own, one for each
-    learner group that can be active at once and one per actor, where the joining ranks run as job steps
-    (hpcrl/join_launch.py)."""
+    learner group that can be active at once and one per actor, where the joining ranks run as job steps (Slurm)
+    or second PALS mpiexecs (PBS) (hpcrl/join_launch.py)."""
+    joining_jobs: bool = False
+    """learners.elastic / actors.elastic=jobs: a PBS script exports what each joining job asks for (its project,
+    queue, file systems and end: hpcrl/join_jobs.py); Slurm's jobs read the job's own SLURM_ variables."""
 
     @property
     def allocation_nodes(self) -> int:
@@ -160,9 +163,11 @@ class BatchJob:
     def launch(self) -> str:
         """The site's launch line for the ranks, without the rank command (:func:`hpcrl.launchers.for_site`)."""
         ranks = RANKS_NOW if self.min_nodes else self.ranks
-        line = for_site(self.site).prefix(ranks, self.ranks_per_node, self.cpus_per_rank)
-        # the job's own ranks on their nodes only: the others are the joining groups'
-        return f"{line} --nodes={self.nodes}" if self.join_nodes else line
+        launcher = for_site(self.site)
+        line = launcher.prefix(ranks, self.ranks_per_node, self.cpus_per_rank)
+        # the job's own ranks on their nodes only: the others are the joining ranks' (PALS fills the nodefile's
+        # first nodes, --ppn ranks each; the joins take the nodes the ranks did not land on, hpcrl.join_launch)
+        return f"{line} --nodes={self.nodes}" if self.join_nodes and isinstance(launcher, Srun) else line
 
     @property
     def walltime_seconds(self) -> int:
@@ -224,26 +229,39 @@ def check_placement(cfg: RunConfig, site: Site, ranks: int, per_node: int) -> No
                               f"learners_per_node <= {site.gpus_per_node}, or learners.device=cpu")
 
 
-def check_joining(cfg: RunConfig, site: Site, min_nodes: int | None) -> int:
+def check_joining(cfg: RunConfig, site: Site, min_nodes: int | None, queue: str | None) -> int:
     """learners.elastic / actors.elastic: the nodes the joining ranks need, with steps one per learner group that
-    can be active at once and one per actor (runtime/runners/mpi.py numbers them in that order), on a Slurm site
-    (a job step per join) and without --min-nodes; jobs: a Slurm site, no node here; 0 for park. One-line
-    ConfigError."""
-    nodes = 0
+    can be active at once and one per actor (runtime/runners/mpi.py numbers them in that order), without
+    --min-nodes; jobs: no node here, and on a site whose ``queue`` limits are known, a queue that takes the
+    one-node joining jobs beside the run's own; 0 for park. One-line ConfigError."""
+    nodes, jobs = 0, 0
     for setting, how, count in (("learners.elastic", cfg.learners.elastic, cfg.learners.active_range[1]),
                                 ("actors.elastic", cfg.actors.elastic, cfg.actors.count)):
-        if how == "park":
-            continue
-        if site.scheduler != "slurm":
-            raise ConfigError(f"{setting}={how}: {site.name} schedules with {site.scheduler}; joining ranks start "
-                              f"as Slurm job steps or jobs (allowed: a Slurm site, or {setting}=park)")
         if how == "jobs":
-            continue  # each join is a job of its own
-        if min_nodes is not None:
-            raise ConfigError(f"--min-nodes with {setting}=steps: a job whose node count varies cannot keep nodes "
-                              "for joining ranks; allowed: one of the two")
-        nodes += count
+            jobs += count
+        elif how == "steps":
+            if min_nodes is not None:
+                raise ConfigError(f"--min-nodes with {setting}=steps: a job whose node count varies cannot keep "
+                                  "nodes for joining ranks; allowed: one of the two")
+            nodes += count
+    limits = site.queues.get(queue) if queue else None
+    if jobs and limits is not None:
+        setting = "learners.elastic" if cfg.learners.elastic == "jobs" else "actors.elastic"
+        allowed = f"allowed: a queue that takes them ({fitting_queues(site, 1 + jobs)}), or {setting}=steps"
+        if limits.min_nodes > 1:
+            raise ConfigError(f"{setting}=jobs: each join is a one-node job in --queue {queue}, which takes "
+                              f"{limits.min_nodes}-{limits.max_nodes} nodes on {site.name}; {allowed}")
+        if limits.max_jobs_per_user is not None and limits.max_jobs_per_user < 1 + jobs:
+            raise ConfigError(f"{setting}=jobs: up to {jobs} joining job(s) beside the run's own, and --queue {queue} "
+                              f"on {site.name} holds {limits.max_jobs_per_user} job(s) a user; {allowed}")
     return nodes
+
+
+def fitting_queues(site: Site, jobs: int) -> str:
+    """The site's known queues that take one-node jobs, ``jobs`` of them a user at once (a comma list)."""
+    names = [n for n, q in site.queues.items()
+             if q.min_nodes == 1 and (q.max_jobs_per_user is None or q.max_jobs_per_user >= jobs)]
+    return ", ".join(names) or f"none of those hpcrl knows on {site.name}"
 
 
 def check_min_nodes(cfg: RunConfig, site: Site, min_nodes: int, nodes: int, per_node: int) -> None:
@@ -300,7 +318,7 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
                           "(use -o launch.runner=mpi)")
     ranks = cfg.num_ranks
     nodes, per_node, cpus = layout(ranks, site, nodes)
-    join_nodes = check_joining(cfg, site, min_nodes)
+    join_nodes = check_joining(cfg, site, min_nodes, check_name("--queue", queue) if queue else site.default_queue)
     queue, time = check_batch_flags(site, queue, time, account, warning_seconds, max_restarts, nodes, join_nodes)
     check_placement(cfg, site, ranks, per_node)
     if min_nodes is not None:
@@ -318,6 +336,7 @@ def plan_job(cfg: RunConfig, site: Site, *, nodes: int | None = None, time: str 
                     cpus_per_rank=cpus, time=time, account=account, queue=queue, run_dir=run_text,
                     job_dir=run_text + JOB_SUFFIX, rank_start=plan_rank_start(cfg, site, run_text, python, fit_actors=min_nodes is not None),
                     warning_seconds=warning_seconds, max_restarts=max_restarts, min_nodes=min_nodes, join_nodes=join_nodes,
+                    joining_jobs="jobs" in (cfg.learners.elastic, cfg.actors.elastic),
                     container_image=box.image if box else None, env_script=env_script, overrides=tuple(overrides),
                     config_yaml=run_config(cfg, run_text).to_yaml())
 

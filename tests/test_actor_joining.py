@@ -72,7 +72,7 @@ def test_joining_actors_need_the_mpi_runner_and_a_launcher_that_can_add_ranks(tm
                           f"io.run_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 2 and not (tmp_path / "run").exists()
     assert res.stderr.strip().splitlines()[-1].startswith("hpcrl run: error: actors.elastic=jobs: joining ranks are "
-                                                          "submitted as Slurm batch jobs")
+                                                          "submitted as batch jobs (sbatch, qsub)")
 
 
 @pytest.mark.mpi

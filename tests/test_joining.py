@@ -101,7 +101,7 @@ def test_a_joining_step_gets_the_allocation_not_the_roots_own_rank(monkeypatch):
     assert job[:5] == ["sbatch", "--wait", "--parsable", "--nodes=1", "--ntasks=3"] and "--output=LOG" in job
     assert "--partition=debug" in job and "--exclude=node1" in job and job[-2] == "--wrap"
     assert job[-1].startswith("srun --ntasks=3") and job[-1].endswith("python -m hpcrl.runtime.runners.join RUN")
-    with pytest.raises(RuntimeError, match="learners.elastic=jobs: this run is not in a Slurm batch job"):
+    with pytest.raises(RuntimeError, match="learners.elastic=jobs: this run is not in a Slurm or PBS batch job"):
         join_command("jobs", 3, ["vm"], 0, {"PATH": "/bin"}, launch, ranks, "LOG")
 
 
@@ -127,7 +127,7 @@ def test_a_run_where_no_ranks_can_join_is_refused_at_start_in_one_line(tmp_path)
                          capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 2 and not (tmp_path / "run").exists()
     assert res.stderr.strip().splitlines()[-1].startswith("hpcrl run: error: learners.elastic=jobs: joining ranks are "
-                                                          "submitted as Slurm batch jobs")
+                                                          "submitted as batch jobs (sbatch, qsub)")
     assert "PALS has no job steps" in joining_refused("steps", {"PBS_JOBID": "1.polaris"})
     assert joining_refused("steps", {}) is None
     assert joining_refused("jobs", {"SLURM_JOB_ID": "7", "HPCRL_SITE": "local-cluster"}) is None

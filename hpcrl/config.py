@@ -130,11 +130,12 @@ class LearnersConfig(Section):
     """What an inactive learner group holds. park: all its ranks, blocked (they take no core, but the allocation
     keeps them). steps: only its root (one rank beside the others: it takes fragments, prepares batches, pushes);
     its other ranks_per_group - 1 ranks join the running job as a new job step while the group is active (srun
-    inside a Slurm allocation, away from the job's own nodes; mpiexec on one machine), connect through an MPI
+    inside a Slurm allocation, a second PALS mpiexec in a PBS job, away from the job's own nodes; mpiexec on one
+    machine), connect through an MPI
     port and leave when it parks, so their step ends and their nodes go back to the allocation
     (hpcrl/join_launch.py, runtime/transport/joining.py). jobs: likewise, but each join is a separate batch job in the site's queue
-    (sbatch, one node), so a parked group's node goes back to the cluster and is billed only while it is in use
-    (its job is an allocations row: hpcrl analyze prices it from sacct)."""
+    (sbatch or qsub, one node: hpcrl/join_jobs.py), so a parked group's node goes back to the cluster and is
+    billed only while it is in use (its job is an allocations row: hpcrl analyze prices it from sacct)."""
     join_timeout_seconds: float = Field(120.0, gt=0)
     """learners.elastic=steps: a group's ranks that have not connected this long after their step was started
     are given up (the step is ended, a join_given_up row in elastic_events) and the group's root computes its

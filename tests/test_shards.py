@@ -152,3 +152,14 @@ def test_a_resume_of_a_sharded_run_is_refused_in_one_line(tmp_path, capsys):
     assert cli_main(["run", "--resume", str(run)]) == 2
     err = capsys.readouterr().err.strip()
     assert "aggregation.shards=2 runs are not resumable yet" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_shard_push_bench_prints_each_shards_cost(capsys):
+    from hpcrl.bench.shard_push import main
+
+    assert main(["--sizes", "4096", "--shards", "2", "--pushes", "10"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(r[0], r[1], r[4]) for r in rows] == [("4096", "2", "8192")]  # 4 P / S bytes per version and shard
+    assert float(rows[0][2]) > 0 and float(rows[0][3]) > 0

@@ -137,7 +137,7 @@ def join_command(how: str, ranks: int, own_hosts: list[str], slot: int, env: dic
 
         name = f"--job-name={job_name}"
         return [*site_launcher(env, Srun, setting).words(ranks, ranks), "--nodes=1",
-                f"--nodelist={join_node(own_hosts, slot, env, setting)}", name, "--kill-on-bad-exit=1", *command]
+                f"--nodelist={join_node(own_hosts, slot, env, setting)}", name, *command]
     from hpcrl.launch import find_mpiexec, mpi_flavour
     from hpcrl.launchers import LocalMpiexec
 

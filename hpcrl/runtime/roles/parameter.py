@@ -20,6 +20,11 @@ the lr schedule is then the groups' (rank 0 sets the CONSUMED word before it pub
 optimizer state, sent after each update, is kept for the checkpoint. The two push modes are objects with one
 interface (runtime/roles/push_apply.py), as the admission policies are (hpcrl.staleness).
 
+Parameter shards (``aggregation.shards`` > 1): this rank owns shard 0's floats and optimizer state and decides for
+all; ``self.shards`` (runtime/roles/shard_lead.py, an object as the push modes are) sends each step to the other
+shards, waits after each publish until every shard has the version, and gives ``end_round`` and the checkpoint the
+whole weights.
+
 Rounds (Stellaris k, RLlib training iterations) end each time the learners have consumed
 another ``plan.round_steps`` environment steps; ``policy.end_round`` and ``algo.end_round``
 (e.g. PPO's adaptive KL coefficient) are called then, the latter with the round's episodes and

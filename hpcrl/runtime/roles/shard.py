@@ -13,6 +13,7 @@ a model whose only parameter is the shard's slice of the flat buffer, sharing it
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +48,8 @@ class SliceModel:
             whole = model.flat.slice_of(p)
             lo, hi = max(whole.start, where.start), min(whole.stop, where.stop)
             if lo < hi:
-                piece = nn.Parameter(model.flat.params[lo:hi], requires_grad=p.requires_grad)  # the flat buffer's memory
+                # the flat buffer's memory, as the whole tensor's is
+                piece = nn.Parameter(model.flat.params[lo:hi], requires_grad=p.requires_grad)
                 piece.grad = model.flat.grads[lo:hi]
                 self._params.append(piece)
 
@@ -68,18 +70,16 @@ class ShardSettings:
 class ShardRank:
     def __init__(self, job, settings: ShardSettings) -> None:
         self.job, self.plan = job, job.plan
-        self.shard = job.topo.shard
         self.model, self.algo = job.model, job.algo
-        self.where = job.board.own_slice()
-        self.slice = SliceModel(self.model, self.where)
+        self.slice = SliceModel(self.model, job.board.own_slice())
         self.push_mode = apply_mode(self.plan.push, self.algo, self.slice, None, settings.aggregation,
                                     self.plan.groups)
         self.optimizer = self.push_mode.make_optimizer()
         self.held: dict[tuple[int, int], np.ndarray] = {}  # (group, seq) -> this shard's slice of the push
-        self.todo: list = []  # decisions received, not yet carried out
+        self.dropped: set[tuple[int, int]] = set()  # pushes rank 0 refused before their slice got here
+        self.todo: deque = deque()  # decisions received, not yet carried out
         self.heartbeat = control.Heartbeat(job.counters, self.plan.groups, job.rank, job.clock)
         self.fault = control.FaultInjector(settings.debug, job.rank, clock=job.clock)
-        self.applied = 0
         self.summary: dict = {}
         self.handlers = {ShardStep: self._step, ShardPublish: self._publish_as, ShardSet: self._set,
                          ShardDrop: self._drop}
@@ -97,7 +97,11 @@ class ShardRank:
             self.heartbeat.beat()
             got = self.job.mailbox.poll()
             for header, piece in got:
-                self.held[(header.group, header.seq)] = piece
+                key = (header.group, header.seq)
+                if key in self.dropped:
+                    self.dropped.discard(key)
+                else:
+                    self.held[key] = piece
             self.todo += self.job.shard_link.poll()
             busy = bool(got)
             while self.todo:
@@ -106,7 +110,7 @@ class ShardRank:
                     return
                 if not self._carry_out(event):
                     break
-                self.todo.pop(0)
+                self.todo.popleft()
                 busy = True
             backoff.reset() if busy else backoff.sleep()
 
@@ -122,7 +126,6 @@ class ShardRank:
         for group in self.optimizer.param_groups:
             group["lr"] = event.lr
         self.push_mode.apply(self.optimizer, self.algo.aggregate(step))
-        self.applied += 1
         return self._publish_as(event)
 
     def _publish_as(self, event: ShardStep | ShardPublish) -> bool:
@@ -135,7 +138,9 @@ class ShardRank:
         return True
 
     def _drop(self, event: ShardDrop) -> bool:
-        self.held.pop((event.group, event.seq), None)
+        key = (event.group, event.seq)
+        if self.held.pop(key, None) is None:
+            self.dropped.add(key)
         return True
 
     def _publish(self) -> None:

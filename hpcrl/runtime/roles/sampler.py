@@ -72,6 +72,7 @@ def rescale(raw: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """Policy output clipped to [-1, 1], mapped linearly onto [low, high]."""
     return low + (high - low) * (np.clip(raw, -1.0, 1.0) + 1.0) / 2.0
 
+
 def _clip(x, low, high):
     """``np.clip(x, low, high)`` (the same values, NaN kept) without its Python wrapper: two ufuncs."""
     return np.minimum(np.maximum(x, low), high)

@@ -153,21 +153,15 @@ def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch:
         raise ValueError(f"push must be one of {PUSH_MODES}, fetch one of {FETCH_MODES}")
     if combine < 1 or shards < 1:
         raise ValueError("combine and shards must be >= 1")
-    P, B, M, F = work.floats, work.batch_steps, work.minibatches, work.fragment_steps
+    P, B, M = work.floats, work.batch_steps, work.minibatches
     if shards > 1:
         P = -(-P // shards)
         costs = replace(costs, push=_times(costs.push, shards), fetch=_times(costs.fetch, shards))
     learner_pushes = (M if push == "gradient" else 1) / B  # per env step, of all groups together
     pushes = learner_pushes / combine  # what reaches rank 0; one rank-0 step (a new version) per push
     versions = pushes
-    # a reader fetches when a version newer than its own exists: at most once per version, and (actors) once
-    # per fragment of its own; A actors' fragments come every A*F env steps, so A*versions or 1/F per env step
-    readers = layout.actors if fetch == "actor" else layout.actor_nodes
-    remote_fetches = min(readers * versions, 1.0 / F)
+    actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P)
     learner_fetches = min(learner_pushes, layout.learners * versions)
-    actor = costs.actor_step + costs.fragment_send / F + remote_fetches * costs.fetch(P)
-    if fetch == "node":
-        actor += min(layout.actors * versions, 1.0 / F) * costs.node_copy(P)
     if push == "gradient":
         learner = learner_pushes * (costs.gradient + costs.push(P)) + learner_fetches * costs.fetch(P)
     else:
@@ -180,6 +174,20 @@ def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch:
             "out_bytes": 4 * P * (remote_fetches + learner_fetches), "in_bytes": 4 * P * pushes}
 
 
+def _actors(costs: Costs, work: Workload, layout: Layout, fetch: str, versions: float, floats: int) -> tuple[float, float]:
+    """The actors' seconds per env step (summed over them) and their weight fetches over the network per env step.
+
+    A reader fetches when a version newer than its own exists: at most once per version, and (actors) once per
+    fragment of its own; A actors' fragments come every A*F env steps, so A*versions or 1/F per env step."""
+    F = work.fragment_steps
+    readers = layout.actors if fetch == "actor" else layout.actor_nodes
+    remote_fetches = min(readers * versions, 1.0 / F)
+    actor = costs.actor_step + costs.fragment_send / F + remote_fetches * costs.fetch(floats)
+    if fetch == "node":
+        actor += min(layout.actors * versions, 1.0 / F) * costs.node_copy(floats)
+    return actor, remote_fetches
+
+
 def per_env_step_allreduce(costs: Costs, work: Workload, layout: Layout, net: Interconnect, fetch: str,
                            reports: str = "fragment") -> dict:
     """As :func:`per_env_step`, for ``topology="allreduce"``: per minibatch each learner computes its gradient,
@@ -187,14 +195,10 @@ def per_env_step_allreduce(costs: Costs, work: Workload, layout: Layout, net: In
     G learners step together, one version per minibatch of them all, ``M / (G B)`` per env step; actors fetch each
     new version (or once per fragment) from the learners' nodes, which share the serving: ``out_bytes`` is one
     learner node's. Rank 0 only takes the fragment reports."""
-    P, B, M, F = work.floats, work.batch_steps, work.minibatches, work.fragment_steps
+    P, B, M = work.floats, work.batch_steps, work.minibatches
     G = layout.learners
     versions = M / (G * B)
-    readers = layout.actors if fetch == "actor" else layout.actor_nodes
-    remote_fetches = min(readers * versions, 1.0 / F)
-    actor = costs.actor_step + costs.fragment_send / F + remote_fetches * costs.fetch(P)
-    if fetch == "node":
-        actor += min(layout.actors * versions, 1.0 / F) * costs.node_copy(P)
+    actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P)
     learner = (M / B) * (costs.gradient + net.allreduce(P, G) + costs.apply_gradient(P))
     learner_nodes = -(-G // net.learners_per_node)
     return {"actor": actor, "learner": learner, "rank0": costs.report * reports_per_env_step(work, layout, reports),

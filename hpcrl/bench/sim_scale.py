@@ -42,6 +42,12 @@ def profile_for(actors_per_node: int, out: Path) -> Path:
     return path
 
 
+def _as_recorded(config: str) -> str:
+    """A shipped config as ``hpcrl/configs/NAME`` (no machine path in a row kept in docs/results), any other as given."""
+    path = Path(config).resolve()
+    return f"hpcrl/configs/{path.name}" if path.parent == CONFIGS else config
+
+
 def run_job(config: str, nodes: int, actors_per_node: int, virtual_seconds: float, out: Path,
             extra: list[str]) -> dict:
     from hpcrl.bench.sim_vs_real import measures
@@ -67,7 +73,7 @@ def run_job(config: str, nodes: int, actors_per_node: int, virtual_seconds: floa
     got = measures(run_dir, skip=0.2)
     virtual = float(attrs["sim_virtual_seconds"])
     running = float(attrs["sim_real_seconds"]) - float(attrs["sim_setup_seconds"])
-    return {"config": config, "overrides": extra, "nodes": nodes, "groups": groups, "actors": actors,
+    return {"config": _as_recorded(config), "overrides": extra, "nodes": nodes, "groups": groups, "actors": actors,
             "ranks": 1 + groups + actors,
             "virtual_seconds": virtual, "env_steps_per_s": got["env_steps_per_s"], "pushes_per_s": got["pushes_per_s"],
             "staleness_mean": got["staleness_mean"], "real_per_virtual_second": running / virtual,

@@ -373,9 +373,7 @@ class ParameterRank:
 
     def _publish(self) -> None:
         probe = self.job.probe_outputs(self.model) if self.job.probe_size else None
-        self.shards.announce(self.version)
-        self.board.publish(self.version, self.flat.numpy(), probe)
-        self.shards.wait(self.version)  # visible: every shard has it
+        self.shards.publish(self.version, self.flat.numpy(), probe)  # visible once every shard has it
 
     def _end_round(self) -> None:
         stats = self.record.end_round(self.round, self.consumed, self.policy.threshold, self.groups.active,

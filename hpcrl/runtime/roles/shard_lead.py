@@ -24,17 +24,17 @@ from hpcrl.runtime.shards import ShardDrop, ShardEnd, ShardPublish, ShardSet, Sh
 class OneShard:
     """One parameter rank: nothing to tell anyone."""
 
+    def __init__(self, board) -> None:
+        self.board = board
+
     def model(self, model):
         return model
 
     def step(self, version: int, step, lr: float) -> None:
         pass
 
-    def announce(self, version: int) -> None:
-        pass
-
-    def wait(self, version: int) -> None:
-        pass
+    def publish(self, version: int, params: np.ndarray, probe) -> None:
+        self.board.publish(version, params, probe)
 
     def drop(self, rec) -> None:
         pass
@@ -69,7 +69,13 @@ class LeadShards:
         self.announced = version
         self.unpublished.clear()  # the shards publish what they were set to with it
 
-    def announce(self, version: int) -> None:
+    def publish(self, version: int, params: np.ndarray, probe) -> None:
+        """Rank 0's slice of ``version`` on the board, visible once it returns (every shard has published it)."""
+        self._announce(version)
+        self.board.publish(version, params, probe)
+        self._wait(version)
+
+    def _announce(self, version: int) -> None:
         """Before rank 0 publishes ``version``: a version made without a step is published by every shard too."""
         if self.start is None:  # publish_initial's: the other shards publish it themselves
             if version != 0:
@@ -80,7 +86,7 @@ class LeadShards:
             self.announced = version
             self.unpublished.clear()
 
-    def wait(self, version: int) -> None:
+    def _wait(self, version: int) -> None:
         """After rank 0 published ``version``: until every shard has (it is then visible)."""
         if version == self.start:
             return
@@ -125,7 +131,7 @@ class LeadShards:
 def lead_shards(job, patience: float):
     """Rank 0's side for the job's shard count."""
     if job.plan.shards == 1:
-        return OneShard()
+        return OneShard(job.board)
     if job.resume:
         raise RuntimeError(f"--resume: aggregation.shards={job.plan.shards} runs are not resumable yet (each shard's "
                            "optimizer state stays on its rank)")

@@ -191,5 +191,7 @@ def test_workload_measures_a_real_minibatch_of_any_algorithm(config):
     batch, so a MARL config (its agent column) is measured too."""
     from hpcrl.bench.scale_measure import workload
 
-    work, got = workload(str(Path(__file__).resolve().parents[1] / "hpcrl" / "configs" / f"{config}.yaml"), [], 0.05)
+    # small sizes: the MPE env steps at about 1 ms per agent, and the shipped batch is 24 fragments of 1,200
+    small = ["env.num_envs=2", "actors.fragment_length=5", "algo.train_batch_size=20", "algo.minibatch_size=10"]
+    work, got = workload(str(Path(__file__).resolve().parents[1] / "hpcrl" / "configs" / f"{config}.yaml"), small, 0.05)
     assert work.minibatches > 0 and all(got[k] > 0 for k in ("actor_step", "gradient", "prepare_per_step"))

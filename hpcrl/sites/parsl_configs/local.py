@@ -35,4 +35,7 @@ def config(*, run_dir: str = "runinfo", parallel_runs: int = 1, mpiexec_dir: str
             ThreadPoolExecutor(label="local", max_threads=2),  # light Python apps (summaries) in this process
         ],
         run_dir=run_dir,
+        # the block here starts at the first strategy pass: Parsl's default period (5 s) would keep every
+        # workflow's first run waiting that long on an idle machine; a status check of a local pid is cheap
+        strategy_period=1,
     )

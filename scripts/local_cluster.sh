@@ -171,7 +171,9 @@ ReturnToService=2
 MinJobAge=600
 # requeued jobs may start again at once (tests requeue on the walltime warning signal)
 JobRequeue=1
-KillWait=10
+# SIGTERM to SIGKILL when a job or step ends (default 30 s; the tests wait it out after every kill): the ranks'
+# checkpoint on SIGTERM takes well under a second
+KillWait=5
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/spool/%n
 SlurmctldPidFile=$STATE/run/slurmctld.pid

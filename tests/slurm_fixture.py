@@ -66,16 +66,21 @@ def scontrol(*args: str) -> None:
     subprocess.run(["scontrol", *args], check=True, capture_output=True, timeout=20)
 
 
-def node_processes(node: str, job_id: str) -> list[int]:
-    """The pids of job ``job_id`` in node's network namespace (its ranks there; not slurmd, not other jobs')."""
+def node_processes(node: str, job_id: str, step: str | None = "0") -> list[int]:
+    """The pids of job ``job_id`` in node's network namespace: the ranks of its step ``step`` there (not slurmd,
+    not other jobs'); step None: every process of the job there, its slurmstepds and batch script too."""
     pids = subprocess.run(["ip", "netns", "pids", f"hpcrl-{node}"], capture_output=True, text=True, timeout=10)
     mine = []
     for pid in pids.stdout.split():
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if f"SLURM_JOB_ID={job_id}".encode() in environ and b"SLURM_STEP_ID=0" in environ:
+        if step is None and cmdline.startswith(f"slurmstepd: [{job_id}.".encode()):
+            mine.append(int(pid))
+        elif f"SLURM_JOB_ID={job_id}".encode() in environ and (step is None or f"SLURM_STEP_ID={step}".encode()
+                                                               in environ):
             mine.append(int(pid))
     return mine
 
@@ -89,18 +94,32 @@ def kill_pids(pids: list[int], sig: int = signal.SIGKILL) -> None:
 
 
 def start_now(job_id: str) -> None:
-    """Make the requeued job eligible in two seconds (Slurm holds a requeued job for about 2 minutes: BeginTime),
+    """Start the requeued job in two seconds (Slurm holds a requeued job for about 2 minutes: BeginTime),
     once its last run has left every node (a start while a node is still completing it, or within the second its
     credential was revoked, is refused: 'Job credential revoked')."""
     def settled() -> bool:  # every node idle, or out (the lost node): none still completing the last run
-        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20).stdout
+        rows = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=20).stdout
+        nodes = [row.split() for row in rows.splitlines() if row.strip()]
+        # ... and no slurmstepd of the last run left on a node: Slurm counts a node idle while the last run's step
+        # daemon still waits out KillWait, and a start then (the same step id) fails ("mpi/pmi2: failed to send
+        # temp kvs to compute nodes")
         return "JobState=PENDING" in show_job(job_id) and all(
-            s.strip().lower().rstrip("*~#!%$@^-") in ("idle", "drained", "down") for s in states.split())
+            state.lower().rstrip("*~#!%$@^-") in ("idle", "drained", "down") for _, state in nodes) and not any(
+            node_processes(node, job_id, step=None) for node, _ in nodes)
 
     wait_for(settled, 60, f"job {job_id}'s last run to leave the nodes")
     # not "now": slurmd revokes the last run's credential with a one-second timestamp, and a start within that
     # second is killed as "Job credential revoked" (seen in a run: requeued at 41:43.240, restarted and killed at 41:43.444)
     scontrol("update", f"JobId={job_id}", "StartTime=now+2")
+    time.sleep(2.2)
+    # a begin time that passes starts nothing until the scheduler's next pass (up to a minute, sched_interval):
+    # an update that makes the job eligible does, so ask again, now, until it runs
+
+    def started() -> bool:
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True, timeout=20)
+        return "JobState=PENDING" not in show_job(job_id)
+
+    wait_for(started, 60, f"job {job_id} to start again", poll=1.0)
 
 
 def text_of(path: Path) -> str:

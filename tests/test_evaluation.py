@@ -22,7 +22,7 @@ from hpcrl.runtime.runners import serial
 EVAL_RUN = {"name": "eval", "env": {"id": "CartPole-v1", "num_envs": 4},
             "actors": {"count": 2, "fragment_length": 16},
             "algo": {"name": "ppo", "train_batch_size": 128, "minibatch_size": 128, "num_sgd_iter": 2},
-            "eval": {"episodes": 3, "every_rounds": 4}, "stop": {"total_env_steps": 2600}}
+            "eval": {"episodes": 3, "every_rounds": 4}, "stop": {"total_env_steps": 1100}}  # 9 rounds: 2 evaluations
 
 
 def test_greedy_is_the_mode_of_the_policy():
@@ -95,7 +95,7 @@ def test_mpi_run_records_evaluations(tmp_path):
     args = [sys.executable, "-m", "hpcrl.cli", "run", "-o", f"io.run_dir={run_dir}", "-o", "name=eval",
             "-o", "env.num_envs=4", "-o", "actors.fragment_length=16", "-o", "algo.train_batch_size=128",
             "-o", "algo.minibatch_size=128", "-o", "algo.num_sgd_iter=2", "-o", "eval.episodes=3",
-            "-o", "eval.every_rounds=4", "-o", "stop.total_env_steps=2600", "-o", "stop.target_return=null"]
+            "-o", "eval.every_rounds=4", "-o", "stop.total_env_steps=1100", "-o", "stop.target_return=null"]
     out = subprocess.run(args, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     check_eval_table(run_dir, every=4, episodes=3)

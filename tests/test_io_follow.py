@@ -79,7 +79,7 @@ def test_follow_never_yields_rows_a_resume_cuts_back(tmp_path):
 @pytest.mark.slow
 def test_follow_a_serial_run_to_its_end(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", "--runner", "serial", "-o", "stop.total_env_steps=12000",
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", "--runner", "serial", "-o", "stop.total_env_steps=5000",
                              "-o", f"io.run_dir={run_dir}", "-o", "io.flush_seconds=0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

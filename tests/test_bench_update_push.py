@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.slow
 def test_update_push_bench_runs_both_modes_and_counts_rank0s_work(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "hpcrl", "bench", "update-push", "--steps", "3000", "--runner", "serial",
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "bench", "update-push", "--steps", "1024", "--runner", "serial",
                           "--target", "20", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = {m.group(1): m.groups() for m in re.finditer(

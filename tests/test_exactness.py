@@ -10,9 +10,12 @@ normalised them, ``bootstrap_values`` where a fragment does not continue an epis
 Anything in between that changes what is trained (a stale weight read, an lr step off by a batch, a
 batch in another order, a lost or doubled gradient, a wrong bootstrap) moves the weights by far more
 than float rounding; the test checks that it would notice (one batch fewer is far off).
+
+Tests that only read a job share it (the ``jobs`` fixture); serial jobs run in this process.
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +26,7 @@ import pytest
 import torch
 
 from hpcrl.algos import make_algorithm
+from hpcrl.cli import main as cli_main
 from hpcrl.config import load_config
 from hpcrl.io import read_table, read_trajectory
 from hpcrl.io.schema import traj_filename
@@ -55,13 +59,33 @@ JOBS = {
 
 
 def run_job(tmp_path: Path, job: str, runner: str, extra: list[str] = ()) -> Path:
+    """``hpcrl run`` of JOBS[job]: the serial runner in this process (it needs no process of its own), the MPI
+    runner in a subprocess that starts mpiexec."""
     config, overrides = JOBS[job]
     run_dir = tmp_path / f"{job}-{runner}"
     overrides = [*overrides, f"stop.max_rounds={ROUNDS}", f"io.run_dir={run_dir}", "io.log_seconds=60", *extra]
-    cmd = [sys.executable, "-m", "hpcrl", "run", config, "--runner", runner, *[a for o in overrides for a in ("-o", o)]]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    args = ["run", config, "--runner", runner, *[a for o in overrides for a in ("-o", o)]]
+    if runner == "serial":
+        assert cli_main(args) == 0
+        return run_dir
+    done = subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """``jobs(job, runner, *extra)``: the run directory of that job, run once for every test that only reads it
+    (a test that resumes one works on a copy)."""
+    made: dict[tuple, Path] = {}
+
+    def get(job: str, runner: str, *extra: str) -> Path:
+        key = (job, runner, *extra)
+        if key not in made:
+            made[key] = run_job(tmp_path_factory.mktemp("job"), job, runner, list(extra))
+        return made[key]
+
+    return get
 
 
 def recorded_fragments(run_dir: Path, actor: int, T: int) -> list[dict[str, np.ndarray]]:
@@ -116,8 +140,8 @@ def replay(run_dir: Path, batches: int) -> torch.Tensor:
 @pytest.mark.parametrize("runner", ["serial", pytest.param("mpi", marks=pytest.mark.mpi)])
 @pytest.mark.parametrize("job", sorted(JOBS))
 @pytest.mark.slow
-def test_job_weights_equal_the_fused_update_on_its_recorded_batches(tmp_path, job, runner):
-    assert_trained_as_the_fused_update(run_job(tmp_path, job, runner), f"{job}/{runner}")
+def test_job_weights_equal_the_fused_update_on_its_recorded_batches(jobs, job, runner):
+    assert_trained_as_the_fused_update(jobs(job, runner), f"{job}/{runner}")
 
 
 @pytest.mark.mpi
@@ -142,11 +166,11 @@ def assert_trained_as_the_fused_update(run_dir: Path, label: str) -> None:
 
 @pytest.mark.parametrize("runner", ["serial", pytest.param("mpi", marks=pytest.mark.mpi)])
 @pytest.mark.slow
-def test_update_push_weights_equal_the_fused_update_on_its_recorded_batches(tmp_path, runner):
+def test_update_push_weights_equal_the_fused_update_on_its_recorded_batches(jobs, runner):
     """learners.push=update: the group runs every minibatch step itself with its own Adam (lr annealed per batch
     from the CONSUMED word) and pushes theta_start - theta_end; rank 0's outer step (lr 1, no momentum) lands on
     the group's weights, so the job trains what the fused loop trains, one version per batch."""
-    run_dir = run_job(tmp_path, "hopper", runner, ["learners.push=update"])
+    run_dir = jobs("hopper", runner, "learners.push=update")
     assert_trained_as_the_fused_update(run_dir, f"update push/{runner}")
     updates = read_table(run_dir / "run.h5", "gradients")
     assert list(updates["inner_steps"]) == [8] * ROUNDS  # 2 passes x 4 minibatches of 32 per batch of 128
@@ -154,9 +178,9 @@ def test_update_push_weights_equal_the_fused_update_on_its_recorded_batches(tmp_
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(tmp_path):
+def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(tmp_path, jobs):
     # every rank's randomness is seeded and a learner orders its batch by actor, so arrival timing changes nothing
-    first, second = run_job(tmp_path / "a", "hopper", "mpi"), run_job(tmp_path / "b", "hopper", "mpi")
+    first, second = jobs("hopper", "mpi"), run_job(tmp_path, "hopper", "mpi")
     assert torch.equal(load_checkpoint(first)["params"], load_checkpoint(second)["params"])
     trained = ROUNDS * 64  # steps of each actor's ROUNDS fragments (fragment_length 64, one env)
     for actor in range(2):
@@ -168,10 +192,10 @@ def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_serial_job_repeats_itself_exactly(tmp_path):
+def test_a_serial_job_repeats_itself_exactly(tmp_path, jobs):
     # docs/runtime.md "The same seed, the same record": sync admission, actors.on_policy=true (hopper.yaml)
-    first = run_job(tmp_path / "a", "hopper", "serial")
-    second = run_job(tmp_path / "b", "hopper", "serial")
+    first = jobs("hopper", "serial")
+    second = run_job(tmp_path, "hopper", "serial")
     assert torch.equal(load_checkpoint(first)["params"], load_checkpoint(second)["params"])
     a, b = read_table(first / "run.h5", "episodes"), read_table(second / "run.h5", "episodes")
     for actor in range(2):  # each actor's episodes; the order of two actors' rows is their arrival's
@@ -185,17 +209,19 @@ def test_a_serial_job_repeats_itself_exactly(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_update_push_resume_goes_on_with_each_groups_optimizer_state(tmp_path):
+def test_update_push_resume_goes_on_with_each_groups_optimizer_state(tmp_path, jobs):
     """--resume of an update-push job: the group's Adam continues (its step count and moments are those of the
-    checkpoint, not a fresh optimizer's) and so does its minibatch order's generator."""
-    run_dir = run_job(tmp_path, "hopper", "mpi", ["learners.push=update", "stop.max_rounds=2"])
+    checkpoint, not a fresh optimizer's) and so does its minibatch order's generator. The job resumed is a copy of
+    the update-push test's ROUNDS-round MPI job, resumed for one round more."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(jobs("hopper", "mpi", "learners.push=update"), run_dir)
     first = load_checkpoint(run_dir)["inner_states"][0]
-    assert _adam_steps(first["optimizer"]) == 2 * 8
-    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--resume", str(run_dir), "-o", "stop.max_rounds=3"],
-                         capture_output=True, text=True, timeout=180)
+    assert _adam_steps(first["optimizer"]) == ROUNDS * 8
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--resume", str(run_dir), "-o",
+                          f"stop.max_rounds={ROUNDS + 1}"], capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     second = load_checkpoint(run_dir)["inner_states"][0]
-    assert _adam_steps(second["optimizer"]) == 3 * 8  # a fresh optimizer would have taken 8
+    assert _adam_steps(second["optimizer"]) == (ROUNDS + 1) * 8  # a fresh optimizer would have taken 8
     # the generator went on from where the first job left it: one batch's draws past the first job's state
     g = torch.Generator()
     g.set_state(first["minibatch_rng"])

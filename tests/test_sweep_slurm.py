@@ -17,6 +17,8 @@ from test_sweep import FAST, write_spec
 from hpcrl.cli import main as cli_main
 from hpcrl.io import read_table
 
+STEPS = 3000  # each run's budget; the warning reaches sync-s0 at its first checkpoint, a few hundred steps in
+
 
 def _state(out: Path) -> dict:
     try:
@@ -40,7 +42,7 @@ def _diagnosis(out: Path, job: str) -> str:
 @pytest.mark.timeout(600)
 def test_a_sweep_as_a_job_array_requeues_a_warned_task_and_finishes_every_run_once(slurm, tmp_path):  # noqa: F811
     spec = write_spec(tmp_path / "spec.yaml", parallel=2, arms={"sync": ["aggregation.policy=sync"]},
-                      overrides=FAST + ["stop.total_env_steps=8000", "io.checkpoint_every=1",
+                      overrides=FAST + [f"stop.total_env_steps={STEPS}", "io.checkpoint_every=1",
                                         "io.checkpoint_min_seconds=0"], seeds=2)
     out = tmp_path / "sweep"
     done = subprocess.run([sys.executable, "-m", "hpcrl", "sweep", str(spec), "--out", str(out), "--site",
@@ -49,7 +51,7 @@ def test_a_sweep_as_a_job_array_requeues_a_warned_task_and_finishes_every_run_on
     job = done.stdout.strip().splitlines()[-1]
     try:
         wait_for(lambda: (out / "runs" / "sync-s0" / "checkpoints" / "latest.pt").exists(), 240,
-                 "run sync-s0's first checkpoint")
+                 "run sync-s0's first checkpoint", poll=0.1)
         # the walltime warning, to task 0's batch shell: the run checkpoints and stops, the task requeues itself
         subprocess.run(["scancel", "--batch", "--signal=USR1", f"{job}_0"], check=True, timeout=20)
         wait_for(lambda: _state(out).get("sync-s0", {}).get("status") == "stopped", 120, "sync-s0 to stop")
@@ -60,7 +62,7 @@ def test_a_sweep_as_a_job_array_requeues_a_warned_task_and_finishes_every_run_on
         wait_for(lambda: "JobState=PENDING" in _show(f"{job}_0"), 60, "task 0 to be requeued")
         time.sleep(2.0)
         wait_for(lambda: subprocess.run(["scontrol", "update", f"JobId={job}_0", "StartTime=now"], timeout=20) and
-                 "JobState=PENDING" not in _show(f"{job}_0"), 60, "task 0 to start again", poll=2.0)
+                 "JobState=PENDING" not in _show(f"{job}_0"), 60, "task 0 to start again", poll=1.0)
         wait_for(lambda: all(e["status"] == "done" for e in _state(out).values()) and len(_state(out)) == 2, 300,
                  "both runs done")
     except AssertionError as e:
@@ -73,7 +75,7 @@ def test_a_sweep_as_a_job_array_requeues_a_warned_task_and_finishes_every_run_on
     for name in state:
         frags = read_table(out / "runs" / name / "run.h5", "actors", ["fragment", "steps"])
         assert list(frags["fragment"]) == list(range(len(frags["fragment"])))  # nothing sampled twice or lost
-        assert frags["steps"].sum() >= 8000
+        assert frags["steps"].sum() >= STEPS
 
 
 def test_an_array_larger_than_the_site_allows_is_one_line_and_nothing_is_submitted(tmp_path, capsys, monkeypatch):

@@ -23,7 +23,7 @@ from hpcrl.io.readers import read_row_counts, read_trajectory_steps
 from hpcrl.io.recovery import is_truncated, writer_has_open
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = 4000  # a fixed budget: the job checks the plumbing across nodes, not the learning
+STEPS = 2000  # a fixed budget: the job checks the plumbing across nodes, not the learning
 BUDGET = ["-o", f"stop.total_env_steps={STEPS}", "-o", "stop.target_return=null", "-o", "io.log_seconds=1"]
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
@@ -161,7 +161,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(flags, message, tmp_pa
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_parsl_workflow_on_two_nodes(cluster, tmp_path):
-    """workflows/train.py --site local-cluster: a 2-node Parsl block, the app's srun step across both nodes."""
+    """workflows/train.py --site local-cluster: a 2-node Parsl block, the app's srun step across both nodes (the
+    one-node --site local-slurm uses the same Parsl config: this test covers it)."""
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, str(ROOT / "workflows" / "train.py"), "--site", "local-cluster",
                           "--nodes", "2", "--run-dir", str(run_dir), *BUDGET],
@@ -175,3 +176,4 @@ def test_parsl_workflow_on_two_nodes(cluster, tmp_path):
     assert nodes == {"node1", "node2"}
     parsl_log = next((tmp_path / "run.job").glob("parsl/*/parsl.log")).read_text()
     assert "Creating process with command 'sbatch " in parsl_log  # the block really was a Slurm job
+    assert "mpi_launcher='srun'" in parsl_log or "mpi_launcher: srun" in parsl_log

@@ -1,9 +1,10 @@
-"""End to end through a real Slurm: hpcrl submit, the Parsl workflow, and requeue on the walltime warning.
+"""End to end through a real Slurm on one node: hpcrl submit, and requeue on the walltime warning.
 
 The session fixture uses the Slurm that answers ``sinfo``, or starts the local cluster with
 scripts/local_cluster.sh (as root) and stops it afterwards; it never stops a Slurm it did not start.
-These jobs run on one node (site local-slurm); tests/test_local_cluster.py spans nodes.
-Training budgets are tiny: these tests check the plumbing, not the learning.
+These jobs run on one node (site local-slurm); tests/test_local_cluster.py spans nodes, and runs the Parsl
+workflow (the same Parsl config, hpcrl/sites/parsl_configs/local_cluster.py, serves local-slurm: a one-node
+block is the same path). Training budgets are tiny: these tests check the plumbing, not the learning.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from pathlib import Path
 
 import h5py
 import pytest
-from slurm_fixture import slurm, wait_for  # noqa: F401 - slurm: the session fixture
+from slurm_fixture import slurm, start_now, wait_for  # noqa: F401 - slurm: the session fixture
 
-ROOT = Path(__file__).resolve().parent.parent
+STEPS = 6000  # the warning comes a second or two into the run, at 1,000-2,000 steps
 # 3 ranks (the fewest a run can have); no reward target, so every job stops on its step budget (the
 # default job reaches 475 within 40K steps, which would end a resumed 30K-step job early)
 SMALL = ["-o", "actors.count=1", "-o", "io.log_seconds=1", "-o", "stop.target_return=null"]
@@ -47,34 +48,12 @@ def episodes_recorded(run_dir: Path) -> int:
         return len(f["episodes/return"])
 
 
-def test_submit_runs_a_job_to_completion_with_hdf5_files(slurm, tmp_path):
-    run_dir = tmp_path / "run"
-    job_id = submit(run_dir, "-o", "stop.total_env_steps=2000")
-    state = wait_for(lambda: finished(job_id), 300, f"job {job_id} to finish")
-    log = (tmp_path / "run.job" / f"slurm-{job_id}.out").read_text()
-    assert state == "COMPLETED" and job_field(job_id, "ExitCode") == "0:0", log[-3000:]
-    assert "stop.total_env_steps=2000 reached" in log
-    assert episodes_recorded(run_dir) > 0
-    assert (run_dir / "traj" / "actor-00000.h5").is_file() and (run_dir / "checkpoints" / "latest.pt").is_file()
-
-
-def test_parsl_workflow_runs_through_the_slurm_provider(slurm, tmp_path):
-    run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, str(ROOT / "workflows" / "train.py"), "--site", "local-slurm",
-                          "--run-dir", str(run_dir), *SMALL, "-o", "stop.total_env_steps=2000"],
-                         capture_output=True, text=True, timeout=400, cwd=tmp_path)
-    job_dir = tmp_path / "run.job"
-    app_out = (job_dir / "app.out").read_text() if (job_dir / "app.out").exists() else ""
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:] + app_out[-2000:]
-    assert "stop.total_env_steps=2000 reached" in app_out and episodes_recorded(run_dir) > 0
-    parsl_log = next(job_dir.glob("parsl/*/parsl.log")).read_text()
-    assert "Creating process with command 'sbatch " in parsl_log  # the block really was a Slurm job
-    assert "mpi_launcher='srun'" in parsl_log or "mpi_launcher: srun" in parsl_log
-
-
 def test_walltime_warning_checkpoints_requeues_and_resumes(slurm, tmp_path):
+    """hpcrl submit's job, warned of its walltime, checkpoints, requeues itself and resumes from the checkpoint to
+    its budget: COMPLETED with exit code 0:0, its HDF5 record, trajectory file and checkpoint written (a job run
+    straight through is test_local_cluster.py's, there across two nodes)."""
     run_dir = tmp_path / "run"
-    job_id = submit(run_dir, "-o", "stop.total_env_steps=18000")
+    job_id = submit(run_dir, "-o", f"stop.total_env_steps={STEPS}")
     log_path = tmp_path / "run.job" / f"slurm-{job_id}.out"
 
     def training() -> bool:
@@ -87,18 +66,17 @@ def test_walltime_warning_checkpoints_requeues_and_resumes(slurm, tmp_path):
     wait_for(lambda: job_field(job_id, "Restarts") == "1" and job_field(job_id, "JobState") == "PENDING",
              120, "the job to be requeued")
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
-    # Slurm holds a requeued job about two minutes (Reason=BeginTime); release it in a few seconds.
-    # Not "now": slurmd revokes the old incarnation's credential with a one-second timestamp, and a
-    # relaunch within that second is killed as "Job credential revoked".
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now+5"], capture_output=True, timeout=20)
+    # Slurm holds a requeued job about two minutes (Reason=BeginTime); start it again in a few seconds
+    start_now(job_id)
     wait_for(lambda: "hpcrl: resuming" in log_path.read_text(), 240, "the requeued job to start again")
     state = wait_for(lambda: finished(job_id), 300, "the resumed job to finish")
     log = log_path.read_text()
-    assert state == "COMPLETED", log[-3000:]
+    assert state == "COMPLETED" and job_field(job_id, "ExitCode") == "0:0", log[-3000:]
     first, _, second = log.partition("hpcrl: resuming")
     assert "stopped because                signal SIGUSR1" in first and "requeueing job" in first
     assert second, "the requeued job did not resume from the checkpoint"
     resumed_at = int(re.search(r"steps (\d+)", second)[1])
     assert resumed_at > 0  # it went on from the checkpoint, not from step 0
-    assert "stop.total_env_steps=18000 reached" in second
+    assert f"stop.total_env_steps={STEPS} reached" in second
     assert episodes_recorded(run_dir) > 0
+    assert (run_dir / "traj" / "actor-00000.h5").is_file()

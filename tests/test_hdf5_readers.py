@@ -18,10 +18,12 @@ from pathlib import Path
 import h5py
 import pytest
 
+from hpcrl.cli import main as cli_main
 from hpcrl.commands.analyze import load_analysis
 from hpcrl.io import read_table, read_trajectories
 from hpcrl.io.convert import convert_file
 from hpcrl.io.rollback import trajectory_files
+from hpcrl.runtime.record.checkpoint import load_checkpoint
 
 H5DUMP = shutil.which("h5dump")
 needs_h5dump = pytest.mark.skipif(H5DUMP is None, reason="h5dump not installed (apt-get install hdf5-tools; "
@@ -29,15 +31,16 @@ needs_h5dump = pytest.mark.skipif(H5DUMP is None, reason="h5dump not installed (
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def _run(run_dir: Path, *extra: str, steps: int = 1500) -> None:
-    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--runner", "serial", *extra,
-                          "-o", f"stop.total_env_steps={steps}", "-o", f"io.run_dir={run_dir}"],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+def _run(run_dir: Path, *extra: str, steps: int = 500) -> None:
+    """``hpcrl run --runner serial`` (the default job, 2 actors) in this process: the serial runner needs none of
+    its own."""
+    assert cli_main(["run", "--runner", "serial", *extra, "-o", f"stop.total_env_steps={steps}",
+                     "-o", f"io.run_dir={run_dir}"]) == 0
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
+    """A tiny run that the tests only read (one that changes it works on a copy)."""
     run_dir = tmp_path_factory.mktemp("readers") / "run"
     _run(run_dir)
     return run_dir
@@ -110,26 +113,28 @@ def test_an_h5py_on_an_older_hdf5_reads_the_run(run_dir):
 @needs_h5dump
 @pytest.mark.skipif(h5py.version.hdf5_version_tuple < (2, 0), reason="only HDF5 2.0 writes the format older "
                     "hpcrl runs have (libver='latest' under HDF5 2.0)")
-def test_a_run_in_hdf5_2_format_resumes_and_converts(tmp_path):
+def test_a_run_in_hdf5_2_format_resumes_and_converts(tmp_path, run_dir, capfd):
     old = tmp_path / "old"
-    _run(old)
+    shutil.copytree(run_dir, old)
     for path in [old / "run.h5", *trajectory_files(old).values()]:
         convert_file(path, libver="latest")  # what hpcrl wrote before the v110 bound
     assert h5dump("-H", str(old / "run.h5")).returncode != 0  # the problem: HDF5 1.10 cannot decode it
     episodes = len(read_table(old, "episodes")["time"])
     assert len(load_analysis().load_run(old).tables["episodes"]["time"]) == episodes  # what hpcrl analyze reads
-    _run(old, "--resume", str(old), steps=3000)  # --resume reads and appends to the 2.0-format files
+    # --resume reads and appends to the 2.0-format files (the copy's config.yaml keeps the io.run_dir it was made in)
+    assert cli_main(["run", "--runner", "serial", "--resume", str(old), "-o",
+                     f"stop.total_env_steps={load_checkpoint(old)['env_steps'] + 500}"]) == 0
     assert len(read_table(old, "episodes")["time"]) > episodes
-    res = subprocess.run([sys.executable, "-m", "hpcrl", "convert", str(old)], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0 and "rewrote 3 files" in res.stdout, res.stderr
+    capfd.readouterr()
+    code = cli_main(["convert", str(old)])
+    out, err = capfd.readouterr()
+    assert code == 0 and "rewrote 3 files" in out, err
     for path in [old / "run.h5", *trajectory_files(old).values()]:
         assert h5dump("-H", str(path)).returncode == 0, path
     shape = _dataspace(h5dump("-H", "-d", "/trajectories/rewards", str(old / "run.h5")).stdout)
     assert shape == read_trajectories(old, ["rewards"])["rewards"].shape
 
 
-def test_convert_names_what_is_wrong(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "hpcrl", "convert", str(tmp_path)], capture_output=True, text=True,
-                         timeout=60)
-    assert res.returncode == 2
-    assert res.stderr.strip() == f"hpcrl convert: error: {tmp_path}: not a run directory (no run.h5)"
+def test_convert_names_what_is_wrong(tmp_path, capfd):
+    assert cli_main(["convert", str(tmp_path)]) == 2
+    assert capfd.readouterr().err.strip() == f"hpcrl convert: error: {tmp_path}: not a run directory (no run.h5)"

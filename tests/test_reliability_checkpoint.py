@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from hpcrl.cli import main as cli_main
 from hpcrl.io.errors import RecordWriteError
 from hpcrl.runtime.record.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 
@@ -62,20 +63,29 @@ def run_config(run_dir: Path, steps: int, hidden: list[int]) -> dict:
             "launch": {"runner": "serial", "timeout_seconds": 120}}
 
 
-def hpcrl_run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpcrl", "run", *args], capture_output=True, text=True, timeout=180,
-                          cwd=REPO)
+def hpcrl_run(capfd, *args: str) -> subprocess.CompletedProcess:
+    """``hpcrl run ARGS`` of a serial run in this process (the serial runner needs none of its own), with what it
+    printed."""
+    capfd.readouterr()
+    code = cli_main(["run", *args])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["hpcrl", "run", *args], code, out, err)
 
 
 @pytest.mark.parametrize("runner", ["serial", pytest.param("mpi", marks=pytest.mark.mpi)])
-def test_a_run_whose_disk_fills_at_its_checkpoint_says_no_space_left_in_its_last_line(small_disk, tmp_path, runner):
+def test_a_run_whose_disk_fills_at_its_checkpoint_says_no_space_left_in_its_last_line(small_disk, tmp_path, runner,
+                                                                                       capfd):
     # a 512-wide model's checkpoint (params and Adam state, about 6.5 MB) cannot fit on the 2 MB disk; the record
     # written up to the first checkpoint (a few hundred KB) can
     path = tmp_path / "c.yaml"
     data = run_config(small_disk / "run", 100_000, [512, 512])
     data["launch"]["runner"] = runner
     path.write_text(yaml.safe_dump(data))
-    res = hpcrl_run(str(path))
+    if runner == "serial":
+        res = hpcrl_run(capfd, str(path))
+    else:
+        res = subprocess.run([sys.executable, "-m", "hpcrl", "run", str(path)], capture_output=True, text=True,
+                             timeout=180, cwd=REPO)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("hpcrl run: ") and "no space left on device" in last.lower(), res.stderr[-3000:]
@@ -84,19 +94,19 @@ def test_a_run_whose_disk_fills_at_its_checkpoint_says_no_space_left_in_its_last
     assert not list((small_disk / "run" / "checkpoints").glob(".*.tmp"))
 
 
-def test_the_fallback_to_previous_is_said_once_per_resume(tmp_path):
+def test_the_fallback_to_previous_is_said_once_per_resume(tmp_path, capfd):
     path, run_dir = tmp_path / "c.yaml", tmp_path / "run"
-    path.write_text(yaml.safe_dump(run_config(run_dir, 2000, [32, 32])))
-    first = hpcrl_run(str(path))
+    path.write_text(yaml.safe_dump(run_config(run_dir, 640, [32, 32])))  # 5 batches: a periodic checkpoint, a final
+    first = hpcrl_run(capfd, str(path))
     assert first.returncode == 0, first.stderr[-3000:]
     save_checkpoint(run_dir, load_checkpoint(run_dir))  # latest and previous, the same state
     latest = checkpoint_path(run_dir)
     latest.write_bytes(latest.read_bytes()[:1000])  # cut short
-    res = hpcrl_run("--resume", str(run_dir), "-o", "stop.total_env_steps=1")  # stops at once: one (final) save
+    res = hpcrl_run(capfd, "--resume", str(run_dir), "-o", "stop.total_env_steps=1")  # stops at once: one (final) save
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [line for line in res.stderr.splitlines() if "is unusable; resuming from" in line]
     assert len(lines) == 1, res.stderr[-3000:]
     assert str(latest) in lines[0] and "previous.pt" in lines[0]
     # the resumed job's save did not make the unusable latest.pt its previous.pt: both load
-    assert load_checkpoint(run_dir)["env_steps"] >= 2000
+    assert load_checkpoint(run_dir)["env_steps"] >= 640
     assert torch.load(latest.parent / "previous.pt", weights_only=False)["format"] == 1

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
+from hpcrl.cli import main as cli_main
 from hpcrl.io import TrajectoryWriter, TrajLayout, read_table, read_trajectory, traj_filename
 from hpcrl.runtime.record.checkpoint import load_checkpoint
 
@@ -38,13 +39,14 @@ def _steps_agree(run_dir: Path, actors: int) -> None:
 
 
 @pytest.mark.slow
-def test_after_kill_9_and_resume_the_actors_table_counts_the_steps_the_files_hold(tmp_path):
+def test_after_kill_9_and_resume_the_actors_table_counts_the_steps_the_files_hold(tmp_path, capfd):
     run_dir = tmp_path / "run"
-    # trajectory files flushed every 6 s, checkpoints every 0.3 s: at every checkpoint the table is ahead. The kill
-    # comes 2.5 s after a flush (the one that wrote the deleted file again), so the last checkpoint before it holds
-    # fragments no file held yet even on a loaded machine (with 2 s flushes a flush could land just before it)
+    # trajectory files flushed every 4 s, checkpoints every 0.3 s: at every checkpoint the table is ahead. The kill
+    # comes 1 s after a flush (the one that wrote the deleted file again), 3 s before the next, so the last
+    # checkpoint before it holds fragments no file held yet even on a loaded machine (with 2 s flushes a flush
+    # could land just before it)
     data = tiny(run_dir, stop={"total_env_steps": 10_000_000},
-                io={"flush_seconds": 6.0, "checkpoint_every": 1, "checkpoint_min_seconds": 0.3})
+                io={"flush_seconds": 4.0, "checkpoint_every": 1, "checkpoint_min_seconds": 0.3})
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))
     err = open(tmp_path / "first.err", "w+")
     proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(tmp_path / "cfg.yaml")],
@@ -58,7 +60,7 @@ def test_after_kill_9_and_resume_the_actors_table_counts_the_steps_the_files_hol
         while time.monotonic() < deadline and not deleted.is_file():
             time.sleep(0.2)
         assert deleted.is_file(), "the deleted trajectory file was not written again"
-        time.sleep(2.5)  # more checkpoints, each with fragments reported but not yet flushed
+        time.sleep(1.0)  # more checkpoints, each with fragments reported but not yet flushed
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -78,14 +80,13 @@ def test_after_kill_9_and_resume_the_actors_table_counts_the_steps_the_files_hol
     lost_file = run_dir / traj_filename(1)
     lost = ckpt["record"]["traj_steps"][1]
     lost_file.unlink()  # before the resume: its steps are gone, and its rows must go too
-    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--resume", str(run_dir), "-o",
-                          f"stop.total_env_steps={ckpt['env_steps'] + 600}"], capture_output=True, text=True,
-                         timeout=120)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    warning = [line for line in res.stderr.splitlines() if str(lost_file) in line]
+    capfd.readouterr()  # the resume in this process (the serial runner needs none of its own)
+    assert cli_main(["run", "--resume", str(run_dir), "-o", f"stop.total_env_steps={ckpt['env_steps'] + 300}"]) == 0
+    stderr = capfd.readouterr().err
+    warning = [line for line in stderr.splitlines() if str(lost_file) in line]
     assert warning == [f"hpcrl: --resume: {lost_file} is missing, not the {lost:,} the checkpoint counted: {lost:,} "
                        "steps of actor 1 are lost (its rows past them leave the actors table; the actor goes on from "
-                       "what the file holds)"], res.stderr[-3000:]
+                       "what the file holds)"], stderr[-3000:]
     _steps_agree(run_dir, 2)
 
 

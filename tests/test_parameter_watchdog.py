@@ -113,12 +113,13 @@ def kill_left(pid: int | None) -> None:
         pass
 
 
-# (signal, when, seconds after that moment, prestart)
+# (signal, when, seconds after that moment, prestart). A stopped rank 0 is caught by the launcher's watch of its
+# progress lines, which is the same whoever started the rank: the one case without prestart (its own imports cost
+# four ranks' worth of CPU) is a kill, where mpiexec, not a stand-in, sees the rank die
 CASES = [
     ("SIGKILL", "started", 0.0, True),  # as soon as rank 0 holds run.h5: before or at its first progress line
     ("SIGSTOP", "progress", 0.0, True),
-    ("SIGSTOP", "progress", 1.6, False),  # mpiexec started the rank itself
-    ("SIGKILL", "progress", 2.4, False),
+    ("SIGKILL", "progress", 2.4, False),  # later; mpiexec started the rank itself
     ("SIGSTOP", "stopping", 0.0, True),  # inside rank 0's shutdown after a SIGTERM (or after its summary)
     ("SIGKILL", "stopping", 0.05, True),
 ]
@@ -162,7 +163,7 @@ def test_a_stopped_or_killed_parameter_rank_ends_every_job_naming_rank_0(tmp_pat
         assert parameter_pid(run_dir) is None, f"{case}: rank 0 outlived its job"
         times[sig].append(elapsed)
     print({sig: [round(t, 1) for t in ts] for sig, ts in times.items()})
-    assert len(times["SIGKILL"]) >= 2 and len(times["SIGSTOP"]) >= 2
+    assert len(times["SIGKILL"]) >= 2 and len(times["SIGSTOP"]) >= 1
 
 
 def test_a_killed_parameter_rank_that_left_a_torn_block_in_run_h5_still_ends_the_job_at_once(tmp_path):

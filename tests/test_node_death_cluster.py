@@ -20,7 +20,7 @@ from test_local_cluster import cluster, hpcrl, job_state  # noqa: F401 - cluster
 from hpcrl.bench.soak import check_record
 from hpcrl.runtime.record.checkpoint import has_checkpoint
 
-STEPS = 4000  # about 4 s of the job on 3 nodes: the first start is killed a second in, at its first checkpoint
+STEPS = 3000  # about 3 s of the job on 3 nodes: the first start is killed a second in, at its first checkpoint
 ENDED_WITHIN = 30  # seconds from the kill to the first start's end (issue 41)
 
 

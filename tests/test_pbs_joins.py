@@ -257,10 +257,11 @@ def test_a_group_joins_as_a_pbs_job_through_a_stand_in_qsub(tmp_path):
     (tmp_path / "nodefile").write_text(subprocess.run(["hostname"], capture_output=True, text=True).stdout)
     run_dir = tmp_path / "run"
     data = {"name": "pbs-jobs", "env": {"id": "CartPole-v1", "num_envs": 2},
-            "actors": {"count": 2, "fragment_length": 32},
+            "actors": {"count": 1, "fragment_length": 32},
             "learners": {"groups": 1, "ranks_per_group": 2, "elastic": "jobs"},
             "algo": {"name": "ppo", "train_batch_size": 256, "minibatch_size": 64, "num_sgd_iter": 2},
-            "stop": {"total_env_steps": 10_000_000, "target_return": None, "max_rounds": 12},
+            # the group's first batch waits for its join: a few rounds after it show the pushes admitted
+            "stop": {"total_env_steps": 10_000_000, "target_return": None, "max_rounds": 4},
             "io": {"run_dir": str(run_dir), "flush_seconds": 0.5, "checkpoint_every": 1000},
             "launch": {"timeout_seconds": 240}}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))

@@ -80,10 +80,11 @@ def test_joining_actors_need_the_mpi_runner_and_a_launcher_that_can_add_ranks(tm
 @pytest.mark.alone
 def test_a_parked_actor_s_sampler_leaves_and_a_new_one_joins_when_it_is_woken(tmp_path):
     run_dir = tmp_path / "run"
-    data = actors_config(run_dir, 19)
-    # actor 1 parked in rounds 1-7, active in 8-15, parked from 16; rounds of about a second (slowed learners)
-    # leave each window time for a join (3-5 s when the tests run one at a time)
-    data["debug"] = {"active_actors": [1] * 8 + [2] * 8 + [1], "learner_delay_seconds": 0.1}
+    data = actors_config(run_dir, 15)
+    # actor 1 parked in rounds 1-3, active in 4-11, parked from 12; rounds of about a second (slowed learners)
+    # leave the active window time for a join (3-5 s when the tests run one at a time); a parked sampler leaves
+    # within 2 s (the first window needs no join: both actors join before round 0 ends)
+    data["debug"] = {"active_actors": [1] * 4 + [2] * 8 + [1], "learner_delay_seconds": 0.1}
     res = run(tmp_path, data)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = joins(run_dir / "run.h5")
@@ -103,9 +104,11 @@ def test_a_parked_actor_s_sampler_leaves_and_a_new_one_joins_when_it_is_woken(tm
 @pytest.mark.slow
 def test_a_park_shorter_than_keep_sampler_seconds_keeps_the_sampler(tmp_path):
     run_dir = tmp_path / "run"
-    data = actors_config(run_dir, 27, keep_sampler_seconds=60.0)  # longer than the whole run
-    # actor 1 active in rounds 0-19 (rounds of about half a second: time to join), parked in 20-22, active again
-    data["debug"] = {"active_actors": [2] * 20 + [1] * 3 + [2], "learner_delay_seconds": 0.05}
+    data = actors_config(run_dir, 17, keep_sampler_seconds=60.0)  # longer than the whole run
+    # actor 1 active in rounds 0-9, parked in 10-12, active again. Each actor's first fragment waits for its join;
+    # both start at once and ended within 0.5 s of each other in loaded runs: rounds 1-9 (about half a second each)
+    # are for an actor 1 that joins later than actor 0
+    data["debug"] = {"active_actors": [2] * 10 + [1] * 3 + [2], "learner_delay_seconds": 0.05}
     res = run(tmp_path, data)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = joins(run_dir / "run.h5")
@@ -123,7 +126,7 @@ def test_samplers_that_do_not_connect_in_time_are_given_up_and_the_actors_sample
     run_dir = tmp_path / "run"
     # no Python starts that fast. On-policy, so a batch waits for both actors' shares: actor 0 cannot sample every
     # fragment while actor 1 is still ending its given-up launch (a CI run saw actor 1 sample none)
-    res = run(tmp_path, actors_config(run_dir, 6, join_timeout_seconds=0.05, on_policy=True))
+    res = run(tmp_path, actors_config(run_dir, 3, join_timeout_seconds=0.05, on_policy=True))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "actor 1: its sampler did not connect within actors.join_timeout_seconds=0.05" in res.stdout + res.stderr
     got = joins(run_dir / "run.h5")

@@ -161,9 +161,10 @@ def events(h5) -> list[tuple[int, str, str]]:
 @pytest.mark.alone
 def test_a_group_joins_when_activated_pushes_and_leaves_when_parked(tmp_path):
     run_dir = tmp_path / "run"
-    # group 1 active from round 1 to 39: a join takes 3-7 s on two loaded cores, a round a fraction of a second
+    # group 1 active from round 1 to 39: a join takes 3-7 s on two loaded cores, a round a fraction of a second;
+    # parked from round 40: its ranks leave then, at the latest with the stop two rounds later
     data = steps_config(run_dir, debug__active_groups=[1] + [2] * 39 + [1])
-    data["stop"]["max_rounds"] = 48
+    data["stop"]["max_rounds"] = 42
     res = run(tmp_path, data)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = events(run_dir / "run.h5")
@@ -186,7 +187,7 @@ def test_a_group_joins_when_activated_pushes_and_leaves_when_parked(tmp_path):
 @pytest.mark.slow
 def test_ranks_that_do_not_connect_in_time_are_given_up_and_the_root_trains_alone(tmp_path):
     run_dir = tmp_path / "run"
-    res = run(tmp_path, one_group(run_dir, {"max_rounds": 6}, join_timeout_seconds=0.05))  # no Python starts that fast
+    res = run(tmp_path, one_group(run_dir, {"max_rounds": 3}, join_timeout_seconds=0.05))  # no Python starts that fast
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "did not connect within learners.join_timeout_seconds=0.05" in res.stdout + res.stderr
     assert (0, "join_given_up", "join_timeout") in events(run_dir / "run.h5")
@@ -198,7 +199,9 @@ def test_ranks_that_do_not_connect_in_time_are_given_up_and_the_root_trains_alon
 @pytest.mark.slow
 def test_a_joined_rank_killed_mid_run_is_dropped_and_the_run_goes_on(tmp_path):
     run_dir = tmp_path / "run"
-    data = one_group(run_dir, {"max_rounds": None, "total_env_steps": 30_000})
+    # 15,000 steps: the joined ranks connect with the start's join and are killed 2 s after; 30,000 went on alone for
+    # 49 s after the kill on a loaded machine, 15 s on a quiet one (2,000 steps a second), so 15,000 leave 5 s or more
+    data = one_group(run_dir, {"max_rounds": None, "total_env_steps": 15_000})
     code, out = run_killing_the_joined(tmp_path, data, run_dir / "joins" / "group-0-0.ready", 2.0)  # pushing by then
     assert code == 0, out[-3000:]
     assert "learner group 0: its joined ranks ended" in out

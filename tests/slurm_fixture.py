@@ -108,6 +108,12 @@ def start_now(job_id: str) -> None:
             node_processes(node, job_id, step=None) for node, _ in nodes)
 
     wait_for(settled, 60, f"job {job_id}'s last run to leave the nodes")
+    release(job_id)
+
+
+def release(job_id: str) -> None:
+    """Start the requeued job in about two seconds, on any Slurm (start_now, on the local cluster, first waits for
+    its last run to leave the nodes; a run that ended by itself, as on the walltime warning, has left)."""
     # not "now": slurmd revokes the last run's credential with a one-second timestamp, and a start within that
     # second is killed as "Job credential revoked" (seen in a run: requeued at 41:43.240, restarted and killed at 41:43.444)
     scontrol("update", f"JobId={job_id}", "StartTime=now+2")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import h5py
 import pytest
-from slurm_fixture import slurm, start_now, wait_for  # noqa: F401 - slurm: the session fixture
+from slurm_fixture import release, slurm, wait_for  # noqa: F401 - slurm: the session fixture
 
-STEPS = 6000  # the warning comes a second or two into the run, at 1,000-2,000 steps
+STEPS = 4000  # the warning comes a second or two into the run, at 1,000-2,000 steps
 # 3 ranks (the fewest a run can have); no reward target, so every job stops on its step budget (the
 # default job reaches 475 within 40K steps, which would end a resumed 30K-step job early)
 SMALL = ["-o", "actors.count=1", "-o", "io.log_seconds=1", "-o", "stop.target_return=null"]
@@ -59,15 +59,16 @@ def test_walltime_warning_checkpoints_requeues_and_resumes(slurm, tmp_path):
     def training() -> bool:
         return log_path.exists() and re.search(r"steps [1-9]\d*", log_path.read_text()) is not None
 
-    wait_for(training, 240, "training to start")
+    wait_for(training, 240, "training to start", poll=0.2)
     # what #SBATCH --signal=B:USR1@120 does before the walltime: USR1 to the batch shell only
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True, timeout=20)
     # requeued: back to PENDING with one restart (on the way it passes through states like COMPLETING)
     wait_for(lambda: job_field(job_id, "Restarts") == "1" and job_field(job_id, "JobState") == "PENDING",
              120, "the job to be requeued")
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
-    # Slurm holds a requeued job about two minutes (Reason=BeginTime); start it again in a few seconds
-    start_now(job_id)
+    # Slurm holds a requeued job about two minutes (Reason=BeginTime); start it again in a few seconds (its ranks
+    # have left: they stopped on the warning before the requeue)
+    release(job_id)
     wait_for(lambda: "hpcrl: resuming" in log_path.read_text(), 240, "the requeued job to start again")
     state = wait_for(lambda: finished(job_id), 300, "the resumed job to finish")
     log = log_path.read_text()

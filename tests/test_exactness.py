@@ -144,13 +144,16 @@ def test_job_weights_equal_the_fused_update_on_its_recorded_batches(jobs, job, r
     assert_trained_as_the_fused_update(jobs(job, runner), f"{job}/{runner}")
 
 
+SLOW_ACTOR = ("debug.slow_actor=1", "debug.slow_actor_seconds=0.4")
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_a_slow_actor_keeps_its_place_in_every_batch(tmp_path):
+def test_a_slow_actor_keeps_its_place_in_every_batch(jobs):
     """On-policy: actor 1 takes 0.4 s longer per fragment. Actor 0 must not fill its place with a second fragment
     sampled with the same weights: each batch holds one fragment of each actor, and the job is still the fused
     update on them."""
-    run_dir = run_job(tmp_path, "hopper", "mpi", ["debug.slow_actor=1", "debug.slow_actor_seconds=0.4"])
+    run_dir = jobs("hopper", "mpi", *SLOW_ACTOR)
     assert_trained_as_the_fused_update(run_dir, "slow actor/mpi")
 
 
@@ -178,9 +181,11 @@ def test_update_push_weights_equal_the_fused_update_on_its_recorded_batches(jobs
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(tmp_path, jobs):
-    # every rank's randomness is seeded and a learner orders its batch by actor, so arrival timing changes nothing
-    first, second = jobs("hopper", "mpi"), run_job(tmp_path, "hopper", "mpi")
+def test_an_on_policy_sync_mpi_job_repeats_itself_exactly(jobs):
+    # every rank's randomness is seeded and a learner orders its batch by actor, so arrival timing changes nothing:
+    # the second job is the slow-actor test's, whose actor 1 takes 0.4 s longer per fragment (its fragments arrive
+    # last, where they may come first or last in two runs of one config)
+    first, second = jobs("hopper", "mpi"), jobs("hopper", "mpi", *SLOW_ACTOR)
     assert torch.equal(load_checkpoint(first)["params"], load_checkpoint(second)["params"])
     trained = ROUNDS * 64  # steps of each actor's ROUNDS fragments (fragment_length 64, one env)
     for actor in range(2):

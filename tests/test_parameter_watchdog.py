@@ -113,13 +113,14 @@ def kill_left(pid: int | None) -> None:
         pass
 
 
-# (signal, when, seconds after that moment, prestart). A stopped rank 0 is caught by the launcher's watch of its
-# progress lines, which is the same whoever started the rank: the one case without prestart (its own imports cost
-# four ranks' worth of CPU) is a kill, where mpiexec, not a stand-in, sees the rank die
+# (signal, when, seconds after that moment, prestart). Every case runs under prestart: a job without it imports
+# torch in each of its four ranks. A stopped rank 0 is caught by the launcher's watch of its progress lines, the same
+# whoever started the rank; a killed one that mpiexec started itself is test_runtime_e2e's kill -9 of rank 0 (it
+# kills the process mpiexec started, the stand-in, as it would kill a rank without prestart)
 CASES = [
     ("SIGKILL", "started", 0.0, True),  # as soon as rank 0 holds run.h5: before or at its first progress line
     ("SIGSTOP", "progress", 0.0, True),
-    ("SIGKILL", "progress", 2.4, False),  # later; mpiexec started the rank itself
+    ("SIGKILL", "progress", 2.4, True),  # later
     ("SIGSTOP", "stopping", 0.0, True),  # inside rank 0's shutdown after a SIGTERM (or after its summary)
     ("SIGKILL", "stopping", 0.05, True),
 ]

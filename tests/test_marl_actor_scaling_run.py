@@ -55,12 +55,12 @@ def test_serial_run_parks_actors_beyond_the_demand_and_records_every_round(tmp_p
     run_dir = tmp_path / "run"
     over = [*SMALL, "algo.policies=shared", "algo.actor_scaling=true", "algo.actor_scaling_max=2",
             "algo.actor_scaling_window=3", "algo.sharing_samples_per_agent=24", "algo.sharing_lanczos_steps=6",
-            "stop.max_rounds=6", f"io.run_dir={run_dir}"]
+            "stop.max_rounds=4", f"io.run_dir={run_dir}"]
     assert cli_main(["run", str(CONFIGS / "mpe_spread_ippo.yaml"), "--runner", "serial", *_args(over)]) == 0
     h5 = run_dir / "run.h5"
     cfg = load_config(run_dir / "config.yaml")
     sc, rounds = read_table(h5, "actor_scaling"), read_table(h5, "rounds")
-    assert sc["round"].tolist() == rounds["round"].tolist() == list(range(6))  # one row per round, max_rounds exact
+    assert sc["round"].tolist() == rounds["round"].tolist() == list(range(4))  # one row per round, max_rounds exact
     assert sc["demanded"][0] == -1 and sc["active"][0] == 3  # no learner report yet: all actors stay
     assert np.all((sc["demanded"][1:] >= 1) & (sc["demanded"][1:] <= 2))  # I_t in [I_min, I_max] = [1, 2]
     assert np.array_equal(sc["active"][1:], sc["demanded"][1:])
@@ -128,12 +128,12 @@ def test_bench_compare_runs_both_arms_for_the_same_rounds_and_prices_them(capsys
     from hpcrl.bench import marless
 
     over = [*SMALL, "algo.sharing_window=3", "algo.actor_scaling_window=3", "algo.sharing_samples_per_agent=24", "algo.sharing_lanczos_steps=6"]
-    assert marless.main(["--compare", "--algos", "ippo", "--seeds", "1", "--rounds", "3", "--out", str(tmp_path),
+    assert marless.main(["--compare", "--algos", "ippo", "--seeds", "1", "--rounds", "2", "--out", str(tmp_path),
                          *_args(over)]) == 0
     lines = capsys.readouterr().out.splitlines()
     end = next(i for i, line in enumerate(lines) if line.startswith("over seeds"))
     runs = [line.split() for line in lines[:end] if line.startswith("ippo ")]
-    assert [(r[1], r[3]) for r in runs] == [("off", "3"), ("on", "3")]  # arm, rounds
+    assert [(r[1], r[3]) for r in runs] == [("off", "2"), ("on", "2")]  # arm, rounds
     assert all(float(r[8]) > 0 for r in runs)  # learner + actor serverless cost
     summary = {line.split()[1]: line.split() for line in lines[end:] if line.startswith("ippo ")}
     assert float(summary["off"][-1]) == 1.0

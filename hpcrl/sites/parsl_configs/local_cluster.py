@@ -38,4 +38,7 @@ def config(*, run_dir: str = "runinfo", partition: str = "debug", walltime: str 
             ThreadPoolExecutor(label="local", max_threads=2),
         ],
         run_dir=run_dir,
+        # submit the block at once rather than at Parsl's first strategy pass (5 s by default); on this
+        # cluster of namespaces a squeue each second costs nothing (a site's config keeps the default)
+        strategy_period=1,
     )

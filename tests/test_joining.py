@@ -210,6 +210,7 @@ def test_a_joined_rank_killed_mid_run_is_dropped_and_the_run_goes_on(tmp_path):
     grads = read_table(run_dir / "run.h5", "gradients")
     seq = grads["seq"]
     assert len(np.unique(seq)) == len(seq) and seq.max() == len(seq) - 1  # no push lost from the count, none twice
-    # the run goes on: all but a few pushes admitted (the staleness rule may refuse a push or two around the
-    # kill, and under load a few more: 936 of 939 was seen)
-    assert grads["admitted"].sum() >= len(seq) - max(2, len(seq) // 100)
+    # the run goes on: every push admitted but a push or two around the kill and those still in flight at the stop
+    # (at most a batch's: 2 passes of 4 minibatches; CI saw the last 3 of 483 refused)
+    refused = seq[grads["admitted"] == 0]
+    assert (refused < seq.max() - 8).sum() <= 2, refused

@@ -30,10 +30,12 @@ run: setup
 # (tests/conftest.py; the Slurm fixture starts one cluster); last, the tests marked alone (bounds on time
 # or CPU that assume nothing beside them) one at a time. `pytest` alone runs everything one at a time.
 FIRST := not (mpi or slurm) or parallel_safe
+# the last pass collects only the files that mark a test alone (collecting all of them costs ~10 s)
+ALONE_FILES := $(shell grep -l "mark\.alone" tests/test_*.py)
 test: setup system-deps
 	$(BIN)/python -m pytest -q -m "$(FIRST)" -n 2 --dist worksteal; a=$$?; \
 	$(BIN)/python -m pytest -q -m "not ($(FIRST)) and not alone" -n 2 --dist loadgroup; b=$$?; \
-	$(BIN)/python -m pytest -q -m "alone and not ($(FIRST))"; c=$$?; \
+	$(BIN)/python -m pytest -q -m "alone and not ($(FIRST))" $(ALONE_FILES); c=$$?; \
 	[ $$a -eq 0 ] && [ $$b -eq 0 ] && [ $$c -eq 0 ]
 
 clean:

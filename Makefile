@@ -23,20 +23,10 @@ system-deps:
 run: setup
 	$(BIN)/hpcrl run
 
-# The tests in three passes, all always run: those that start no MPI job (and the MPI tests marked
-# parallel_safe, which have no time bound) two at a time, one per core, a worker that runs out taking
-# tests queued for the other (worksteal; the modules with slow tests first, tests/conftest.py); then the
-# other MPI tests and the Slurm tests in two queues side by side, one test of each at a time
-# (tests/conftest.py; the Slurm fixture starts one cluster); last, the tests marked alone (bounds on time
-# or CPU that assume nothing beside them) one at a time. `pytest` alone runs everything one at a time.
-FIRST := not (mpi or slurm) or parallel_safe
-# the last pass collects only the files that mark a test alone (collecting all of them costs ~10 s)
-ALONE_FILES := $(shell grep -l "mark\.alone" tests/test_*.py)
+# The tests in three passes, all always run (scripts/test_passes.sh says what each holds and why).
+# `pytest` alone runs everything one at a time.
 test: setup system-deps
-	$(BIN)/python -m pytest -q -m "$(FIRST)" -n 2 --dist worksteal; a=$$?; \
-	$(BIN)/python -m pytest -q -m "not ($(FIRST)) and not alone" -n 2 --dist loadgroup; b=$$?; \
-	$(BIN)/python -m pytest -q -m "alone and not ($(FIRST))" $(ALONE_FILES); c=$$?; \
-	[ $$a -eq 0 ] && [ $$b -eq 0 ] && [ $$c -eq 0 ]
+	bash scripts/test_passes.sh $(BIN)/python
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -61,5 +61,6 @@ def test_summary_and_analyze_agree_after_a_resume(tmp_path, runner, base, steps)
     assert seen["summary"]["env steps"] == second["env_steps"]
     # the jobs' own time: the summary's clock starts just after run.h5 is opened, analyze's at the opening;
     # the GAP between the jobs is in neither
-    assert seen["wall"] == pytest.approx(second["elapsed"], abs=1.0), (seen["wall"], second["elapsed"], first["elapsed"])
+    # (under load the opening itself took 1.2 s once; 2 s still tells the jobs' time from one with the 4 s GAP)
+    assert seen["wall"] == pytest.approx(second["elapsed"], abs=2.0), (seen["wall"], second["elapsed"], first["elapsed"])
     assert seen["summary"]["wall-clock (s)"] == seen["wall"]

@@ -33,11 +33,11 @@ from hpcrl.runtime.record.checkpoint import load_checkpoint
 STEPS = 8000
 
 
-# not alone: its one bound (the hung node ends the job within 60 s, ten times launch.watchdog_seconds) holds beside
-# the one MPI test that make test's second pass runs next to a Slurm test
+# alone: it takes node3 down, which would end another Slurm test's job there
 @pytest.mark.slurm
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_hung_node_and_then_a_lost_node_each_bring_the_job_back(cluster, tmp_path):  # noqa: F811
     run_dir = tmp_path / "run"
     out = hpcrl("submit", "--site", "local-cluster", "--nodes", "3", "--min-nodes", "2", "--run-dir", str(run_dir),

@@ -197,23 +197,22 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
 @pytest.mark.slow
 @pytest.mark.alone
 def test_watchdog_names_a_stopped_actor_and_ends_the_job(tmp_path):
-    # under prestart SIGSTOP must reach the rank itself, not its stand-in: rank 3 (actor 1) is the process that
-    # holds traj/actor-00001.h5
     path, run_dir = write_config(tmp_path, stop={"total_env_steps": 10_000_000},
-                                 launch={"watchdog_warn_seconds": 2, "watchdog_seconds": 5, "timeout_seconds": 120})
+                                 launch={"watchdog_warn_seconds": 3, "watchdog_seconds": 8, "timeout_seconds": 120,
+                                         "prestart": False})  # SIGSTOP must reach the rank itself, not a stand-in
     proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "run", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     stopped = None
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and stopped is None:
-            time.sleep(0.3)
+            time.sleep(1.0)
             try:
-                ready = len(read_table(run_dir / "run.h5", "updates")["version"]) >= 2
+                ready = len(read_table(run_dir / "run.h5", "updates")["version"]) >= 5
             except Exception:
                 ready = False
             if ready:
-                stopped = _holder_pid(run_dir / "traj" / "actor-00001.h5")
+                stopped = _rank_pid(run_dir, 3)
         assert stopped is not None, "rank 3 not found"
         os.kill(stopped, signal.SIGSTOP)
         start = time.monotonic()

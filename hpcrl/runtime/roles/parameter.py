@@ -52,7 +52,6 @@ from hpcrl.config import (AggregationConfig, DebugConfig, EvalConfig, IOConfig, 
 from hpcrl.io.rollback import record_counts
 from hpcrl.io.schema import TRAJ_DIR
 from hpcrl.runtime.transport import control
-from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, GroupEvent, JoiningJob, LearnerActivity,
                                     PushHeader, SamplerEvent, Startup)
@@ -139,9 +138,7 @@ class ParameterRank:
         launch = settings.launch
         self.watchdog = control.Watchdog([r.role for r in job.topo.roles], job.topo.nodes, self.plan.groups,
                                          launch.watchdog_warn_seconds, launch.watchdog_seconds, job.clock)
-        # RMA against this rank's windows progresses only while it is inside MPI (MPICH/UCX
-        # active messages), so its idle naps stay short: a learner's push waits for them.
-        self.backoff = Backoff(2e-5, 2e-4, job.clock)
+        self.backoff = job.parameter_nap  # short under MPI (RMA progress), a doorbell in one process
         self.record = self._open_record()
         self.handlers = self._handlers()
         self.record.collect("weight_fetches", self._weight_fetch_rows)  # what the weight board served, per version
@@ -445,7 +442,8 @@ class ParameterRank:
         """Tell everyone to stop, keep draining until actors and learners are done, checkpoint."""
         self.counters.set(control.STOP, 1)
         G, A = self.plan.groups, self.plan.actors
-        backoff = Backoff(2e-5, 2e-4, self.time)
+        backoff = self.backoff
+        backoff.reset()
         while True:
             busy = self._drain_messages()
             for header, grad in self.mailbox.poll():  # pushes that were already under way

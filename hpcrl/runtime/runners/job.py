@@ -22,6 +22,7 @@ from torch import nn
 from hpcrl.algos import make_algorithm
 from hpcrl.algos.base import Algorithm
 from hpcrl.io import TrajLayout
+from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import Startup
 from hpcrl.runtime.plan import Plan
@@ -77,6 +78,9 @@ class Job:
     """What rank 0 told every rank at start (set by the runner before the role runs)."""
     clock: Clock = WALL
     """The role's time (runtime/clock.py): the wall clock, or its clock in the virtual-time world (launch.runner=sim)."""
+    parameter_nap: Backoff | None = None
+    """How the parameter role waits with nothing to do: the MPI runner's short back-off, or the serial runner's
+    Doorbell (runtime/backoff.py); None on the other roles."""
     shard_link: object | None = None
     """Rank 0's decisions to the other parameter shards (transport/shard_link.py; aggregation.shards > 1 only)."""
 
@@ -120,6 +124,7 @@ class Wiring(Protocol):
                      ) -> GroupReduce | None: ...
     def joiner(self, topo: Topology) -> Joiner | None: ...
     def clock(self, topo: Topology) -> Clock: ...
+    def parameter_nap(self, topo: Topology) -> Backoff: ...
 
 
 def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: str, env: EnvInfo, wiring: Wiring,
@@ -146,7 +151,8 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
                fragments=fragments, group_reduce=group_reduce, probe=probe, clock=wiring.clock(topo),
                joiner=wiring.joiner(topo) if topo.role == "actor" else None,
                progress=ProgressEmitter(progress, s.io.log_seconds) if topo.role == "parameter" else None,
-               rolled_back=rolled_back, shard_link=shard_link)
+               rolled_back=rolled_back, shard_link=shard_link,
+               parameter_nap=wiring.parameter_nap(topo) if topo.role == "parameter" else None)
 
 
 def build_jobs(plan: Plan, topos: list[Topology], env: EnvInfo, run_dir: Path, resume: bool, runner: str,

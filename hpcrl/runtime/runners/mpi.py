@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners import RunResult
 
@@ -269,6 +270,11 @@ class MpiWiring:
 
     def clock(self, topo):
         return WALL
+
+    def parameter_nap(self, topo):
+        # RMA against rank 0's windows progresses only while it is inside MPI (MPICH/UCX active messages),
+        # so its idle naps stay short: a learner's push waits for them
+        return Backoff(2e-5, 2e-4, WALL)
 
 
 def _polling_bcast(comm, value):

@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 from hpcrl.io.errors import RecordWriteError
+from hpcrl.runtime.backoff import Doorbell
 from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners.job import Job, make_role
 from hpcrl.runtime.runners.job import build_jobs as jobs_in_process
@@ -62,6 +63,7 @@ class LocalWiring:
     def __init__(self, plan: Plan, abort: threading.Event) -> None:
         self.plan, self.abort = plan, abort
         self.groups = [LocalGroup(plan.ranks_per_group, abort) for _ in range(plan.groups)]
+        self.bell = Doorbell()  # rank 0's: pushes and reports ring it
         self._made: dict[str, object] = {}
 
     def _once(self, name: str, make):
@@ -73,13 +75,14 @@ class LocalWiring:
         return self._once("counters", lambda: LocalCounters(words, self.abort))
 
     def mailbox(self, groups: int, slots: int, num_params: int, stats: int):
-        return self._once("mailbox", lambda: LocalMailbox(groups, slots, num_params, stats_capacity=stats))
+        return self._once("mailbox", lambda: LocalMailbox(groups, slots, num_params, stats_capacity=stats,
+                                                                bell=self.bell))
 
     def board(self, num_params: int, history: int, probe_size: int, topo: Topology):
         return self._once("board", lambda: LocalBoard(num_params, history=history, probe_size=probe_size))
 
     def reports(self):
-        return self._once("reports", LocalReports)
+        return self._once("reports", lambda: LocalReports(self.bell))
 
     def fragments(self, layout, max_in_flight: int, topo: Topology):
         return self._once("fragments", lambda: LocalFragments(layout, self.plan.groups, self.plan.actors,
@@ -93,6 +96,9 @@ class LocalWiring:
 
     def clock(self, topo: Topology):
         return WALL
+
+    def parameter_nap(self, topo: Topology):
+        return self.bell
 
 
 def build_jobs(plan: Plan, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:

@@ -23,6 +23,7 @@ import numpy as np
 from hpcrl.cluster_profiles import Profile, Slot, load_profile, place
 from hpcrl.errors import ConfigError
 from hpcrl.io.schema import RUN_FILE
+from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.roles.sampler import describe_env
@@ -160,6 +161,9 @@ class SimWiring(LocalWiring):
         if topo.rank not in self.clocks:
             self.clocks[topo.rank] = VirtualClock(self.world, self.machine.price(topo.rank, topo))
         return self.clocks[topo.rank]
+
+    def parameter_nap(self, topo: Topology) -> Backoff:
+        return Backoff(2e-5, 2e-4, self.clock(topo))  # the MPI runner's (virtual naps cost no CPU)
 
 
 def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain") -> RunResult:

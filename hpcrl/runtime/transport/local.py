@@ -25,6 +25,7 @@ from collections import deque
 
 import numpy as np
 
+from hpcrl.runtime.backoff import NoBell
 from hpcrl.runtime.messages import PushHeader, Report
 from hpcrl.runtime.transport.group_reduce import PARK, host_rows, share_of
 from hpcrl.runtime.transport.push import PushLoop
@@ -88,9 +89,11 @@ class LocalCounters:
 
 
 class LocalMailbox(PushLoop):
-    """``slots_per_group`` places per learner group; a full group's push waits (back-pressure)."""
+    """``slots_per_group`` places per learner group; a full group's push waits (back-pressure). Each push rings
+    ``bell`` (rank 0's :class:`~hpcrl.runtime.backoff.Doorbell` under the serial runner)."""
 
-    def __init__(self, num_groups: int, slots_per_group: int, num_params: int, stats_capacity: int = 8):
+    def __init__(self, num_groups: int, slots_per_group: int, num_params: int, stats_capacity: int = 8,
+                 bell=NoBell()):
         self.num_groups, self.slots_per_group = num_groups, slots_per_group
         self.num_params, self.stats_capacity = num_params, stats_capacity
         self._held = [0] * num_groups
@@ -98,6 +101,7 @@ class LocalMailbox(PushLoop):
         self._ticket = 0
         self._lock = threading.Lock()
         self.pushes = 0
+        self.bell = bell
 
     def try_push(self, group: int, seq: int, base_version: int, samples: int, grad: np.ndarray,
                  stats=None) -> bool:
@@ -114,6 +118,7 @@ class LocalMailbox(PushLoop):
             self._ticket += 1
             self._queue.append((header, grad))
             self.pushes += 1
+        self.bell.ring()
         return True
 
     def poll(self, limit: int | None = None) -> list[tuple[PushHeader, np.ndarray]]:
@@ -192,15 +197,17 @@ class LocalBoard:
 
 
 class LocalReports:
-    """Small messages to the parameter role (hpcrl.runtime.messages), one FIFO queue."""
+    """Small messages to the parameter role (hpcrl.runtime.messages), one FIFO queue; each send rings ``bell``."""
 
-    def __init__(self):
+    def __init__(self, bell=NoBell()):
         self._queue: deque = deque()
         self._lock = threading.Lock()
+        self.bell = bell
 
     def send(self, message: Report) -> None:
         with self._lock:
             self._queue.append(message)
+        self.bell.ring()
 
     def drain(self) -> list[Report]:
         with self._lock:

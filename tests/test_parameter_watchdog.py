@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
@@ -126,27 +127,37 @@ CASES = [
 ]
 
 
+def run_case(tmp_path: Path, i: int) -> tuple[str, Job, float, Path]:
+    """Case ``i``: start its job, signal rank 0 at its moment; the job once it ended (or was killed past its bound)."""
+    sig, when, delay, prestart = CASES[i]
+    config, run_dir = write_config(tmp_path, f"run{i}", prestart)
+    job, pid = Job(config), None
+    try:
+        pid = job.wait_for(lambda: parameter_pid(run_dir), "rank 0")
+        if when != "started":
+            job.wait_for(job.progressing, "a progress line")
+        if when == "stopping":
+            job.proc.send_signal(signal.SIGTERM)
+        time.sleep(delay)
+        os.kill(pid, getattr(signal, sig))
+        elapsed = job.end_within(KILLED_WITHIN_S if sig == "SIGKILL" else STOPPED_WITHIN_S)
+    finally:
+        if job.proc.poll() is None:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+        kill_left(pid)
+    return f"case {i} ({sig} {when} +{delay:g} s, prestart {prestart}): rc {job.proc.returncode}, {elapsed:.1f} s", \
+        job, elapsed, run_dir
+
+
 def test_a_stopped_or_killed_parameter_rank_ends_every_job_naming_rank_0(tmp_path):
+    """Two cases at a time (each job is four ranks on the two cores; most of a case is its start-up and the
+    stopped cases' watchdog wait, and each bound is counted from the signal)."""
     times: dict[str, list[float]] = {"SIGKILL": [], "SIGSTOP": []}
-    for i, (sig, when, delay, prestart) in enumerate(CASES):
-        config, run_dir = write_config(tmp_path, f"run{i}", prestart)
-        job, pid = Job(config), None
-        try:
-            pid = job.wait_for(lambda: parameter_pid(run_dir), "rank 0")
-            if when != "started":
-                job.wait_for(job.progressing, "a progress line")
-            if when == "stopping":
-                job.proc.send_signal(signal.SIGTERM)
-            time.sleep(delay)
-            os.kill(pid, getattr(signal, sig))
-            elapsed = job.end_within(KILLED_WITHIN_S if sig == "SIGKILL" else STOPPED_WITHIN_S)
-        finally:
-            if job.proc.poll() is None:
-                os.killpg(job.proc.pid, signal.SIGKILL)
-            kill_left(pid)
-        out = job.output()
-        case = f"case {i} ({sig} {when} +{delay:g} s, prestart {prestart}): rc {job.proc.returncode}, {elapsed:.1f} s"
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda i: run_case(tmp_path, i), range(len(CASES))))
+    for (sig, when, _, _), (case, job, elapsed, run_dir) in zip(CASES, results):
         print(case)
+        out = job.output()
         last = out.strip().splitlines()[-1]
         assert "Traceback" not in out, f"{case}\n{out[-3000:]}"
         if when == "stopping" and job.proc.returncode == 3:  # rank 0 had checkpointed and closed before the signal

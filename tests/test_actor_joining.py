@@ -120,7 +120,6 @@ def test_a_park_shorter_than_keep_sampler_seconds_keeps_the_sampler(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parallel_safe
 @pytest.mark.slow
 def test_samplers_that_do_not_connect_in_time_are_given_up_and_the_actors_sample_themselves(tmp_path):
     run_dir = tmp_path / "run"
@@ -135,7 +134,6 @@ def test_samplers_that_do_not_connect_in_time_are_given_up_and_the_actors_sample
 
 
 @pytest.mark.mpi
-@pytest.mark.parallel_safe  # a run of 10,000 env steps outlasts the second between the join and the kill under load
 @pytest.mark.slow
 def test_a_joined_sampler_killed_mid_run_is_dropped_and_its_actor_goes_on(tmp_path):
     run_dir = tmp_path / "run"

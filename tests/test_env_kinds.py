@@ -33,8 +33,6 @@ from hpcrl.io import read_table, read_trajectory
 from hpcrl.runtime.roles.env_backends import ParallelBackend, make_backend, shared_spaces
 from hpcrl.runtime.roles.sampler import VectorSampler, describe_env, rescale
 
-# MPI jobs here have no time bound: `make test` runs them in its first pass, beside other tests
-pytestmark = pytest.mark.parallel_safe
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
 FOAM_MISSING = fc.find_bashrc() is None or fc.find_tutorial() is None

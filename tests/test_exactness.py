@@ -34,8 +34,6 @@ from hpcrl.runtime.record.checkpoint import load_checkpoint
 from hpcrl.runtime.roles.learner import minibatch_generator
 from hpcrl.runtime.roles.sampler import describe_env
 
-# MPI jobs here have no time bound: `make test` runs them in its first pass, beside other tests
-pytestmark = pytest.mark.parallel_safe
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3

@@ -118,7 +118,6 @@ def test_serial_run_then_analyze(venv):
 
 
 @pytest.mark.mpi
-@pytest.mark.parallel_safe
 def test_mpi_run_from_the_wheel(venv):
     """4 ranks through the MPI of the test venv (the mpich wheel's mpiexec and libmpi: local-mpi extra)."""
     mpiexec, libmpi = Path(sys.executable).parent / "mpiexec", Path(sys.prefix, "lib", "libmpi.so.12")

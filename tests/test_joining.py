@@ -183,7 +183,6 @@ def test_a_group_joins_when_activated_pushes_and_leaves_when_parked(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parallel_safe
 @pytest.mark.slow
 def test_ranks_that_do_not_connect_in_time_are_given_up_and_the_root_trains_alone(tmp_path):
     run_dir = tmp_path / "run"

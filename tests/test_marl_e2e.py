@@ -16,8 +16,6 @@ from hpcrl.io import read_attrs, read_table
 from hpcrl.marl.agents import check_agent_count
 from hpcrl.runtime.roles.sampler import describe_env
 
-# MPI jobs here have no time bound: `make test` runs them in its first pass, beside other tests
-pytestmark = pytest.mark.parallel_safe
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hpcrl" / "configs"
 MARL_CONFIGS = sorted(CONFIGS.glob("mpe_*.yaml")) + sorted(CONFIGS.glob("wallmodel_*ppo.yaml"))

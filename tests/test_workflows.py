@@ -8,8 +8,6 @@ import h5py
 import numpy as np
 import pytest
 
-# MPI jobs here have no time bound: `make test` runs them in its first pass, beside other tests
-pytestmark = pytest.mark.parallel_safe
 
 ROOT = Path(__file__).resolve().parent.parent
 

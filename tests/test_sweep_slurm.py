@@ -17,7 +17,7 @@ from test_sweep import FAST, write_spec
 from hpcrl.cli import main as cli_main
 from hpcrl.io import read_table
 
-STEPS = 3000  # each run's budget; the warning reaches sync-s0 at its first checkpoint, a few hundred steps in
+STEPS = 2000  # each run's budget; the warning reaches sync-s0 at its first checkpoint, a few hundred steps in
 
 
 def _state(out: Path) -> dict:

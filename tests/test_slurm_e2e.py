@@ -17,10 +17,13 @@ import h5py
 import pytest
 from slurm_fixture import release, slurm, wait_for  # noqa: F401 - slurm: the session fixture
 
-STEPS = 4000  # the warning comes a second or two into the run, at 1,000-2,000 steps
+STEPS = 4000  # the warning comes about a second into the run, at most ~2,000 steps (the actor's pace below)
 # 3 ranks (the fewest a run can have); no reward target, so every job stops on its step budget (the
-# default job reaches 475 within 40K steps, which would end a resumed 30K-step job early)
-SMALL = ["-o", "actors.count=1", "-o", "io.log_seconds=1", "-o", "stop.target_return=null"]
+# default job reaches 475 within 40K steps, which would end a resumed 30K-step job early). The first status
+# line with steps comes 0.5 s in (rank 0's stats come every 0.5 s); the actor naps 0.05 s a fragment (128 steps),
+# so that on an idle machine (4,000 steps/s without it) the run does not reach its budget before the warning
+SMALL = ["-o", "actors.count=1", "-o", "io.log_seconds=0.5", "-o", "stop.target_return=null",
+         "-o", "debug.slow_actor=0", "-o", "debug.slow_actor_seconds=0.05"]
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 

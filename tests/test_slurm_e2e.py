@@ -17,7 +17,7 @@ import h5py
 import pytest
 from slurm_fixture import release, slurm, wait_for  # noqa: F401 - slurm: the session fixture
 
-STEPS = 4000  # the warning comes about a second into the run, at most ~2,000 steps (the actor's pace below)
+STEPS = 4000  # the warning comes 1-2 s into the run, at 1,500-3,000 steps (at the actor's pace below)
 # 3 ranks (the fewest a run can have); no reward target, so every job stops on its step budget (the
 # default job reaches 475 within 40K steps, which would end a resumed 30K-step job early). The first status
 # line with steps comes 0.5 s in (rank 0's stats come every 0.5 s); the actor naps 0.05 s a fragment (128 steps),

@@ -63,10 +63,11 @@ class ActiveGroups:
         self.active = active
         if new_version:
             self.publish_version()
-        self.counters.set(control.ACTIVE, active)
+        # the rows first: a group woken by the counter stamps its "parked" row after its "activate" row
         record.active(active)
         for g in changed if events else ():
             record.group_event(g, "activate" if more else "park", reasons[0] if more else reasons[1], active)
+        self.counters.set(control.ACTIVE, active)
 
     def end_round(self, round_: int, algo, model, record) -> None:
         """At a round's end: the algorithm's count, or the debug schedule's."""
@@ -88,8 +89,8 @@ class ActiveGroups:
             return
         group = self.active if d.action == "activate" else self.active - 1
         self.active = d.active
-        self.counters.set(control.ACTIVE, self.active)
         record.group_event(group, d.action, d.reason, self.active, d.supply, d.capacity, d.load, waiting)
+        self.counters.set(control.ACTIVE, self.active)  # after the row (see _move_to)
 
     def hold(self, queue) -> None:
         """SSP: a group with a gradient still queued waits before computing more (Ho et al. 2013)."""

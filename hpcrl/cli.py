@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(COMMANDS[args.command][0])
+    if not getattr(module, "RESUMES_COLLECTION", False):
+        from hpcrl.runtime import collector
+
+        collector.resume()  # start-up is over (runtime/collector.py); `run` says when its roles are built
     try:
         return int(module.main(args) or 0)
     except ConfigError as exc:

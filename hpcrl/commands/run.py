@@ -193,6 +193,10 @@ def create_run_dir(plan: Plan) -> Path:
     return path
 
 
+RESUMES_COLLECTION = True
+"""The runner resumes Python's garbage collector once its roles are built, not hpcrl.cli (runtime/collector.py)."""
+
+
 def main(args: argparse.Namespace) -> int:
     remember_stop_signals()  # a cancel during start-up ends the run cleanly as a cancel
     inside = launch.job_rank(os.environ)

@@ -40,6 +40,7 @@ from hpcrl.algos.rollout import EpisodeLog, Rollout, collect
 from hpcrl.envs import registry
 from hpcrl.envs.classic.base import resolve_device
 from hpcrl.errors import ConfigError
+from hpcrl.runtime import collector
 from hpcrl.runtime.plan import Plan, Sections
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.record.run_record import RunRecord
@@ -174,6 +175,7 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: Any = None) -
     progress: None (quiet), a mode for :class:`hpcrl.runtime.record.progress.ProgressEmitter`
     ("tty", "plain", "pipe") or an object with ``update(stats)`` and ``finish(summary)``.
     """
+    collector.resume()  # runtime/collector.py
     run_dir = Path(run_dir)
     with StopRequest() as stop:
         try:

@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from hpcrl.runtime import collector
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners import RunResult
@@ -144,6 +145,7 @@ def run_job(plan: Plan, run_dir: Path, resume: bool, progress: str = "plain") ->
         if job.topo.role == "parameter":
             job.startup = role.startup_info()
         job.startup = _polling_bcast(job.topo.comm, job.startup)
+        collector.resume()  # this rank's role is built (runtime/collector.py)
         role.run()
         _teardown(job)
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
@@ -328,4 +330,5 @@ def _abort(comm, who: str, brief: bool = False, one_line: bool = False) -> None:
 
 
 if __name__ == "__main__":
+    collector.pause()  # until the role is built
     sys.exit(main())

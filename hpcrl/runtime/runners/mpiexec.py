@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Mapping
 
 from hpcrl import launch, verbosity
+from hpcrl.runtime import collector
 from hpcrl.runtime.record.checkpoint import said_here
 from hpcrl.runtime.runners import RunResult
 from hpcrl.runtime.runners.rank_exits import ExitOrder
@@ -87,6 +88,7 @@ def run(plan, run_dir: Path, resume: bool = False, progress: str = "plain",
         environ: Mapping[str, str] | None = None) -> RunResult:
     """Run the plan's job as ``plan.num_ranks`` local MPI ranks (``environ``: variables added for the ranks,
     e.g. the prestart server's); ``progress`` tty shows a bar, plain periodic lines."""
+    collector.resume()  # the launcher builds no role (runtime/collector.py)
     s = plan.sections
     if resume:  # a record file cut short: one line and the way on now, not rank 0's abort after the start
         from hpcrl.io.rollback import check_not_cut_short

@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hpcrl.runtime import collector
+
 ENV_VAR = "HPCRL_PRESTART"
 """Path of the server's socket, set in the environment of the ranks of a local run."""
 
@@ -187,7 +189,9 @@ def _kill(pid: int, signum: int) -> None:
 def serve(path: Path, fd: int) -> int:
     """Accept ranks on the listening socket ``fd`` (bound to ``path``) until stdin closes and every child has ended."""
     listener = socket.socket(fileno=fd)  # ranks that connected already wait while the imports below run
+    collector.pause()
     preload()
+    collector.resume()  # the imports are permanent: each forked rank's collector skips them
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "lifeline")

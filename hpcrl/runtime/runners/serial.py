@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 from hpcrl.io.errors import RecordWriteError
+from hpcrl.runtime import collector
 from hpcrl.runtime.backoff import Doorbell
 from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners.job import Job, make_role
@@ -156,6 +157,7 @@ def _run_roles(jobs, roles, failures, guarded, abort) -> None:
         t = threading.Thread(target=guarded, args=(job, role.run), name=f"hpcrl-{job.topo.role}-{job.rank}",
                              daemon=True)
         threads.append(t)
+    collector.resume()  # every role is built (runtime/collector.py)
     if not failures:
         for t in threads:
             t.start()

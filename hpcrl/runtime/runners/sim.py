@@ -23,6 +23,7 @@ import numpy as np
 from hpcrl.cluster_profiles import Profile, Slot, load_profile, place
 from hpcrl.errors import ConfigError
 from hpcrl.io.schema import RUN_FILE
+from hpcrl.runtime import collector
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.plan import Plan
@@ -208,6 +209,7 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain"
         parameter.signals.received = signum
 
     old_handler = signal.signal(signal.SIGINT, interrupt)
+    collector.resume()  # every role is built (runtime/collector.py)
     setup_seconds = time.monotonic() - real_start
     try:
         world.run()

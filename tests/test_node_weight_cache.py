@@ -35,6 +35,12 @@ def test_without_the_cache_each_actor_fetches_for_itself():
     assert said["max_per_version"] > 2
 
 
+@pytest.mark.mpi
+def test_an_actor_waiting_on_its_nodes_fetcher_beats_its_heartbeat():
+    """An actor stopped while it fetched for its node must be the one a watchdog names, not its neighbours."""
+    assert "OK node_cache_wait beats=" in run_mpi(3, "node_cache_wait", timeout=60)
+
+
 def test_auto_turns_the_cache_on_when_a_node_holds_several_actors():
     assert wanted("auto", ["node1", "node1", "node2"])
     assert not wanted("auto", ["node1", "node2", "node3"])

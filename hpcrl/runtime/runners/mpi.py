@@ -183,6 +183,7 @@ class MpiWiring:
     def __init__(self, plan: Plan, comm, run_dir: Path) -> None:
         self.plan, self.comm, self.run_dir = plan, comm, run_dir
         self.bounds: list[int] | None = None  # the shards' floats (aggregation.shards > 1)
+        self._counters = None  # the counter window, asked first (an actor's node cache beats its heartbeat word)
 
     def split_weights(self, bounds: list[int]) -> None:
         """The floats of each parameter shard: its windows hold those (ranks 0 .. S-1 own them)."""
@@ -191,7 +192,8 @@ class MpiWiring:
     def counters(self, words: int):
         from hpcrl.runtime.transport.windows import CounterWindow
 
-        return CounterWindow(self.comm, 0, words, initial=0)
+        self._counters = CounterWindow(self.comm, 0, words, initial=0)
+        return self._counters
 
     def mailbox(self, groups: int, slots: int, num_params: int, stats: int):
         """Rank 0's mailbox; with parameter shards, one per shard over its floats (collective, shard by shard)."""
@@ -236,7 +238,10 @@ class MpiWiring:
         actor_nodes = [topo.nodes[r] for r in topo.actor_ranks]
         if not node_cache.wanted(self.plan.sections.launch.node_weight_cache, actor_nodes):
             return board
-        return node_cache.for_actors(board, self.comm, topo.role == "actor")
+        from hpcrl.runtime.transport.control import Heartbeat
+
+        beat = Heartbeat(self._counters, self.plan.groups, topo.rank).beat  # the actor's word, while it waits
+        return node_cache.for_actors(board, self.comm, topo.role == "actor", beat)
 
     def reports(self):
         from hpcrl.runtime.transport.links import MpiReports

@@ -21,6 +21,8 @@ the constructor checks the window has) on both sides of the seqlock.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from mpi4py import MPI
 
@@ -41,8 +43,8 @@ class NodeWeightCache:
     """The weight board through one node's shared memory (collective over ``node_comm``: the actor ranks
     of one node). Meets the ``Board`` protocol for readers; ``free()`` frees its window, then ``board``."""
 
-    def __init__(self, board: WeightBoard, node_comm):
-        self.board = board
+    def __init__(self, board: WeightBoard, node_comm, beat: Callable[[], None] = lambda: None):
+        self.board, self.beat = board, beat  # beat: the reading actor's heartbeat, while it waits on the node
         self.num_params, self.probe_size, self.history = board.num_params, board.probe_size, board.history
         self._n = board.num_params + board.probe_size
         self.node_rank = node_comm.Get_rank()
@@ -149,6 +151,7 @@ class NodeWeightCache:
             elif not waited:
                 waited = True
                 self.waits += 1
+            self.beat()  # alive, waiting on the node's fetcher: the watchdog must name that one if it hangs
             backoff.sleep()
 
     def _check_out(self, out: np.ndarray, n: int, what: str) -> None:
@@ -209,15 +212,16 @@ def wanted(mode: str, actor_nodes: list[str]) -> bool:
     return mode == "on" or (mode == "auto" and len(set(actor_nodes)) < len(actor_nodes))
 
 
-def for_actors(board: WeightBoard, comm, is_actor: bool) -> WeightBoard | NodeWeightCache:
+def for_actors(board: WeightBoard, comm, is_actor: bool,
+               beat: Callable[[], None] = lambda: None) -> WeightBoard | NodeWeightCache:
     """Collective over ``comm`` (every rank of the board): each actor's :class:`NodeWeightCache` over the actors
-    that share its node's memory (``Split_type(COMM_TYPE_SHARED)`` of the actors' communicator); the board
-    itself on the other ranks."""
+    that share its node's memory (``Split_type(COMM_TYPE_SHARED)`` of the actors' communicator), ``beat`` its
+    heartbeat; the board itself on the other ranks."""
     actors = comm.Split(0 if is_actor else MPI.UNDEFINED, comm.Get_rank())
     if actors == MPI.COMM_NULL:
         return board
     node = actors.Split_type(MPI.COMM_TYPE_SHARED, key=actors.Get_rank())
     actors.Free()
-    cache = NodeWeightCache(board, node)
+    cache = NodeWeightCache(board, node, beat)
     node.Free()  # the window keeps what it needs of it
     return cache

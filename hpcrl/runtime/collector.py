@@ -2,8 +2,8 @@
 
 Starting a rank or a run imports torch, h5py, Gymnasium and the config classes and builds the role: a few
 hundred thousand container objects that live as long as the process. CPython's cyclic collector walks them
-again each time a generation fills while they pile up, about 0.2-0.5 s of CPU per process (10-20 % of a
-short serial run; docs/results/runtime.md). So a process's entry point pauses collection (:func:`pause`) and,
+again each time a generation fills while they pile up: pausing it saved 0.7-1.3 s of CPU in a short serial run
+(a fifth to a quarter of it; docs/results/runtime.md). So a process's entry point pauses collection (:func:`pause`) and,
 once its roles are built, :func:`resume` moves everything alive to the permanent generation (``gc.freeze``:
 later collections do not walk it either, and forked ranks do not touch those pages) and collects again.
 

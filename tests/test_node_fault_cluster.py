@@ -43,7 +43,10 @@ def test_a_hung_node_and_then_a_lost_node_each_bring_the_job_back(cluster, tmp_p
     out = hpcrl("submit", "--site", "local-cluster", "--nodes", "3", "--min-nodes", "2", "--run-dir", str(run_dir),
                 "-o", "actors.count=4", "-o", f"stop.total_env_steps={STEPS}", "-o", "stop.target_return=null",
                 "-o", "io.checkpoint_every=10", "-o", "io.checkpoint_min_seconds=1",
-                "-o", "launch.watchdog_warn_seconds=2", "-o", "launch.watchdog_seconds=6")
+                "-o", "launch.watchdog_warn_seconds=2", "-o", "launch.watchdog_seconds=6",
+                # at most ~640 env steps/s (20 gradients of 0.02 s per 256-step batch): on an idle machine node2's
+                # actors alone reached the budget during the hang's 6 s, before the watchdog (4.5 s for 8,000 steps)
+                "-o", "debug.learner_delay_seconds=0.02")
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.strip().splitlines()[-1]
     log = run_dir.parent / "run.job" / f"slurm-{job_id}.out"

@@ -31,6 +31,13 @@ class Backoff:
         self.delay = self.first
 
 
+def window_owner_nap(clock: Clock = WALL) -> Backoff:
+    """The idle nap of a rank that owns windows others use (rank 0, a parameter shard): RMA against them progresses
+    only while the owner is inside MPI (MPICH/UCX active messages), so its naps stay short (0.2 ms at most): a
+    learner's push waits for them. The sim runner's rank 0 naps the same (in virtual time)."""
+    return Backoff(2e-5, 2e-4, clock)
+
+
 class Doorbell(Backoff):
     """A Backoff whose nap a producer ends early with :meth:`ring`. The serial runner's in-memory mailbox and
     report queue ring rank 0's bell on every push and report: its thread sleeps up to ``cap`` (the watchdog and

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hpcrl.config import AggregationConfig, DebugConfig
-from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.backoff import window_owner_nap
 from hpcrl.runtime.roles.push_apply import apply_mode
 from hpcrl.runtime.shards import ShardDrop, ShardEnd, ShardPublish, ShardSet, ShardStep
 from hpcrl.runtime.transport import control
@@ -91,7 +91,7 @@ class ShardRank:
         self._publish()
 
     def run(self) -> None:
-        backoff = Backoff(2e-5, 2e-4, self.job.clock)
+        backoff = window_owner_nap(self.job.clock)
         while True:
             self.fault.check()
             self.heartbeat.beat()

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.backoff import window_owner_nap
 from hpcrl.runtime.roles.shard import SliceModel
 from hpcrl.runtime.shards import ShardDrop, ShardEnd, ShardPublish, ShardSet, ShardStep
 
@@ -90,7 +90,7 @@ class LeadShards:
         """After rank 0 published ``version``: until every shard has (it is then visible)."""
         if version == self.start:
             return
-        backoff = Backoff(2e-5, 2e-4, self.clock)
+        backoff = window_owner_nap(self.clock)
         end = self.clock.now() + self.patience
         while self.board.latest_version() < version:
             if self.clock.now() > end:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from hpcrl.runtime import collector
-from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.backoff import window_owner_nap
 from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners import RunResult
 
@@ -279,9 +279,7 @@ class MpiWiring:
         return WALL
 
     def parameter_nap(self, topo):
-        # RMA against rank 0's windows progresses only while it is inside MPI (MPICH/UCX active messages),
-        # so its idle naps stay short: a learner's push waits for them
-        return Backoff(2e-5, 2e-4, WALL)
+        return window_owner_nap(WALL)
 
 
 def _polling_bcast(comm, value):

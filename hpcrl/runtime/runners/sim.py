@@ -24,7 +24,7 @@ from hpcrl.cluster_profiles import Profile, Slot, load_profile, place
 from hpcrl.errors import ConfigError
 from hpcrl.io.schema import RUN_FILE
 from hpcrl.runtime import collector
-from hpcrl.runtime.backoff import Backoff
+from hpcrl.runtime.backoff import Backoff, window_owner_nap
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.roles.sampler import describe_env
@@ -164,7 +164,7 @@ class SimWiring(LocalWiring):
         return self.clocks[topo.rank]
 
     def parameter_nap(self, topo: Topology) -> Backoff:
-        return Backoff(2e-5, 2e-4, self.clock(topo))  # the MPI runner's (virtual naps cost no CPU)
+        return window_owner_nap(self.clock(topo))  # the MPI runner's (virtual naps cost no CPU)
 
 
 def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain") -> RunResult:

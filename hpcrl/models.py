@@ -25,6 +25,7 @@ from torch.nn import functional as F
 from torch.distributions import Categorical, Distribution, Normal
 
 from hpcrl.errors import ConfigError
+from hpcrl.inference import NumpyActorCritic
 
 
 class FlatParameters:
@@ -288,6 +289,7 @@ class ActorCritic(nn.Module):
         # the policy's and value's layers for the actor's fast path (a tuple: not registered as submodules, so
         # parameters(), state_dict() and checkpoints are as before); None for a CNN or uint8 network
         self._fast = (mlp_layers(self.pi), mlp_layers(self.vf)) if not self.image else (None, None)
+        self._numpy = NumpyActorCritic.of(self)  # the actor's policy call in numpy (None: act converted)
 
     def _obs(self, obs: Tensor | np.ndarray) -> Tensor:
         """Observations on the model's device: uint8 kept (the network scales it), anything else float32;
@@ -401,6 +403,14 @@ class ActorCritic(nn.Module):
             a = mean + scale * torch.randn(mean.shape, device=mean.device, generator=self.sampling_generator)
         logp = normal_log_prob(mean, scale, a).sum(-1)
         return a.reshape(a.shape[:-1] + self.action_shape), logp, self._vf_out(x).squeeze(-1)
+
+    def act_numpy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`act` as numpy arrays, what a sampler records: the numpy forward of :mod:`hpcrl.inference` for MLPs
+        on the CPU (the same draws, not the same bits: see there), else :meth:`act`'s tensors converted."""
+        if self._numpy is not None:
+            return self._numpy.act(obs)
+        a, logp, v = self.act(obs)
+        return a.cpu().numpy(), logp.cpu().numpy(), v.cpu().numpy()
 
     @torch.no_grad()
     def act_plain(self, obs: Tensor | np.ndarray) -> tuple[Tensor, Tensor, Tensor]:

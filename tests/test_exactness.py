@@ -167,14 +167,15 @@ def assert_trained_as_the_fused_update(run_dir: Path, label: str) -> None:
 
 @pytest.mark.parametrize("runner", ["serial", pytest.param("mpi", marks=pytest.mark.mpi)])
 @pytest.mark.slow
-def test_update_push_weights_equal_the_fused_update_on_its_recorded_batches(jobs, runner):
-    """learners.push=update: the group runs every minibatch step itself with its own Adam (lr annealed per batch
-    from the CONSUMED word) and pushes theta_start - theta_end; rank 0's outer step (lr 1, no momentum) lands on
-    the group's weights, so the job trains what the fused loop trains, one version per batch."""
-    run_dir = jobs("hopper", runner, "learners.push=update")
-    assert_trained_as_the_fused_update(run_dir, f"update push/{runner}")
-    updates = read_table(run_dir / "run.h5", "gradients")
+def test_update_push_makes_one_version_per_batch_and_gradient_push_one_per_minibatch(jobs, runner):
+    """hopper.yaml's learners.push=update: the group runs every minibatch step itself with its own Adam (lr
+    annealed per batch from the CONSUMED word) and pushes theta_start - theta_end; rank 0's outer step (lr 1, no
+    momentum) lands on the group's weights, so the job trains what the fused loop trains, one version per batch
+    (the JOBS test above). learners.push=gradient, one push per minibatch on the newest weights, trains the same."""
+    updates = read_table(jobs("hopper", runner) / "run.h5", "gradients")
     assert list(updates["inner_steps"]) == [8] * ROUNDS  # 2 passes x 4 minibatches of 32 per batch of 128
+    run_dir = jobs("hopper", runner, "learners.push=gradient")
+    assert_trained_as_the_fused_update(run_dir, f"gradient push/{runner}")
 
 
 @pytest.mark.mpi
@@ -217,7 +218,7 @@ def test_update_push_resume_goes_on_with_each_groups_optimizer_state(tmp_path, j
     checkpoint, not a fresh optimizer's) and so does its minibatch order's generator. The job resumed is a copy of
     the update-push test's ROUNDS-round MPI job, resumed for one round more."""
     run_dir = tmp_path / "run"
-    shutil.copytree(jobs("hopper", "mpi", "learners.push=update"), run_dir)
+    shutil.copytree(jobs("hopper", "mpi"), run_dir)  # hopper.yaml pushes updates
     first = load_checkpoint(run_dir)["inner_states"][0]
     assert _adam_steps(first["optimizer"]) == ROUNDS * 8
     res = subprocess.run([sys.executable, "-m", "hpcrl", "run", "--resume", str(run_dir), "-o",

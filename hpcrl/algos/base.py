@@ -103,6 +103,15 @@ class Algorithm:
         (every model's ``act`` runs under no_grad already: a second context would be pure overhead)."""
         return model.act(obs)
 
+    def act_numpy(self, model: nn.Module, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`act`'s three results as numpy arrays, the sampler's call once per env step: the model's own
+        ``act_numpy`` (ActorCritic: a numpy forward, hpcrl/inference.py) where this algorithm acts with the model's
+        ``act``; an algorithm with an ``act`` of its own keeps it."""
+        if type(self).act is Algorithm.act and hasattr(model, "act_numpy"):
+            return model.act_numpy(obs)
+        a, logp, v = self.act(model, obs)
+        return a.cpu().numpy(), logp.cpu().numpy(), v.cpu().numpy()
+
     @torch.no_grad()
     def value(self, model: nn.Module, obs: np.ndarray) -> Tensor:
         return model.value(obs)

@@ -34,11 +34,18 @@ def old_module(rev: str, path: str, name: str) -> types.ModuleType:
 
 
 class _Acting:
-    """What the sampler calls (``algo.act``, ``algo.value``): the model's own."""
+    """What the sampler calls (``algo.act``, ``algo.act_numpy``, ``algo.value``): the model's own; a revision's
+    model without ``act_numpy`` (before hpcrl/inference.py) has its ``act`` converted, as its sampler did."""
 
     @staticmethod
     def act(model, obs):
         return model.act(obs)
+
+    @staticmethod
+    def act_numpy(model, obs):
+        if hasattr(model, "act_numpy"):
+            return model.act_numpy(obs)
+        return tuple(t.cpu().numpy() for t in model.act(obs))
 
     @staticmethod
     def value(model, obs):
@@ -73,7 +80,7 @@ def cases(config: str | None, rev: str) -> tuple[dict, int]:
     def of(side: str) -> dict:
         mods, model, sampler = sides[side]
         return {
-            "policy act (an actor's batch)": lambda: model.act(sampler.obs),
+            "policy act (an actor's batch)": lambda: _Acting.act_numpy(model, sampler.obs),
             "sampler, per env step (env included)": lambda: sampler.sample(_Acting, model, T, 0, 0),
             "observation normalisation": lambda: sampler._norm_obs(sampler.raw_obs, True),
             "minibatch gradient": lambda: mods["ppo"].compute_gradient(

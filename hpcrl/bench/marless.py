@@ -123,6 +123,9 @@ class AgainstRandom:
         a[uniform] = torch.randint(self.actions, (int(uniform.sum()),), generator=self.generator)
         return a, logp, v
 
+    def act_numpy(self, model, obs):
+        return tuple(t.cpu().numpy() for t in self.act(model, obs))
+
     def value(self, model, obs):
         return self.algo.value(model, obs)
 

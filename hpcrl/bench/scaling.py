@@ -35,11 +35,13 @@ import numpy as np
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ENVS = {"cartpole": CONFIGS / "cartpole.yaml", "hopper": CONFIGS / "hopper.yaml"}
 # hopper.yaml is CleanRL's PPO step for step (on-policy sampling, sync admission, 64-row minibatches): actors wait
-# for the learner by design, so more actors cannot go faster. The grid runs it pipelined, as a throughput job;
-# -o overrides after these restore any of them. Each actor steps 8 envs in 128-step fragments (the shipped config
-# has CleanRL's one env per actor, for learning quality), as every earlier scaling table did.
+# for the learner by design, so more actors cannot go faster. The grid runs it pipelined, as a throughput job
+# with gradient pushes (Stellaris'); -o overrides after these restore any of them. Each actor steps 8 envs in
+# 128-step fragments (the shipped config has CleanRL's one env per actor, for learning quality), as every earlier
+# scaling table did.
 THROUGHPUT = {"hopper": ["actors.on_policy=false", "aggregation.policy=stellaris", "aggregation.d=0.96",
-                         "algo.minibatch_size=256", "env.num_envs=8", "actors.fragment_length=128"]}
+                         "learners.push=gradient", "algo.minibatch_size=256", "env.num_envs=8",
+                         "actors.fragment_length=128"]}
 
 
 def env_ceiling(config: Path, seconds: float = 1.5) -> dict:

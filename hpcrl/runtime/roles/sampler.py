@@ -198,7 +198,7 @@ class VectorSampler:
         return _clip(a, self.low, self.high)
 
     def sample(self, algo, model, T: int, version: int, actor: int) -> tuple[dict[str, np.ndarray], list[Episode]]:
-        """T steps of every instance acting with ``algo.act(model, obs)``; returns (fragment, finished episodes)."""
+        """T steps of every instance acting with ``algo.act_numpy(model, obs)``; returns (fragment, finished episodes)."""
         N = self.num_envs
         obs = np.empty((T, N, *self.obs_shape), dtype=self.obs_dtype)
         actions = np.empty((T, N, *self.action_shape), dtype=np.int64 if self.discrete else np.float32)
@@ -211,9 +211,8 @@ class VectorSampler:
         episodes: list[Episode] = []
         for t in range(T):
             obs[t] = self.obs
-            a, lp, v = algo.act(model, self.obs)
-            a = a.cpu().numpy()
-            actions[t], logp[t], values[t] = a, lp.cpu().numpy(), v.cpu().numpy()
+            a, logp[t], values[t] = algo.act_numpy(model, self.obs)
+            actions[t] = a
             step = self.backend.step(self.env_action(a))
             rewards[t], terminated[t], truncated[t] = step.rewards, step.terminated, step.truncated
             self.ep_return += step.rewards

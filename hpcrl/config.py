@@ -99,6 +99,9 @@ class ActorsConfig(Section):
     keep_sampler_seconds: float = Field(0.0, ge=0)
     """actors.elastic=steps/jobs: a parked actor releases its joined sampler once it has been parked this long (0:
     at once); woken before, it samples with the same one (no join: a join costs seconds of start-up)."""
+    reports: Literal["fragment", "node"] = "fragment"
+    """How the actors' reports reach rank 0: one message per fragment, or node (runner mpi): a node's actors'
+    reports batched by the node's first actor, one message per node and flush (runtime/transport/node_reports.py)."""
     join_timeout_seconds: float = Field(120.0, gt=0)
     """actors.elastic=steps/jobs: a sampler that has not connected this long after its launch is given up (an
     actor_joins row) and the actor samples on its own rank until it is parked and woken again."""
@@ -520,6 +523,13 @@ class RunConfig(Section):
         if S > 1 and refused:
             raise ValueError(f"aggregation.shards={S}: {refused[0][0]} (allowed: {refused[0][1]}, or "
                              "aggregation.shards=1)")
+        return self
+
+    @model_validator(mode="after")
+    def _what_node_reports_need(self) -> "RunConfig":
+        if self.actors.reports == "node" and self.launch.runner != "mpi":
+            raise ValueError(f"actors.reports=node: launch.runner={self.launch.runner} runs every actor in one process "
+                             "(no node to batch reports on); allowed: launch.runner=mpi, or actors.reports=fragment")
         return self
 
     @model_validator(mode="after")

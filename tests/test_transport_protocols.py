@@ -9,7 +9,8 @@ import inspect
 
 import pytest
 
-from hpcrl.runtime.transport import group_reduce, links as transport, local, node_cache, protocols, sharded, windows
+from hpcrl.runtime.transport import (group_reduce, links as transport, local, node_cache, node_reports, protocols,
+                                     sharded, windows)
 
 PAIRS = [
     (protocols.Counters, windows.CounterWindow, local.LocalCounters),
@@ -19,6 +20,8 @@ PAIRS = [
     (protocols.Mailbox, sharded.ShardedMailbox, local.LocalMailbox),  # aggregation.shards > 1
     (protocols.Board, sharded.ShardedBoard, local.LocalBoard),
     (protocols.Reports, transport.MpiReports, local.LocalReports),
+    (protocols.Reports, node_reports.ReportRelay, local.LocalReports),  # actors.reports=node
+    (protocols.Reports, node_reports.ReportMember, local.LocalReports),
     (protocols.Fragments, transport.MpiFragments, local.LocalFragments),
     (protocols.ActorLink, transport.ActorLink, local.LocalActorLink),
     (protocols.LearnerLink, transport.LearnerLink, local.LocalLearnerLink),

@@ -11,6 +11,8 @@ message                sender                                       handled by (
 ``PushHeader``         the mailbox slot of a gradient or update     ``ParameterRank._arrived``
                        push (transport/windows.py, local.py)
 ``FragmentReport``     an actor, per fragment (roles/actor.py)      elastic rule, actors + episodes rows
+``NodeReports``        a node's report relay (actors.reports=node:  each report in it, by its own handler
+                       transport/node_reports.py)
 ``ActorParked``        an actor whose park ended                    ``actor_parks`` row
 ``SamplerEvent``       an actor's joined sampler joined, left or    ``actor_joins`` row
                        was given up (roles/joining_sampler.py)
@@ -104,6 +106,17 @@ class FragmentReport(TableRow):
     """The group it went to (-1: several)."""
     episodes: tuple[Episode, ...] = field(default=(), metadata=NOT_A_COLUMN)
     normalizer: dict | None = field(default=None, repr=False, metadata=NOT_A_COLUMN)
+
+
+@dataclass(frozen=True)
+class NodeReports:
+    """The reports a node's actors sent since the last of these, in the order each actor sent them
+    (``actors.reports: node``: one message to rank 0 per node and flush instead of one per fragment)."""
+
+    node: int
+    """The node's relay, as a world rank."""
+    reports: tuple
+    """The node's actors' messages (any of ``REPORTS`` but this one)."""
 
 
 @dataclass(frozen=True)
@@ -222,7 +235,8 @@ class Startup:
     """Update push: each group's optimizer state after its newest update taken."""
 
 
-Report = FragmentReport | ActorParked | SamplerEvent | Evaluation | LearnerActivity | GroupEvent | JoiningJob
+Report = (FragmentReport | NodeReports | ActorParked | SamplerEvent | Evaluation | LearnerActivity | GroupEvent
+          | JoiningJob)
 """What travels through ``Reports`` (every message here but the mailbox's ``PushHeader``)."""
 
-REPORTS = (FragmentReport, ActorParked, SamplerEvent, Evaluation, LearnerActivity, GroupEvent, JoiningJob)
+REPORTS = (FragmentReport, NodeReports, ActorParked, SamplerEvent, Evaluation, LearnerActivity, GroupEvent, JoiningJob)

@@ -199,7 +199,7 @@ class Actor:
                     or (self.evaluator is not None and w[control.EVAL] > self.evaluated_rounds))
 
         while True:
-            self.heartbeat.beat()
+            self._alive()
             self.sampler.parked(clock.unix() - start)  # actors.elastic: its joined sampler leaves (at once, or later)
             words = counters.read_all()
             if awake(words):
@@ -253,7 +253,12 @@ class Actor:
         return self._wait_until(G, groups_with_room)
 
     def _wait_until(self, G: int, choose) -> list[int] | None:
-        return wait_for_groups(self.job, self.sender, G, choose, self.heartbeat.beat)
+        return wait_for_groups(self.job, self.sender, G, choose, self._alive)
+
+    def _alive(self) -> None:
+        """A sign of life while waiting; meanwhile a node's report relay passes its node's reports on."""
+        self.heartbeat.beat()
+        self.job.reports.poll()
 
     def _finish(self) -> None:
         """Complete every pending send (the learners drain until all actors are done), then say so."""

@@ -54,7 +54,7 @@ from hpcrl.io.schema import TRAJ_DIR
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, GroupEvent, JoiningJob, LearnerActivity,
-                                    PushHeader, SamplerEvent, Startup)
+                                    NodeReports, PushHeader, SamplerEvent, Startup)
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime.roles.active_groups import ActiveGroups
@@ -406,17 +406,30 @@ class ParameterRank:
     def _handlers(self) -> dict[type, Callable[[Any], None]]:
         """The one handler of each message a rank sends here (hpcrl.runtime.messages)."""
         record = self.record
-        return {FragmentReport: self._fragment_report, ActorParked: record.actor_park, SamplerEvent: record.actor_join,
-                Evaluation: record.evaluation, LearnerActivity: self._learner_activity, GroupEvent: record.group_row,
-                JoiningJob: record.joining_job}
+        return {FragmentReport: self._fragment_report, NodeReports: self._node_reports,
+                ActorParked: record.actor_park, SamplerEvent: record.actor_join, Evaluation: record.evaluation,
+                LearnerActivity: self._learner_activity, GroupEvent: record.group_row, JoiningJob: record.joining_job}
 
-    def _fragment_report(self, report: FragmentReport) -> None:
+    def _fragment_report(self, report: FragmentReport, env_steps: int | None = None) -> None:
+        """An actor's fragment; ``env_steps``: the run's env steps now, if already read (the episodes' column)."""
         a = report.actor
         self.groups.rule.fragment(a, report.steps, report.sample_seconds)
         self.fragment_next[a] = max(self.fragment_next[a], report.fragment + 1)
         if report.normalizer is not None:
             self.normalizers[a] = report.normalizer
-        self.record.fragment(report, self.env_steps() if report.episodes else 0)
+        if report.episodes and env_steps is None:
+            env_steps = self.env_steps()
+        self.record.fragment(report, env_steps if report.episodes else 0)
+
+    def _node_reports(self, node: NodeReports) -> None:
+        """A node's reports (actors.reports=node): each by its own handler, the run's env steps read once for all."""
+        ended = any(type(m) is FragmentReport and m.episodes for m in node.reports)
+        env_steps = self.env_steps() if ended else 0
+        for message in node.reports:
+            if type(message) is FragmentReport:
+                self._fragment_report(message, env_steps)
+            else:
+                self.handlers[type(message)](message)
 
     def _learner_activity(self, activity: LearnerActivity) -> None:
         self.push_mode.group_state(activity.group_state)

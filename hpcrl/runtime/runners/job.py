@@ -61,7 +61,7 @@ class Job:
     board: Board
     """WeightBoard or LocalBoard."""
     reports: Reports
-    """MpiReports or LocalReports."""
+    """MpiReports or LocalReports; an actor's under actors.reports=node: its node's ReportRelay or a ReportMember."""
     fragments: Fragments
     """MpiFragments or LocalFragments."""
     group_reduce: GroupReduce | None = None
@@ -118,7 +118,7 @@ class Wiring(Protocol):
     def counters(self, words: int) -> Counters: ...
     def mailbox(self, groups: int, slots: int, num_params: int, stats: int) -> Mailbox: ...
     def board(self, num_params: int, history: int, probe_size: int, topo: Topology) -> Board: ...
-    def reports(self) -> Reports: ...
+    def reports(self, topo: Topology) -> Reports: ...
     def fragments(self, layout: FragmentLayout, max_in_flight: int, topo: Topology) -> Fragments: ...
     def group_reduce(self, topo: Topology, device: torch.device, counters: Counters, reports: Reports
                      ) -> GroupReduce | None: ...
@@ -141,7 +141,7 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
     counters = wiring.counters(control.num_counters(G, topo.size))
     mailbox = wiring.mailbox(G, s.aggregation.mailbox_slots, P, len(control.GRAD_STATS))
     board = wiring.board(P, max(2, s.aggregation.weight_history), 0 if probe is None else probe.size, topo)
-    reports = wiring.reports()
+    reports = wiring.reports(topo)
     fragments = wiring.fragments(fragment_layout_for(plan, env, model), s.actors.max_in_flight, topo)
     # a learner group's collectives (NCCL or Horovod set-up) run after the windows'
     group_reduce = wiring.group_reduce(topo, model.device, counters, reports) if topo.role == "learner" else None

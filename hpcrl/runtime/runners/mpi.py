@@ -243,10 +243,13 @@ class MpiWiring:
         beat = Heartbeat(self._counters, self.plan.groups, topo.rank).beat  # the actor's word, while it waits
         return node_cache.for_actors(board, self.comm, topo.role == "actor", beat)
 
-    def reports(self):
-        from hpcrl.runtime.transport.links import MpiReports
+    def reports(self, topo):
+        """Reports to rank 0 (collective): an actor's go through its node's relay when ``actors.reports`` is node."""
+        from hpcrl.runtime.transport import node_reports
+        from hpcrl.runtime.transport.control import Heartbeat
 
-        return MpiReports(self.comm)
+        beat = Heartbeat(self._counters, self.plan.groups, topo.rank).beat  # an actor's word, while it waits
+        return node_reports.for_rank(self.plan.sections.actors.reports, self.comm, topo.role == "actor", beat)
 
     def fragments(self, layout, max_in_flight: int, topo):
         from hpcrl.runtime.transport.links import MpiFragments

@@ -82,7 +82,7 @@ class LocalWiring:
     def board(self, num_params: int, history: int, probe_size: int, topo: Topology):
         return self._once("board", lambda: LocalBoard(num_params, history=history, probe_size=probe_size))
 
-    def reports(self):
+    def reports(self, topo: Topology):
         return self._once("reports", lambda: LocalReports(self.bell))
 
     def fragments(self, layout, max_in_flight: int, topo: Topology):

@@ -150,7 +150,7 @@ class SimWiring(LocalWiring):
     def board(self, num_params: int, history: int, probe_size: int, topo: Topology):
         return self._once("board", lambda: SimBoard(self.charges, num_params, history, probe_size))
 
-    def reports(self):
+    def reports(self, topo: Topology):
         return self._once("reports", lambda: SimReports(self.charges))
 
     def fragments(self, layout, max_in_flight: int, topo: Topology):

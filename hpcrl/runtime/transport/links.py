@@ -69,9 +69,14 @@ class MpiReports:
         self.comm, self.dest = comm, parameter_rank
         self._pending: list = []
 
-    def send(self, message: Report) -> None:
+    def send(self, message: Report, synchronous: bool = False) -> None:
+        """``synchronous``: the send completes only once rank 0 has taken it (a node's report relay's last)."""
         self._pending = [r for r in self._pending if not r.Test()]
-        self._pending.append(self.comm.isend(message, dest=self.dest, tag=control.TAG_REPORT))
+        post = self.comm.issend if synchronous else self.comm.isend
+        self._pending.append(post(message, dest=self.dest, tag=control.TAG_REPORT))
+
+    def poll(self) -> None:
+        """Nothing waits here: every report went to rank 0 when it was sent."""
 
     def drain(self) -> list[Report]:
         """Parameter rank: every report that has arrived (one sender's in the order it sent them)."""
@@ -80,9 +85,11 @@ class MpiReports:
             out.append(self.comm.recv(source=MPI.ANY_SOURCE, tag=control.TAG_REPORT))
         return out
 
-    def close(self) -> None:
+    def close(self, beat=None) -> None:
+        """Wait until every send completed (``beat()``: the waiting rank's heartbeat, while it waits)."""
+        abandon = None if beat is None else (lambda: beat() or False)
         for r in self._pending:
-            control.wait_request(r)
+            control.wait_request(r, abandon=abandon)
         self._pending = []
 
 

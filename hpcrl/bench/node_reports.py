@@ -1,0 +1,153 @@
+"""Per-node reports (``actors.reports``): rank 0's CPU per env step for the actors' reports, per fragment vs per node.
+
+One ``mpiexec -n A+1`` per mode: rank 0 drains reports as the parameter rank does (``MpiReports.drain``, one read of
+the env-step counter per message whose fragments ended episodes, each report looked at); ranks 1 .. A are actors on
+``--nodes`` nodes (``comm.Split`` by ``(rank - 1) % nodes``), each sending ``--reports`` fragment reports shaped as
+the job's (its ``VectorSampler``'s normalisation statistics, ``--episodes`` ended episodes) one every ``--pace-ms``
+(its fragment's sampling), straight to rank 0 (``fragment``) or through its node's relay (``node``,
+runtime/transport/node_reports.py). CPU is rank 0's thread CPU in the drains that got something (an empty poll
+is waiting, the same in both modes), per env step. Not counted: the record's rows per fragment, the same in both.
+
+usage: hpcrl bench node-reports [--config cartpole.yaml] [--actors 8] [--nodes 2] [--reports 300] [--pace-ms 5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORKER_FLAG = "--mpi-worker"
+MODES = ("fragment", "node")
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="hpcrl bench node-reports", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "cartpole.yaml"),
+                   help="the job whose env and fragment the reports are shaped as")
+    p.add_argument("--actors", type=int, default=8)
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--reports", type=int, default=300, help="reports per actor")
+    p.add_argument("--pace-ms", type=float, default=5.0, help="an actor's milliseconds between two reports")
+    p.add_argument("--episodes", type=int, default=1, help="episodes a fragment ends")
+    p.add_argument("--tcp", action="store_true", help="the ranks as if on different nodes (OFI over TCP)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds for each MPI job")
+    return p.parse_args(argv)
+
+
+def _report(actor: int, fragment: int, steps: int, episodes: int, normalizer):
+    from hpcrl.runtime.messages import Episode, FragmentReport
+
+    now = time.time()
+    ended = tuple(Episode(time=now, actor=actor, env_index=e, episode_return=100.0, length=100, policy_version=1)
+                  for e in range(episodes))
+    return FragmentReport(time=now, actor=actor, fragment=fragment, steps=steps, sample_seconds=0.01,
+                          transport_wait_seconds=0.0, weight_sync_seconds=0.0, policy_version=1, group=0,
+                          episodes=ended, normalizer=normalizer)
+
+
+def _worker(mode: str, config: str, nodes: int, n: int, pace: float, episodes: int) -> None:
+    from mpi4py import MPI
+
+    from hpcrl.config import load_config
+    from hpcrl.runtime.messages import FragmentReport, NodeReports
+    from hpcrl.runtime.roles.sampler import VectorSampler
+    from hpcrl.runtime.transport.control import wait_request
+    from hpcrl.runtime.transport.links import MpiReports
+    from hpcrl.runtime.transport.node_reports import ReportMember, ReportRelay
+    from hpcrl.runtime.transport.windows import CounterWindow
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    cfg = load_config(config)
+    steps = cfg.actors.fragment_length * cfg.env.num_envs
+    counters = CounterWindow(comm, 0, 1, initial=0)
+    node = comm.Split((rank - 1) % nodes if rank else MPI.UNDEFINED, rank)
+    if rank:
+        sampler = VectorSampler(cfg.env, rank - 1, gamma=0.99)
+        normalizer = sampler.normalizer_state()
+        if mode == "fragment":
+            reports = MpiReports(comm)
+        elif node.Get_rank() == 0:
+            reports = ReportRelay(node, MpiReports(comm), rank, lambda: None)
+        else:
+            reports = ReportMember(node, lambda: None)
+        comm.Barrier()
+        for i in range(n):
+            reports.send(_report(rank - 1, i, steps, episodes, normalizer))
+            time.sleep(pace)
+        reports.close()
+        sampler.close()
+        wait_request(comm.Ibarrier())
+    else:
+        reports = MpiReports(comm)
+        comm.Barrier()
+        done, cpu, messages, taken = comm.Ibarrier(), 0.0, 0, 0
+        while True:
+            finished = done.Test()
+            t = time.thread_time()
+            got = reports.drain()
+            for m in got:  # what ParameterRank._drain_messages does with each, less the record's rows
+                inner = m.reports if isinstance(m, NodeReports) else (m,)
+                if any(type(r) is FragmentReport and r.episodes for r in inner):
+                    counters.read(0)  # the episodes' env-step column, read once per message
+                taken += sum(type(r) is FragmentReport for r in inner)
+            if got:
+                cpu += time.thread_time() - t
+                messages += len(got)
+            elif finished:
+                break
+            else:
+                time.sleep(2e-5)
+        expected = (comm.Get_size() - 1) * n
+        if taken != expected:
+            raise SystemExit(f"node-reports: rank 0 took {taken} reports of {expected}")
+        print(f"RESULT {mode} {messages} {taken} {cpu:.6f} {taken * steps}", flush=True)
+    comm.Barrier()
+    counters.free()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if WORKER_FLAG in argv:
+        argv.remove(WORKER_FLAG)
+        mode, config, nodes, n, pace, episodes = argv
+        _worker(mode, config, int(nodes), int(n), float(pace), int(episodes))
+        return 0
+    args = _parse(argv)
+    from hpcrl.bench.scale_measure import TCP_ENV
+
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = dict(os.environ, UCX_LOG_LEVEL=os.environ.get("UCX_LOG_LEVEL", "error"), **(TCP_ENV if args.tcp else {}))
+    rows = {}
+    for mode in MODES:
+        cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.actors + 1), sys.executable, "-m",
+               "mpi4py", "-m", "hpcrl.bench.node_reports", WORKER_FLAG, mode, args.config, str(args.nodes),
+               str(args.reports), str(args.pace_ms / 1e3), str(args.episodes)]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            print(f"node-reports: the {mode} job was killed after {args.timeout} s", file=sys.stderr)
+            return 1
+        if proc.returncode:
+            print(f"node-reports: the {mode} job failed ({proc.returncode})", file=sys.stderr)
+            return 1
+        _, _, messages, taken, cpu, steps = next(l for l in out.splitlines() if l.startswith("RESULT")).split()
+        rows[mode] = (int(messages), int(taken), float(cpu), int(steps))
+    print(f"{'reports':>8} {'actors':>6} {'nodes':>5} {'messages':>8} {'reports/msg':>11} {'rank 0 us/msg':>13} "
+          f"{'rank 0 us/report':>16} {'rank 0 ns/env step':>18} {'vs fragment':>11}")
+    base = rows["fragment"][2] / rows["fragment"][3]
+    for mode, (messages, taken, cpu, steps) in rows.items():
+        print(f"{mode:>8} {args.actors:>6} {args.nodes:>5} {messages:>8} {taken / messages:>11.1f} "
+              f"{1e6 * cpu / messages:>13.1f} {1e6 * cpu / taken:>16.2f} {1e9 * cpu / steps:>18.1f} "
+              f"{cpu / steps / base:>10.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""Per-node reports (``actors.reports: node``, hpcrl/runtime/transport/node_reports.py).
+
+- the relay under real concurrency (tests/mpi_programs/node_reports.py): every report reaches rank 0 once, in
+  its actor's order, batched, within a short bound, and a relay waiting on a late member beats its heartbeat;
+- a whole MPI job on 2 "nodes" (MPICH's ``MPIR_CVAR_NUM_CLIQUES``: ranks of one clique share memory, as on one
+  node) records the same fragments and episodes with per-node reports as with per-fragment ones, and every
+  fragment in the actors' trajectory files has one row;
+- bad input: one line, exit 2.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi_programs.launcher import run_mpi
+
+from hpcrl.cli import main as cli_main
+from hpcrl.io import read_table, read_trajectory
+from hpcrl.io.schema import traj_filename
+from hpcrl.runtime.messages import FragmentReport
+from hpcrl.runtime.transport.node_reports import newest_normalizers_only
+
+ROOT = Path(__file__).resolve().parents[1]
+CARTPOLE = str(ROOT / "hpcrl" / "configs" / "cartpole.yaml")
+ACTORS, T, N = 4, 16, 2
+JOB = [f"actors.count={ACTORS}", f"env.num_envs={N}", f"actors.fragment_length={T}", "actors.on_policy=true",
+       "aggregation.policy=sync", "algo.train_batch_size=128", "algo.minibatch_size=64", "algo.num_sgd_iter=2",
+       "stop.max_rounds=4", "io.log_seconds=60", "launch.timeout_seconds=100"]
+"""One fragment of each actor per batch, 4 versions a batch: on-policy sync makes every fragment before the last
+version the same whatever the timing."""
+LAST_VERSION = 16
+TWO_NODES = {"MPIR_CVAR_NUM_CLIQUES": "2"}
+"""6 ranks in 2 cliques, round-robin: actors 0 and 2 (ranks 2, 4) on one node, 1 and 3 on the other."""
+
+
+@pytest.mark.mpi
+def test_a_node_relay_passes_every_report_to_rank_0_once_in_order():
+    said = run_mpi(7, "node_reports", 2, 150, timeout=60)  # 6 actors on 2 nodes
+    line = next(l for l in said.splitlines() if l.startswith("OK node_reports"))
+    fields = dict(kv.split("=") for kv in line.split()[2:])
+    assert int(fields["messages"]) < int(fields["reports"]) / 2, line
+    assert int(fields["max_delay_ms"]) < 2000, line  # a relay parked for 0.3 s still polls every 50 ms
+
+
+def test_only_an_actors_newest_normalizer_travels():
+    def report(actor, i, normalizer):
+        return FragmentReport(time=0.0, actor=actor, fragment=i, steps=1, sample_seconds=0.0, transport_wait_seconds=0.0,
+                              weight_sync_seconds=0.0, policy_version=0, group=0, normalizer=normalizer)
+
+    batch = [report(0, 0, {"n": 0}), report(1, 0, {"n": 0}), report(0, 1, {"n": 1}), report(0, 2, None)]
+    out = newest_normalizers_only(batch)
+    assert [m.normalizer for m in out] == [None, {"n": 0}, {"n": 1}, None]
+    assert [(m.actor, m.fragment) for m in out] == [(m.actor, m.fragment) for m in batch]
+
+
+def _job(tmp_path: Path, reports: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "hpcrl", "run", CARTPOLE, *[a for o in [
+        *JOB, f"actors.reports={reports}", f"io.run_dir={tmp_path / reports}"] for a in ("-o", o)]]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=dict(os.environ, **TWO_NODES, UCX_LOG_LEVEL="error"))
+
+
+def _rows(run_dir: Path) -> tuple[list, list]:
+    """The fragments and episodes sampled before the last version (those after it depend on when STOP came)."""
+    a = read_table(run_dir / "run.h5", "actors")
+    e = read_table(run_dir / "run.h5", "episodes")
+    frags = sorted((int(x), int(f), int(s), int(v)) for x, f, s, v in
+                   zip(a["actor"], a["fragment"], a["steps"], a["policy_version"]) if v < LAST_VERSION)
+    episodes = sorted((int(x), int(i), float(r), int(n), int(v)) for x, i, r, n, v in
+                      zip(e["actor"], e["env_index"], e["return"], e["length"], e["policy_version"])
+                      if v < LAST_VERSION)
+    return frags, episodes
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_per_node_reports_record_the_rows_of_per_fragment_reports(tmp_path):
+    jobs = {mode: _job(tmp_path, mode) for mode in ("fragment", "node")}  # side by side: mostly start-up
+    for mode, proc in jobs.items():
+        out, _ = proc.communicate(timeout=150)
+        assert proc.returncode == 0, f"actors.reports={mode}:\n{out[-3000:]}"
+    (frags, episodes), (node_frags, node_episodes) = (_rows(tmp_path / m) for m in ("fragment", "node"))
+    assert len(frags) == ACTORS * LAST_VERSION // 4 and episodes
+    assert node_frags == frags and node_episodes == episodes
+    # every fragment and episode of the trajectory files once in the record, after the last version too
+    run_dir = tmp_path / "node"
+    a, e = read_table(run_dir / "run.h5", "actors"), read_table(run_dir / "run.h5", "episodes")
+    for actor in range(ACTORS):
+        traj = read_trajectory(run_dir / traj_filename(actor))
+        mine = np.asarray(a["actor"]) == actor
+        assert sorted(np.asarray(a["fragment"])[mine]) == list(range(len(traj["rewards"]) // (T * N))), actor
+        ended = int(((np.asarray(traj["terminated"]) + np.asarray(traj["truncated"])) > 0).sum())
+        assert int((np.asarray(e["actor"]) == actor).sum()) == ended, actor
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--runner", "serial", "-o", "actors.reports=node"], "actors.reports=node: launch.runner=serial runs every"),
+    (["--runner", "sim", "-o", "actors.reports=node"], "actors.reports=node: launch.runner=sim runs every"),
+    (["-o", "actors.reports=rank"], "actors.reports"),
+])
+def test_reports_the_job_cannot_have_are_one_line(args, says, capsys):
+    assert cli_main(["run", CARTPOLE, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err

@@ -5,8 +5,9 @@
 Adam or the outer step, publish); rank 1 pushes gradients as a learner does; rank 2, an actor, reads every new
 version from the board while the pushes go on, then sends the job's fragments to rank 1 (``FragmentSender`` /
 ``FragmentReceiver``) and a fragment report per fragment to rank 0 (``MpiReports``, a report of the shape the
-actor sends). All of it at each weight size of ``sizes``; medians per operation. :func:`workload` times the
-actor's env step (its ``VectorSampler`` with the policy) and the learner's minibatch gradient in this process.
+actor sends), then node messages of NODE_REPORTS reports each (``actors.reports: node``). All of it at each
+weight size of ``sizes``; medians per operation. :func:`workload` times the actor's env step (its
+``VectorSampler`` with the policy) and the learner's minibatch gradient in this process.
 Costs are CPU seconds of the paying rank's thread (``clock``), so a loaded machine does not inflate them.
 """
 from __future__ import annotations
@@ -24,6 +25,8 @@ import numpy as np
 from hpcrl.bench.scale_predict import Costs, Linear, Workload
 
 WORKER_FLAG = "--scale-measure-worker"
+NODE_REPORTS = 8
+"""Reports in the node message the micro-run measures (``report_each``: each one past the first)."""
 TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "MPIR_CVAR_NOLOCAL": "1", "FI_TCP_IFACE": "lo"}
 """A micro-run's ranks as if on different nodes: MPICH's OFI netmod over TCP, no shared memory (the local
 cluster's TaskProlog sets the same netmod between its nodes)."""
@@ -185,6 +188,7 @@ def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
             else:
                 backoff.sleep()
     frag_s = comm.bcast(frag_s, root=2)
+    node_s = _node_messages(comm, max(20, reps // NODE_REPORTS), cfg.actors.fragment_length * cfg.env.num_envs)
     if rank == 0:
         per_size = {}
         for P, parts in rows.items():
@@ -192,8 +196,37 @@ def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
             for part in parts:
                 merged.update({k: _median(v) for k, v in part.items()})
             per_size[P] = merged
+        each = max((_median(node_s) - _median(report_s)) / (NODE_REPORTS - 1), 0.0)
         Path(out).write_text(json.dumps({"sizes": per_size, "fragment_send": frag_s, "report": _median(report_s),
-                                         "fragment_bytes": layout.nbytes}))
+                                         "report_each": each, "fragment_bytes": layout.nbytes}))
+
+
+def _node_messages(comm, n: int, steps: int) -> list[float]:
+    """Rank 2 sends rank 0 ``n`` node messages of NODE_REPORTS reports each (``actors.reports: node``); rank 0's
+    CPU seconds per message taken in (empty on the other ranks)."""
+    from hpcrl.runtime.backoff import Backoff
+    from hpcrl.runtime.messages import NodeReports
+    from hpcrl.runtime.transport.links import MpiReports
+
+    seconds: list[float] = []
+    comm.Barrier()
+    reports = MpiReports(comm, 0)
+    if comm.Get_rank() == 2:
+        for i in range(n):
+            batch = tuple(_report_message(j, i, steps) for j in range(NODE_REPORTS))
+            reports.send(NodeReports(node=2, reports=batch))
+        reports.close()
+    elif comm.Get_rank() == 0:
+        taken, backoff = 0, Backoff(cap=1e-4)
+        while taken < n:
+            s = clock()
+            msgs = reports.drain()
+            if msgs:
+                seconds.append((clock() - s) / len(msgs))
+                taken += len(msgs)
+            else:
+                backoff.sleep()
+    return seconds
 
 
 def transport(config: str, sizes: list[int], seconds: float, tcp: bool, timeout: float = 600) -> dict:
@@ -303,7 +336,8 @@ def costs_from(measured: dict, steps: dict) -> Costs:
     return Costs(push=fit("push"), receive=fit("receive"), admit=fit("admit").fixed,
                  apply_gradient=fit("apply_gradient"), apply_update=fit("apply_update"), publish=fit("publish"),
                  fetch=fit("fetch"), node_copy=fit("node_copy"), fragment_send=measured["fragment_send"],
-                 report=measured["report"], actor_step=steps["actor_step"], gradient=steps["gradient"])
+                 report=measured["report"], actor_step=steps["actor_step"], gradient=steps["gradient"],
+                 report_each=measured.get("report_each", 0.0))
 
 
 if __name__ == "__main__":

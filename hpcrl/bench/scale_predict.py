@@ -12,7 +12,7 @@ Every role is a loop of operations whose costs are measured; each gives a bound 
   newest weights before the next, ``push: update`` steps its own optimizer and pushes once per batch of ``B``
   env steps (``M`` minibatches);
 - rank 0: per push a receive and an admission; per step (one per push) an apply and a publish; per fragment an
-  actor's report;
+  actor's report (``reports="node"``: per node message of its k actors' reports ``report + (k - 1) report_each``);
 - rank 0's network interface: every fetch sends the weights (4 P bytes) out, every push brings 4 P bytes in;
 - where ranks share cores (the local cluster): all their seconds per env step over the cores there are.
 
@@ -72,6 +72,7 @@ class Costs:
     report: float           # rank 0: one actor fragment report taken in
     actor_step: float       # actor: one env step (env + policy), per env step of its vector
     gradient: float         # learner: one minibatch gradient
+    report_each: float = 0.0  # rank 0: each further report in a node's message (actors.reports: node); 0: none
 
 
 @dataclass(frozen=True)
@@ -132,13 +133,16 @@ class Prediction:
     bounds: dict                   # env steps/s each part allows
 
 
-def reports_per_env_step(work: Workload, layout: Layout, reports: str) -> float:
-    """Messages rank 0 takes in per env step for the record: one per fragment, or (``reports="node"``, not built)
-    one per node for its actors' fragments together."""
+def report_seconds(costs: Costs, work: Workload, layout: Layout, reports: str) -> float:
+    """Rank 0's seconds per env step taking in the actors' reports: one message per fragment, or
+    (``reports="node"``, ``actors.reports: node``) one per node holding a report of each of its k actors, which
+    costs a message and k - 1 further reports (their unpickling: ``report_each``)."""
     if reports not in REPORT_MODES:
         raise ValueError(f"reports must be one of {REPORT_MODES}")
-    per_fragment = 1.0 / work.fragment_steps
-    return per_fragment if reports == "fragment" else per_fragment / max(layout.actors_per_node, 1.0)
+    if reports == "fragment":
+        return costs.report / work.fragment_steps
+    k = max(layout.actors_per_node, 1.0)
+    return (costs.report + (k - 1) * costs.report_each) / (work.fragment_steps * k)
 
 
 def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch: str, combine: int = 1,
@@ -169,7 +173,7 @@ def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch:
             + learner_fetches * costs.fetch(P)
     apply = costs.apply_gradient if push == "gradient" else costs.apply_update
     rank0 = pushes * (costs.receive(P) + costs.admit) + versions * (apply(P) + costs.publish(P)) \
-        + costs.report * reports_per_env_step(work, layout, reports)
+        + report_seconds(costs, work, layout, reports)
     return {"actor": actor, "learner": learner, "rank0": rank0, "pushes": pushes,
             "out_bytes": 4 * P * (remote_fetches + learner_fetches), "in_bytes": 4 * P * pushes}
 
@@ -201,7 +205,7 @@ def per_env_step_allreduce(costs: Costs, work: Workload, layout: Layout, net: In
     actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P)
     learner = (M / B) * (costs.gradient + net.allreduce(P, G) + costs.apply_gradient(P))
     learner_nodes = -(-G // net.learners_per_node)
-    return {"actor": actor, "learner": learner, "rank0": costs.report * reports_per_env_step(work, layout, reports),
+    return {"actor": actor, "learner": learner, "rank0": report_seconds(costs, work, layout, reports),
             "pushes": 0.0, "out_bytes": 4 * P * remote_fetches / learner_nodes, "in_bytes": 0.0}
 
 

@@ -168,7 +168,8 @@ class Algorithm:
 
     def apply(self, model: nn.Module, optimizer: Adam | torch.optim.SGD, gradient: np.ndarray) -> None:
         """One optimizer step with an admitted (already staleness-scaled and averaged) flat gradient."""
-        model.flat.grads.copy_(torch.as_tensor(gradient, device=model.flat.grads.device))
+        if gradient is not model.flat.grads:  # the fused update's gradient is the buffer itself
+            model.flat.grads.copy_(torch.as_tensor(gradient, device=model.flat.grads.device))
         optimizer.step()
 
     def update(self, batch: Batch, model: nn.Module, optimizer: Adam | torch.optim.SGD) -> dict[str, Tensor]:

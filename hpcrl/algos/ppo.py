@@ -198,9 +198,10 @@ def ppo_loss_terms(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tenso
     loss = policy_loss + cfg.vf_coeff * value_loss
     # a term whose coefficient is 0 (known on the host) adds 0 to the loss and to every gradient: it is left
     # out of the graph (the same bits, a shorter backward) and still reported
-    with nullcontext() if _nonzero(coeff) else torch.no_grad():
+    kl_in_loss = _nonzero(coeff)  # once: for the model's 0-dim constant it is a tensor comparison
+    with nullcontext() if kl_in_loss else torch.no_grad():
         kl = ((raw_ratio - 1.0) - log_r).mean()
-        if _nonzero(coeff):
+        if kl_in_loss:
             loss = loss + coeff * kl
     with nullcontext() if cfg.entropy_coeff != 0 else torch.no_grad():
         ent = entropy.mean()

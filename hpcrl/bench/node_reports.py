@@ -6,7 +6,8 @@ the env-step counter per message whose fragments ended episodes, each report loo
 the job's (its ``VectorSampler``'s normalisation statistics, ``--episodes`` ended episodes) one every ``--pace-ms``
 (its fragment's sampling), straight to rank 0 (``fragment``) or through its node's relay (``node``,
 runtime/transport/node_reports.py). CPU is rank 0's thread CPU in the drains that got something (an empty poll
-is waiting, the same in both modes), per env step. Not counted: the record's rows per fragment, the same in both.
+is waiting, the same in both modes), per env step; apart from it, the record's work per report (``RunRecord.fragment``
+into a run.h5 in a temporary directory, and its flushes): the same rows in both modes.
 
 usage: hpcrl bench node-reports [--config cartpole.yaml] [--actors 8] [--nodes 2] [--reports 300] [--pace-ms 5]
 """
@@ -17,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,6 +56,9 @@ def _worker(mode: str, config: str, nodes: int, n: int, pace: float, episodes: i
 
     from hpcrl.config import load_config
     from hpcrl.runtime.messages import FragmentReport, NodeReports
+    from hpcrl.runtime.record.run_record import RunRecord
+    from hpcrl.runtime.record.stop_rule import StopRule
+    from hpcrl.runtime.topology import one_process_rank_map
     from hpcrl.runtime.roles.sampler import VectorSampler
     from hpcrl.runtime.transport.control import wait_request
     from hpcrl.runtime.transport.links import MpiReports
@@ -62,7 +67,7 @@ def _worker(mode: str, config: str, nodes: int, n: int, pace: float, episodes: i
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    cfg = load_config(config)
+    cfg = load_config(config, ["io.loggers=[]"])
     steps = cfg.actors.fragment_length * cfg.env.num_envs
     counters = CounterWindow(comm, 0, 1, initial=0)
     node = comm.Split((rank - 1) % nodes if rank else MPI.UNDEFINED, rank)
@@ -84,28 +89,41 @@ def _worker(mode: str, config: str, nodes: int, n: int, pace: float, episodes: i
         wait_request(comm.Ibarrier())
     else:
         reports = MpiReports(comm)
-        comm.Barrier()
-        done, cpu, messages, taken = comm.Ibarrier(), 0.0, 0, 0
-        while True:
-            finished = done.Test()
-            t = time.thread_time()
-            got = reports.drain()
-            for m in got:  # what ParameterRank._drain_messages does with each, less the record's rows
-                inner = m.reports if isinstance(m, NodeReports) else (m,)
-                if any(type(r) is FragmentReport and r.episodes for r in inner):
-                    counters.read(0)  # the episodes' env-step column, read once per message
-                taken += sum(type(r) is FragmentReport for r in inner)
-            if got:
-                cpu += time.thread_time() - t
-                messages += len(got)
-            elif finished:
-                break
-            else:
-                time.sleep(2e-5)
+        with tempfile.TemporaryDirectory(prefix="hpcrl-node-reports-") as tmp:
+            record = RunRecord.create(Path(tmp), cfg.io, "", one_process_rank_map(), StopRule(cfg.stop), {})
+            comm.Barrier()
+            done, cpu, rows, messages, taken = comm.Ibarrier(), 0.0, 0.0, 0, 0
+            while True:
+                finished = done.Test()
+                t = time.thread_time()
+                got = reports.drain()
+                inner = []
+                for m in got:  # what ParameterRank._drain_messages does with each
+                    batch = m.reports if isinstance(m, NodeReports) else (m,)
+                    ended = any(type(r) is FragmentReport and r.episodes for r in batch)
+                    env_steps = counters.read(0) if ended else 0  # the episodes' column, read once per message
+                    inner += [(r, env_steps) for r in batch if type(r) is FragmentReport]
+                if got:
+                    r0 = time.thread_time()
+                    cpu += r0 - t
+                    for r, env_steps in inner:
+                        record.fragment(r, env_steps)
+                    record.maybe_flush()
+                    rows += time.thread_time() - r0
+                    messages += len(got)
+                    taken += len(inner)
+                elif finished:
+                    break
+                else:
+                    time.sleep(2e-5)
+            r0 = time.thread_time()
+            record.flush()  # the last rows written (closing the file is not per report)
+            rows += time.thread_time() - r0
+            record.close()
         expected = (comm.Get_size() - 1) * n
         if taken != expected:
             raise SystemExit(f"node-reports: rank 0 took {taken} reports of {expected}")
-        print(f"RESULT {mode} {messages} {taken} {cpu:.6f} {taken * steps}", flush=True)
+        print(f"RESULT {mode} {messages} {taken} {cpu:.6f} {taken * steps} {rows:.6f}", flush=True)
     comm.Barrier()
     counters.free()
 
@@ -137,15 +155,18 @@ def main(argv: list[str] | None = None) -> int:
         if proc.returncode:
             print(f"node-reports: the {mode} job failed ({proc.returncode})", file=sys.stderr)
             return 1
-        _, _, messages, taken, cpu, steps = next(l for l in out.splitlines() if l.startswith("RESULT")).split()
-        rows[mode] = (int(messages), int(taken), float(cpu), int(steps))
+        _, _, messages, taken, cpu, steps, record = next(l for l in out.splitlines() if l.startswith("RESULT")).split()
+        rows[mode] = (int(messages), int(taken), float(cpu), int(steps), float(record))
     print(f"{'reports':>8} {'actors':>6} {'nodes':>5} {'messages':>8} {'reports/msg':>11} {'rank 0 us/msg':>13} "
-          f"{'rank 0 us/report':>16} {'rank 0 ns/env step':>18} {'vs fragment':>11}")
-    base = rows["fragment"][2] / rows["fragment"][3]
-    for mode, (messages, taken, cpu, steps) in rows.items():
+          f"{'rank 0 us/report':>16} {'rank 0 ns/env step':>18} {'vs fragment':>11} {'+ record us/report':>18} "
+          f"{'total ns/env step':>17} {'vs fragment':>11}")
+    base, base_all = (rows["fragment"][2] / rows["fragment"][3],
+                      (rows["fragment"][2] + rows["fragment"][4]) / rows["fragment"][3])
+    for mode, (messages, taken, cpu, steps, record) in rows.items():
         print(f"{mode:>8} {args.actors:>6} {args.nodes:>5} {messages:>8} {taken / messages:>11.1f} "
               f"{1e6 * cpu / messages:>13.1f} {1e6 * cpu / taken:>16.2f} {1e9 * cpu / steps:>18.1f} "
-              f"{cpu / steps / base:>10.2f}x")
+              f"{cpu / steps / base:>10.2f}x {1e6 * record / taken:>18.2f} {1e9 * (cpu + record) / steps:>17.1f} "
+              f"{(cpu + record) / steps / base_all:>10.2f}x")
     return 0
 
 

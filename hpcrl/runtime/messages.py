@@ -30,6 +30,7 @@ broadcasts it; the serial runner hands it to each role).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -56,8 +57,14 @@ class TableRow:
 
     def row(self) -> dict:
         """The row, with Unix times (the record shifts them to the run's clock)."""
-        return {COLUMN_OF.get(f.name, f.name): getattr(self, f.name) for f in fields(self)
-                if f.metadata.get("column", True)}
+        return {column: getattr(self, name) for name, column in _columns(type(self))}
+
+
+@functools.cache
+def _columns(cls: type) -> tuple[tuple[str, str], ...]:
+    """(field, column) of each of a row message's columns, looked up once per class: rank 0 makes a row of every
+    fragment and episode, and ``dataclasses.fields`` per row was half of that."""
+    return tuple((f.name, COLUMN_OF.get(f.name, f.name)) for f in fields(cls) if f.metadata.get("column", True))
 
 
 @dataclass(frozen=True)

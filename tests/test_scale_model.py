@@ -142,6 +142,11 @@ def test_per_node_reports_divide_rank0s_record_work_by_the_actors_per_node():
     # each report in a node's message costs its unpickling: 64 reports at 1 ms + 63 x 0.25 ms
     each = predict(replace(c, report_each=0.25 * MS), WORK, lay, reports="node")
     assert each.env_steps_per_s / per_fragment.env_steps_per_s == pytest.approx(64 / (1 + 63 * 0.25))
+    # the record's rows stay one per report whichever way the reports come: they cap both alike
+    rows = replace(c, record=1 * MS)
+    assert predict(rows, WORK, lay).env_steps_per_s == pytest.approx(WORK.fragment_steps / (2 * MS))
+    assert predict(rows, WORK, lay, reports="node").env_steps_per_s == pytest.approx(
+        WORK.fragment_steps / ((1 / 64 + 1) * MS))
 
 
 def test_scaling_efficiency_is_one_while_only_the_nodes_work_and_falls_once_rank0_binds():
@@ -184,6 +189,7 @@ def test_measuring_part_runs_the_real_micro_run():
         assert 0 < small < 1.0 and small <= large, (name, small, large)
     assert 0 < c.fragment_send < 1.0 and 0 < c.report < 1.0 and 0 < c.admit < 1.0
     assert 0 <= c.report_each < c.report  # a further report in a node's message costs less than a message
+    assert 0 < c.record < 1e-2
     assert 0 < c.actor_step < 1e-2 and 0 < c.gradient < 1.0
     r = predict(c, work, Layout(nodes=1, actors=2, actor_nodes=1, learners=1, cores=2.0))
     assert r.env_steps_per_s > 0 and r.bottleneck in {"actors", "learners", "rank 0 CPU", "cores"}

@@ -290,7 +290,33 @@ def workload(config: str, overrides: list[str], seconds: float) -> tuple[Workloa
     sampler.close()
     batch = next(iter(algo.minibatches(algo.prepare(frags, model), torch.Generator().manual_seed(0))))
     gradient = time_case(lambda: algo.compute_gradient(batch, model), seconds)
-    return work, {"actor_step": actor_step, "gradient": gradient, **per_step_costs(cfg, algo, model, info, seconds)}
+    return work, {"actor_step": actor_step, "gradient": gradient, "record_report": record_cost(cfg, seconds),
+                  **per_step_costs(cfg, algo, model, info, seconds)}
+
+
+def record_cost(cfg, seconds: float) -> float:
+    """Rank 0's record work per fragment report, CPU seconds: ``RunRecord.fragment`` of a report with one episode
+    (its actors and episodes rows, the round's statistics) and its share of the rows' flushes to run.h5."""
+    import tempfile
+
+    from hpcrl.runtime.record.run_record import RunRecord
+    from hpcrl.runtime.record.stop_rule import StopRule
+    from hpcrl.runtime.topology import one_process_rank_map
+
+    steps = cfg.actors.fragment_length * cfg.env.num_envs
+    n = max(500, int(seconds / 2e-5))
+    reports = [_report_message(i % 8, i, steps) for i in range(n)]
+    with tempfile.TemporaryDirectory(prefix="hpcrl-record-cost-") as tmp:
+        record = RunRecord.create(Path(tmp), cfg.io.model_copy(update={"loggers": []}), "", one_process_rank_map(),
+                                  StopRule(cfg.stop), {})
+        start = clock()
+        for r in reports:
+            record.fragment(r, 0)
+            record.maybe_flush()
+        record.flush()
+        took = clock() - start
+        record.close()
+    return took / n
 
 
 def per_step_costs(cfg, algo, model, info, seconds: float) -> dict:
@@ -337,7 +363,7 @@ def costs_from(measured: dict, steps: dict) -> Costs:
                  apply_gradient=fit("apply_gradient"), apply_update=fit("apply_update"), publish=fit("publish"),
                  fetch=fit("fetch"), node_copy=fit("node_copy"), fragment_send=measured["fragment_send"],
                  report=measured["report"], actor_step=steps["actor_step"], gradient=steps["gradient"],
-                 report_each=measured.get("report_each", 0.0))
+                 report_each=measured.get("report_each", 0.0), record=steps.get("record_report", 0.0))
 
 
 if __name__ == "__main__":

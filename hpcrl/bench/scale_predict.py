@@ -12,7 +12,8 @@ Every role is a loop of operations whose costs are measured; each gives a bound 
   newest weights before the next, ``push: update`` steps its own optimizer and pushes once per batch of ``B``
   env steps (``M`` minibatches);
 - rank 0: per push a receive and an admission; per step (one per push) an apply and a publish; per fragment an
-  actor's report (``reports="node"``: per node message of its k actors' reports ``report + (k - 1) report_each``);
+  actor's report and its rows in the record (``reports="node"``: per node message of its k actors' reports
+  ``report + (k - 1) report_each``, the rows still per report);
 - rank 0's network interface: every fetch sends the weights (4 P bytes) out, every push brings 4 P bytes in;
 - where ranks share cores (the local cluster): all their seconds per env step over the cores there are.
 
@@ -73,6 +74,7 @@ class Costs:
     actor_step: float       # actor: one env step (env + policy), per env step of its vector
     gradient: float         # learner: one minibatch gradient
     report_each: float = 0.0  # rank 0: each further report in a node's message (actors.reports: node); 0: none
+    record: float = 0.0       # rank 0: the record's work per fragment report (its rows, the round's statistics)
 
 
 @dataclass(frozen=True)
@@ -136,13 +138,15 @@ class Prediction:
 def report_seconds(costs: Costs, work: Workload, layout: Layout, reports: str) -> float:
     """Rank 0's seconds per env step taking in the actors' reports: one message per fragment, or
     (``reports="node"``, ``actors.reports: node``) one per node holding a report of each of its k actors, which
-    costs a message and k - 1 further reports (their unpickling: ``report_each``)."""
+    costs a message and k - 1 further reports (their unpickling: ``report_each``); in both, each report's rows in
+    the record (``record``)."""
     if reports not in REPORT_MODES:
         raise ValueError(f"reports must be one of {REPORT_MODES}")
+    F = work.fragment_steps
     if reports == "fragment":
-        return costs.report / work.fragment_steps
+        return (costs.report + costs.record) / F
     k = max(layout.actors_per_node, 1.0)
-    return (costs.report + (k - 1) * costs.report_each) / (work.fragment_steps * k)
+    return (costs.report + (k - 1) * costs.report_each) / (F * k) + costs.record / F
 
 
 def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch: str, combine: int = 1,

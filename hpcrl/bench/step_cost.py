@@ -13,7 +13,8 @@ shapes, minibatch size, epochs, Adam; no hpcrl code) per env step of its batch.
 
 ``--against REV``: the same measurement of the code at git revision REV (a worktree of it, its own process each
 time) and of this checkout, taken in turns ``--repeat`` times each (old, new, new, old, ...: a shared machine's load
-falls on both), and a table of both per part (medians) with the ratio old / new.
+falls on both), and a table of both per part (medians) with the ratio old / new. A CONFIG inside this repository
+is each side's own file (a shipped config as each revision ships it); any other file is the same for both.
 
 Profiling inflates every part alike; compare shares and ratios, not the absolute microseconds with an
 unprofiled run's steps/s.
@@ -99,9 +100,10 @@ def _actor_parts(stats: dict) -> dict:
                            _not(_in("hpcrl/runtime/roles/env_backends")))
     norm = _ct_from_outside(stats, _func("hpcrl/runtime/roles/sampler", "_norm_obs", "_scale_rewards"),
                             _func("hpcrl/runtime/roles/sampler", "sample"))
-    policy = _ct_from_outside(stats, _func("hpcrl/models", "act", "value"), _not(_in("hpcrl/models")))
+    policy = _ct_from_outside(stats, _func("hpcrl/models", "act", "act_numpy", "value"), _not(_in("hpcrl/models")))
     forward = (_ct_from_outside(stats, _func("torch/nn/modules/module", "_wrapped_call_impl"), _in("hpcrl/models"))
-               + _ct_from_outside(stats, _func("hpcrl/models", "run_mlp"), _in("hpcrl/models")))  # the fast path's layers
+               + _ct_from_outside(stats, _func("hpcrl/models", "run_mlp"), _in("hpcrl/models"))  # the fast path's layers
+               + _ct_from_outside(stats, _func("hpcrl/inference", "run_numpy_mlp"), _in("hpcrl/inference")))  # numpy's
     sampling = max(policy - forward, 0.0) + _ct_from_outside(
         stats, _func("hpcrl/runtime/roles/sampler", "env_action"), _func("hpcrl/runtime/roles/sampler", "sample"))
     writes = _ct_from_outside(stats, RECORD_FILES, _not(RECORD_FILES))
@@ -304,17 +306,21 @@ def against(rev: str, config: str | None, steps: int, overrides: list[str], repe
     import sys
 
     here = Path(__file__).resolve().parents[2]
-    config = str(Path(config).resolve()) if config else None
+    config = Path(config).resolve() if config else None
     runs: dict[str, list[dict]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory(prefix="hpcrl-step-cost-ab-") as tmp:
         tree = Path(tmp) / "old"
         subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", str(tree), rev], check=True,
                        capture_output=True)
+        configs = {"new": config, "old": config}
+        if config is not None and config.is_relative_to(here):  # the revision's own copy of a shipped config
+            configs["old"] = tree / config.relative_to(here)
         try:
             for i in range(repeat):
                 for side in (("old", "new") if i % 2 == 0 else ("new", "old")):
                     root = tree if side == "old" else here
-                    runs[side].append(_one_run(sys.executable, root, config, steps, overrides,
+                    cfg = str(configs[side]) if configs[side] is not None else None
+                    runs[side].append(_one_run(sys.executable, root, cfg, steps, overrides,
                                                Path(tmp) / f"{side}-{i}.json"))
         finally:
             subprocess.run(["git", "-C", str(here), "worktree", "remove", "--force", str(tree)], capture_output=True)

@@ -104,26 +104,39 @@ def test_marless_bench_again_into_the_same_folder_runs_nothing_and_prints_the_sa
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2  # the random policy's row and the run's
 
 
-def test_hopper_speed_runs_hpcrl_then_cleanrl_once_and_reports_steps_per_second(tmp_path, monkeypatch, capsys):
-    """--speed: one hpcrl run at the short budget, then CleanRL's script (a stand-in here, which notes when it ran),
-    env steps/s = budget / wall seconds each and hpcrl's over CleanRL's; the rows stay out of the curves' results."""
-    order: list[str] = []
+def test_hopper_speed_runs_pairs_in_turns_and_reports_the_median_ratio(tmp_path, monkeypatch, capsys):
+    """--speed --repeat 2: hpcrl then CleanRL's script (a stand-in here, which notes when it ran), then CleanRL then
+    hpcrl; env steps/s = budget / wall seconds each, the ratio of each pair and their median; the rows stay out of
+    the curves' results."""
+    ran = tmp_path / "ran"
+    walls = iter([20.0, 40.0])
 
     def run_hpcrl(config, run_dir, runner, overrides, log):
-        order.append("hpcrl")
+        with ran.open("a") as f:
+            f.write("hpcrl\n")
         assert (runner, overrides) == ("serial", ["env.id=Hopper-v4", "env.seed=0", "stop.total_env_steps=40960"])
-        return 20.0
+        return next(walls)
 
     monkeypatch.setattr(HC.curves, "run_hpcrl", run_hpcrl)
     stand_in = tmp_path / "cleanrl.py"
-    stand_in.write_text(f"import time\nopen({str(tmp_path / 'ran')!r}, 'w').write('cleanrl')\ntime.sleep(0.2)\n"
+    stand_in.write_text(f"import time\nopen({str(ran)!r}, 'a').write('cleanrl\\n')\ntime.sleep(0.2)\n"
                         "print('global_step=2048, episodic_return=[12.5]')\n")
-    assert HC.main(["--speed", "--cleanrl-script", str(stand_in), "--out", str(tmp_path)]) == 0
-    assert order == ["hpcrl"] and (tmp_path / "ran").read_text() == "cleanrl"
-    rows = {r["impl"]: r for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}
-    assert rows["hpcrl"]["env_steps_per_second"] == 40960 / 20.0
-    cleanrl = rows["cleanrl"]
-    assert cleanrl["wall_seconds"] >= 0.2 and cleanrl["env_steps_per_second"] == 40960 / cleanrl["wall_seconds"]
-    ratio = (40960 / 20.0) / cleanrl["env_steps_per_second"]
-    assert f"hpcrl / CleanRL: {ratio:.2f}x" in capsys.readouterr().out
+    assert HC.main(["--speed", "--repeat", "2", "--cleanrl-script", str(stand_in), "--out", str(tmp_path)]) == 0
+    assert ran.read_text().split() == ["hpcrl", "cleanrl", "cleanrl", "hpcrl"]
+    rows = list(map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines()))
+    assert [(r["pair"], r["impl"]) for r in rows] == [(0, "hpcrl"), (0, "cleanrl"), (1, "cleanrl"), (1, "hpcrl")]
+    assert [r["env_steps_per_second"] for r in rows if r["impl"] == "hpcrl"] == [40960 / 20.0, 40960 / 40.0]
+    cleanrl = [r for r in rows if r["impl"] == "cleanrl"]
+    assert all(r["wall_seconds"] >= 0.2 and r["env_steps_per_second"] == 40960 / r["wall_seconds"] for r in cleanrl)
+    ratios = [40960 / 20.0 / cleanrl[0]["env_steps_per_second"], 40960 / 40.0 / cleanrl[1]["env_steps_per_second"]]
+    assert f"hpcrl / CleanRL: {(ratios[0] + ratios[1]) / 2:.2f}x" in capsys.readouterr().out
     assert HC.load_results(tmp_path / "results.jsonl") == {}
+
+
+def test_hopper_speed_names_a_failed_side_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(HC.curves, "run_hpcrl", lambda *a: 20.0)
+    broken = tmp_path / "cleanrl.py"
+    broken.write_text("raise SystemExit('no such env')\n")
+    assert HC.main(["--speed", "--cleanrl-script", str(broken), "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CleanRL seed 0 failed with exit code 1" in err[0] and "Traceback" not in err[0]

@@ -20,11 +20,12 @@ existing directory keeps its results and runs only what is missing for this env,
         [--out DIR] [--only hpcrl|cleanrl] [-o KEY=VALUE ...]
 
 ``--speed``: the cost per env step only, as issue 42 measures it: one seed of each side at a short budget
-(``--steps``, default 40,960), one after the other (hpcrl first, then CleanRL), each a whole process on one core;
-env steps/s = budget / wall seconds, and hpcrl's over CleanRL's (rows with ``"speed": true`` in results.jsonl).
+(``--steps``, default 40,960), one after the other, each a whole process on one core; env steps/s = budget / wall
+seconds, and hpcrl's over CleanRL's (rows with ``"speed": true`` in results.jsonl). ``--repeat N`` runs N pairs in
+turns (hpcrl first in even pairs, CleanRL first in odd ones) and reports the median of the pairs' ratios.
 
     hpcrl bench hopper-vs-cleanrl --speed --cleanrl-script ppo_continuous_action.py --cleanrl-python VENV/bin/python \
-        [--steps 40960] [--runner serial|mpi] [--out DIR]
+        [--steps 40960] [--repeat 3] [--runner serial|mpi] [--out DIR]
 
 The hpcrl runs use ``--runner serial`` by default: the same role objects as an MPI job in one
 process, so both sides cost one core (``tests/test_exactness.py`` checks that both runners make
@@ -144,28 +145,40 @@ SPEED_STEPS = 40_960
 
 
 def speed(args, out: Path) -> dict:
-    """--speed: hpcrl, then CleanRL, one seed each at ``args.steps``; {"hpcrl": sps, "cleanrl": sps, "ratio": ...}."""
+    """--speed: ``args.repeat`` pairs of runs, one seed each at ``args.steps``, in turns (hpcrl then CleanRL, then
+    CleanRL then hpcrl, ...: a shared machine's load falls on both sides); the ratio of each pair and their median.
+    Returns {"hpcrl": median sps, "cleanrl": median sps, "ratio": median of the pairs' ratios, "ratios": [...]}."""
+    import statistics
+
     seed, results_file = args.first_seed, out / "results.jsonl"
-    tag = f"speed-{args.runner}-s{seed}"
     overrides = [f"env.id={args.env}", f"env.seed={seed}", f"stop.total_env_steps={args.steps}", *args.overrides]
-    print(f"hopper-vs-cleanrl --speed: {args.steps:,} env steps of {args.env}, hpcrl ({args.runner} runner), then "
-          f"CleanRL, one core each; results in {results_file}", flush=True)
-    hpcrl_wall = curves.run_hpcrl(CONFIG, out / "runs" / tag, args.runner, overrides, out / f"{tag}.log")
-    cleanrl = run_cleanrl(args, seed, out)
-    rows = [{"impl": "hpcrl", "seed": seed, "wall_seconds": hpcrl_wall, "runner": args.runner},
-            {"impl": "cleanrl", "seed": seed, "wall_seconds": cleanrl["wall_seconds"]}]
-    sps = {}
-    with results_file.open("a") as f:
-        for row in rows:
-            row.update(speed=True, env=args.env, budget=args.steps, env_steps_per_second=args.steps / row["wall_seconds"])
-            sps[row["impl"]] = row["env_steps_per_second"]
-            f.write(json.dumps(row) + "\n")
-    ratio = sps["hpcrl"] / sps["cleanrl"]
-    print(f"{'impl':<8} {'wall s':>8} {'env steps/s':>12}")
-    for row in rows:
-        print(f"{row['impl']:<8} {row['wall_seconds']:>8.1f} {row['env_steps_per_second']:>12.0f}")
-    print(f"hpcrl / CleanRL: {ratio:.2f}x env steps/s (whole process, one core each)")
-    return {**sps, "ratio": ratio}
+    print(f"hopper-vs-cleanrl --speed: {args.steps:,} env steps of {args.env}, hpcrl ({args.runner} runner) and "
+          f"CleanRL, {args.repeat} pair(s) in turns, one core each; results in {results_file}", flush=True)
+    print(f"{'pair':<5} {'impl':<8} {'wall s':>8} {'env steps/s':>12}", flush=True)
+    pairs = []
+    for k in range(args.repeat):
+        rows = {}
+        for impl in (("hpcrl", "cleanrl") if k % 2 == 0 else ("cleanrl", "hpcrl")):
+            if impl == "hpcrl":
+                tag = f"speed-{args.runner}-s{seed}-{k}"
+                wall = curves.run_hpcrl(CONFIG, out / "runs" / tag, args.runner, overrides, out / f"{tag}.log")
+                row = {"impl": "hpcrl", "seed": seed, "wall_seconds": wall, "runner": args.runner,
+                       "overrides": args.overrides}
+            else:
+                row = {"impl": "cleanrl", "seed": seed, "wall_seconds": run_cleanrl(args, seed, out)["wall_seconds"]}
+            row.update(speed=True, pair=k, env=args.env, budget=args.steps,
+                       env_steps_per_second=args.steps / row["wall_seconds"])
+            with results_file.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"{k:<5} {impl:<8} {row['wall_seconds']:>8.1f} {row['env_steps_per_second']:>12.0f}", flush=True)
+            rows[impl] = row["env_steps_per_second"]
+        pairs.append(rows)
+    ratios = [r["hpcrl"] / r["cleanrl"] for r in pairs]
+    result = {impl: statistics.median(r[impl] for r in pairs) for impl in ("hpcrl", "cleanrl")}
+    result.update(ratio=statistics.median(ratios), ratios=ratios)
+    print(f"hpcrl / CleanRL: {result['ratio']:.2f}x env steps/s (whole process, one core each; median of "
+          f"{len(ratios)} pair(s): {', '.join(f'{r:.2f}' for r in ratios)})")
+    return result
 
 
 def main(argv: list[str]) -> int:
@@ -176,6 +189,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--steps", type=int, help=f"env steps per run (default 1,000,000; --speed: {SPEED_STEPS:,})")
     p.add_argument("--speed", action="store_true", help="env steps/s only: one seed each, one after the other")
+    p.add_argument("--repeat", type=int, default=1, help="--speed: pairs of runs, in turns (default 1)")
     p.add_argument("--env", default="Hopper-v4")
     p.add_argument("--runner", choices=("serial", "mpi"), default="serial")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (each takes one core)")
@@ -193,7 +207,11 @@ def main(argv: list[str]) -> int:
     if args.speed:
         if args.only:
             p.error("--speed runs both sides; leave out --only")
-        speed(args, out)
+        try:
+            speed(args, out)
+        except RuntimeError as exc:  # a side failed: its one line (with where its log is), no traceback
+            print(f"hopper-vs-cleanrl --speed: {exc}", file=sys.stderr)
+            return 1
         return 0
     results_file = out / "results.jsonl"
     results = load_results(results_file, args.env, args.steps, args.overrides)

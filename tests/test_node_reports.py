@@ -25,8 +25,9 @@ from test_parameter_watchdog import Job, kill_left
 from hpcrl.cli import main as cli_main
 from hpcrl.io import read_table, read_trajectory
 from hpcrl.io.schema import traj_filename
-from hpcrl.runtime.messages import FragmentReport
-from hpcrl.runtime.transport.node_reports import newest_normalizers_only
+from hpcrl.runtime.messages import PARK_REASON, ActorParked, Episode, FragmentReport
+from hpcrl.runtime.record.rows import RowBuffer
+from hpcrl.runtime.transport.node_reports import node_message
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = str(ROOT / "hpcrl" / "configs" / "cartpole.yaml")
@@ -52,15 +53,44 @@ def test_a_node_relay_passes_every_report_to_rank_0_once_in_order():
     assert int(fields["max_delay_ms"]) < 5000, line  # a relay parked for 0.3 s still polls every 50 ms (~100 ms)
 
 
-def test_only_an_actors_newest_normalizer_travels():
-    def report(actor, i, normalizer):
-        return FragmentReport(time=0.0, actor=actor, fragment=i, steps=1, sample_seconds=0.0, transport_wait_seconds=0.0,
-                              weight_sync_seconds=0.0, policy_version=0, group=0, normalizer=normalizer)
+class _Tables:
+    """A run file that keeps what each table was given, as its rows."""
 
-    batch = [report(0, 0, {"n": 0}), report(1, 0, {"n": 0}), report(0, 1, {"n": 1}), report(0, 2, None)]
-    out = newest_normalizers_only(batch)
-    assert [m.normalizer for m in out] == [None, {"n": 0}, {"n": 1}, None]
-    assert [(m.actor, m.fragment) for m in out] == [(m.actor, m.fragment) for m in batch]
+    def __init__(self):
+        self.rows: dict[str, list[dict]] = {}
+
+    def append(self, table, rows):
+        if isinstance(rows, dict):  # columns
+            rows = [dict(zip(rows, values)) for values in zip(*(np.asarray(v).tolist() for v in rows.values()))]
+        self.rows.setdefault(table, []).extend({k: np.asarray(v).item() for k, v in r.items()} for r in rows)
+
+
+def test_a_nodes_reports_as_columns_make_the_rows_of_the_reports():
+    def report(actor, i, ended, normalizer):
+        episodes = tuple(Episode(time=10.0 + i, actor=actor, env_index=e, episode_return=1.5 * e, length=3 + e,
+                                 policy_version=i) for e in range(ended))
+        return FragmentReport(time=float(i), actor=actor, fragment=i, steps=8, sample_seconds=0.1 * i,
+                              transport_wait_seconds=0.0, weight_sync_seconds=0.01, policy_version=i, group=i % 2,
+                              episodes=episodes, normalizer=normalizer)
+
+    parked = ActorParked(time=5.0, actor=1, parked_seconds=1.0, cpu_seconds=0.0, active_actors=2,
+                         reason=PARK_REASON["woken"])
+    batch = [report(0, 0, 2, {"n": 0}), parked, report(1, 0, 0, {"n": 0}), report(0, 1, 1, {"n": 1}),
+             report(0, 2, 0, None)]
+    message = node_message(7, batch)
+    assert message.reports == (parked,) and len(message.fragments) == 4
+    assert message.fragments.normalizers == {0: {"n": 1}, 1: {"n": 0}}  # only an actor's newest travels
+    one, block = RowBuffer(_Tables()), RowBuffer(_Tables())
+    for r in batch:
+        if type(r) is FragmentReport:
+            one.add("actors", r.row())
+            for e in r.episodes:
+                one.add("episodes", e.row())
+    block.add_columns("actors", message.fragments.actors)
+    block.add_columns("episodes", message.fragments.episodes)
+    one.flush()
+    block.flush()
+    assert block.run_file.rows == one.run_file.rows and len(one.run_file.rows["episodes"]) == 3
 
 
 def _job(tmp_path: Path, reports: str) -> subprocess.Popen:

@@ -147,6 +147,10 @@ def test_per_node_reports_divide_rank0s_record_work_by_the_actors_per_node():
     assert predict(rows, WORK, lay).env_steps_per_s == pytest.approx(WORK.fragment_steps / (2 * MS))
     assert predict(rows, WORK, lay, reports="node").env_steps_per_s == pytest.approx(
         WORK.fragment_steps / ((1 / 64 + 1) * MS))
+    columns = replace(rows, record_node=0.25 * MS)  # a node's reports appended as columns
+    assert predict(columns, WORK, lay, reports="node").env_steps_per_s == pytest.approx(
+        WORK.fragment_steps / ((1 / 64 + 0.25) * MS))
+    assert predict(columns, WORK, lay).env_steps_per_s == pytest.approx(WORK.fragment_steps / (2 * MS))
 
 
 def test_scaling_efficiency_is_one_while_only_the_nodes_work_and_falls_once_rank0_binds():
@@ -189,7 +193,7 @@ def test_measuring_part_runs_the_real_micro_run():
         assert 0 < small < 1.0 and small <= large, (name, small, large)
     assert 0 < c.fragment_send < 1.0 and 0 < c.report < 1.0 and 0 < c.admit < 1.0
     assert 0 <= c.report_each < c.report  # a further report in a node's message costs less than a message
-    assert 0 < c.record < 1e-2
+    assert 0 < c.record < 1e-2 and 0 < c.record_node < 1e-2
     assert 0 < c.actor_step < 1e-2 and 0 < c.gradient < 1.0
     r = predict(c, work, Layout(nodes=1, actors=2, actor_nodes=1, learners=1, cores=2.0))
     assert r.env_steps_per_s > 0 and r.bottleneck in {"actors", "learners", "rank 0 CPU", "cores"}

@@ -6,8 +6,9 @@ the env-step counter per message whose fragments ended episodes, each report loo
 the job's (its ``VectorSampler``'s normalisation statistics, ``--episodes`` ended episodes) one every ``--pace-ms``
 (its fragment's sampling), straight to rank 0 (``fragment``) or through its node's relay (``node``,
 runtime/transport/node_reports.py). CPU is rank 0's thread CPU in the drains that got something (an empty poll
-is waiting, the same in both modes), per env step; apart from it, the record's work per report (``RunRecord.fragment``
-into a run.h5 in a temporary directory, and its flushes): the same rows in both modes.
+is waiting, the same in both modes), per env step; apart from it, the record's work per report (into a run.h5 in a
+temporary directory, with its flushes; the same rows in both modes): ``RunRecord.fragment`` of each report, or
+``RunRecord.fragments`` of a node message's columns.
 
 usage: hpcrl bench node-reports [--config cartpole.yaml] [--actors 8] [--nodes 2] [--reports 300] [--pace-ms 5]
 """
@@ -55,7 +56,7 @@ def _worker(mode: str, config: str, nodes: int, n: int, pace: float, episodes: i
     from mpi4py import MPI
 
     from hpcrl.config import load_config
-    from hpcrl.runtime.messages import FragmentReport, NodeReports
+    from hpcrl.runtime.messages import NodeReports
     from hpcrl.runtime.record.run_record import RunRecord
     from hpcrl.runtime.record.stop_rule import StopRule
     from hpcrl.runtime.topology import one_process_rank_map
@@ -97,21 +98,20 @@ def _worker(mode: str, config: str, nodes: int, n: int, pace: float, episodes: i
                 finished = done.Test()
                 t = time.thread_time()
                 got = reports.drain()
-                inner = []
-                for m in got:  # what ParameterRank._drain_messages does with each
-                    batch = m.reports if isinstance(m, NodeReports) else (m,)
-                    ended = any(type(r) is FragmentReport and r.episodes for r in batch)
-                    env_steps = counters.read(0) if ended else 0  # the episodes' column, read once per message
-                    inner += [(r, env_steps) for r in batch if type(r) is FragmentReport]
                 if got:
                     r0 = time.thread_time()
                     cpu += r0 - t
-                    for r, env_steps in inner:
-                        record.fragment(r, env_steps)
+                    for m in got:  # what ParameterRank._fragment_report / _node_reports do, less the elastic rule
+                        if isinstance(m, NodeReports):
+                            f = m.fragments
+                            record.fragments(f.actors, f.episodes, counters.read(0) if len(f.episodes["actor"]) else 0)
+                            taken += len(f)
+                        else:
+                            record.fragment(m, counters.read(0) if m.episodes else 0)
+                            taken += 1
                     record.maybe_flush()
                     rows += time.thread_time() - r0
                     messages += len(got)
-                    taken += len(inner)
                 elif finished:
                     break
                 else:

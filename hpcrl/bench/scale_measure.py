@@ -205,16 +205,15 @@ def _node_messages(comm, n: int, steps: int) -> list[float]:
     """Rank 2 sends rank 0 ``n`` node messages of NODE_REPORTS reports each (``actors.reports: node``); rank 0's
     CPU seconds per message taken in (empty on the other ranks)."""
     from hpcrl.runtime.backoff import Backoff
-    from hpcrl.runtime.messages import NodeReports
     from hpcrl.runtime.transport.links import MpiReports
+    from hpcrl.runtime.transport.node_reports import node_message
 
     seconds: list[float] = []
     comm.Barrier()
     reports = MpiReports(comm, 0)
     if comm.Get_rank() == 2:
         for i in range(n):
-            batch = tuple(_report_message(j, i, steps) for j in range(NODE_REPORTS))
-            reports.send(NodeReports(node=2, reports=batch))
+            reports.send(node_message(2, [_report_message(j, i, steps) for j in range(NODE_REPORTS)]))
         reports.close()
     elif comm.Get_rank() == 0:
         taken, backoff = 0, Backoff(cap=1e-4)
@@ -291,28 +290,37 @@ def workload(config: str, overrides: list[str], seconds: float) -> tuple[Workloa
     batch = next(iter(algo.minibatches(algo.prepare(frags, model), torch.Generator().manual_seed(0))))
     gradient = time_case(lambda: algo.compute_gradient(batch, model), seconds)
     return work, {"actor_step": actor_step, "gradient": gradient, "record_report": record_cost(cfg, seconds),
+                  "record_node_report": record_cost(cfg, seconds, node=True),
                   **per_step_costs(cfg, algo, model, info, seconds)}
 
 
-def record_cost(cfg, seconds: float) -> float:
+def record_cost(cfg, seconds: float, node: bool = False) -> float:
     """Rank 0's record work per fragment report, CPU seconds: ``RunRecord.fragment`` of a report with one episode
-    (its actors and episodes rows, the round's statistics) and its share of the rows' flushes to run.h5."""
+    (its actors and episodes rows, the round's statistics) and its share of the rows' flushes to run.h5; ``node``:
+    ``RunRecord.fragments`` of node messages' columns (NODE_REPORTS reports each), per report."""
     import tempfile
 
+    from hpcrl.runtime.messages import FragmentColumns
     from hpcrl.runtime.record.run_record import RunRecord
     from hpcrl.runtime.record.stop_rule import StopRule
     from hpcrl.runtime.topology import one_process_rank_map
 
     steps = cfg.actors.fragment_length * cfg.env.num_envs
-    n = max(500, int(seconds / 2e-5))
-    reports = [_report_message(i % 8, i, steps) for i in range(n)]
+    n = NODE_REPORTS * max(100, int(seconds / 1e-4))
+    reports = [_report_message(i % NODE_REPORTS, i, steps) for i in range(n)]
+    blocks = [FragmentColumns.of(reports[i:i + NODE_REPORTS]) for i in range(0, n, NODE_REPORTS)]
     with tempfile.TemporaryDirectory(prefix="hpcrl-record-cost-") as tmp:
         record = RunRecord.create(Path(tmp), cfg.io.model_copy(update={"loggers": []}), "", one_process_rank_map(),
                                   StopRule(cfg.stop), {})
         start = clock()
-        for r in reports:
-            record.fragment(r, 0)
-            record.maybe_flush()
+        if node:
+            for block in blocks:
+                record.fragments(block.actors, block.episodes, 0)
+                record.maybe_flush()
+        else:
+            for r in reports:
+                record.fragment(r, 0)
+                record.maybe_flush()
         record.flush()
         took = clock() - start
         record.close()
@@ -363,7 +371,8 @@ def costs_from(measured: dict, steps: dict) -> Costs:
                  apply_gradient=fit("apply_gradient"), apply_update=fit("apply_update"), publish=fit("publish"),
                  fetch=fit("fetch"), node_copy=fit("node_copy"), fragment_send=measured["fragment_send"],
                  report=measured["report"], actor_step=steps["actor_step"], gradient=steps["gradient"],
-                 report_each=measured.get("report_each", 0.0), record=steps.get("record_report", 0.0))
+                 report_each=measured.get("report_each", 0.0), record=steps.get("record_report", 0.0),
+                 record_node=steps.get("record_node_report"))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def print_costs(title: str, costs: Costs, work: Workload) -> None:
             rate = f" ({4e-9 / value['per_float']:.2f} GB/s)" if value["per_float"] else ""
             print(f"  {name:15s} {at(P):9.4f} {at(1 << 20):9.3f}   = {1e3 * value['fixed']:.4f} ms + "
                   f"{1e9 * value['per_float']:.3f} ns/float{rate}")
-        else:
+        elif value is not None:  # None: a cost an older costs file does not hold
             print(f"  {name:15s} {1e3 * value:9.4f}")
 
 

@@ -75,6 +75,7 @@ class Costs:
     gradient: float         # learner: one minibatch gradient
     report_each: float = 0.0  # rank 0: each further report in a node's message (actors.reports: node); 0: none
     record: float = 0.0       # rank 0: the record's work per fragment report (its rows, the round's statistics)
+    record_node: float | None = None  # ... per report that came in a node's message, as columns (None: as record)
 
 
 @dataclass(frozen=True)
@@ -139,14 +140,15 @@ def report_seconds(costs: Costs, work: Workload, layout: Layout, reports: str) -
     """Rank 0's seconds per env step taking in the actors' reports: one message per fragment, or
     (``reports="node"``, ``actors.reports: node``) one per node holding a report of each of its k actors, which
     costs a message and k - 1 further reports (their unpickling: ``report_each``); in both, each report's rows in
-    the record (``record``)."""
+    the record (``record``; ``record_node`` when they come as a node's columns)."""
     if reports not in REPORT_MODES:
         raise ValueError(f"reports must be one of {REPORT_MODES}")
     F = work.fragment_steps
     if reports == "fragment":
         return (costs.report + costs.record) / F
     k = max(layout.actors_per_node, 1.0)
-    return (costs.report + (k - 1) * costs.report_each) / (F * k) + costs.record / F
+    record = costs.record if costs.record_node is None else costs.record_node
+    return (costs.report + (k - 1) * costs.report_each) / (F * k) + record / F
 
 
 def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch: str, combine: int = 1,

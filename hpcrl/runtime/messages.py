@@ -116,14 +116,43 @@ class FragmentReport(TableRow):
 
 
 @dataclass(frozen=True)
+class FragmentColumns:
+    """Fragment reports as columns: what rank 0 appends as a whole instead of report by report (``actors.reports:
+    node``), with the same values and order as their rows."""
+
+    actors: dict = field(repr=False)
+    """The ``actors`` rows' columns (``FragmentReport.row()``'s), one value per fragment, in the order they came."""
+    episodes: dict = field(repr=False)
+    """The ``episodes`` rows' columns (``Episode.row()``'s) of the episodes they ended, fragment by fragment."""
+    normalizers: dict = field(repr=False)
+    """Each actor's newest normalisation statistics among them (rank 0 keeps only an actor's newest)."""
+
+    @classmethod
+    def of(cls, reports: list[FragmentReport]) -> "FragmentColumns":
+        episodes = [e for r in reports for e in r.episodes]
+        return cls(actors=_as_columns(FragmentReport, reports), episodes=_as_columns(Episode, episodes),
+                   normalizers={r.actor: r.normalizer for r in reports if r.normalizer is not None})
+
+    def __len__(self) -> int:
+        return len(self.actors["actor"])
+
+
+def _as_columns(cls: type, messages: list) -> dict[str, list]:
+    """The row columns of ``messages`` (all of class ``cls``) as lists (they unpickle far faster than arrays)."""
+    return {column: [getattr(m, name) for m in messages] for name, column in _columns(cls)}
+
+
+@dataclass(frozen=True)
 class NodeReports:
-    """The reports a node's actors sent since the last of these, in the order each actor sent them
-    (``actors.reports: node``: one message to rank 0 per node and flush instead of one per fragment)."""
+    """The reports a node's actors sent since the last of these (``actors.reports: node``: one message to rank 0
+    per node and flush instead of one per fragment): the fragment reports as columns, the other messages as
+    they are, each actor's in the order it sent them."""
 
     node: int
     """The node's relay, as a world rank."""
-    reports: tuple
-    """The node's actors' messages (any of ``REPORTS`` but this one)."""
+    fragments: FragmentColumns
+    reports: tuple = ()
+    """The node's actors' other messages (``ActorParked``, ``SamplerEvent``, ``Evaluation``)."""
 
 
 @dataclass(frozen=True)

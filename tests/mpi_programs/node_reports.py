@@ -71,7 +71,9 @@ def node_of(rank: int, nodes: int) -> int:
 
 def parameter(comm, nodes: int, n: int, done) -> str:
     reports = MpiReports(comm)
-    got: dict[int, list[FragmentReport]] = {}
+    fragments: dict[int, list[int]] = {}  # per actor, the fragment numbers in the order they came
+    episodes: dict[int, list[int]] = {}  # per actor, each episode's policy version (its fragment's number)
+    normalizers: dict[int, list[int]] = {}  # per actor, the newest statistics of each message
     parked, messages, delays = 0, 0, []
     while True:
         finished = done.Test()
@@ -79,21 +81,24 @@ def parameter(comm, nodes: int, n: int, done) -> str:
             messages += 1
             assert isinstance(m, NodeReports), f"rank 0 got a {type(m).__name__}, not a node's message"
             now = time.time()
-            for r in m.reports:
-                if isinstance(r, ActorParked):
-                    parked += 1
-                    continue
-                got.setdefault(r.actor, []).append(r)
-                delays.append(now - r.time)
+            parked += sum(isinstance(r, ActorParked) for r in m.reports)
+            f = m.fragments
+            for a, i, sent in zip(f.actors["actor"], f.actors["fragment"], f.actors["time"]):
+                fragments.setdefault(a, []).append(i)
+                delays.append(now - sent)
+            for a, i in zip(f.episodes["actor"], f.episodes["policy_version"]):
+                episodes.setdefault(a, []).append(i)
+            for a, normalizer in f.normalizers.items():
+                normalizers.setdefault(a, []).append(normalizer["fragment"])
         if finished:
             break
         time.sleep(1e-3)
     actors = comm.Get_size() - 1
-    assert sorted(got) == list(range(actors)), sorted(got)
-    for a, rs in got.items():
-        assert [r.fragment for r in rs] == list(range(n)), f"actor {a}: fragments {[r.fragment for r in rs]}"
-        assert sum(len(r.episodes) for r in rs) == sum(i % 3 for i in range(n)), f"actor {a}: episodes"
-        seen = [r.normalizer["fragment"] for r in rs if r.normalizer is not None]
+    assert sorted(fragments) == list(range(actors)), sorted(fragments)
+    for a, got in fragments.items():
+        assert got == list(range(n)), f"actor {a}: fragments {got}"
+        assert episodes[a] == [i for i in range(n) for _ in range(i % 3)], f"actor {a}: episodes {episodes[a]}"
+        seen = normalizers[a]
         assert seen == sorted(seen) and seen[-1] == n - 1, f"actor {a}: normalizers {seen}"
     assert parked == nodes + (actors > nodes), f"{parked} ActorParked"  # each relay's and the last actor's
     assert messages < actors * n, f"{messages} messages for {actors * n} reports: nothing batched"

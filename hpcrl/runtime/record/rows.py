@@ -4,9 +4,16 @@
 checks: measured 0.1 to 0.4 ms a row, 9 us a row in a batch of 2,000). The parameter rank
 writes two to four rows per gradient (gradients, updates, actors, episodes), so it keeps them
 here and calls :meth:`RowBuffer.flush` every half second, before a checkpoint counts the
-rows, and before the file closes.
+rows, and before the file closes. Rows that come as columns (a node's fragment reports, ``actors.reports:
+node``) are kept as one block and appended as they are, in their place among the table's rows.
 """
 from __future__ import annotations
+
+import numpy as np
+
+
+class Columns(dict):
+    """A block of rows as columns (name -> 1-D array, one length)."""
 
 
 class RowBuffer:
@@ -17,12 +24,25 @@ class RowBuffer:
     def add(self, table: str, row: dict) -> None:
         self.pending.setdefault(table, []).append(row)
 
+    def add_columns(self, table: str, columns: dict) -> None:
+        self.pending.setdefault(table, []).append(Columns(columns))
+
     def flush(self) -> None:
-        """Append every kept row to the run file, in order (rows of one table share one set of columns)."""
+        """Append every kept row to the run file, in order (rows of one table share one set of columns; a run of
+        blocks of columns is one append too)."""
         pending, self.pending = self.pending, {}
         for table, rows in pending.items():
             start = 0
             for i in range(1, len(rows) + 1):  # runs of rows with the same columns, one append each
-                if i == len(rows) or rows[i].keys() != rows[start].keys():
-                    self.run_file.append(table, rows[start:i])
+                if (i == len(rows) or rows[i].keys() != rows[start].keys()
+                        or (type(rows[i]) is Columns) != (type(rows[start]) is Columns)):
+                    run = rows[start:i]
+                    self.run_file.append(table, _joined(run) if type(run[0]) is Columns else run)
                     start = i
+
+
+def _joined(blocks: list[Columns]) -> dict:
+    """Blocks of columns (the same names) as one: each column's values in block order."""
+    if len(blocks) == 1:
+        return blocks[0]
+    return {k: np.concatenate([np.atleast_1d(np.asarray(b[k])) for b in blocks]) for k in blocks[0]}

@@ -190,6 +190,26 @@ class RunRecord:
         self.episodes += len(report.episodes)
         r["episodes"] += len(report.episodes)
 
+    def fragments(self, actors: Mapping[str, list], episodes: Mapping[str, list], env_steps: int) -> None:
+        """A node's fragment reports as columns (``FragmentColumns``: actors.reports=node): the rows and the round's
+        statistics of as many :meth:`fragment` calls, in their order, appended as one block per table."""
+        r = self.current
+        for seconds in actors["sample_seconds"]:  # the same sum, in the same order
+            r["actor_seconds"] += seconds
+        r["actors"].update(actors["actor"])
+        self.rows.add_columns("actors", self.times(dict(actors), ("time",)))
+        n = len(episodes["actor"])
+        if n:
+            self.rows.add_columns("episodes", {**self.times(dict(episodes), ("time",)), "env_steps": [env_steps] * n})
+            returns = episodes["return"]
+            self.stop_rule.add_returns(returns)
+            r["returns"].extend(returns)
+            r["lengths"].extend(episodes["length"])
+            r["episode_rows"].extend({"actor": a, "env_index": i, "return": x}
+                                     for a, i, x in zip(episodes["actor"], episodes["env_index"], returns))
+        self.episodes += n
+        r["episodes"] += n
+
     def actor_park(self, parked: ActorParked) -> None:
         self.file.append("actor_parks", self.times(parked.row(), ("time",)))
 

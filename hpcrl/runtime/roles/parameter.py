@@ -410,26 +410,30 @@ class ParameterRank:
                 ActorParked: record.actor_park, SamplerEvent: record.actor_join, Evaluation: record.evaluation,
                 LearnerActivity: self._learner_activity, GroupEvent: record.group_row, JoiningJob: record.joining_job}
 
-    def _fragment_report(self, report: FragmentReport, env_steps: int | None = None) -> None:
-        """An actor's fragment; ``env_steps``: the run's env steps now, if already read (the episodes' column)."""
+    def _fragment_report(self, report: FragmentReport) -> None:
         a = report.actor
         self.groups.rule.fragment(a, report.steps, report.sample_seconds)
         self.fragment_next[a] = max(self.fragment_next[a], report.fragment + 1)
         if report.normalizer is not None:
             self.normalizers[a] = report.normalizer
-        if report.episodes and env_steps is None:
-            env_steps = self.env_steps()
-        self.record.fragment(report, env_steps if report.episodes else 0)
+        self.record.fragment(report, self.env_steps() if report.episodes else 0)
 
     def _node_reports(self, node: NodeReports) -> None:
-        """A node's reports (actors.reports=node): each by its own handler, the run's env steps read once for all."""
-        ended = any(type(m) is FragmentReport and m.episodes for m in node.reports)
-        env_steps = self.env_steps() if ended else 0
+        """A node's reports (actors.reports=node): its fragment reports as one block (what ``_fragment_report`` does
+        with each, the run's env steps read once), then each other message by its own handler."""
+        f = node.fragments
+        actors = f.actors
+        rule = self.groups.rule.fragment
+        for a, fragment, steps, seconds in zip(actors["actor"], actors["fragment"], actors["steps"],
+                                               actors["sample_seconds"]):
+            rule(a, steps, seconds)
+            self.fragment_next[a] = max(self.fragment_next[a], fragment + 1)
+        for a, normalizer in f.normalizers.items():
+            self.normalizers[a] = normalizer
+        if len(f):
+            self.record.fragments(actors, f.episodes, self.env_steps() if len(f.episodes["actor"]) else 0)
         for message in node.reports:
-            if type(message) is FragmentReport:
-                self._fragment_report(message, env_steps)
-            else:
-                self.handlers[type(message)](message)
+            self.handlers[type(message)](message)
 
     def _learner_activity(self, activity: LearnerActivity) -> None:
         self.push_mode.group_state(activity.group_state)

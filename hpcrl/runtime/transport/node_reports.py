@@ -6,14 +6,15 @@ per node and thousands of nodes those messages alone fill its core (docs/scaling
 of one node (``Split_type(COMM_TYPE_SHARED)`` of the actors' communicator, as the node weight cache finds them)
 send their reports to the node's first actor, the **relay** (:class:`ReportRelay`), over the node; the relay
 sends rank 0 one :class:`~hpcrl.runtime.messages.NodeReports` holding them, once every actor of the node that
-has not closed has a message in it, or ``flush_seconds`` after the oldest came, whichever is first. Rank 0
-hands each report in it to its own handler, so the record holds the same rows.
+has not closed has a message in it, or ``flush_seconds`` after the oldest came, whichever is first. The fragment
+reports travel as columns (``FragmentColumns``), which rank 0 appends to the record as a whole: the same rows, and
+the same elastic-rule, numbering and round statistics as report by report, without unpickling and handling each.
 
 The relay is an actor: it takes its node's reports when it sends its own and whenever its loop waits or parks
 (``poll``, with its heartbeat), so a report waits at most ``flush_seconds`` or one of the relay's fragments. Each
-actor's messages stay in the order it sent them (one sender and tag per pair; the relay keeps its arrival
-order). Of an actor's normalisation statistics only the newest in a message travels on: rank 0 keeps only the
-newest.
+actor's fragment reports stay in the order it sent them (one sender and tag per pair; the relay keeps its arrival
+order), and so do its other messages. Of an actor's normalisation statistics only the newest in a message travels
+on: rank 0 keeps only the newest.
 
 The end: a member (:class:`ReportMember`) closes with a synchronous ``None`` after its reports, which completes
 once the relay has taken them all; the relay closes once every member has, sending the rest synchronously,
@@ -22,14 +23,13 @@ they wait, so a stopped relay or member is the rank the watchdog names, not the 
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 from mpi4py import MPI
 
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.clock import WALL, Clock
-from hpcrl.runtime.messages import FragmentReport, NodeReports, Report
+from hpcrl.runtime.messages import FragmentColumns, FragmentReport, NodeReports, Report
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.links import MpiReports
 
@@ -113,9 +113,8 @@ class ReportRelay:
         self._senders.add(source)
 
     def _flush(self, synchronous: bool = False) -> None:
-        batch = newest_normalizers_only(self._batch)
-        self._batch, self._senders = [], set()
-        self.up.send(NodeReports(node=self.world_rank, reports=tuple(batch)), synchronous)
+        batch, self._batch, self._senders = self._batch, [], set()
+        self.up.send(node_message(self.world_rank, batch), synchronous)
         self.flushes += 1
 
     def drain(self) -> list[Report]:
@@ -135,18 +134,11 @@ class ReportRelay:
         self.up.close(self.beat)
 
 
-def newest_normalizers_only(batch: list[Report]) -> list[Report]:
-    """``batch`` with each actor's normalisation statistics only on its last report that has them (rank 0 keeps an
-    actor's newest; the older ones need not travel)."""
-    seen: set[int] = set()
-    out = list(batch)
-    for i in range(len(out) - 1, -1, -1):
-        m = out[i]
-        if isinstance(m, FragmentReport) and m.normalizer is not None:
-            if m.actor in seen:
-                out[i] = dataclasses.replace(m, normalizer=None)
-            seen.add(m.actor)
-    return out
+def node_message(relay: int, batch: list[Report]) -> NodeReports:
+    """``batch``'s fragment reports as columns (rank 0 appends them whole; of an actor's normalisation statistics
+    only the newest), its other messages as they are."""
+    return NodeReports(node=relay, fragments=FragmentColumns.of([m for m in batch if type(m) is FragmentReport]),
+                       reports=tuple(m for m in batch if type(m) is not FragmentReport))
 
 
 def for_rank(mode: str, comm, is_actor: bool, beat: Callable[[], None]):

@@ -11,8 +11,8 @@ message                sender                                       handled by (
 ``PushHeader``         the mailbox slot of a gradient or update     ``ParameterRank._arrived``
                        push (transport/windows.py, local.py)
 ``FragmentReport``     an actor, per fragment (roles/actor.py)      elastic rule, actors + episodes rows
-``NodeReports``        a node's report relay (actors.reports=node:  each report in it, by its own handler
-                       transport/node_reports.py)
+``NodeReports``        a node's report relay (actors.reports=node:  its fragment reports as one block of rows,
+                       transport/node_reports.py)                   the others by their own handlers
 ``ActorParked``        an actor whose park ended                    ``actor_parks`` row
 ``SamplerEvent``       an actor's joined sampler joined, left or    ``actor_joins`` row
                        was given up (roles/joining_sampler.py)

@@ -42,7 +42,13 @@ class RowBuffer:
 
 
 def _joined(blocks: list[Columns]) -> dict:
-    """Blocks of columns (the same names) as one: each column's values in block order."""
+    """Blocks of columns (the same names) as one: each column's values in block order (lists joined as lists,
+    made an array once by the table, as rows are)."""
     if len(blocks) == 1:
         return blocks[0]
-    return {k: np.concatenate([np.atleast_1d(np.asarray(b[k])) for b in blocks]) for k in blocks[0]}
+    out = {}
+    for k in blocks[0]:
+        parts = [b[k] for b in blocks]
+        out[k] = ([v for p in parts for v in p] if all(type(p) is list for p in parts)
+                  else np.concatenate([np.atleast_1d(np.asarray(p)) for p in parts]))
+    return out

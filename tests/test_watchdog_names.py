@@ -44,3 +44,25 @@ def test_the_rank_quiet_the_longest_is_named():
     beat(1, 4)
     with pytest.raises(RuntimeError, match=r"^rank 3 \(actor on n3\) made no progress for 10 s"):
         dog.check(words)
+
+
+def test_a_rank_whose_role_returned_is_not_watched():
+    """While rank 0 shuts the job down, a rank that finished (its word FINISHED, control.mark_finished) stops
+    beating: it must not be named, and a rank still running is named as before."""
+    clock = SetClock(100.0)
+    roles, nodes, groups = ["parameter", "learner", "actor"], ["n1", "n1", "n2"], 1
+    dog = control.Watchdog(roles, nodes, groups, warn=3.0, limit=8.0, clock=clock)
+    counters = np.zeros(control.num_counters(groups, len(roles)), dtype=np.int64)
+
+    class Words:
+        def set(self, word: int, value: int) -> None:
+            counters[word] = value
+
+    counters[control.heartbeat_word(groups, 1)] = counters[control.heartbeat_word(groups, 2)] = 1
+    assert dog.check(counters) == []
+    control.mark_finished(Words(), groups, 2)  # the actor on n2 is done
+    clock.t += 20
+    with pytest.raises(RuntimeError, match=r"^rank 1 \(learner on n1\) made no progress for 20 s"):
+        dog.check(counters)
+    control.mark_finished(Words(), groups, 1)
+    assert dog.check(counters) == []

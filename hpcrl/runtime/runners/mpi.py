@@ -128,6 +128,7 @@ def run_job(plan: Plan, run_dir: Path, resume: bool, progress: str = "plain") ->
         import torch
 
         from hpcrl.runtime.runners.job import make_role
+        from hpcrl.runtime.transport import control
 
         torch.set_num_threads(1)
         job = _setup(plan, comm, run_dir, resume, progress)
@@ -147,6 +148,8 @@ def run_job(plan: Plan, run_dir: Path, resume: bool, progress: str = "plain") ->
         job.startup = _polling_bcast(job.topo.comm, job.startup)
         collector.resume()  # this rank's role is built (runtime/collector.py)
         role.run()
+        if job.topo.role != "parameter":
+            control.mark_finished(job.counters, plan.groups, job.rank)
         _teardown(job)
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
         if role is not None:

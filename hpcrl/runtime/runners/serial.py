@@ -27,7 +27,7 @@ from hpcrl.runtime.backoff import Doorbell
 from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners.job import Job, make_role
 from hpcrl.runtime.runners.job import build_jobs as jobs_in_process
-from hpcrl.runtime.transport.control import RankSilent
+from hpcrl.runtime.transport.control import RankSilent, mark_finished
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalGroup, LocalMailbox,
                                            LocalReports, RunAborted)
 from hpcrl.runtime.plan import Plan
@@ -147,6 +147,14 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain"
     return RunResult.ended("serial", run_dir, parameter.summary)
 
 
+def _then_finished(job: Job, run):
+    """``run``, then the role's heartbeat word says it returned (the watchdog stops watching it)."""
+    def body() -> None:
+        run()
+        mark_finished(job.counters, job.plan.groups, job.rank)
+    return body
+
+
 def _run_roles(jobs, roles, failures, guarded, abort) -> None:
     parameter = roles[0]
     guarded(jobs[0], parameter.publish_initial)
@@ -154,8 +162,8 @@ def _run_roles(jobs, roles, failures, guarded, abort) -> None:
     threads = []
     for job, role in zip(jobs[1:], roles[1:]):
         job.startup = startup
-        t = threading.Thread(target=guarded, args=(job, role.run), name=f"hpcrl-{job.topo.role}-{job.rank}",
-                             daemon=True)
+        t = threading.Thread(target=guarded, args=(job, _then_finished(job, role.run)),
+                             name=f"hpcrl-{job.topo.role}-{job.rank}", daemon=True)
         threads.append(t)
     collector.resume()  # every role is built (runtime/collector.py)
     if not failures:

@@ -24,7 +24,8 @@ held_word(G, g)        set     1 while group g has a gradient held back by the a
 taken_word(G, g)       set     gradients of group g the parameter rank has taken out of the mailbox and
                                admitted or queued (its next expected seq; actors.on_policy waits on it)
 heartbeat_word(G, r)   set     rank r's heartbeat: whole seconds since the epoch, refreshed by
-                               :class:`Heartbeat` at most once a second from every loop
+                               :class:`Heartbeat` at most once a second from every loop; FINISHED once
+                               the rank's role has returned (:func:`mark_finished`)
 =====================  ======  ==========================================================
 
 Every wait is a test-and-sleep loop (:class:`~hpcrl.runtime.backoff.Backoff`): MPICH's blocking
@@ -74,6 +75,16 @@ def heartbeat_word(groups: int, rank: int) -> int:
     return BACKLOG + 4 * groups + rank
 
 
+FINISHED = -1
+"""A heartbeat word's value once its rank's role returned: the watchdog no longer watches it (a rank that is done
+is not silent while rank 0 shuts the job down)."""
+
+
+def mark_finished(counters, groups: int, rank: int) -> None:
+    """Say that rank ``rank``'s role has returned (each runner calls it after the role's ``run``)."""
+    counters.set(heartbeat_word(groups, rank), FINISHED)
+
+
 def num_counters(groups: int, ranks: int) -> int:
     return BACKLOG + 4 * groups + ranks
 
@@ -115,6 +126,9 @@ class Watchdog:
         now, out, stuck = self.clock.now(), [], []
         for r, (value, since) in self.seen.items():
             beat = int(words[heartbeat_word(self.groups, r)])
+            if beat == FINISHED:
+                self.warned.discard(r)
+                continue
             if beat != value:
                 self.seen[r] = (beat, now)
                 self.warned.discard(r)

@@ -151,19 +151,20 @@ def minibatches(batch: Mapping[str, Tensor], size: int, generator: torch.Generat
 
 
 def clipped_surrogate(logp: Tensor, denom_logp: Tensor, advantages: Tensor, cfg, window_logps: Tensor | None = None,
-                      ratio_fn: RatioFn | None = None) -> tuple[Tensor, Tensor]:
+                      ratio_fn: RatioFn | None = None, ratio: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """-E[min(r A, clip(r, 1 - clip, 1 + clip) A)] and the ratio r used (Schulman et al. 2017, Eq. 7).
 
     r = pi/denom (denom: the behaviour policy mu for PPO, the target policy for IMPACT), or with
     ``ratio_fn`` Stellaris' truncated ratio over [logp; window_logps] (Eq. 2). Advantages are
-    standardised within the minibatch when ``cfg.normalize_advantages``.
+    standardised within the minibatch when ``cfg.normalize_advantages``. ``ratio``: pi/denom computed already as
+    ``exp(logp - denom_logp)`` (the caller's, so the graph has one exp, not two; without ``ratio_fn`` only).
     """
     if ratio_fn is not None:
         learners = logp.unsqueeze(0)
         if window_logps is not None:
             learners = torch.cat([learners, window_logps.detach().to(logp.dtype)], dim=0)
         ratio = ratio_fn(learners, denom_logp)
-    else:
+    elif ratio is None:
         ratio = torch.exp(logp - denom_logp)
     adv = advantages
     if cfg.normalize_advantages and adv.numel() > 1:
@@ -186,7 +187,8 @@ def ppo_loss_terms(batch: Mapping[str, Tensor], policy, cfg, window_logps: Tenso
     mu_logp = batch["behaviour_logp"]
     log_r = logp - mu_logp
     raw_ratio = torch.exp(log_r)
-    policy_loss, ratio = clipped_surrogate(logp, mu_logp, batch["advantages"], cfg, window_logps, ratio_fn)
+    policy_loss, ratio = clipped_surrogate(logp, mu_logp, batch["advantages"], cfg, window_logps, ratio_fn,
+                                           ratio=raw_ratio)
     ret = batch["returns"]
     value_err = (value - ret) ** 2
     if vf_clip is not None:

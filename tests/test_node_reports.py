@@ -180,3 +180,15 @@ def test_reports_the_job_cannot_have_are_one_line(args, says, capsys):
     assert cli_main(["run", CARTPOLE, *args]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_bench_measures_both_modes_on_the_same_reports(capsys):
+    from hpcrl.bench.node_reports import main
+
+    assert main(["--actors", "2", "--nodes", "1", "--reports", "20", "--pace-ms", "1"]) == 0
+    rows = {r[0]: r for r in (line.split() for line in capsys.readouterr().out.splitlines()[1:])}
+    assert int(rows["fragment"][3]) == 40 and float(rows["fragment"][4]) == 1.0  # a message per report
+    assert int(rows["node"][3]) < 40 and float(rows["node"][4]) > 1.0  # the node's 2 actors' reports together
+    assert all(float(rows[m][i]) > 0 for m in rows for i in (7, 10))  # rank 0's CPU per env step, with the record

@@ -100,8 +100,8 @@ class ActorsConfig(Section):
     """actors.elastic=steps/jobs: a parked actor releases its joined sampler once it has been parked this long (0:
     at once); woken before, it samples with the same one (no join: a join costs seconds of start-up)."""
     reports: Literal["fragment", "node"] = "fragment"
-    """How the actors' reports reach rank 0: one message per fragment, or node (runner mpi): a node's actors'
-    reports batched by the node's first actor, one message per node and flush (runtime/transport/node_reports.py)."""
+    """How the actors' reports reach rank 0: one message per fragment, or node (runners mpi and sim): a node's actors'
+    reports batched on the node, one message per node and flush (runtime/transport/node_reports.py)."""
     join_timeout_seconds: float = Field(120.0, gt=0)
     """actors.elastic=steps/jobs: a sampler that has not connected this long after its launch is given up (an
     actor_joins row) and the actor samples on its own rank until it is parked and woken again."""
@@ -527,9 +527,9 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _what_node_reports_need(self) -> "RunConfig":
-        if self.actors.reports == "node" and self.launch.runner != "mpi":
-            raise ValueError(f"actors.reports=node: launch.runner={self.launch.runner} runs every actor in one process "
-                             "(no node to batch reports on); allowed: launch.runner=mpi, or actors.reports=fragment")
+        if self.actors.reports == "node" and self.launch.runner == "serial":
+            raise ValueError("actors.reports=node: launch.runner=serial runs every actor in one process on no node "
+                             "(nothing to batch reports on); allowed: launch.runner=mpi or sim, or actors.reports=fragment")
         return self
 
     @model_validator(mode="after")

@@ -25,9 +25,8 @@ from test_parameter_watchdog import Job, kill_left
 from hpcrl.cli import main as cli_main
 from hpcrl.io import read_table, read_trajectory
 from hpcrl.io.schema import traj_filename
-from hpcrl.runtime.messages import PARK_REASON, ActorParked, Episode, FragmentReport
+from hpcrl.runtime.messages import PARK_REASON, ActorParked, Episode, FragmentReport, NodeReports
 from hpcrl.runtime.record.rows import RowBuffer
-from hpcrl.runtime.transport.node_reports import node_message
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = str(ROOT / "hpcrl" / "configs" / "cartpole.yaml")
@@ -77,7 +76,7 @@ def test_a_nodes_reports_as_columns_make_the_rows_of_the_reports():
                          reason=PARK_REASON["woken"])
     batch = [report(0, 0, 2, {"n": 0}), parked, report(1, 0, 0, {"n": 0}), report(0, 1, 1, {"n": 1}),
              report(0, 2, 0, None)]
-    message = node_message(7, batch)
+    message = NodeReports.of(7, batch)
     assert message.reports == (parked,) and len(message.fragments) == 4
     assert message.fragments.normalizers == {0: {"n": 1}, 1: {"n": 0}}  # only an actor's newest travels
     one, block = RowBuffer(_Tables()), RowBuffer(_Tables())
@@ -122,8 +121,11 @@ def test_per_node_reports_record_the_rows_of_per_fragment_reports(tmp_path):
     (frags, episodes), (node_frags, node_episodes) = (_rows(tmp_path / m) for m in ("fragment", "node"))
     assert len(frags) == ACTORS * LAST_VERSION // 4 and episodes
     assert node_frags == frags and node_episodes == episodes
-    # every fragment and episode of the trajectory files once in the record, after the last version too
-    run_dir = tmp_path / "node"
+    _every_fragment_once(tmp_path / "node")
+
+
+def _every_fragment_once(run_dir: Path) -> None:
+    """Every fragment and episode of the trajectory files once in the record, after the last version too."""
     a, e = read_table(run_dir / "run.h5", "actors"), read_table(run_dir / "run.h5", "episodes")
     for actor in range(ACTORS):
         traj = read_trajectory(run_dir / traj_filename(actor))
@@ -171,9 +173,29 @@ def test_a_stopped_relay_ends_the_job_naming_it(tmp_path, monkeypatch):
     assert job.proc.returncode != 0 and ended and "rank 2 (actor on" in ended[0], out[-3000:]
 
 
+def _two_actor_nodes(tmp_path: Path) -> Path:
+    """this-machine's costs on 3 nodes of 2 cores: rank 0 and the learner on the first, 2 actors on each other."""
+    profile = yaml.safe_load((ROOT / "hpcrl" / "cluster_profiles" / "this-machine.yaml").read_text())
+    profile.update(name="three-small-nodes", oversubscribe=False,
+                   nodes=[{"name": "small", "count": 3, "cores": 2, "gpus": 0, "cpu_speed": 1.0, "price_per_hour": 0.0}])
+    path = tmp_path / "three-small-nodes.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+def test_per_node_reports_in_virtual_time_record_the_rows_of_per_fragment_reports(tmp_path):
+    profile = _two_actor_nodes(tmp_path)
+    for mode in ("fragment", "node"):
+        overrides = [*JOB, f"actors.reports={mode}", f"io.run_dir={tmp_path / mode}", f"launch.profile={profile}"]
+        assert cli_main(["run", CARTPOLE, "--runner", "sim", *[a for o in overrides for a in ("-o", o)]]) == 0
+    (frags, episodes), (node_frags, node_episodes) = (_rows(tmp_path / m) for m in ("fragment", "node"))
+    assert len(frags) == ACTORS * LAST_VERSION // 4 and episodes
+    assert node_frags == frags and node_episodes == episodes
+    _every_fragment_once(tmp_path / "node")
+
+
 @pytest.mark.parametrize("args, says", [
     (["--runner", "serial", "-o", "actors.reports=node"], "actors.reports=node: launch.runner=serial runs every"),
-    (["--runner", "sim", "-o", "actors.reports=node"], "actors.reports=node: launch.runner=sim runs every"),
     (["-o", "actors.reports=rank"], "actors.reports"),
 ])
 def test_reports_the_job_cannot_have_are_one_line(args, says, capsys):

@@ -9,8 +9,8 @@ import inspect
 
 import pytest
 
-from hpcrl.runtime.transport import (group_reduce, links as transport, local, node_cache, node_reports, protocols,
-                                     sharded, windows)
+from hpcrl.runtime.transport import (group_reduce, links as transport, local, local_node_reports, node_cache,
+                                     node_reports, protocols, sharded, windows)
 
 PAIRS = [
     (protocols.Counters, windows.CounterWindow, local.LocalCounters),
@@ -20,8 +20,8 @@ PAIRS = [
     (protocols.Mailbox, sharded.ShardedMailbox, local.LocalMailbox),  # aggregation.shards > 1
     (protocols.Board, sharded.ShardedBoard, local.LocalBoard),
     (protocols.Reports, transport.MpiReports, local.LocalReports),
-    (protocols.Reports, node_reports.ReportRelay, local.LocalReports),  # actors.reports=node
-    (protocols.Reports, node_reports.ReportMember, local.LocalReports),
+    (protocols.Reports, node_reports.ReportRelay, local_node_reports.NodeMember),  # actors.reports=node
+    (protocols.Reports, node_reports.ReportMember, local_node_reports.NodeMember),
     (protocols.Fragments, transport.MpiFragments, local.LocalFragments),
     (protocols.ActorLink, transport.ActorLink, local.LocalActorLink),
     (protocols.LearnerLink, transport.LearnerLink, local.LocalLearnerLink),

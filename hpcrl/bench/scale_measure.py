@@ -206,14 +206,14 @@ def _node_messages(comm, n: int, steps: int) -> list[float]:
     CPU seconds per message taken in (empty on the other ranks)."""
     from hpcrl.runtime.backoff import Backoff
     from hpcrl.runtime.transport.links import MpiReports
-    from hpcrl.runtime.transport.node_reports import node_message
+    from hpcrl.runtime.messages import NodeReports
 
     seconds: list[float] = []
     comm.Barrier()
     reports = MpiReports(comm, 0)
     if comm.Get_rank() == 2:
         for i in range(n):
-            reports.send(node_message(2, [_report_message(j, i, steps) for j in range(NODE_REPORTS)]))
+            reports.send(NodeReports.of(2, [_report_message(j, i, steps) for j in range(NODE_REPORTS)]))
         reports.close()
     elif comm.Get_rank() == 0:
         taken, backoff = 0, Backoff(cap=1e-4)

@@ -154,6 +154,12 @@ class NodeReports:
     reports: tuple = ()
     """The node's actors' other messages (``ActorParked``, ``SamplerEvent``, ``Evaluation``)."""
 
+    @classmethod
+    def of(cls, relay: int, batch: list) -> "NodeReports":
+        """``batch``'s fragment reports as columns, its other messages as they are."""
+        return cls(node=relay, fragments=FragmentColumns.of([m for m in batch if type(m) is FragmentReport]),
+                   reports=tuple(m for m in batch if type(m) is not FragmentReport))
+
 
 @dataclass(frozen=True)
 class ActorParked(TableRow):

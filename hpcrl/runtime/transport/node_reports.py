@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.clock import WALL, Clock
-from hpcrl.runtime.messages import FragmentColumns, FragmentReport, NodeReports, Report
+from hpcrl.runtime.messages import NodeReports, Report
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.links import MpiReports
 
@@ -114,7 +114,7 @@ class ReportRelay:
 
     def _flush(self, synchronous: bool = False) -> None:
         batch, self._batch, self._senders = self._batch, [], set()
-        self.up.send(node_message(self.world_rank, batch), synchronous)
+        self.up.send(NodeReports.of(self.world_rank, batch), synchronous)
         self.flushes += 1
 
     def drain(self) -> list[Report]:
@@ -134,11 +134,6 @@ class ReportRelay:
         self.up.close(self.beat)
 
 
-def node_message(relay: int, batch: list[Report]) -> NodeReports:
-    """``batch``'s fragment reports as columns (rank 0 appends them whole; of an actor's normalisation statistics
-    only the newest), its other messages as they are."""
-    return NodeReports(node=relay, fragments=FragmentColumns.of([m for m in batch if type(m) is FragmentReport]),
-                       reports=tuple(m for m in batch if type(m) is not FragmentReport))
 
 
 def for_rank(mode: str, comm, is_actor: bool, beat: Callable[[], None]):

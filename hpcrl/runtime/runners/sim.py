@@ -34,6 +34,7 @@ from hpcrl.runtime.runners.job import actor_settings, build_jobs, make_role, rol
 from hpcrl.runtime.runners.serial import LocalWiring
 from hpcrl.runtime.topology import Topology, plan_roles
 from hpcrl.runtime.transport.control import RankSilent
+from hpcrl.runtime.transport.local_node_reports import NodeBuffer
 from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimMailbox, SimReports,
                                          TransportPrices, _Charges)
 from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld
@@ -49,6 +50,14 @@ def actors_by_node(topos: list[Topology], slots: list[Slot]) -> dict[int, list[i
     first: dict[int, int] = {}  # node -> its first actor rank
     for index, rank in enumerate(topos[0].actor_ranks):
         out.setdefault(first.setdefault(slots[rank].node, rank), []).append(index)
+    return out
+
+
+def actor_indices_by_node(actor_ranks: list[int], slots: list[Slot]) -> dict[int, tuple[int, list[int]]]:
+    """Each node's first actor rank and the indices of its actors."""
+    out: dict[int, tuple[int, list[int]]] = {}
+    for index, rank in enumerate(actor_ranks):
+        out.setdefault(slots[rank].node, (rank, []))[1].append(index)
     return out
 
 
@@ -151,7 +160,16 @@ class SimWiring(LocalWiring):
         return self._once("board", lambda: SimBoard(self.charges, num_params, history, probe_size))
 
     def reports(self, topo: Topology):
-        return self._once("reports", lambda: SimReports(self.charges))
+        """Rank 0's queue (a drain costs ``report`` per message); an actor's, with ``actors.reports: node``, its
+        node's buffer, which puts the node's reports in the queue as one message (transport/local_node_reports.py)."""
+        up = self._once("reports", lambda: SimReports(self.charges))
+        if topo.role != "actor" or self.plan.sections.actors.reports != "node":
+            return up
+        node = self.machine.slots[topo.rank].node
+        on_node = self._once("actors by node", lambda: actor_indices_by_node(topo.actor_ranks, self.machine.slots))
+        buffer = self._once(("node reports", node), lambda: NodeBuffer(up, on_node[node][1], on_node[node][0],
+                                                                      self.clock(topo)))
+        return buffer.member(topo.actor_index)
 
     def fragments(self, layout, max_in_flight: int, topo: Topology):
         L = self.plan.ranks_per_group

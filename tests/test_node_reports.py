@@ -4,9 +4,10 @@
   its actor's order, batched, within a short bound, and a relay waiting on a late member beats its heartbeat;
 - a whole MPI job on 2 "nodes" (MPICH's ``MPIR_CVAR_NUM_CLIQUES``: ranks of one clique share memory, as on one
   node) records the same fragments and episodes with per-node reports as with per-fragment ones, and every
-  fragment in the actors' trajectory files has one row;
+  fragment in the actors' trajectory files has one row; the same in virtual time (a profile of 2 actor nodes);
+- a node's reports as columns make the rows the reports make one by one;
 - a relay stopped mid-job (SIGSTOP) ends the job within seconds, the watchdog naming it, not the actors waiting on it;
-- bad input: one line, exit 2.
+- bad input: one line, exit 2; ``hpcrl bench node-reports`` measures both modes.
 """
 from __future__ import annotations
 
@@ -183,6 +184,7 @@ def _two_actor_nodes(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_per_node_reports_in_virtual_time_record_the_rows_of_per_fragment_reports(tmp_path):
     profile = _two_actor_nodes(tmp_path)
     for mode in ("fragment", "node"):

@@ -58,3 +58,28 @@ def test_the_serial_twins_ring_on_every_push_and_report():
         start = time.monotonic()
         bell.sleep()
         assert time.monotonic() - start < 5.0
+
+
+def test_a_fragment_or_batch_sent_to_a_group_rings_that_groups_bell_only():
+    """The serial runner's learner roots nap on their group's Doorbell (runners/serial.py learner_nap): a fragment
+    delivered to group 1, or a prepared batch sent to it, must end its nap and leave group 0's asleep."""
+    from hpcrl.runtime.transport.local import LocalFragments
+
+    class Layout:
+        def pack(self, frag):
+            return frag
+
+        def unpack(self, packed, copy=False):
+            return packed
+
+    bells = [Doorbell(first=10.0, cap=10.0), Doorbell(first=10.0, cap=10.0)]
+    hub = LocalFragments(Layout(), 2, 1, 4, threading.Event(), bells)
+    threading.Timer(0.05, hub.actor_link(0).send, args=(1, {"rewards": np.zeros((2, 1))})).start()
+    start = time.monotonic()
+    bells[1].sleep()
+    assert time.monotonic() - start < 5.0 and len(hub.learner_link(1).poll()) == 1
+    assert not bells[0]._rung.is_set()
+    threading.Timer(0.05, hub.batch_sender().send, args=(1, {"batch": 1})).start()
+    start = time.monotonic()
+    bells[1].sleep()
+    assert time.monotonic() - start < 5.0 and not bells[0]._rung.is_set()

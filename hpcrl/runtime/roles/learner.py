@@ -97,7 +97,7 @@ class LearnerGroup:
         if saved is not None:  # --resume: update push's group as it was after its last update
             self.push_mode.restore(saved)
         counters = self.job.counters
-        backoff = Backoff(5e-5, 2e-3, self.clock)
+        backoff = self.job.learner_nap  # a back-off under MPI, the group's doorbell in one process
         lap = self.cycles.lap
         self.cycles.clock.restart()
         while True:

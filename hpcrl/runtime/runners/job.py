@@ -81,6 +81,10 @@ class Job:
     parameter_nap: Backoff | None = None
     """How the parameter role waits with nothing to do: the MPI runner's short back-off, or the serial runner's
     Doorbell (runtime/backoff.py); None on the other roles."""
+    learner_nap: Backoff | None = None
+    """How a learner group's root waits for a batch: the MPI runner's back-off (its fragments arrive by polling),
+    or its group's Doorbell under the serial runner, rung by each fragment or batch sent to the group; None on the
+    other roles."""
     shard_link: object | None = None
     """Rank 0's decisions to the other parameter shards (transport/shard_link.py; aggregation.shards > 1 only)."""
 
@@ -125,6 +129,7 @@ class Wiring(Protocol):
     def joiner(self, topo: Topology) -> Joiner | None: ...
     def clock(self, topo: Topology) -> Clock: ...
     def parameter_nap(self, topo: Topology) -> Backoff: ...
+    def learner_nap(self, topo: Topology) -> Backoff: ...
 
 
 def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: str, env: EnvInfo, wiring: Wiring,
@@ -152,7 +157,8 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
                joiner=wiring.joiner(topo) if topo.role == "actor" else None,
                progress=ProgressEmitter(progress, s.io.log_seconds) if topo.role == "parameter" else None,
                rolled_back=rolled_back, shard_link=shard_link,
-               parameter_nap=wiring.parameter_nap(topo) if topo.role == "parameter" else None)
+               parameter_nap=wiring.parameter_nap(topo) if topo.role == "parameter" else None,
+               learner_nap=wiring.learner_nap(topo) if topo.role == "learner" else None)
 
 
 def build_jobs(plan: Plan, topos: list[Topology], env: EnvInfo, run_dir: Path, resume: bool, runner: str,

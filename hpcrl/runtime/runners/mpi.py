@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from hpcrl.runtime import collector
-from hpcrl.runtime.backoff import window_owner_nap
+from hpcrl.runtime.backoff import Backoff, window_owner_nap
 from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners import RunResult
 
@@ -286,6 +286,9 @@ class MpiWiring:
 
     def parameter_nap(self, topo):
         return window_owner_nap(WALL)
+
+    def learner_nap(self, topo):
+        return Backoff(5e-5, 2e-3, WALL)  # fragments arrive by polling their receives
 
 
 def _polling_bcast(comm, value):

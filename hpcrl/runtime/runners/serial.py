@@ -65,6 +65,9 @@ class LocalWiring:
         self.plan, self.abort = plan, abort
         self.groups = [LocalGroup(plan.ranks_per_group, abort) for _ in range(plan.groups)]
         self.bell = Doorbell()  # rank 0's: pushes and reports ring it
+        # each learner group's root's: a fragment or prepared batch sent to the group rings it (the root sleeps
+        # while its actors sample instead of taking the interpreter lock 500 times a second)
+        self.learner_bells = [Doorbell(5e-5, 5e-3) for _ in range(plan.groups)]
         self._made: dict[str, object] = {}
 
     def _once(self, name: str, make):
@@ -87,7 +90,7 @@ class LocalWiring:
 
     def fragments(self, layout, max_in_flight: int, topo: Topology):
         return self._once("fragments", lambda: LocalFragments(layout, self.plan.groups, self.plan.actors,
-                                                              max_in_flight, self.abort))
+                                                              max_in_flight, self.abort, self.learner_bells))
 
     def group_reduce(self, topo: Topology, device, counters, reports):
         return self.groups[topo.group].rank(topo.group_rank)
@@ -100,6 +103,9 @@ class LocalWiring:
 
     def parameter_nap(self, topo: Topology):
         return self.bell
+
+    def learner_nap(self, topo: Topology):
+        return self.learner_bells[topo.group]
 
 
 def build_jobs(plan: Plan, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:

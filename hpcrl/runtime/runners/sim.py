@@ -184,6 +184,9 @@ class SimWiring(LocalWiring):
     def parameter_nap(self, topo: Topology) -> Backoff:
         return window_owner_nap(self.clock(topo))  # the MPI runner's (virtual naps cost no CPU)
 
+    def learner_nap(self, topo: Topology) -> Backoff:
+        return Backoff(5e-5, 2e-3, self.clock(topo))  # the MPI runner's, in virtual time
+
 
 def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain") -> RunResult:
     """Run the plan's whole job in virtual time. The result holds the summary (why it stopped), or names the role

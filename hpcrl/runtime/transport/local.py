@@ -226,11 +226,15 @@ class LocalFragments:
     """Fragment queues of the learner groups; each fragment is packed and unpacked with the same
     layout as over MPI (so a learner sees the same dtypes and shapes under either runner)."""
 
-    def __init__(self, layout, num_groups: int, num_actors: int, max_in_flight: int, abort: threading.Event):
+    def __init__(self, layout, num_groups: int, num_actors: int, max_in_flight: int, abort: threading.Event,
+                 bells: list | None = None):
+        """``bells``: a bell per group (the serial runner's learner Doorbells), rung by each fragment or batch
+        delivered to it; None: nobody naps on them."""
         self.layout, self.abort = layout, abort
         self.max_in_flight = max_in_flight
         self._queues = [deque() for _ in range(num_groups)]
-        self._batches = LocalBatches(num_groups, abort)
+        self._bells = bells if bells is not None else [NoBell() for _ in range(num_groups)]
+        self._batches = LocalBatches(num_groups, abort, self._bells)
         self._in_flight = [0] * num_actors
         self._closed = [False] * num_actors
         self._lock = threading.Lock()
@@ -242,6 +246,7 @@ class LocalFragments:
         """A sent fragment into its group's queue (at once; the virtual-time twin after its link's time)."""
         with self._lock:
             self._queues[group].append((actor, packed))
+        self._bells[group].ring()
 
     def learner_link(self, group: int) -> "LocalLearnerLink":
         return LocalLearnerLink(self, group)
@@ -257,15 +262,17 @@ class LocalBatches:
     """The post-processing group's prepared batches to the other groups (twin of ``transport.BatchSender``):
     a queue per group."""
 
-    def __init__(self, num_groups: int, abort: threading.Event):
+    def __init__(self, num_groups: int, abort: threading.Event, bells: list):
         self.abort = abort
         self._queues = [deque() for _ in range(num_groups)]
         self._ended = [False] * num_groups
         self._lock = threading.Lock()
+        self._bells = bells
 
     def send(self, group: int, message: dict) -> None:
         with self._lock:
             self._queues[group].append(message)
+        self._bells[group].ring()
 
     def close(self, groups, beat) -> None:
         with self._lock:

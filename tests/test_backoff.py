@@ -83,3 +83,31 @@ def test_a_fragment_or_batch_sent_to_a_group_rings_that_groups_bell_only():
     start = time.monotonic()
     bells[1].sleep()
     assert time.monotonic() - start < 5.0 and not bells[0]._rung.is_set()
+
+
+def test_a_change_nap_ends_when_the_shared_state_changes_and_misses_no_change():
+    """The serial runner's actors wait on a ChangeNap (runtime/backoff.py): a counter set, a publish or a
+    fragment taken ends the nap at once; a change made between the waiter's look and its nap is not slept through;
+    with nothing changing the nap doubles to its cap."""
+    from hpcrl.runtime.backoff import ChangeNap, Changes
+    from hpcrl.runtime.transport.local import LocalBoard, LocalCounters
+
+    changes = Changes()
+    counters = LocalCounters(4, threading.Event(), changes=changes)
+    board = LocalBoard(3, changes=changes)
+    for change in (lambda: counters.set(1, 7), lambda: counters.add(2, 1),
+                   lambda: board.publish(0, np.zeros(3, np.float32))):
+        nap = ChangeNap(changes, first=10.0, cap=10.0)
+        threading.Timer(0.05, change).start()
+        start = time.monotonic()
+        nap.sleep()
+        assert time.monotonic() - start < 5.0
+    nap = ChangeNap(changes, first=10.0, cap=10.0)
+    counters.set(0, 1)  # after the waiter looked, before it naps
+    start = time.monotonic()
+    nap.sleep()
+    assert time.monotonic() - start < 0.5
+    quiet = ChangeNap(changes, first=0.01, cap=0.02)
+    for _ in range(3):
+        quiet.sleep()
+    assert quiet.delay == 0.02 and quiet.waited >= 0.04

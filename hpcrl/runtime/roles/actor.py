@@ -37,7 +37,6 @@ import torch
 from hpcrl.config import ActorsConfig, DebugConfig, EnvConfig, EvalConfig, IOConfig
 from hpcrl.io import TrajectoryWriter, traj_filename
 from hpcrl.runtime.transport import control
-from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.messages import PARK_REASON, ActorParked, Evaluation, FragmentReport
 from hpcrl.runtime.roles.evaluation import Evaluator
@@ -295,7 +294,7 @@ def wait_for_groups(job, sender, G: int, choose, beat) -> list[int] | None:
     """Read the counters until ``sender`` can take a fragment and ``choose(backlogs of the active groups, cap,
     the counter words)`` names the groups to send it to, sleeping (backing off) between reads; None when the run
     stops. ``beat``: the waiting role's heartbeat."""
-    backoff = Backoff(5e-5, 5e-3, job.clock)
+    backoff = job.actor_nap()  # ends early on a change of the shared state under the serial runner
     cap = job.max_backlog
     while True:
         beat()

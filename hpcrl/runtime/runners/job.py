@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 import torch
@@ -85,6 +85,10 @@ class Job:
     """How a learner group's root waits for a batch: the MPI runner's back-off (its fragments arrive by polling),
     or its group's Doorbell under the serial runner, rung by each fragment or batch sent to the group; None on the
     other roles."""
+    actor_nap: Callable[[], Backoff] | None = None
+    """A new nap for each wait of an actor (for room in a group's backlog, for new weights): the MPI runner's
+    back-off, or under the serial runner a ChangeNap that ends when the shared state changes; None on the other
+    roles."""
     shard_link: object | None = None
     """Rank 0's decisions to the other parameter shards (transport/shard_link.py; aggregation.shards > 1 only)."""
 
@@ -130,6 +134,7 @@ class Wiring(Protocol):
     def clock(self, topo: Topology) -> Clock: ...
     def parameter_nap(self, topo: Topology) -> Backoff: ...
     def learner_nap(self, topo: Topology) -> Backoff: ...
+    def actor_nap(self, topo: Topology) -> Callable[[], Backoff]: ...
 
 
 def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: str, env: EnvInfo, wiring: Wiring,
@@ -158,7 +163,8 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
                progress=ProgressEmitter(progress, s.io.log_seconds) if topo.role == "parameter" else None,
                rolled_back=rolled_back, shard_link=shard_link,
                parameter_nap=wiring.parameter_nap(topo) if topo.role == "parameter" else None,
-               learner_nap=wiring.learner_nap(topo) if topo.role == "learner" else None)
+               learner_nap=wiring.learner_nap(topo) if topo.role == "learner" else None,
+               actor_nap=wiring.actor_nap(topo) if topo.role == "actor" else None)
 
 
 def build_jobs(plan: Plan, topos: list[Topology], env: EnvInfo, run_dir: Path, resume: bool, runner: str,

@@ -290,6 +290,9 @@ class MpiWiring:
     def learner_nap(self, topo):
         return Backoff(5e-5, 2e-3, WALL)  # fragments arrive by polling their receives
 
+    def actor_nap(self, topo):
+        return lambda: Backoff(5e-5, 5e-3, WALL)  # the counters are read by RMA
+
 
 def _polling_bcast(comm, value):
     """bcast from rank 0 after a sleeping barrier (MPICH's blocking collectives spin)."""

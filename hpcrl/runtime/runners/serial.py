@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hpcrl.io.errors import RecordWriteError
 from hpcrl.runtime import collector
-from hpcrl.runtime.backoff import Doorbell
+from hpcrl.runtime.backoff import ChangeNap, Changes, Doorbell
 from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners.job import Job, make_role
 from hpcrl.runtime.runners.job import build_jobs as jobs_in_process
@@ -68,6 +68,7 @@ class LocalWiring:
         # each learner group's root's: a fragment or prepared batch sent to the group rings it (the root sleeps
         # while its actors sample instead of taking the interpreter lock 500 times a second)
         self.learner_bells = [Doorbell(5e-5, 5e-3) for _ in range(plan.groups)]
+        self.changes = Changes()  # moved by counters, weights and fragment queues: an actor's waits end on it
         self._made: dict[str, object] = {}
 
     def _once(self, name: str, make):
@@ -76,21 +77,23 @@ class LocalWiring:
         return self._made[name]
 
     def counters(self, words: int):
-        return self._once("counters", lambda: LocalCounters(words, self.abort))
+        return self._once("counters", lambda: LocalCounters(words, self.abort, changes=self.changes))
 
     def mailbox(self, groups: int, slots: int, num_params: int, stats: int):
         return self._once("mailbox", lambda: LocalMailbox(groups, slots, num_params, stats_capacity=stats,
                                                                 bell=self.bell))
 
     def board(self, num_params: int, history: int, probe_size: int, topo: Topology):
-        return self._once("board", lambda: LocalBoard(num_params, history=history, probe_size=probe_size))
+        return self._once("board", lambda: LocalBoard(num_params, history=history, probe_size=probe_size,
+                                                      changes=self.changes))
 
     def reports(self, topo: Topology):
         return self._once("reports", lambda: LocalReports(self.bell))
 
     def fragments(self, layout, max_in_flight: int, topo: Topology):
         return self._once("fragments", lambda: LocalFragments(layout, self.plan.groups, self.plan.actors,
-                                                              max_in_flight, self.abort, self.learner_bells))
+                                                              max_in_flight, self.abort, self.learner_bells,
+                                                              self.changes))
 
     def group_reduce(self, topo: Topology, device, counters, reports):
         return self.groups[topo.group].rank(topo.group_rank)
@@ -106,6 +109,10 @@ class LocalWiring:
 
     def learner_nap(self, topo: Topology):
         return self.learner_bells[topo.group]
+
+    def actor_nap(self, topo: Topology):
+        # up to 0.1 s with nothing changed: the heartbeat and the stop rule look far less often
+        return lambda: ChangeNap(self.changes, 5e-5, 0.1)
 
 
 def build_jobs(plan: Plan, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:

@@ -187,6 +187,10 @@ class SimWiring(LocalWiring):
     def learner_nap(self, topo: Topology) -> Backoff:
         return Backoff(5e-5, 2e-3, self.clock(topo))  # the MPI runner's, in virtual time
 
+    def actor_nap(self, topo: Topology):
+        clock = self.clock(topo)
+        return lambda: Backoff(5e-5, 5e-3, clock)  # the MPI runner's, in virtual time
+
 
 def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain") -> RunResult:
     """Run the plan's whole job in virtual time. The result holds the summary (why it stopped), or names the role

@@ -25,7 +25,7 @@ from collections import deque
 
 import numpy as np
 
-from hpcrl.runtime.backoff import NoBell
+from hpcrl.runtime.backoff import NoBell, NoChanges
 from hpcrl.runtime.messages import PushHeader, Report
 from hpcrl.runtime.transport.group_reduce import PARK, host_rows, share_of
 from hpcrl.runtime.transport.push import PushLoop
@@ -42,12 +42,14 @@ class LocalCounters:
     """``n`` int64 counters; reads raise :class:`RunAborted` once ``abort`` is set. Every change wakes the
     threads blocked in :meth:`wait_until` (a parked learner group sleeps there, using no CPU)."""
 
-    def __init__(self, n: int, abort: threading.Event, initial: int = 0):
+    def __init__(self, n: int, abort: threading.Event, initial: int = 0, changes=NoChanges()):
+        """``changes``: the serial runner's :class:`~hpcrl.runtime.backoff.Changes`, moved by every set and add."""
         self.n = n
         self._words = np.full(n, initial, dtype=np.int64)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.abort = abort
+        self.changes = changes
 
     def _check(self) -> None:
         if self.abort.is_set():
@@ -58,6 +60,7 @@ class LocalCounters:
             old = int(self._words[i])
             self._words[i] += value
             self._changed.notify_all()
+        self.changes.bump()
         return old
 
     def set(self, i: int, value: int) -> int:
@@ -65,6 +68,7 @@ class LocalCounters:
             old = int(self._words[i])
             self._words[i] = value
             self._changed.notify_all()
+        self.changes.bump()
         return old
 
     def wait_until(self, predicate, timeout: float, nap: float | None = None) -> bool:
@@ -137,10 +141,11 @@ class LocalMailbox(PushLoop):
 class LocalBoard:
     """The newest ``history`` published versions (params + probe outputs), copied on publish and read."""
 
-    def __init__(self, num_params: int, history: int = 4, probe_size: int = 0):
+    def __init__(self, num_params: int, history: int = 4, probe_size: int = 0, changes=NoChanges()):
         self.num_params, self.history, self.probe_size = num_params, history, probe_size
         self._ring: deque[tuple[int, np.ndarray, np.ndarray]] = deque(maxlen=history)
         self._lock = threading.Lock()
+        self.changes = changes  # moved by every publish (the serial runner's)
 
     def publish(self, version: int, flat: np.ndarray, probe: np.ndarray | None = None) -> None:
         with self._lock:
@@ -148,6 +153,7 @@ class LocalBoard:
                 raise ValueError(f"LocalBoard.publish: version {version} not above the latest {self._ring[-1][0]}")
             probe = np.zeros(0, np.float32) if probe is None else np.array(probe, dtype=np.float32)
             self._ring.append((version, np.array(flat, dtype=np.float32, copy=True).reshape(-1), probe))
+        self.changes.bump()
 
     def latest_version(self) -> int:
         with self._lock:
@@ -227,10 +233,12 @@ class LocalFragments:
     layout as over MPI (so a learner sees the same dtypes and shapes under either runner)."""
 
     def __init__(self, layout, num_groups: int, num_actors: int, max_in_flight: int, abort: threading.Event,
-                 bells: list | None = None):
+                 bells: list | None = None, changes=NoChanges()):
         """``bells``: a bell per group (the serial runner's learner Doorbells), rung by each fragment or batch
-        delivered to it; None: nobody naps on them."""
+        delivered to it; None: nobody naps on them. ``changes``: moved by each fragment delivered or taken (an
+        actor waiting for room to send wakes)."""
         self.layout, self.abort = layout, abort
+        self.changes = changes
         self.max_in_flight = max_in_flight
         self._queues = [deque() for _ in range(num_groups)]
         self._bells = bells if bells is not None else [NoBell() for _ in range(num_groups)]
@@ -247,6 +255,7 @@ class LocalFragments:
         with self._lock:
             self._queues[group].append((actor, packed))
         self._bells[group].ring()
+        self.changes.bump()
 
     def learner_link(self, group: int) -> "LocalLearnerLink":
         return LocalLearnerLink(self, group)
@@ -331,6 +340,8 @@ class LocalLearnerLink:
                 actor, frag = q.popleft()
                 self.hub._in_flight[actor] -= 1
                 out.append(frag)
+        if out:
+            self.hub.changes.bump()
         return out
 
     def finished(self) -> bool:

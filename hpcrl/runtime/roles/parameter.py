@@ -58,6 +58,7 @@ from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, Gro
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime.roles.active_groups import ActiveGroups
+from hpcrl.runtime.roles.actor_ledger import ActorLedger
 from hpcrl.runtime.roles.push_apply import apply_mode
 from hpcrl.runtime.roles.shard_lead import lead_shards
 from hpcrl.runtime.record.run_record import RunRecord
@@ -124,8 +125,7 @@ class ParameterRank:
         self.env_steps_start = 0  # env steps before this (resumed) job
         self.stop_rule = StopRule(self.settings.stop)
         self.seq_next = [0] * G
-        self.fragment_next = [0] * self.plan.actors  # each actor's next fragment number (kept on resume)
-        self.normalizers: list[dict | None] = [None] * self.plan.actors  # each actor's newest statistics
+        self.ledger = ActorLedger(self.plan.actors)  # each actor's next fragment number and newest statistics
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
         self.groups = ActiveGroups(settings.learners, self.counters, self._new_version, settings.debug.active_groups)
@@ -187,7 +187,7 @@ class ParameterRank:
     def startup_info(self) -> Startup:
         """What every rank learns at start (broadcast by runtime.runners.mpi)."""
         return Startup(start_unix=self.record.file.start_unix, version=self.version, seq_next=tuple(self.seq_next),
-                       fragment_next=tuple(self.fragment_next), normalizers=tuple(self.normalizers),
+                       fragment_next=tuple(self.ledger.fragment_next), normalizers=tuple(self.ledger.normalizers),
                        group_states=self.push_mode.states(self.seq_next))
 
     def publish_initial(self) -> None:
@@ -217,7 +217,7 @@ class ParameterRank:
             "queue": list(self.queue),
             "actors": self.plan.actors, "active_actors": self.active_actors, "round_end": self.round_end,
             "wall_seconds": self.wall_before + self.time.now() - self.t0,
-            "rng": rng_state(), "fragment_next": list(self.fragment_next), "normalizers": list(self.normalizers),
+            "rng": rng_state(), **self.ledger.state(),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
             "record": record_counts(self.job.run_dir, run_file=self.record.file),
             "inner_states": self.push_mode.states(self.seq_next, self._drain_messages, self.time),
@@ -233,11 +233,7 @@ class ParameterRank:
         # (less the steps of files found missing or short at the resume: io/rollback.py's lost_steps)
         lost = sum(((self.job.rolled_back or {}).get("lost_steps") or {}).values())
         self.env_steps_start = (sum(s["record"]["traj_steps"].values()) - lost) if "record" in s else s["env_steps"]
-        kept = list(s.get("fragment_next", []))  # a resume may bring more actors: they start at 0
-        self.fragment_next = kept + [0] * max(self.plan.actors - len(kept), 0)
-        saved = list(s.get("normalizers", []))[:self.plan.actors]  # an actor added by the resume starts from
-        self.normalizers = [saved[i] if i < len(saved) else saved[i % len(saved)] if saved else None  # another's
-                            for i in range(self.plan.actors)]
+        self.ledger.restore(s, self.plan.actors)
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
@@ -245,7 +241,7 @@ class ParameterRank:
         self.groups.restore(s["active"])
         # all of the checkpointing job's actors active: all of this job's too (fragment_next keeps the numbers of
         # actors a smaller job left out, so its length is not that job's actor count)
-        A, before = self.plan.actors, s.get("actors", len(kept))
+        A, before = self.plan.actors, s.get("actors", len(s.get("fragment_next", [])))
         self.active_actors = A if s.get("active_actors", before) >= before else min(max(s["active_actors"], 1), A)
         self.round_end = s.get("round_end", (self.round + 1) * self.plan.round_steps)
         self.wall_before = s["wall_seconds"]
@@ -411,11 +407,8 @@ class ParameterRank:
                 LearnerActivity: self._learner_activity, GroupEvent: record.group_row, JoiningJob: record.joining_job}
 
     def _fragment_report(self, report: FragmentReport) -> None:
-        a = report.actor
-        self.groups.rule.fragment(a, report.steps, report.sample_seconds)
-        self.fragment_next[a] = max(self.fragment_next[a], report.fragment + 1)
-        if report.normalizer is not None:
-            self.normalizers[a] = report.normalizer
+        self.groups.rule.fragment(report.actor, report.steps, report.sample_seconds)
+        self.ledger.fragment(report.actor, report.fragment, report.normalizer)
         self.record.fragment(report, self.env_steps() if report.episodes else 0)
 
     def _node_reports(self, node: NodeReports) -> None:
@@ -423,13 +416,10 @@ class ParameterRank:
         with each, the run's env steps read once), then each other message by its own handler."""
         f = node.fragments
         actors = f.actors
-        rule = self.groups.rule.fragment
         for a, fragment, steps, seconds in zip(actors["actor"], actors["fragment"], actors["steps"],
                                                actors["sample_seconds"]):
-            rule(a, steps, seconds)
-            self.fragment_next[a] = max(self.fragment_next[a], fragment + 1)
-        for a, normalizer in f.normalizers.items():
-            self.normalizers[a] = normalizer
+            self.groups.rule.fragment(a, steps, seconds)
+            self.ledger.fragment(a, fragment, f.normalizers.get(a))
         if len(f):
             self.record.fragments(actors, f.episodes, self.env_steps() if len(f.episodes["actor"]) else 0)
         for message in node.reports:
@@ -479,7 +469,7 @@ class ParameterRank:
         self.queue.clear()
         ckpt = self.checkpoint()
         self.summary = self.record.summary(self.stats(), self.stop_reason, self.job.run_dir, {
-            "trajectories": self._trajectory_files(),
+            "trajectories": trajectory_files(self.plan, self.job.run_dir),
             "checkpoint": str(ckpt)}, push=self.plan.push, sampled_with=(
             "the weights the previous batch made (actors.on_policy=true)" if self.plan.on_policy else
             "weights up to a batch old: actors sample the next batch while learners train (actors.on_policy=false)"))
@@ -487,12 +477,13 @@ class ParameterRank:
         self.shards.close()
         self.job.progress.finish(self.summary)
 
-    def _trajectory_files(self) -> str:
-        """The summary's trajectories line."""
-        if not self.plan.trajectory_files:
-            return "none (launch.sim_actors=node)"
-        return f"{self.job.run_dir / TRAJ_DIR}/actor-NNNNN.h5 ({self.plan.actors} files)"
-
     def close_on_error(self) -> None:
         """Flush what is buffered (called before MPI_Abort)."""
         self.record.close_on_error()
+
+
+def trajectory_files(plan, run_dir: Path) -> str:
+    """The summary's trajectories line."""
+    if not plan.trajectory_files:
+        return "none (launch.sim_actors=node)"
+    return f"{run_dir / TRAJ_DIR}/actor-NNNNN.h5 ({plan.actors} files)"

@@ -66,7 +66,8 @@ class Actor:
         self.fault = control.FaultInjector(self.settings.debug, job.rank, actor=self.index, clock=job.clock)
         self.heartbeat = control.Heartbeat(job.counters, self.plan.groups, job.rank, job.clock)
         if job.joiner is None:
-            self.sampler = VectorSampler(self.settings.env, self.index, gamma=self.plan.reward_gamma, clock=job.clock)
+            self.sampler = VectorSampler(self.settings.env, self.index, gamma=self.plan.reward_gamma, clock=job.clock,
+                                         between_steps=job.between_steps)
         else:  # actors.elastic: a joined rank samples while this actor is active
             self.sampler = JoiningSampler(self.settings.env, self.index, self.plan.reward_gamma, job.env.num_envs,
                                           job.joiner, job.reports, lambda: int(job.counters.read(control.ACTIVE_ACTORS)),

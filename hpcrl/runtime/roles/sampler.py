@@ -122,11 +122,14 @@ class RunningMeanStd:
 class VectorSampler:
     """The N instances of ``env_cfg`` on one actor rank; :meth:`sample` returns one [T, N] fragment."""
 
-    def __init__(self, env_cfg, actor_index: int, gamma: float = 0.99, restart: int = 0, clock: Clock = WALL) -> None:
+    def __init__(self, env_cfg, actor_index: int, gamma: float = 0.99, restart: int = 0, clock: Clock = WALL,
+                 between_steps=None) -> None:
         """``restart``: how many samplers the actor had before this one (actors.elastic: a new sampler joins at
         each wake); it moves the environments' seeds, so a new one does not replay the first episodes of the last.
-        ``clock``: the time an episode ends (virtual under launch.runner=sim)."""
+        ``clock``: the time an episode ends (virtual under launch.runner=sim). ``between_steps``: called after each
+        step (the serial runner's: let the other roles' threads have the interpreter), or None."""
         self.clock = clock
+        self.between_steps = between_steps
         self.backend = make_backend(env_cfg)
         self.num_envs = N = self.backend.num_envs
         space = self.backend.action_space
@@ -233,6 +236,8 @@ class VectorSampler:
             rewards[t] = self._scale_rewards(rewards[t], done)
             self.raw_obs = step.obs
             self.obs = self._norm_obs(step.obs, update=True)
+            if self.between_steps is not None:
+                self.between_steps()
         with torch.no_grad():
             last_value = algo.value(model, self.obs).cpu().numpy().astype(np.float32)
         fragment = {"obs": obs, "actions": actions, "rewards": rewards, "terminated": terminated,

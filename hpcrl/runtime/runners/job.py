@@ -89,6 +89,11 @@ class Job:
     """A new nap for each wait of an actor (for room in a group's backlog, for new weights): the MPI runner's
     back-off, or under the serial runner a ChangeNap that ends when the shared state changes; None on the other
     roles."""
+    between_steps: Callable[[], None] | None = None
+    """What an actor's sampler calls after each env step: under the serial runner ``time.sleep(0)``, which hands
+    the interpreter lock to a waiting role (the numpy policy call and the env step never release it, and a
+    learner's torch ops, which do, would otherwise wait the 5 ms switch interval for it, op after op); None
+    elsewhere."""
     shard_link: object | None = None
     """Rank 0's decisions to the other parameter shards (transport/shard_link.py; aggregation.shards > 1 only)."""
 
@@ -135,6 +140,7 @@ class Wiring(Protocol):
     def parameter_nap(self, topo: Topology) -> Backoff: ...
     def learner_nap(self, topo: Topology) -> Backoff: ...
     def actor_nap(self, topo: Topology) -> Callable[[], Backoff]: ...
+    def between_steps(self, topo: Topology) -> Callable[[], None] | None: ...
 
 
 def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: str, env: EnvInfo, wiring: Wiring,
@@ -164,7 +170,8 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
                rolled_back=rolled_back, shard_link=shard_link,
                parameter_nap=wiring.parameter_nap(topo) if topo.role == "parameter" else None,
                learner_nap=wiring.learner_nap(topo) if topo.role == "learner" else None,
-               actor_nap=wiring.actor_nap(topo) if topo.role == "actor" else None)
+               actor_nap=wiring.actor_nap(topo) if topo.role == "actor" else None,
+               between_steps=wiring.between_steps(topo) if topo.role == "actor" else None)
 
 
 def build_jobs(plan: Plan, topos: list[Topology], env: EnvInfo, run_dir: Path, resume: bool, runner: str,

@@ -293,6 +293,9 @@ class MpiWiring:
     def actor_nap(self, topo):
         return lambda: Backoff(5e-5, 5e-3, WALL)  # the counters are read by RMA
 
+    def between_steps(self, topo):
+        return None  # a rank has its own interpreter
+
 
 def _polling_bcast(comm, value):
     """bcast from rank 0 after a sleeping barrier (MPICH's blocking collectives spin)."""

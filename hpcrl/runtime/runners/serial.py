@@ -18,6 +18,7 @@ from __future__ import annotations
 import platform
 import signal
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -113,6 +114,15 @@ class LocalWiring:
     def actor_nap(self, topo: Topology):
         # up to 0.1 s with nothing changed: the heartbeat and the stop rule look far less often
         return lambda: ChangeNap(self.changes, 5e-5, 0.1)
+
+    def between_steps(self, topo: Topology):
+        return _hand_over  # the roles share one interpreter lock
+
+
+
+def _hand_over() -> None:
+    """Let a thread waiting for the interpreter lock have it (a learner between two torch ops)."""
+    time.sleep(0)
 
 
 def build_jobs(plan: Plan, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:

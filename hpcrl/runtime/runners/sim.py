@@ -191,6 +191,9 @@ class SimWiring(LocalWiring):
         clock = self.clock(topo)
         return lambda: Backoff(5e-5, 5e-3, clock)  # the MPI runner's, in virtual time
 
+    def between_steps(self, topo: Topology):
+        return None  # virtual time: nothing waits for the lock
+
 
 def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain") -> RunResult:
     """Run the plan's whole job in virtual time. The result holds the summary (why it stopped), or names the role

@@ -163,3 +163,12 @@ def test_the_shard_push_bench_prints_each_shards_cost(capsys):
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [(r[0], r[1], r[4]) for r in rows] == [("4096", "2", "8192")]  # 4 P / S bytes per version and shard
     assert float(rows[0][2]) > 0 and float(rows[0][3]) > 0
+
+
+def test_a_bench_worker_job_that_fails_or_hangs_is_one_line():
+    from hpcrl.bench.mpi_worker import WorkerFailed, run_worker
+
+    with pytest.raises(WorkerFailed, match=r"^the job failed \(\d+\)$"):
+        run_worker(1, "hpcrl.no_such_module", [], 60, "the job")
+    with pytest.raises(WorkerFailed, match=r"^the job was killed after 2 s$"):
+        run_worker(1, "timeit", ["-n", "1", "-r", "1", "import time; time.sleep(60)"], 2, "the job")

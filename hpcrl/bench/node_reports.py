@@ -15,13 +15,12 @@ usage: hpcrl bench node-reports [--config cartpole.yaml] [--actors 8] [--nodes 2
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from hpcrl.bench.mpi_worker import WorkerFailed, run_worker
 
 WORKER_FLAG = "--mpi-worker"
 MODES = ("fragment", "node")
@@ -138,22 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from hpcrl.bench.scale_measure import TCP_ENV
 
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    env = dict(os.environ, UCX_LOG_LEVEL=os.environ.get("UCX_LOG_LEVEL", "error"), **(TCP_ENV if args.tcp else {}))
     rows = {}
     for mode in MODES:
-        cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.actors + 1), sys.executable, "-m",
-               "mpi4py", "-m", "hpcrl.bench.node_reports", WORKER_FLAG, mode, args.config, str(args.nodes),
-               str(args.reports), str(args.pace_ms / 1e3), str(args.episodes)]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            out, _ = proc.communicate(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            print(f"node-reports: the {mode} job was killed after {args.timeout} s", file=sys.stderr)
-            return 1
-        if proc.returncode:
-            print(f"node-reports: the {mode} job failed ({proc.returncode})", file=sys.stderr)
+            out = run_worker(args.actors + 1, "hpcrl.bench.node_reports",
+                             [WORKER_FLAG, mode, args.config, str(args.nodes), str(args.reports),
+                              str(args.pace_ms / 1e3), str(args.episodes)], args.timeout,
+                             f"node-reports: the {mode} job", TCP_ENV if args.tcp else None)
+        except WorkerFailed as exc:
+            print(exc, file=sys.stderr)
             return 1
         _, _, messages, taken, cpu, steps, record = next(l for l in out.splitlines() if l.startswith("RESULT")).split()
         rows[mode] = (int(messages), int(taken), float(cpu), int(steps), float(record))

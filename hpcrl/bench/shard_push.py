@@ -12,14 +12,12 @@ usage: hpcrl bench shard-push [--sizes 9156,1048576] [--shards 1,2,4] [--pushes 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+
+from hpcrl.bench.mpi_worker import WorkerFailed, run_worker
 
 WORKER_FLAG = "--mpi-worker"
 
@@ -123,22 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         _worker(*map(int, argv))
         return 0
     args = _parse(argv)
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    env = dict(os.environ, UCX_LOG_LEVEL=os.environ.get("UCX_LOG_LEVEL", "error"))
     rows: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
     for P in (int(x) for x in args.sizes.split(",") if x):
         for S in (int(x) for x in args.shards.split(",") if x):
-            cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(S + 1), sys.executable, "-m", "mpi4py",
-                   "-m", "hpcrl.bench.shard_push", WORKER_FLAG, str(S), str(P), str(args.pushes)]
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
             try:
-                out, _ = proc.communicate(timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                print(f"shard-push: the S={S} P={P} job was killed after {args.timeout} s", file=sys.stderr)
-                return 1
-            if proc.returncode:
-                print(f"shard-push: the S={S} P={P} job failed ({proc.returncode})", file=sys.stderr)
+                out = run_worker(S + 1, "hpcrl.bench.shard_push", [WORKER_FLAG, str(S), str(P), str(args.pushes)],
+                                 args.timeout, f"shard-push: the S={S} P={P} job")
+            except WorkerFailed as exc:
+                print(exc, file=sys.stderr)
                 return 1
             rows[(P, S)] = [(int(r), float(ms), int(n)) for _, _, _, r, ms, n in
                             (line.split() for line in out.splitlines() if line.startswith("RESULT"))]

@@ -165,6 +165,7 @@ def test_the_shard_push_bench_prints_each_shards_cost(capsys):
     assert float(rows[0][2]) > 0 and float(rows[0][3]) > 0
 
 
+@pytest.mark.mpi
 def test_a_bench_worker_job_that_fails_or_hangs_is_one_line():
     from hpcrl.bench.mpi_worker import WorkerFailed, run_worker
 

@@ -90,7 +90,7 @@ class Job:
     back-off, or under the serial runner a ChangeNap that ends when the shared state changes; None on the other
     roles."""
     between_steps: Callable[[], None] | None = None
-    """What an actor's sampler calls after each env step: under the serial runner ``time.sleep(0)``, which hands
+    """What an actor's sampler calls after each env step: under the serial runner ``os.sched_yield()``, which hands
     the interpreter lock to a waiting role (the numpy policy call and the env step never release it, and a
     learner's torch ops, which do, would otherwise wait the 5 ms switch interval for it, op after op); None
     elsewhere."""

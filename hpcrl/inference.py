@@ -71,7 +71,7 @@ class NumpyActorCritic:
         """The numpy policy call of ``model``, or None where it has none (a CNN or uint8 network, GPU weights,
         an activation numpy does not have here)."""
         pi_fast, vf_fast = model._fast
-        if pi_fast is None or vf_fast is None or model.device.type != "cpu":
+        if pi_fast is None or vf_fast is None:
             return None
         pi, vf = numpy_mlp(*pi_fast), numpy_mlp(*vf_fast)
         if pi is None or vf is None:

@@ -19,7 +19,6 @@ import os
 import platform
 import signal
 import threading
-import time
 import traceback
 from pathlib import Path
 

@@ -65,6 +65,21 @@ class NumpyActorCritic:
         self.discrete = model.discrete
         self.action_shape = model.action_shape
         self.log_std = None if model.discrete else model.log_std.detach().numpy()
+        self._draws: dict[tuple[int, ...], tuple[torch.Tensor, np.ndarray]] = {}
+
+    def _draw(self, shape: tuple[int, ...], uniform: bool) -> np.ndarray:
+        """Standard normal (or uniform [0, 1)) numbers from the model's generator, the numbers ``torch.randn`` (or
+        ``torch.rand``) of ``shape`` draws, into a tensor kept per shape: a quarter of randn's cost per call, and
+        valid until the next draw of that shape."""
+        kept = self._draws.get(shape)
+        if kept is None:
+            tensor = torch.empty(shape)
+            kept = self._draws[shape] = (tensor, tensor.numpy())
+        if uniform:
+            kept[0].uniform_(generator=self.model.sampling_generator)
+        else:
+            kept[0].normal_(generator=self.model.sampling_generator)
+        return kept[1]
 
     @classmethod
     def of(cls, model) -> "NumpyActorCritic | None":
@@ -82,23 +97,22 @@ class NumpyActorCritic:
         x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
         out = run_numpy_mlp(*self.pi, x)
         value = run_numpy_mlp(*self.vf, x)[:, 0]
-        generator = self.model.sampling_generator
         if self.discrete:
-            return (*self._categorical(out, generator), value)
-        eps = torch.randn(out.shape, generator=generator).numpy()
+            return (*self._categorical(out, self._draw((len(out), 1), uniform=True)), value)
+        eps = self._draw(out.shape, uniform=False)
         log_std = self.log_std
         actions = out + np.exp(log_std) * eps
         logp = (np.float32(-0.5) * (eps * eps) - (log_std + _LOG_SQRT_2PI)).sum(-1)
         return actions.reshape(actions.shape[:-1] + self.action_shape), logp, value
 
     @staticmethod
-    def _categorical(logits: np.ndarray, generator) -> tuple[np.ndarray, np.ndarray]:
+    def _categorical(logits: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(action, its log-prob) per row: the inverse-CDF draw of :func:`~hpcrl.models._inverse_cdf_draw` on
         log-softmax probabilities, clamped to finite values as the torch path clamps them."""
         shifted = logits - logits.max(-1, keepdims=True)
         log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
         np.maximum(log_probs, np.finfo(np.float32).min, out=log_probs)
         cdf = np.exp(log_probs).cumsum(-1)
-        u = torch.rand((len(logits), 1), generator=generator).numpy() * cdf[:, -1:]
+        u = uniform * cdf[:, -1:]
         a = (cdf <= u).sum(-1)
         return a, log_probs[np.arange(len(a)), a]

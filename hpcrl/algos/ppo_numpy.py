@@ -106,17 +106,20 @@ class NumpyPPOGradient:
         r = np.exp(log_r)
         adv = batch["advantages"].numpy()
         if cfg.normalize_advantages and B > 1:
-            adv = (adv - adv.mean()) / (adv.std(ddof=1) + _F32(1e-8))
-        unclipped, clipped = r * adv, np.clip(r, 1.0 - cfg.clip, 1.0 + cfg.clip) * adv
-        policy_loss = -np.minimum(unclipped, clipped).mean()
+            centred = adv - _mean(adv)
+            adv = centred / (np.sqrt(np.dot(centred, centred) / (B - 1)) + _F32(1e-8))  # std with B - 1, as torch's
+        unclipped = r * adv
+        clipped = np.minimum(np.maximum(r, 1.0 - cfg.clip), 1.0 + cfg.clip) * adv
+        policy_loss = -_mean(np.minimum(unclipped, clipped))
         d_log_r = np.where(unclipped <= clipped, adv, _F32(0)) * r * _F32(-1.0 / B)
-        kl = ((r - 1.0) - log_r).mean()
+        r_less_1 = r - 1.0
+        kl = _mean(r_less_1 - log_r)
         if kl_coeff != 0:
-            d_log_r += _F32(kl_coeff / B) * (r - 1.0)
+            d_log_r += _F32(kl_coeff / B) * r_less_1
 
         value = vf_outs[-1][:, 0]
         value_loss, d_value = self._value(value, batch, vf_clip, B)
-        ent = entropy.mean()
+        ent = _mean(entropy)
 
         self.grads.fill(0)
         to_logp(d_log_r, _F32(cfg.entropy_coeff / B))
@@ -128,8 +131,8 @@ class NumpyPPOGradient:
         scale = min(cfg.max_grad_norm / (norm + 1e-6), 1.0)
         if scale < 1.0:
             self.grads *= _F32(scale)
-        stats = np.array([loss, policy_loss, value_loss, kl, ent, (np.abs(r - 1.0) > cfg.clip).mean(), r.mean(),
-                          0.0, norm], dtype=_F32)
+        stats = np.array([loss, policy_loss, value_loss, kl, ent, np.count_nonzero(np.abs(r_less_1) > cfg.clip) / B,
+                          _mean(r), 0.0, norm], dtype=_F32)
         return self.flat_grads, torch.from_numpy(stats)
 
     def _policy(self, outs: list[np.ndarray], actions: np.ndarray):
@@ -175,15 +178,20 @@ class NumpyPPOGradient:
         ret = batch["returns"].numpy()
         err = value - ret
         if vf_clip is None:
-            return _F32(0.5) * (err * err).mean(), err * _F32(1.0 / B)
+            return _F32(0.5) * _mean(err * err), err * _F32(1.0 / B)
         old = batch["values"].numpy()
         delta = value - old
-        clipped_err = old + np.clip(delta, -vf_clip, vf_clip) - ret
+        clipped_err = old + np.minimum(np.maximum(delta, -vf_clip), vf_clip) - ret
         plain, clipped = err * err, clipped_err * clipped_err
         inside = (delta >= -vf_clip) & (delta <= vf_clip)
         tie = _F32(0.5) * (plain == clipped)
         d = err * ((plain > clipped) + tie) + clipped_err * inside * ((clipped > plain) + tie)
-        return _F32(0.5) * np.maximum(plain, clipped).mean(), d * _F32(1.0 / B)
+        return _F32(0.5) * _mean(np.maximum(plain, clipped)), d * _F32(1.0 / B)
+
+
+def _mean(x: np.ndarray) -> np.float32:
+    """``x.mean()`` for float32 (the same pairwise sum) without numpy's Python wrapper around it."""
+    return np.add.reduce(x, axis=None) / _F32(x.size)
 
 
 def _rows(obs: torch.Tensor) -> np.ndarray:

@@ -47,7 +47,7 @@ def test_outer_step_state_round_trip_keeps_the_momentum_buffer():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["aggregation.outer_lr=0.5"], "aggregation.outer_lr is read only with learners.push=update"),
+    (["learners.push=gradient", "aggregation.outer_lr=0.5"], "aggregation.outer_lr is read only with learners.push=update"),
     (["learners.push=update", "aggregation.outer_nesterov=true"], "needs aggregation.outer_momentum > 0"),
     (["learners.push=update", "aggregation.outer_lr=0"], "outer_lr"),
     (["learners.push=sometimes"], "learners.push"),

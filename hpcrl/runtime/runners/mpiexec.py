@@ -151,7 +151,10 @@ def supervise(cmd: list[str], cfg: Sections, run_dir: Path, extra_env: Mapping[s
     start = time.monotonic()
     try:
         while proc.poll() is None:
-            time.sleep(0.2)
+            try:
+                proc.wait(timeout=0.2)  # returns as mpiexec exits, not up to 0.2 s later
+            except subprocess.TimeoutExpired:
+                pass
             if state["pending"] is not None and "progress" in summary:
                 _signal(proc, state.pop("pending"))
                 state["pending"] = None

@@ -65,7 +65,8 @@ def test_a_two_rank_group_pushes_the_one_rank_gradient_of_each_minibatch(tmp_pat
     # so the mean of the two shares' gradients (rows 0::2 and 1::2, equal weights as MPI's Allreduce / L) is the
     # whole minibatch's gradient
     overrides = ["learners.push=gradient", "algo.normalize_advantages=false", "algo.max_grad_norm=1e9",
-                 "algo.kl_coeff=0.2", "algo.entropy_coeff=0.01", "algo.minibatch_size=32", "algo.num_sgd_iter=1", "algo.vf_clip=1.0"]
+                 "algo.kl_coeff=0.2", "algo.entropy_coeff=0.01", "algo.minibatch_size=32", "algo.num_sgd_iter=1",
+                 "algo.vf_clip=1.0"]
     batch = _batch(64)
     one = _gradients(_learner_groups(tmp_path / "one", 1, overrides), batch)
     two = _gradients(_learner_groups(tmp_path / "two", 2, overrides), batch)

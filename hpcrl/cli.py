@@ -79,9 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     called_at = None if argv is None else time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     if next((a for a in argv if not a.startswith("-")), None) == "run":
+        from hpcrl.runtime.runners import prestart
         from hpcrl.runtime.signals import remember_stop_signals
 
         remember_stop_signals()  # before the imports: a cancel during start-up ends the run as a cancel
+        prestart.start_early(argv)  # the ranks' imports begin while this process imports the config's
+        try:
+            return _main(argv, called_at)
+        finally:
+            prestart.drop_early()
+    return _main(argv, called_at)
+
+
+def _main(argv: list[str], called_at: float | None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     args.command_unix = called_at

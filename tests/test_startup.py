@@ -76,3 +76,46 @@ def test_a_program_calling_main_times_its_start_from_the_call(tmp_path):
                      "-o", f"io.run_dir={run_dir}"]) == 0
     attrs = read_attrs(run_dir / "run.h5")
     assert attrs["command_unix"] >= called - 0.01 and float(attrs["startup_seconds"]) < time.time() - called
+
+
+def _servers_under(tmp: Path) -> list[str]:
+    """Command lines of live processes that name a socket under ``tmp`` (a prestart server started there)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "hpcrl.runtime.runners.prestart" in cmdline and str(tmp) in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def test_the_early_server_is_started_only_where_ranks_may_be_local_and_a_failed_command_stops_it(tmp_path,
+                                                                                                 monkeypatch):
+    from hpcrl.runtime.runners import prestart
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    for argv in (["run", "--runner", "serial"], ["-q", "run", "--runner=sim"], ["run", "--inside-mpi"], ["run", "-h"]):
+        prestart.start_early(argv)
+        assert prestart.adopt_early() is None, argv
+    monkeypatch.setenv("PMI_RANK", "1")
+    monkeypatch.setenv("PMI_SIZE", "4")
+    prestart.start_early(["run"])  # a rank of a job already: no local ranks to fork
+    assert prestart.adopt_early() is None
+    monkeypatch.delenv("PMI_RANK")
+    prestart.start_early(["-q", "run", "my.yaml"])
+    assert _servers_under(tmp_path)
+    prestart.drop_early()
+    assert prestart.adopt_early() is None and not _servers_under(tmp_path) and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, said", [(["--no-such-flag"], "unrecognized arguments"),  # before the command runs
+                                         (["-o", "actors.count=-1"], "actors.count")])  # after it adopted the server
+def test_a_run_refused_for_bad_input_leaves_no_prestart_server(tmp_path, args, said):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "hpcrl", "run", *args, "-o", f"io.run_dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2 and said in res.stderr, res.stderr
+    assert not _servers_under(tmp_path) and not [p for p in tmp_path.iterdir() if p.name.startswith("hpcrl-")]

@@ -33,7 +33,7 @@ from hpcrl.errors import ConfigError
 from hpcrl.io.run_lock import RunLock
 from hpcrl.runtime.plan import Plan, make_plan
 from hpcrl.runtime.record.loggers import describe, missing_package
-from hpcrl.runtime.runners import RunResult, runner
+from hpcrl.runtime.runners import RunResult, prestart, runner
 from hpcrl.runtime.runners.prestart import PrestartServer
 from hpcrl.runtime.runners.startup import process_start_unix, record_startup
 from hpcrl.runtime.signals import EXIT_FINISHED, remember_stop_signals
@@ -292,7 +292,11 @@ def finish(result: RunResult) -> int:
 
 
 def start_prestart() -> PrestartServer | None:
-    """The prestart server for this run's ranks, or None when it cannot start (the ranks then import for themselves)."""
+    """The prestart server for this run's ranks (the one hpcrl.cli started as the command began, if it did), or None
+    when it cannot start (the ranks then import for themselves)."""
+    early = prestart.adopt_early()
+    if early is not None:
+        return early
     try:
         return PrestartServer(launch.rank_environment(os.environ))
     except OSError as exc:

@@ -84,6 +84,41 @@ class PrestartServer:
                 pass
 
 
+_EARLY: list[PrestartServer] = []
+"""The server :func:`start_early` started and no one has adopted yet."""
+
+
+def start_early(argv: list[str]) -> None:
+    """Start the server as ``hpcrl run`` begins, before the command imports its config machinery (about 0.4 s of
+    the launcher's start-up, during which the server already imports torch), when the arguments leave it likely
+    that the run's ranks are local MPI ranks: not ``--runner serial`` or ``sim``, not ``--inside-mpi``, not inside a
+    job already. ``hpcrl run`` adopts it (:func:`adopt_early`) or stops it once its plan says otherwise; a command
+    that ends before adopting it stops it (:func:`drop_early`)."""
+    from hpcrl.job_env import job_rank, rank_environment
+
+    words = set(argv)
+    runner = next((a.split("=", 1)[1] for a in argv if a.startswith("--runner=")), None)
+    if "--runner" in argv and argv.index("--runner") + 1 < len(argv):
+        runner = argv[argv.index("--runner") + 1]
+    if runner in ("serial", "sim") or words & {"--inside-mpi", "-h", "--help"} or job_rank(os.environ) is not None:
+        return
+    try:
+        _EARLY.append(PrestartServer(rank_environment(os.environ)))
+    except OSError:
+        pass  # hpcrl run tries again and says why
+
+
+def adopt_early() -> PrestartServer | None:
+    """The server :func:`start_early` started, now the caller's to stop; None when there is none."""
+    return _EARLY.pop() if _EARLY else None
+
+
+def drop_early() -> None:
+    """Stop a server :func:`start_early` started that no one adopted (the command ended first)."""
+    while _EARLY:
+        _EARLY.pop().stop(wait=0)
+
+
 # ---- rank side (the stand-in) ------------------------------------------------------------------
 def hand_over(argv: list[str], environ: dict[str, str] | None = None) -> int | None:
     """Run this rank as a child of the prestart server; its exit code, or None when there is no server."""
@@ -148,7 +183,7 @@ def killed_line(environ: dict[str, str], pid: int, signum: int) -> str:
     (hydra's banner shows the stand-in's PID, not the rank's)."""
     import platform
 
-    from hpcrl.launch import job_rank
+    from hpcrl.job_env import job_rank
 
     rank = job_rank(environ)
     try:

@@ -137,6 +137,12 @@ class PushGradients:
         return grad, stats, launch_seconds + L.clock.now() - t
 
 
+STOP_CHECK_SECONDS = 0.01
+"""How often a group's whole update looks for the run's STOP word between its minibatch steps. Read at every step it
+was 320 RMA reads of rank 0's window per Hopper batch: in a 40,960-step MPI run on the 2-core VM the group's time
+between steps fell from 0.43-0.46 s to 0.26 s with this (its gradients took 3.8-4.1 s)."""
+
+
 class PushUpdates:
     """learners.push=update: the batch's whole update by the group's own optimizer, pushed as one update."""
 
@@ -164,12 +170,15 @@ class PushUpdates:
             self.inner.set_lr(L.plan.lr_schedule.at(L.job.counters.read(control.CONSUMED)))
         words = L.job.counters.read_all()
         lap("prepare")
+        next_stop_check = [clock.now() + STOP_CHECK_SECONDS]
 
         def step(mb: dict) -> dict | None:
             L.fault.check()
             L.heartbeat.beat()
-            if L.pacing.stopping():
-                return None
+            if clock.now() >= next_stop_check[0]:  # an RMA read under MPI: every few ms, not every minibatch step
+                if L.pacing.stopping():
+                    return None
+                next_stop_check[0] = clock.now() + STOP_CHECK_SECONDS
             window = L.window.logps(mb, version, words) if L.window else None
             lap("window")
             if L.size == 1 and window is None:

@@ -34,7 +34,7 @@ from hpcrl.runtime.topology import plan_roles
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = str(ROOT / "hpcrl" / "configs" / "cartpole.yaml")
 SYNC_JOB = ["env.num_envs=2", "actors.count=1", "actors.on_policy=true", "aggregation.policy=sync",
-            "algo.train_batch_size=32", "algo.minibatch_size=16", "algo.num_sgd_iter=2", "stop.max_rounds=5",
+            "learners.push=gradient", "algo.train_batch_size=32", "algo.minibatch_size=16", "algo.num_sgd_iter=2", "stop.max_rounds=5",
             "algo.kl_coeff=0.2", "io.log_seconds=60"]
 """4 versions a round (2 passes of 2 minibatches), 5 rounds: PPO's lr anneal and its KL coefficient (in shard 2's
 slice, set by rank 0's end_round) both change on the way."""

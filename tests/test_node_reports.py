@@ -34,7 +34,7 @@ CARTPOLE = str(ROOT / "hpcrl" / "configs" / "cartpole.yaml")
 ACTORS, T, N = 4, 16, 2
 JOB = [f"actors.count={ACTORS}", f"env.num_envs={N}", f"actors.fragment_length={T}", "actors.on_policy=true",
        "aggregation.policy=sync", "algo.train_batch_size=128", "algo.minibatch_size=64", "algo.num_sgd_iter=2",
-       "stop.max_rounds=4", "io.log_seconds=60", "launch.timeout_seconds=100"]
+       "stop.max_rounds=4", "io.log_seconds=60", "launch.timeout_seconds=100", "learners.push=gradient"]
 """One fragment of each actor per batch, 4 versions a batch: on-policy sync makes every fragment before the last
 version the same whatever the timing."""
 LAST_VERSION = 16

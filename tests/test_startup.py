@@ -97,7 +97,8 @@ def test_the_early_server_is_started_only_where_ranks_may_be_local_and_a_failed_
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)
-    for argv in (["run", "--runner", "serial"], ["-q", "run", "--runner=sim"], ["run", "--inside-mpi"], ["run", "-h"]):
+    for argv in (["run", "--runner", "serial"], ["-q", "run", "--runner=sim"], ["run", "-o", "launch.runner=sim"],
+                 ["run", "--inside-mpi"], ["run", "-h"]):
         prestart.start_early(argv)
         assert prestart.adopt_early() is None, argv
     monkeypatch.setenv("PMI_RANK", "1")

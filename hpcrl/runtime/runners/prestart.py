@@ -91,13 +91,13 @@ _EARLY: list[PrestartServer] = []
 def start_early(argv: list[str]) -> None:
     """Start the server as ``hpcrl run`` begins, before the command imports its config machinery (about 0.4 s of
     the launcher's start-up, during which the server already imports torch), when the arguments leave it likely
-    that the run's ranks are local MPI ranks: not ``--runner serial`` or ``sim``, not ``--inside-mpi``, not inside a
-    job already. ``hpcrl run`` adopts it (:func:`adopt_early`) or stops it once its plan says otherwise; a command
-    that ends before adopting it stops it (:func:`drop_early`)."""
+    that the run's ranks are local MPI ranks: not ``--runner serial`` or ``sim`` (nor ``-o launch.runner=...``),
+    not ``--inside-mpi``, not inside a job already. ``hpcrl run`` adopts it (:func:`adopt_early`) or stops it once
+    its plan says otherwise; a command that ends before adopting it stops it (:func:`drop_early`)."""
     from hpcrl.job_env import job_rank, rank_environment
 
     words = set(argv)
-    runner = next((a.split("=", 1)[1] for a in argv if a.startswith("--runner=")), None)
+    runner = next((a.split("=", 1)[1] for a in argv if a.startswith(("--runner=", "launch.runner="))), None)
     if "--runner" in argv and argv.index("--runner") + 1 < len(argv):
         runner = argv[argv.index("--runner") + 1]
     if runner in ("serial", "sim") or words & {"--inside-mpi", "-h", "--help"} or job_rank(os.environ) is not None:

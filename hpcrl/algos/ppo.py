@@ -250,8 +250,8 @@ def gradient_and_stats(batch: Mapping[str, Tensor], policy, cfg, window_logps: T
     With plain ratios and an MLP actor-critic on the CPU, the derivative written out in numpy
     (:mod:`hpcrl.algos.ppo_numpy`, about 2x faster at CartPole's size; equal to autograd's within float32
     rounding); otherwise autograd."""
-    if ratio_fn is None and window_logps is None and policy.device.type == "cpu":
-        by_hand = ppo_numpy.for_model(policy)
+    if ratio_fn is None and window_logps is None:
+        by_hand = ppo_numpy.for_model(policy)  # None off the CPU
         if by_hand is not None:
             coeff = cfg.kl_coeff if kl_coeff is None else float(kl_coeff)
             return by_hand.gradient(batch, cfg, coeff, vf_clip)

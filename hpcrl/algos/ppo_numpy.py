@@ -85,7 +85,6 @@ class NumpyPPOGradient:
 
     def __init__(self, model) -> None:
         pi_fast, vf_fast = model._fast
-        self.model = model
         self.discrete = model.discrete
         self.pi = _Network(model, *pi_fast)
         self.vf = _Network(model, *vf_fast)
@@ -141,10 +140,11 @@ class NumpyPPOGradient:
         the bonus's weight per row)."""
         out = outs[-1]
         if self.discrete:
-            return self._categorical(outs, out, actions.reshape(len(out)).astype(np.intp, copy=False))
-        return self._gaussian(outs, out, actions.reshape(out.shape).astype(_F32, copy=False))
+            return self._categorical(outs, actions.reshape(len(out)).astype(np.intp, copy=False))
+        return self._gaussian(outs, actions.reshape(out.shape).astype(_F32, copy=False))
 
-    def _categorical(self, outs: list[np.ndarray], logits: np.ndarray, actions: np.ndarray):
+    def _categorical(self, outs: list[np.ndarray], actions: np.ndarray):
+        logits = outs[-1]
         shifted = logits - logits.max(-1, keepdims=True)
         log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
         np.maximum(log_probs, np.finfo(_F32).min, out=log_probs)  # as the torch path clamps them
@@ -159,7 +159,8 @@ class NumpyPPOGradient:
 
         return log_probs[rows, actions], entropy, backward
 
-    def _gaussian(self, outs: list[np.ndarray], mean: np.ndarray, actions: np.ndarray):
+    def _gaussian(self, outs: list[np.ndarray], actions: np.ndarray):
+        mean = outs[-1]
         log_std = self.log_std
         inv_var = np.exp(-2 * log_std)
         diff = actions - mean

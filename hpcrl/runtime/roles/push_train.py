@@ -170,15 +170,16 @@ class PushUpdates:
             self.inner.set_lr(L.plan.lr_schedule.at(L.job.counters.read(control.CONSUMED)))
         words = L.job.counters.read_all()
         lap("prepare")
-        next_stop_check = [clock.now() + STOP_CHECK_SECONDS]
+        next_stop_check = clock.now() + STOP_CHECK_SECONDS
 
         def step(mb: dict) -> dict | None:
+            nonlocal next_stop_check
             L.fault.check()
             L.heartbeat.beat()
-            if clock.now() >= next_stop_check[0]:  # an RMA read under MPI: every few ms, not every minibatch step
+            if clock.now() >= next_stop_check:  # an RMA read under MPI: every few ms, not every minibatch step
                 if L.pacing.stopping():
                     return None
-                next_stop_check[0] = clock.now() + STOP_CHECK_SECONDS
+                next_stop_check = clock.now() + STOP_CHECK_SECONDS
             window = L.window.logps(mb, version, words) if L.window else None
             lap("window")
             if L.size == 1 and window is None:

@@ -116,14 +116,9 @@ class LocalWiring:
         return lambda: ChangeNap(self.changes, 5e-5, 0.1)
 
     def between_steps(self, topo: Topology):
-        return _hand_over  # the roles share one interpreter lock
-
-
-
-def _hand_over() -> None:
-    """Let a thread waiting for the interpreter lock have it (a learner between two torch ops). sched_yield
-    releases the lock for a 1 us system call; ``time.sleep(0)`` took 97 us here (the kernel's timer slack)."""
-    os.sched_yield()
+        # the roles share one interpreter lock: hand it to a waiting thread (a learner between two torch ops).
+        # sched_yield releases it for a 1 us system call; time.sleep(0) took 97 us here (the kernel's timer slack)
+        return os.sched_yield
 
 
 def build_jobs(plan: Plan, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:

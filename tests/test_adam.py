@@ -92,3 +92,23 @@ def test_refuses_what_it_does_not_implement():
         Adam([{"params": _params()[:1]}, {"params": _params()[1:]}]).load_state_dict(torch_opt.state_dict())
     with pytest.raises(ValueError, match="no parameters"):
         Adam([])
+
+
+def test_step_counts_stay_per_parameter_when_some_skip_steps():
+    """Equal counts share one step tensor; a parameter without a grad in a step keeps its own count."""
+    mine, ref = _params(), _params()
+    ours = Adam(mine, lr=1e-2)
+    theirs = torch.optim.Adam(ref, lr=1e-2, foreach=False)
+    g = torch.Generator().manual_seed(4)
+    for k in range(6):
+        for i, (a, b) in enumerate(zip(mine, ref)):
+            skip = i == 1 and k in (2, 3)  # the bias sits out two steps
+            grad = None if skip else torch.randn(a.shape, generator=g)
+            a.grad, b.grad = (None, None) if skip else (grad.clone(), grad.clone())
+        ours.step()
+        theirs.step()
+    assert [float(ours.state[p]["step"]) for p in mine] == [6, 4]
+    for a, b in zip(mine, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    saved = ours.state_dict()["state"]
+    assert saved[0]["step"] is not saved[1]["step"] and float(saved[1]["step"]) == 4

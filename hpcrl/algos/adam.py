@@ -46,8 +46,9 @@ class Adam:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            params, steps, exp_avgs, exp_avg_sqs, fused = self._lists(i, params)
-            torch._foreach_add_(steps, 1)
+            params, steps, exp_avgs, exp_avg_sqs, fused, counts = self._lists(i, params)
+            for count in counts:
+                count.add_(1)
             grads = [p.grad for p in params]
             beta1, beta2 = group["betas"]
             if fused:
@@ -63,15 +64,24 @@ class Adam:
                 p.addcdiv_(m, denom, value=-float(group["lr"]) / (1 - beta1 ** t))
 
     def _lists(self, group: int, params: list[Tensor]) -> tuple:
-        """(params, steps, exp_avgs, exp_avg_sqs, fusable) of a group's parameters that have grads, kept
-        while the same parameters train and no state entry was added or dropped (a Tensor is hashed in
-        Python: looking a dozen up per step cost a tenth of the parameter rank's CPU)."""
+        """(params, steps, exp_avgs, exp_avg_sqs, fusable, step counters) of a group's parameters that have grads,
+        kept while the same parameters train and no state entry was added or dropped (a Tensor is hashed in
+        Python: looking a dozen up per step cost a tenth of the parameter rank's CPU).
+
+        Parameters whose step counts are equal share one step tensor from here on, and each distinct counter is
+        incremented once per step: ``torch._foreach_add_`` over a dozen 0-dim tensors cost more on the CPU than
+        the fused Adam kernel itself (53 against 20 us for Hopper's 13 tensors). Each build gives fresh counters,
+        so a parameter left out of a step (no grad) keeps its count, and one whose state was dropped restarts."""
         key = (id(self.state), len(self.state), tuple(map(id, params)))
         cached = self._cached.get(group)
         if cached is None or cached[0] != key:
             states = [self._state_of(p) for p in params]
+            counts: dict[tuple, Tensor] = {}
+            for s in states:
+                t = s["step"]
+                s["step"] = counts.setdefault((float(t), t.device), t.clone())
             lists = (params, [s["step"] for s in states], [s["exp_avg"] for s in states],
-                     [s["exp_avg_sq"] for s in states], all(_fusable(p) for p in params))
+                     [s["exp_avg_sq"] for s in states], all(_fusable(p) for p in params), list(counts.values()))
             cached = self._cached[group] = ((id(self.state), len(self.state), key[2]), lists)
         return cached[1]
 

@@ -11,7 +11,7 @@ A backend steps its N instances together and resets the ones that ended in the s
 
 :class:`Step` holds ``obs`` (for an instance that ended: the first observation of its next
 episode), ``rewards`` [N] (float64 unless the env computes float32), ``terminated`` and
-``truncated`` [N] bool, and ``final_obs`` ([N, *obs_shape]: the observation each instance that
+``truncated`` [N] bool, ``ended`` (whether any instance ended: most steps end none) and ``final_obs`` ([N, *obs_shape]: the observation each instance that
 ended ended in; equal to ``obs`` elsewhere), from which the sampler bootstraps truncated episodes.
 
 Kinds (``hpcrl.envs.spec(id).kind``; Gymnasium ids are ``gym``):
@@ -45,6 +45,8 @@ class Step:
     terminated: np.ndarray
     truncated: np.ndarray
     final_obs: np.ndarray
+    ended: bool
+    """Whether any instance ended (terminated or truncated) in this step."""
 
 
 def env_kind(env_id: str) -> str:
@@ -95,14 +97,16 @@ class GymBackend:
         term, trunc = np.zeros(N, bool), np.zeros(N, bool)
         obs = np.empty((N, *self.observation_space.shape), self.dtype)
         final = np.empty_like(obs)
+        ended = False
         for i, env in enumerate(self.envs):  # Discrete: actions[i] is a numpy int64, which every space accepts
             o, r, te, tr, _ = env.step(actions[i])
             rewards[i], term[i], trunc[i] = r, te, tr
             final[i] = o
             if te or tr:
                 o, _ = env.reset()
+                ended = True
             obs[i] = o
-        return Step(obs, rewards, term, trunc, final)
+        return Step(obs, rewards, term, trunc, final, ended)
 
     def close(self) -> None:
         for env in self.envs:
@@ -131,7 +135,8 @@ class BatchedBackend:
         ended = info["_final_obs"].numpy()
         if ended.any():
             final[ended] = info["final_obs"].numpy()[ended]
-        return Step(obs, rewards.numpy().astype(np.float32), term.numpy().copy(), trunc.numpy().copy(), final)
+        term, trunc = term.numpy().copy(), trunc.numpy().copy()
+        return Step(obs, rewards.numpy().astype(np.float32), term, trunc, final, bool((term | trunc).any()))
 
     def close(self) -> None:
         self.env.close()
@@ -167,6 +172,7 @@ class ParallelBackend:
         final = np.empty_like(obs)
         rewards = np.zeros(N, np.float64)
         term, trunc = np.zeros(N, bool), np.zeros(N, bool)
+        any_ended = False
         for k, env in enumerate(self.envs):
             rows = slice(k * A, (k + 1) * A)
             obs_d, rew, te, tr, _ = env.step({a: actions[k * A + j] for j, a in enumerate(self.agents)})
@@ -176,6 +182,7 @@ class ParallelBackend:
             trunc[rows] = [bool(tr[a]) for a in self.agents]
             ended = term[rows] | trunc[rows]
             if ended.all():
+                any_ended = True
                 obs_d, _ = env.reset()
                 self._check_agents(k)
                 obs[rows] = [obs_d[a] for a in self.agents]
@@ -184,7 +191,7 @@ class ParallelBackend:
                                    "ended before the others; the parameter-shared backend needs them to end together")
             else:
                 obs[rows] = final[rows]
-        return Step(obs, rewards, term, trunc, final)
+        return Step(obs, rewards, term, trunc, final, any_ended)
 
     def close(self) -> None:
         for env in self.envs:

@@ -98,15 +98,29 @@ class RunningMeanStd:
 
     def update(self, x: np.ndarray) -> None:
         n = x.shape[0]
-        if n == 1:  # one instance per step (MuJoCo's layout): the mean and var numpy gives, without its reductions
-            m = x[0]
-            d = m - m  # 0, or NaN where x is not finite (as np.var)
-            v = d * d
-        else:
-            m, v = x.mean(axis=0), x.var(axis=0)
+        if n == 1:  # one instance per step (MuJoCo's layout): the same numbers in half the numpy calls
+            self._update_one(x[0])
+            return
+        m, v = x.mean(axis=0), x.var(axis=0)
         delta, total = m - self.mean, self.count + n
         self.mean = self.mean + delta * n / total
         self.var = (self.var * self.count + v * n + delta ** 2 * self.count * n / total) / total
+        self.count = total
+
+    def _update_one(self, m: np.ndarray) -> None:
+        """:meth:`update` with one row ``m``: its variance term is 0 (NaN where ``m`` is not finite, as np.var's),
+        and the factors n = 1 leave out are exact, so every value is the general formula's to the bit."""
+        count = self.count
+        total = count + 1
+        delta = m - self.mean
+        self.mean = self.mean + delta / total
+        spread = delta * delta
+        spread *= count
+        spread /= total
+        spread += self.var * count
+        spread += (m - m) ** 2
+        spread /= total
+        self.var = spread
         self.count = total
 
     def state(self) -> dict:
@@ -165,12 +179,15 @@ class VectorSampler:
         z = (raw - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8)
         return _clip(z, -self.clip, self.clip).astype(np.float32)
 
-    def _scale_rewards(self, r: np.ndarray, done: np.ndarray) -> np.ndarray:
+    def _scale_rewards(self, r: np.ndarray, done: np.ndarray | None) -> np.ndarray:
+        """``r`` scaled by the running std of the discounted return; ``done``: the instances whose episode ended
+        (None: none did)."""
         if self.ret_rms is None:
             return r
         self.disc_return = self.disc_return * self.gamma + r
-        self.ret_rms.update(self.disc_return.reshape(-1, 1)[:, 0])
-        self.disc_return[done] = 0.0
+        self.ret_rms.update(self.disc_return)
+        if done is not None:
+            self.disc_return[done] = 0.0
         return _clip(r / np.sqrt(self.ret_rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
 
     def normalizer_state(self) -> dict | None:
@@ -220,8 +237,9 @@ class VectorSampler:
             rewards[t], terminated[t], truncated[t] = step.rewards, step.terminated, step.truncated
             self.ep_return += step.rewards
             self.ep_length += 1
-            done = step.terminated | step.truncated
-            if done.any():
+            done = None
+            if step.ended:
+                done = step.terminated | step.truncated
                 now = self.clock.unix()
                 for i in np.flatnonzero(done):
                     episodes.append(Episode(time=now, actor=actor, env_index=int(i),

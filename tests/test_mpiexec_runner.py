@@ -77,6 +77,10 @@ def test_exit_order_names_the_process_that_ended_alone_first():
             p.wait()
         time.sleep(0.3)
         assert exits.first == 2
+        started = time.monotonic()
+        exits.stop()
+        assert time.monotonic() - started < 0.1  # its thread wakes at once (the launcher waits on it at every end)
+        assert not exits._thread.is_alive()
     finally:
         exits.stop()
         for p in procs:

@@ -24,6 +24,8 @@ class ExitOrder:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._wait, name="rank-exits", daemon=True)
         if self._sel is not None:
+            self._wake_r, self._wake_w = os.pipe()  # stop() writes one byte: the thread's select returns at once
+            self._sel.register(self._wake_r, selectors.EVENT_READ, None)
             self._thread.start()
 
     def watch(self, pids: dict[int, int]) -> None:
@@ -43,8 +45,10 @@ class ExitOrder:
     def _wait(self) -> None:
         while not self._stop.is_set():
             try:
-                events = self._sel.select(0.2)
+                events = self._sel.select()
             except (OSError, ValueError):  # closed by stop()
+                return
+            if any(key.data is None for key, _ in events):  # woken by stop()
                 return
             if events and self.first is None and not self.ambiguous:
                 ranks = sorted({key.data for key, _ in events})
@@ -57,14 +61,16 @@ class ExitOrder:
                 os.close(key.fileobj)
 
     def stop(self) -> None:
-        """End the thread and close every pidfd."""
-        if self._sel is None:
+        """End the thread and close every pidfd (once: a second call does nothing)."""
+        if self._sel is None or self._stop.is_set():
             return
         self._stop.set()
+        os.write(self._wake_w, b"x")
         self._thread.join(1.0)
         for key in list(self._sel.get_map().values()):
             try:
                 os.close(key.fileobj)
             except OSError:
                 pass
+        os.close(self._wake_w)
         self._sel.close()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hpcrl.io import read_attrs, read_table
-from hpcrl.runtime.record.cycle_profile import LEARNER_PHASES, PARAMETER_PHASES, PhaseClock
+from hpcrl.runtime.record.cycle_profile import LEARNER_PHASES, PARAMETER_PHASES, CycleRecord, PhaseClock
 
 
 def test_phase_clock_charges_every_second_to_one_phase():
@@ -23,6 +23,23 @@ def test_phase_clock_charges_every_second_to_one_phase():
     elapsed, sec = clock.take()
     assert sec["b"] == 0.0 and sec["a"] == pytest.approx(elapsed)
     assert clock.take()[0] == 0.0
+
+
+def test_cycle_busy_time_in_cpu_seconds_counts_the_sleeps_and_starts_again_each_cycle():
+    """The serial runner's busy time: the thread's CPU seconds in the cycle plus what it slept in place of compute;
+    not the wall time (in which waits for the interpreter lock would count)."""
+    cpu = iter([10.0, 10.5, 10.7, 11.0, 11.2, 30.0, 30.1])
+    record = CycleRecord(0, cpu_time=lambda: next(cpu))  # starts at 10.0
+    assert record.busy_so_far() == pytest.approx(0.5)
+    record.slept(0.2)
+    assert record.busy_so_far() == pytest.approx(0.9)  # 0.7 of CPU and the 0.2 slept
+    record.close(seq=0, base_version=0, push_wait=0.0)  # a new cycle from 11.0
+    assert record.busy_so_far() == pytest.approx(0.2)
+    record.restart()  # a park: from 30.0, the sleeps of the last cycle gone
+    assert record.busy_so_far() == pytest.approx(0.1)
+    wall = CycleRecord(0)  # elsewhere: wall seconds of the cycle less its waits
+    wall.lap("idle")
+    assert wall.busy_so_far() == 0.0
 
 
 def check_profile(h5) -> None:

@@ -13,6 +13,8 @@ cycle (:meth:`PhaseClock.restart`). The rows travel to the parameter rank with t
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from hpcrl.runtime.clock import WALL, Clock
 
 LEARNER_PHASES = ("idle", "receive", "prepare", "minibatch", "control", "weights", "window", "gradient",
@@ -63,17 +65,38 @@ class CycleRecord:
 
     COLUMNS = ("time", "group", "seq", "base_version", "cycle_seconds", *(f"{p}_seconds" for p in LEARNER_PHASES))
 
-    def __init__(self, group: int, clock: Clock = WALL) -> None:
+    def __init__(self, group: int, clock: Clock = WALL, cpu_time: Callable[[], float] | None = None) -> None:
+        """``cpu_time``: the group root thread's CPU seconds (``time.thread_time``) where roles share one interpreter
+        (the serial runner); its busy time is then that CPU time plus the seconds it slept standing in for
+        compute (:meth:`slept`), not wall time, of which the waits for the interpreter lock would be part."""
         self.group, self.time = group, clock
         self.clock = PhaseClock(LEARNER_PHASES, clock)
         self.lap = self.clock.lap
         self.rows = self._empty()
+        self.cpu_time = cpu_time
+        self._cpu_start = cpu_time() if cpu_time is not None else 0.0
+        self._slept = 0.0
+
+    def restart(self) -> None:
+        """Forget the time since the last cycle ended (a park: parked time belongs to no cycle)."""
+        self.clock.restart()
+        self._new_cycle()
+
+    def slept(self, seconds: float) -> None:
+        """The group slept ``seconds`` in place of computing (debug.learner_delay_seconds): busy time."""
+        self._slept += seconds
+
+    def _new_cycle(self) -> None:
+        if self.cpu_time is not None:
+            self._cpu_start = self.cpu_time()
+        self._slept = 0.0
 
     def close(self, seq: int, base_version: int, push_wait: float) -> None:
         """The gradient ``seq`` was just pushed (after ``push_wait`` seconds waiting for a slot): end its cycle."""
         self.clock.lap("push")
         self.clock.move(push_wait, "push", "push_wait")
         elapsed, seconds = self.clock.take()
+        self._new_cycle()
         rows = self.rows
         rows["time"].append(self.time.unix())
         rows["group"].append(self.group)
@@ -84,7 +107,10 @@ class CycleRecord:
             rows[f"{p}_seconds"].append(seconds[p])
 
     def busy_so_far(self) -> float:
-        """Seconds of the current cycle up to its last lap, without its waits (for data, for a mailbox slot)."""
+        """Seconds of the current cycle up to its last lap, without its waits (for data, for a mailbox slot); with
+        ``cpu_time``, its CPU seconds so far and the seconds it slept in place of computing."""
+        if self.cpu_time is not None:
+            return self.cpu_time() - self._cpu_start + self._slept
         c = self.clock
         return c.mark - c.start - c.seconds["idle"] - c.seconds["push_wait"]
 

@@ -80,7 +80,7 @@ class LearnerGroup:
                         if self.is_root and self.pp else None)
         self.group_reduce = job.group_reduce  # the group's other ranks: shares of each minibatch, the gradient average
         self.loaded = -1  # version of the weights in self.model (-1: none yet)
-        self.cycles = CycleRecord(self.g, job.clock)  # where each gradient's cycle went (learner_cycles)
+        self.cycles = CycleRecord(self.g, job.clock, job.learner_cpu_time)  # where each gradient's cycle went
         self.pacing = Pacing(self.plan.pacing, job.counters, job.board, self.plan.groups, self.g,
                              self._beat_and_receive, self.cycles.lap, job.clock)
         # what the group pushes per batch (learners.push): a gradient per minibatch, or its own optimizer's update
@@ -99,7 +99,7 @@ class LearnerGroup:
         counters = self.job.counters
         backoff = self.job.learner_nap  # a back-off under MPI, the group's doorbell in one process
         lap = self.cycles.lap
-        self.cycles.clock.restart()
+        self.cycles.restart()
         while True:
             self.fault.check()
             self.heartbeat.beat()
@@ -153,7 +153,7 @@ class LearnerGroup:
         """Block until this group is activated (True) or the run stops (False), then report the park."""
         self.group_reduce.park()  # the group's other ranks wait with long naps too
         woken = wait_while_parked(self.job.counters, self.g, self.job.reports, self._beat_and_receive, self.clock)
-        self.cycles.clock.restart()  # parked time belongs to no gradient's cycle
+        self.cycles.restart()  # parked time belongs to no gradient's cycle
         return woken
 
     def _beat_and_receive(self) -> None:

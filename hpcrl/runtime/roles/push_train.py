@@ -90,7 +90,7 @@ class PushGradients:
                 mine, window = L.group_reduce.hand_out(L.weights, mb, window)
                 lap("allreduce")
             grad, stats = self._gradient(mine, window)
-            L.fault.slow_down()  # debug.learner_delay_seconds
+            L.cycles.slept(L.fault.slow_down())  # debug.learner_delay_seconds
             lap("gradient")
             dt = clock.now() - t
             compute += dt
@@ -132,7 +132,7 @@ class PushGradients:
             L.clock.did(Work.GRADIENT)
         else:
             grad, stats = L.local_gradient(mb, None)
-        L.fault.slow_down()  # debug.learner_delay_seconds
+        L.cycles.slept(L.fault.slow_down())  # debug.learner_delay_seconds
         lap("gradient")
         return grad, stats, launch_seconds + L.clock.now() - t
 
@@ -201,7 +201,7 @@ class PushUpdates:
             return False
         update, stats = got
         L.forget_weights()  # the model holds this group's own weights now, not a published version
-        L.fault.slow_down()  # debug.learner_delay_seconds
+        L.cycles.slept(L.fault.slow_down())  # debug.learner_delay_seconds
         compute = clock.now() - t
         lap("flatten")
         rows = len(next(iter(batch.values())))

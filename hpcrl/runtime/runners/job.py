@@ -94,6 +94,10 @@ class Job:
     the interpreter lock to a waiting role (the numpy policy call and the env step never release it, and a
     learner's torch ops, which do, would otherwise wait the 5 ms switch interval for it, op after op); None
     elsewhere."""
+    learner_cpu_time: Callable[[], float] | None = None
+    """A group root's CPU clock for its busy time (the elastic rule's capacity), where the roles share one
+    interpreter: the serial runner's ``time.thread_time``, whose seconds leave out the waits for the interpreter
+    lock that wall time would count; None elsewhere (busy time is the cycle's wall time less its waits)."""
     shard_link: object | None = None
     """Rank 0's decisions to the other parameter shards (transport/shard_link.py; aggregation.shards > 1 only)."""
 
@@ -141,6 +145,7 @@ class Wiring(Protocol):
     def learner_nap(self, topo: Topology) -> Backoff: ...
     def actor_nap(self, topo: Topology) -> Callable[[], Backoff]: ...
     def between_steps(self, topo: Topology) -> Callable[[], None] | None: ...
+    def learner_cpu_time(self, topo: Topology) -> Callable[[], float] | None: ...
 
 
 def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: str, env: EnvInfo, wiring: Wiring,
@@ -171,7 +176,8 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
                parameter_nap=wiring.parameter_nap(topo) if topo.role == "parameter" else None,
                learner_nap=wiring.learner_nap(topo) if topo.role == "learner" else None,
                actor_nap=wiring.actor_nap(topo) if topo.role == "actor" else None,
-               between_steps=wiring.between_steps(topo) if topo.role == "actor" else None)
+               between_steps=wiring.between_steps(topo) if topo.role == "actor" else None,
+               learner_cpu_time=wiring.learner_cpu_time(topo) if topo.role == "learner" else None)
 
 
 def build_jobs(plan: Plan, topos: list[Topology], env: EnvInfo, run_dir: Path, resume: bool, runner: str,

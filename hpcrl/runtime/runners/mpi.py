@@ -293,6 +293,9 @@ class MpiWiring:
     def actor_nap(self, topo):
         return lambda: Backoff(5e-5, 5e-3, WALL)  # the counters are read by RMA
 
+    def learner_cpu_time(self, topo):
+        return None  # a rank's own process: its busy time is wall time less its waits
+
     def between_steps(self, topo):
         return None  # a rank has its own interpreter
 

@@ -16,6 +16,7 @@ shares' gradients as the MPI group does (:class:`~hpcrl.runtime.transport.local.
 from __future__ import annotations
 
 import os
+import time
 import platform
 import signal
 import threading
@@ -119,6 +120,11 @@ class LocalWiring:
         # the roles share one interpreter lock: hand it to a waiting thread (a learner between two torch ops).
         # sched_yield releases it for a 1 us system call; time.sleep(0) took 97 us here (the kernel's timer slack)
         return os.sched_yield
+
+    def learner_cpu_time(self, topo: Topology):
+        # a group's busy time as its thread's CPU seconds: its wall time here includes the waits for the interpreter
+        # lock while actors step, which made one group's capacity look too small to park the other
+        return time.thread_time
 
 
 def build_jobs(plan: Plan, run_dir: Path, resume: bool, progress: str, abort: threading.Event) -> list[Job]:

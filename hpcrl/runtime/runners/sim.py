@@ -191,6 +191,9 @@ class SimWiring(LocalWiring):
         clock = self.clock(topo)
         return lambda: Backoff(5e-5, 5e-3, clock)  # the MPI runner's, in virtual time
 
+    def learner_cpu_time(self, topo: Topology):
+        return None  # busy time in virtual time, as the MPI runner's in wall time
+
     def between_steps(self, topo: Topology):
         return None  # virtual time: nothing waits for the lock
 

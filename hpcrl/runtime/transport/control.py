@@ -202,15 +202,18 @@ class FaultInjector:
             self.delay_for = None
         self.delay_until: float | None = None
 
-    def slow_down(self) -> None:
-        """Sleep the delay, for ``learner_delay_until_seconds`` after the first call (a gradient) if that is set."""
+    def slow_down(self) -> float:
+        """Sleep the delay, for ``learner_delay_until_seconds`` after the first call (a gradient) if that is set;
+        the seconds slept."""
         if not self.delay:
-            return
+            return 0.0
         now = self.clock.now()
         if self.delay_until is None:
             self.delay_until = float("inf") if self.delay_for is None else now + self.delay_for
         if now < self.delay_until:
             self.clock.sleep(self.delay)
+            return self.delay
+        return 0.0
 
     def check(self) -> None:
         if self.at is not None and self.clock.now() >= self.at:

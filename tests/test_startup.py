@@ -120,3 +120,32 @@ def test_a_run_refused_for_bad_input_leaves_no_prestart_server(tmp_path, args, s
                          capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 2 and said in res.stderr, res.stderr
     assert not _servers_under(tmp_path) and not [p for p in tmp_path.iterdir() if p.name.startswith("hpcrl-")]
+
+
+def test_a_childs_c_exit_runs_the_handlers_registered_after_its_own_then_ends_with_its_status(tmp_path):
+    """The prestart child's exit: MPICH's handler (registered by MPI's init, after the child's own) still runs, and
+    the child's handler then ends the process with the status it was given, before the handlers registered earlier
+    (libtorch's static destructors, when the server imported torch)."""
+    marker = tmp_path / "later-handler-ran"
+    code = f"""
+import ctypes
+from hpcrl.runtime.runners import prestart
+libc = ctypes.CDLL(None)
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def earlier(_arg):  # registered before the child's handler, as libtorch's destructors are: must not run
+    open({str(marker)!r} + ".earlier", "w").close()
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def later(_arg):  # registered after it, as MPICH's PMI finalize is: must run
+    open({str(marker)!r}, "w").close()
+
+libc.__cxa_atexit(earlier, None, None)
+prestart._end_before_library_destructors()
+libc.__cxa_atexit(later, None, None)
+prestart._EXIT_STATUS[0] = 7
+libc.exit(3)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 7, done.stderr
+    assert marker.exists() and not Path(str(marker) + ".earlier").exists()

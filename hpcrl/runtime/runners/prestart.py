@@ -371,19 +371,46 @@ def _become(request: dict, fds: list[int]) -> None:
 def _run_rank(argv: list[str]) -> int:
     from mpi4py import MPI
 
+    _end_before_library_destructors()  # before MPI's init: MPICH's exit handler, registered in it, runs first
     MPI.Init_thread(MPI.THREAD_MULTIPLE)
     from hpcrl.runtime.runners.mpi import run_rank
 
     return run_rank(argv)
 
 
+_EXIT_STATUS = [1]
+"""The status the child's C exit ends with (its exit handler cannot be told it)."""
+_KEPT: list = []
+
+
+def _end_before_library_destructors() -> None:
+    """Register a C exit handler that flushes C stdio and ends the process with :data:`_EXIT_STATUS`.
+
+    The C library runs exit handlers last registered first: MPICH's, registered by MPI's init after this one,
+    tells mpiexec that the rank finalized; this one runs next and ends the process before the handlers registered
+    when the server imported torch, libtorch's static destructors, which took 0.1-0.2 s of CPU per rank at the end
+    of every job (the launcher waits for the last rank)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    def end(_arg) -> None:
+        libc.fflush(None)
+        libc._exit(_EXIT_STATUS[0])
+
+    _KEPT.append(end)  # the callback must outlive this function
+    libc.__cxa_atexit(end, None, None)
+
+
 def _exit(code: int) -> None:
     """End a child as the interpreter would: Python's exit handlers, MPI_Finalize, flushed stdio, then the C
     library's exit handlers (MPICH tells mpiexec that the rank finalized in one: without it, mpiexec takes the
-    rank's end for a crash and kills the job)."""
+    rank's end for a crash and kills the job; :func:`_end_before_library_destructors` ends it after that one)."""
     import atexit
     import ctypes
 
+    _EXIT_STATUS[0] = code
     try:
         atexit._run_exitfuncs()
         from mpi4py import MPI

@@ -149,3 +149,7 @@ libc.exit(3)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 7, done.stderr
     assert marker.exists() and not Path(str(marker) + ".earlier").exists()
+    marker.unlink()  # another exit (MPI_Abort's, no status set): every handler runs, the exit's own status stands
+    unset = subprocess.run([sys.executable, "-c", code.replace("prestart._EXIT_STATUS[0] = 7", "")],
+                           capture_output=True, text=True, timeout=60)
+    assert unset.returncode == 3 and marker.exists() and Path(str(marker) + ".earlier").exists(), unset.stderr

@@ -11,8 +11,9 @@ A backend steps its N instances together and resets the ones that ended in the s
 
 :class:`Step` holds ``obs`` (for an instance that ended: the first observation of its next
 episode), ``rewards`` [N] (float64 unless the env computes float32), ``terminated`` and
-``truncated`` [N] bool, ``ended`` (whether any instance ended: most steps end none) and ``final_obs`` ([N, *obs_shape]: the observation each instance that
-ended ended in; equal to ``obs`` elsewhere), from which the sampler bootstraps truncated episodes.
+``truncated`` [N] bool, ``ended`` (whether any instance ended: most steps end none) and
+``final_obs`` ([N, *obs_shape]: the observation each instance that ended ended in; equal to
+``obs`` elsewhere), from which the sampler bootstraps truncated episodes.
 
 Kinds (``hpcrl.envs.spec(id).kind``; Gymnasium ids are ``gym``):
 

@@ -378,13 +378,14 @@ def _run_rank(argv: list[str]) -> int:
     return run_rank(argv)
 
 
-_EXIT_STATUS = [1]
-"""The status the child's C exit ends with (its exit handler cannot be told it)."""
+_EXIT_STATUS: list[int | None] = [None]
+"""The status the child's C exit ends with, set by :func:`_exit` (an exit handler is not told it); None: another
+exit (MPI_Abort's), which runs every handler as before."""
 _KEPT: list = []
 
 
 def _end_before_library_destructors() -> None:
-    """Register a C exit handler that flushes C stdio and ends the process with :data:`_EXIT_STATUS`.
+    """Register a C exit handler that flushes C stdio and ends the process with :data:`_EXIT_STATUS` (if set).
 
     The C library runs exit handlers last registered first: MPICH's, registered by MPI's init after this one,
     tells mpiexec that the rank finalized; this one runs next and ends the process before the handlers registered
@@ -396,8 +397,9 @@ def _end_before_library_destructors() -> None:
 
     @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
     def end(_arg) -> None:
-        libc.fflush(None)
-        libc._exit(_EXIT_STATUS[0])
+        if _EXIT_STATUS[0] is not None:
+            libc.fflush(None)
+            libc._exit(_EXIT_STATUS[0])
 
     _KEPT.append(end)  # the callback must outlive this function
     libc.__cxa_atexit(end, None, None)

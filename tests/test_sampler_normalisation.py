@@ -39,8 +39,9 @@ def test_one_row_update_keeps_non_finite_as_np_var_does():
     assert np.isnan(fast.var[1])
 
 
-def test_step_ended_says_whether_any_instance_ended():
-    cfg = load_config(None, ["env.num_envs=2"])  # CartPole: a constant push ends an episode within ~10 steps
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "hpcrl/CartPole-v1"])  # Gymnasium's envs; hpcrl's batched one
+def test_step_ended_says_whether_any_instance_ended(env_id):
+    cfg = load_config(None, [f"env.id={env_id}", "env.num_envs=2"])  # a constant push ends an episode in ~10 steps
     backend = make_backend(cfg.env)
     backend.reset(0)
     ended_steps = []

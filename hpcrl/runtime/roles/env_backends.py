@@ -133,11 +133,12 @@ class BatchedBackend:
         obs, rewards, term, trunc, info = self.env.step(torch.as_tensor(actions))
         obs = np.array(obs.numpy(), dtype=np.float32)
         final = obs.copy()
-        ended = info["_final_obs"].numpy()
-        if ended.any():
+        ended = info["_final_obs"].numpy()  # the instances that terminated or truncated
+        any_ended = bool(ended.any())
+        if any_ended:
             final[ended] = info["final_obs"].numpy()[ended]
-        term, trunc = term.numpy().copy(), trunc.numpy().copy()
-        return Step(obs, rewards.numpy().astype(np.float32), term, trunc, final, bool((term | trunc).any()))
+        return Step(obs, rewards.numpy().astype(np.float32), term.numpy().copy(), trunc.numpy().copy(), final,
+                    any_ended)
 
     def close(self) -> None:
         self.env.close()

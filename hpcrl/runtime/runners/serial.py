@@ -16,10 +16,10 @@ shares' gradients as the MPI group does (:class:`~hpcrl.runtime.transport.local.
 from __future__ import annotations
 
 import os
-import time
 import platform
 import signal
 import threading
+import time
 import traceback
 from pathlib import Path
 

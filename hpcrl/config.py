@@ -163,6 +163,14 @@ class LearnersConfig(Section):
     optimizer and the algorithm's lr schedule) from the version it pulled, and pushes one update, the weights it
     started from minus the weights it ended with; rank 0 admits it like a gradient (staleness in versions) and
     applies it with the outer step (aggregation.outer_lr, outer_momentum, outer_nesterov)."""
+    topology: Literal["server", "allreduce"] = "server"
+    """How the learner groups combine their gradients. server: through the parameter rank (learners.push, the
+    admission policy). allreduce (DD-PPO's way, Wijmans et al. 2020): the group roots average every minibatch's
+    gradient among themselves with one MPI allreduce and each steps its own copy of the optimizer, so every group
+    holds the same weights; group 0 alone pushes the batch's resulting weights to rank 0, which publishes them for the
+    actors and keeps the record (one push per batch of all groups). Synchronous: needs aggregation.policy=sync and
+    every group active (learners.min_active = learners.groups). Every group is at the same version, so Stellaris' IS
+    window over the other groups' versions (aggregation.is_truncation) has nothing to add and is not used."""
 
     @property
     def launched_ranks_per_group(self) -> int:
@@ -465,6 +473,33 @@ class RunConfig(Section):
         if self.algo.round_regime != "batch" or self.algo.routing() != "own_group":
             raise ValueError(f"learners.push=update: algo {self.algo.name} has no batch of its own per learner group "
                              "(allowed: an algorithm whose groups each train their own batch, e.g. ppo)")
+        return self
+
+    @model_validator(mode="after")
+    def _what_an_allreduce_needs(self) -> "RunConfig":
+        if self.learners.topology != "allreduce":
+            return self
+        learners, agg = self.learners, self.aggregation
+        refused = [(what, allowed) for what, allowed, on in (
+            (f"aggregation.policy={agg.policy} admits pushes on a parameter rank; the allreduce is synchronous",
+             "aggregation.policy=sync", agg.policy != "sync"),
+            (f"learners.min_active={learners.min_active} would park groups the allreduce waits for",
+             f"learners.min_active={learners.groups} (= learners.groups)", learners.min_active != learners.groups),
+            (f"launch.runner={self.launch.runner} has no allreduce between the groups yet", "launch.runner=mpi or serial",
+             self.launch.runner not in ("mpi", "serial")),
+            (f"learners.push={learners.push} is the parameter rank's mode", "learners.push=gradient (the default)",
+             learners.push != "gradient"),
+            (f"aggregation.shards={agg.shards} shards a parameter rank the allreduce does not have",
+             "aggregation.shards=1", agg.shards != 1),
+            ("ranks that join (learners.elastic, actors.elastic) are not in the allreduce",
+             "learners.elastic=park and actors.elastic=park", learners.elastic != "park" or self.actors.elastic != "park"),
+            (f"actors.weight_sync={self.actors.weight_sync} probes a parameter rank's steps",
+             "actors.weight_sync=every_fragment", self.actors.weight_sync == "aaps"),
+            (f"algo {self.algo.name} has no batch of its own per learner group",
+             "an algorithm whose groups each train their own batch, e.g. ppo",
+             self.algo.round_regime != "batch" or self.algo.routing() != "own_group")) if on]
+        if refused:
+            raise ValueError(f"learners.topology=allreduce: {refused[0][0]} (allowed: {refused[0][1]})")
         return self
 
     @model_validator(mode="after")

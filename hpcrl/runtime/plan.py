@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 Pacing = Literal["free", "lockstep", "held"]
 Routing = Literal["own_group", "every_group", "postprocess_first"]
 Runner = Literal["mpi", "serial", "fused", "sim"]
-Push = Literal["gradient", "update"]
+Push = Literal["gradient", "update", "allreduce"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,9 @@ class Plan:
     """The rate set before each step from the env steps consumed (by rank 0 before each gradient step; by a learner
     group before each batch it updates on with push=update); None: the optimiser's own."""
     push: Push
-    """What a learner group pushes: one gradient per minibatch, or one update per batch (learners.push)."""
+    """What a learner group pushes: one gradient per minibatch, or one update per batch (learners.push); allreduce
+    (learners.topology=allreduce): the groups average each minibatch's gradient among themselves and group 0 pushes
+    the weights they all hold after the batch."""
     shards: int
     """Parameter ranks that own a slice of the weights each (aggregation.shards; rank 0 is shard 0 and decides)."""
     reward_gamma: float
@@ -141,7 +143,7 @@ def make_plan(cfg: Any) -> Plan:
                 num_ranks=cfg.num_ranks, seed=cfg.env.seed, fragment_length=cfg.actors.fragment_length,
                 fragment_steps=fragment_steps, round_steps=round_steps, group_batch_size=group_batch,
                 routing=algo.routing(), pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
-                lr_schedule=algo.lr_schedule(), push=cfg.learners.push, shards=cfg.aggregation.shards,
+                lr_schedule=algo.lr_schedule(), push="allreduce" if cfg.learners.topology == "allreduce" else cfg.learners.push, shards=cfg.aggregation.shards,
                 reward_gamma=algo.reward_discount(),
                 runner=runner, runner_reason=reason, sections=sections,
                 trajectory_files=not (runner == "sim" and cfg.launch.sim_actors == "node"))

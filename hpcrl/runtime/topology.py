@@ -74,6 +74,9 @@ class Topology:
     """Communicator of this rank's learner group (MPI.COMM_NULL for other roles)."""
     node_comm: object
     """Ranks sharing this node's memory (Split_type COMM_TYPE_SHARED)."""
+    roots_comm: object = field(default=None, kw_only=True)
+    """The learner group roots, rank g = group g (learners.topology=allreduce: their allreduce); None otherwise, and
+    MPI.COMM_NULL on the other ranks."""
     groups: int
     ranks_per_group: int
     roles: list[Role] = field(repr=False)
@@ -105,12 +108,16 @@ class Topology:
         color = mine.group if mine.role == LEARNER else MPI.UNDEFINED
         group_comm = comm.Split(color, mine.group_rank if mine.role == LEARNER else 0)
         node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        roots_comm = None
+        if learners_cfg.topology == "allreduce":
+            is_root = mine.role == LEARNER and mine.group_rank == 0
+            roots_comm = comm.Split(0 if is_root else MPI.UNDEFINED, mine.group if is_root else 0)
         table = comm.allgather((MPI.Get_processor_name(), node_comm.Get_rank()))
         return cls(
             comm=comm, rank=rank, size=comm.Get_size(), role=mine.role, group=mine.group,
             group_rank=mine.group_rank, group_comm=group_comm, node_comm=node_comm,
             groups=groups, ranks_per_group=per_group, roles=roles,
-            nodes=[t[0] for t in table], node_ranks=[t[1] for t in table], world_ranks=order,
+            nodes=[t[0] for t in table], node_ranks=[t[1] for t in table], world_ranks=order, roots_comm=roots_comm,
         )
 
     @property
@@ -187,8 +194,8 @@ class Topology:
         """Free the communicators this object split off (collective over their members)."""
         from mpi4py import MPI
 
-        for name in ("group_comm", "node_comm"):
+        for name in ("group_comm", "node_comm", "roots_comm"):
             c = getattr(self, name)
-            if c != MPI.COMM_NULL:
+            if c is not None and c != MPI.COMM_NULL:
                 c.Free()
             setattr(self, name, MPI.COMM_NULL)

@@ -260,7 +260,9 @@ class ProgressView:
 
 
 PUSHES = {"gradient": "gradients, one per minibatch (learners.push=gradient)",
-          "update": "updates, one per batch: the group's whole update (learners.push=update)"}
+          "update": "updates, one per batch: the group's whole update (learners.push=update)",
+          "allreduce": "weights, one push per batch of all groups: the groups average every minibatch among "
+                       "themselves (learners.topology=allreduce)"}
 
 
 def print_summary(s: dict[str, Any], stream: TextIO, rich_table: bool = False) -> None:

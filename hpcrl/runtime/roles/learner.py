@@ -66,7 +66,7 @@ class LearnerGroup:
         self.g, self.size, self.is_root = job.topo.group, job.group_reduce.size, job.topo.is_group_root
         self.weights = np.empty(self.model.flat.num_params, dtype=np.float32)
         self.window = (ISWindow(self.algo, job.env, self.model, job.board, job.counters, self.plan.groups, self.g)
-                       if self.algo.uses_window and self.plan.groups > 1 else None)
+                       if self.algo.uses_window and self.plan.groups > 1 and self.plan.push != "allreduce" else None)
         self.clock = job.clock
         self.fault = control.FaultInjector(self.settings.debug, job.rank, clock=job.clock)
         self.heartbeat = control.Heartbeat(job.counters, self.plan.groups, job.rank, job.clock)

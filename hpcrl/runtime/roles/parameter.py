@@ -333,7 +333,7 @@ class ParameterRank:
 
     def _admit(self) -> None:
         lap = self.lap
-        pushing = self.groups.active - self._postprocess_groups  # a post-processing group pushes no gradient
+        pushing = self.push_mode.pushing(self.groups.active, self._postprocess_groups)
         while (adm := self.policy.admit(self.queue, self.version, pushing)) is not None:
             lap("admit")
             for step in adm.steps:

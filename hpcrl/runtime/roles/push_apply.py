@@ -4,6 +4,8 @@ mode; its twin on the groups is ``runtime/roles/push_train.py``.
 - :class:`ApplyGradients` (``gradient``): the admitted aggregate is a gradient; the algorithm's optimizer takes one
   step with it (``algo.apply``), at the lr the algorithm's schedule gives the env steps consumed so far (rank 0 sets
   it before each step);
+- :class:`ApplyWeights` (``allreduce``, learners.topology=allreduce): group 0 pushes the weights every group holds
+  after the groups' own allreduced steps; rank 0 takes them (``TakeWeights``) and publishes;
 - :class:`ApplyUpdates` (``update``): the admitted aggregate is the mean of the groups' whole updates; the outer
   step (``hpcrl.algos.outer_step``) applies it. The lr schedule is then the groups' own: rank 0 sets the CONSUMED
   counter word before it admits a push, so the version it makes carries it to the group's next batch; and each
@@ -40,6 +42,10 @@ class ApplyGradients:
     def admitting(self, counters, consumed: int) -> None:
         """Before a push that brings the consumed env steps to ``consumed`` is admitted: nothing to tell."""
 
+    def pushing(self, active: int, postprocess: int) -> int:
+        """How many groups push, of ``active`` (a post-processing group pushes nothing): what sync admission waits for."""
+        return active - postprocess
+
     def group_state(self, state: GroupState | None) -> None:
         """A group's state after an update: a gradient-pushing group has none."""
 
@@ -73,6 +79,9 @@ class ApplyUpdates:
         """Before the version this push may make is published: the group's next lr reads the consumed steps."""
         counters.set(control.CONSUMED, consumed)
 
+    def pushing(self, active: int, postprocess: int) -> int:
+        return active - postprocess
+
     def group_state(self, state: GroupState | None) -> None:
         self.group_states.add(state)
 
@@ -84,8 +93,50 @@ class ApplyUpdates:
         self.group_states.restore(saved, seq_next)
 
 
+class TakeWeights:
+    """ApplyWeights' optimizer: each step takes the weights pushed (an optimizer's interface, without state)."""
+
+    def __init__(self, flat_params: torch.Tensor) -> None:
+        self.flat_params = flat_params
+        self.param_groups = [{"lr": 1.0}]
+
+    def step(self, weights: np.ndarray) -> None:
+        self.flat_params.copy_(torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32)))
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class ApplyWeights(ApplyGradients):
+    """learners.topology=allreduce: the groups averaged every minibatch among themselves and stepped their own
+    optimizers; group 0 alone pushes, and what it pushes is the weights every group holds. Rank 0 takes them."""
+
+    lr_schedule = None
+    """Each group sets its optimizer's rate before a batch, from the CONSUMED word rank 0 sets (as update push's)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def make_optimizer(self):
+        return TakeWeights(self.model.flat.params)
+
+    def apply(self, optimizer, aggregate: np.ndarray) -> None:
+        optimizer.step(aggregate)
+
+    def admitting(self, counters, consumed: int) -> None:
+        counters.set(control.CONSUMED, consumed)
+
+    def pushing(self, active: int, postprocess: int) -> int:
+        return 1  # group 0 pushes for all
+
+
 def apply_mode(push: str, algo, model, lr_schedule: LinearAnneal | None, aggregation, groups: int):
     """The parameter rank's side of the push mode ``push`` (the plan's)."""
     if push == "update":
         return ApplyUpdates(model.flat.params, aggregation, groups)
+    if push == "allreduce":
+        return ApplyWeights(model)
     return ApplyGradients(algo, model, lr_schedule)

@@ -228,4 +228,8 @@ def train_mode(push: str, learner: LearnerGroup, cuda_graphs: bool, overlap_push
     """A group root's side of the push mode ``push`` (the plan's)."""
     if push == "update":
         return PushUpdates(learner)
+    if push == "allreduce":
+        from hpcrl.runtime.roles.push_allreduce import PushAllreduced  # it imports this module
+
+        return PushAllreduced(learner)
     return PushGradients(learner, cuda_graphs, overlap_push)

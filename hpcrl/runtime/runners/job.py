@@ -33,7 +33,8 @@ from hpcrl.runtime.roles.sampler import EnvInfo
 from hpcrl.runtime.topology import Topology
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.layout import FragmentLayout, fragment_layout
-from hpcrl.runtime.transport.protocols import Board, Counters, Fragments, GroupReduce, Mailbox, Reports
+from hpcrl.runtime.transport.protocols import (Board, Counters, Fragments, GroupReduce, GroupsAllreduce, Mailbox,
+                                               Reports)
 
 if TYPE_CHECKING:
     from hpcrl.runtime.transport.protocols import Joiner
@@ -98,6 +99,8 @@ class Job:
     """A group root's CPU clock for its busy time (the elastic rule's capacity), where the roles share one
     interpreter: the serial runner's ``time.thread_time``, whose seconds leave out the waits for the interpreter
     lock that wall time would count; None elsewhere (busy time is the cycle's wall time less its waits)."""
+    groups_allreduce: GroupsAllreduce | None = None
+    """A group root's allreduce with the other groups' roots (learners.topology=allreduce; None otherwise)."""
     shard_link: object | None = None
     """Rank 0's decisions to the other parameter shards (transport/shard_link.py; aggregation.shards > 1 only)."""
 
@@ -139,6 +142,7 @@ class Wiring(Protocol):
     def fragments(self, layout: FragmentLayout, max_in_flight: int, topo: Topology) -> Fragments: ...
     def group_reduce(self, topo: Topology, device: torch.device, counters: Counters, reports: Reports
                      ) -> GroupReduce | None: ...
+    def groups_allreduce(self, topo: Topology) -> GroupsAllreduce: ...
     def joiner(self, topo: Topology) -> Joiner | None: ...
     def clock(self, topo: Topology) -> Clock: ...
     def parameter_nap(self, topo: Topology) -> Backoff: ...
@@ -167,12 +171,13 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
     # a learner group's collectives (NCCL or Horovod set-up) run after the windows'
     group_reduce = wiring.group_reduce(topo, model.device, counters, reports) if topo.role == "learner" else None
     shard_link = wiring.shard_link(topo) if plan.shards > 1 else None
+    groups_allreduce = wiring.groups_allreduce(topo) if plan.push == "allreduce" and topo.is_group_root else None
     return Job(plan=plan, topo=topo, run_dir=run_dir, resume=resume, runner=runner, algo=algo, model=model, env=env,
                traj_layout=traj_layout, counters=counters, mailbox=mailbox, board=board, reports=reports,
                fragments=fragments, group_reduce=group_reduce, probe=probe, clock=wiring.clock(topo),
                joiner=wiring.joiner(topo) if topo.role == "actor" else None,
                progress=ProgressEmitter(progress, s.io.log_seconds) if topo.role == "parameter" else None,
-               rolled_back=rolled_back, shard_link=shard_link,
+               rolled_back=rolled_back, shard_link=shard_link, groups_allreduce=groups_allreduce,
                parameter_nap=wiring.parameter_nap(topo) if topo.role == "parameter" else None,
                learner_nap=wiring.learner_nap(topo) if topo.role == "learner" else None,
                actor_nap=wiring.actor_nap(topo) if topo.role == "actor" else None,

@@ -272,6 +272,11 @@ class MpiWiring:
 
         return MpiGroupReduce(topo.group_comm, learners.allreduce, device)
 
+    def groups_allreduce(self, topo):
+        from hpcrl.runtime.transport.groups_allreduce import MpiGroupsAllreduce
+
+        return MpiGroupsAllreduce(topo.roots_comm)
+
     def joiner(self, topo):
         """An actor's Joiner when its sampling joins the job (actors.elastic steps / jobs), else None."""
         s = self.plan.sections

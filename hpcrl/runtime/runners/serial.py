@@ -30,6 +30,7 @@ from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners.job import Job, make_role
 from hpcrl.runtime.runners.job import build_jobs as jobs_in_process
 from hpcrl.runtime.transport.control import RankSilent, mark_finished
+from hpcrl.runtime.transport.groups_allreduce import LocalGroupsAllreduce
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalGroup, LocalMailbox,
                                            LocalReports, RunAborted)
 from hpcrl.runtime.plan import Plan
@@ -99,6 +100,10 @@ class LocalWiring:
 
     def group_reduce(self, topo: Topology, device, counters, reports):
         return self.groups[topo.group].rank(topo.group_rank)
+
+    def groups_allreduce(self, topo: Topology):
+        shared = self._once("groups_allreduce", lambda: LocalGroupsAllreduce(self.plan.groups, self.abort))
+        return shared.for_group(topo.group)
 
     def joiner(self, topo: Topology):
         return None  # joining samplers need MPI ports (the config refuses actors.elastic with launch.runner=serial)

@@ -138,6 +138,18 @@ class GroupReduce(Protocol):
 
 
 @runtime_checkable
+class GroupsAllreduce(Protocol):
+    """The learner group roots' own allreduce (``learners.topology: allreduce``; transport/groups_allreduce.py):
+    ``mean`` of each group's minibatch gradient (and whether any group is stopping), ``sum`` of a few float64
+    values per batch; each returns None once the call was abandoned (``wait()``, called while waiting, said the
+    run has stopped). Every implementation also has ``size`` (G) and ``broken``."""
+
+    def mean(self, grad: np.ndarray, stopping: bool, wait: Callable[[], bool]) -> tuple[np.ndarray, bool] | None: ...
+    def sum(self, values: np.ndarray, wait: Callable[[], bool]) -> np.ndarray | None: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
 class Joiner(Protocol):
     """A door rank's joining launch, one join at a time (``learners.elastic`` / ``actors.elastic``; made by
     ``hpcrl/join_launch.py``): ``join`` starts the ranks and connects them (``comm``: the door, rank 0, and the

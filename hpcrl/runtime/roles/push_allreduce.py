@@ -1,0 +1,110 @@
+"""``learners.topology: allreduce``: a group root's side of DD-PPO's decentralised update (Wijmans et al. 2020).
+
+Every group trains its own batch, and every minibatch's gradient is averaged over the G group roots with one
+allreduce (``transport/groups_allreduce.py``); each group steps its own copy of the algorithm's optimizer
+(``GroupUpdate``, as update push's) with that mean, so all G groups hold the same weights after each step. After
+the batch the groups sum their env steps, rows and statistics, and group 0 alone pushes the weights to rank 0
+(one push per batch of all groups), which takes them, ends its round as ever (PPO's KL coefficient travels in the
+weights) and publishes. Each group then waits for that version: it is where the next batch starts, and with
+``actors.on_policy`` the version the actors sample the next batch with.
+
+With sync admission and one parameter rank, each of the groups' minibatch gradients would be averaged by rank 0
+and stepped by its optimizer: the same step, here made on every group's root instead of through rank 0.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hpcrl.runtime.clock import Work
+from hpcrl.runtime.roles.group_update import GroupUpdate
+from hpcrl.runtime.roles.pacing import SHORT_WAIT_CAP
+from hpcrl.runtime.roles.push_train import STOP_CHECK_SECONDS
+from hpcrl.runtime.transport import control
+
+if TYPE_CHECKING:
+    from hpcrl.runtime.roles.learner import LearnerGroup
+
+
+class PushAllreduced:
+    """plan.push == "allreduce": each minibatch averaged with the other groups' roots, group 0 pushes the weights."""
+
+    def __init__(self, learner: LearnerGroup) -> None:
+        self.learner = learner
+        self.inner = GroupUpdate(learner.algo, learner.model, learner.generator)  # kept across batches
+        self.allreduce = learner.job.groups_allreduce
+        self.batches = 0  # a group that does not push closes its cycle rows with its batch count as their seq
+
+    def restore(self, saved: dict) -> None:
+        self.inner.restore(saved)
+
+    def train(self, fragments: list[dict] | None, steps: int, new_steps: int, prepared: dict | None = None) -> bool:
+        """The batch's minibatch steps on the groups' mean gradients, group 0's push of the weights, and the wait
+        for the version it makes; False when the run is stopping."""
+        L = self.learner
+        clock, lap = L.clock, L.cycles.lap
+        start_unix = clock.unix()
+        version = L.pull_weights()
+        if version is None:
+            return False
+        lap("weights")
+        t = clock.now()
+        batch, report = L.batch(fragments, prepared)
+        if L.plan.lr_schedule is not None:  # rank 0 sets CONSUMED before it takes a push (ApplyWeights.admitting)
+            self.inner.set_lr(L.plan.lr_schedule.at(L.job.counters.read(control.CONSUMED)))
+        lap("prepare")
+        next_stop_check = clock.now() + STOP_CHECK_SECONDS
+        stopping = False
+
+        def waiting() -> bool:
+            """While the other groups' roots are not there yet: alive, and True once the run has stopped."""
+            L.heartbeat.beat()
+            lap("idle")
+            return L.pacing.stopping()
+
+        def step(mb: dict) -> dict | None:
+            nonlocal next_stop_check, stopping
+            L.fault.check()
+            L.heartbeat.beat()
+            if clock.now() >= next_stop_check:  # an RMA read under MPI: every few ms, not every minibatch step
+                stopping = L.pacing.stopping()
+                next_stop_check = clock.now() + STOP_CHECK_SECONDS
+            mine = mb
+            if L.size > 1:  # the group's own ranks compute shares at the group's current weights
+                mine, _ = L.group_reduce.hand_out(L.model.flat.params.detach().cpu().numpy(), mb, None)
+                lap("allreduce")
+            grad, stats = L.local_gradient(mine, None, lap)
+            got = self.allreduce.mean(grad, stopping, waiting)
+            lap("allreduce")
+            if got is None or got[1]:  # abandoned, or some group is stopping: every group leaves at this step
+                return None
+            self.inner.apply(got[0])
+            clock.did(Work.INNER_STEP)
+            lap("gradient")
+            return stats
+
+        got = self.inner.run(batch, step)
+        if got is None:
+            return False
+        _, stats = got
+        rows = len(next(iter(batch.values())))
+        total = self.allreduce.sum(np.array([new_steps, rows, *stats.values()], dtype=np.float64), waiting)
+        if total is None:
+            return False
+        G = self.allreduce.size
+        means = {k: float(v) / G for k, v in zip(stats, total[2:])}
+        L.forget_weights()  # the model holds the groups' new weights, not a published version yet
+        compute = clock.now() - t
+        lap("flatten")
+        if L.g == 0:
+            weights = L.model.flat.params.detach().cpu().numpy()
+            if not L.push(weights, version, int(total[1]), means, compute, int(total[0])):
+                return False
+        else:
+            L.cycles.close(self.batches, version, 0.0)
+            L.pacing.pushed(version)  # lockstep: its next batch starts from the version group 0's push makes
+        self.batches += 1
+        L.report_activity(start_unix, compute, steps, report)
+        # the version this batch made: the next batch's start, and (actors.on_policy) what the actors sample it with
+        return L.pacing.wait_while(lambda: L.job.board.latest_version() <= version, cap=SHORT_WAIT_CAP)

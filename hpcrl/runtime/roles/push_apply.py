@@ -94,14 +94,20 @@ class ApplyUpdates:
 
 
 class TakeWeights:
-    """ApplyWeights' optimizer: each step takes the weights pushed (an optimizer's interface, without state)."""
+    """ApplyWeights' optimizer: each step takes the trained weights pushed (an optimizer's interface, without
+    state). The untrained values of the flat buffer (PPO's KL coefficient) stay rank 0's: its ``end_round`` sets them
+    after a version is published, so the pushed copy holds the ones before."""
 
-    def __init__(self, flat_params: torch.Tensor) -> None:
-        self.flat_params = flat_params
+    def __init__(self, model) -> None:
+        self.flat_params = model.flat.params
+        self.trained = [model.flat.slice_of(p) for p in model.parameters() if p.requires_grad]
         self.param_groups = [{"lr": 1.0}]
 
     def step(self, weights: np.ndarray) -> None:
-        self.flat_params.copy_(torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32)))
+        pushed = torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
+        with torch.no_grad():
+            for part in self.trained:
+                self.flat_params[part].copy_(pushed[part])
 
     def state_dict(self) -> dict:
         return {}
@@ -121,7 +127,7 @@ class ApplyWeights(ApplyGradients):
         self.model = model
 
     def make_optimizer(self):
-        return TakeWeights(self.model.flat.params)
+        return TakeWeights(self.model)
 
     def apply(self, optimizer, aggregate: np.ndarray) -> None:
         optimizer.step(aggregate)

@@ -1,0 +1,139 @@
+"""learners.topology=allreduce (DD-PPO's decentralised update; docs/architecture.md "The groups' own allreduce").
+
+- the serial runner's twin averages in rank 0's order, bit for bit against ``staleness.aggregate`` of a sync step;
+  the stop flag reaches every group; a call abandoned when the run stops returns None, and so does every later one;
+- a whole MPI job: two groups averaging among themselves end with the weights one parameter rank makes of the same
+  two groups' gradients under sync admission, element-wise, in half the versions;
+- a serial job learns CartPole with it;
+- bad input: one line, exit 2.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hpcrl.cli import main as cli_main
+from hpcrl.config import load_config
+from hpcrl.io import read_table
+from hpcrl.runtime.record.checkpoint import load_checkpoint
+from hpcrl.runtime.transport.groups_allreduce import LocalGroupsAllreduce
+from hpcrl.staleness import GradientRecord, aggregate
+
+ROOT = Path(__file__).resolve().parents[1]
+CARTPOLE = str(ROOT / "hpcrl" / "configs" / "cartpole.yaml")
+TWO_GROUPS = ["learners.groups=2", "learners.min_active=2", "aggregation.policy=sync", "learners.push=gradient"]
+SAME_DATA = [*TWO_GROUPS, "env.num_envs=2", "actors.count=1", "actors.fragment_length=8", "actors.on_policy=true",
+             "algo.train_batch_size=32", "algo.minibatch_size=16", "algo.num_sgd_iter=2", "stop.max_rounds=5",
+             "algo.kl_coeff=0.0", "io.log_seconds=60", "io.tensorboard=false"]
+"""One actor, on-policy: each group's batch is one fragment, sampled with the weights the previous batch made, the
+actor's fragments alternating between the groups; 2 passes of one minibatch per batch; 5 rounds. The KL coefficient
+is off: rank 0 changes it after a round's last version is published, which reaches the groups one minibatch later
+through one parameter rank and one batch later through the allreduce (docs/architecture.md)."""
+
+
+def _meet(shared: LocalGroupsAllreduce, calls) -> list:
+    """Each group's ``calls(handle)`` in its own thread; their results in group order."""
+    out = [None] * shared.size
+
+    def run(g: int) -> None:
+        out[g] = calls(shared.for_group(g))
+
+    threads = [threading.Thread(target=run, args=(g,)) for g in range(shared.size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    return out
+
+
+def test_the_local_twin_averages_as_a_sync_step_of_rank_0_does():
+    rng = np.random.default_rng(1)
+    grads = [rng.standard_normal(1001).astype(np.float32) for _ in range(3)]
+    step = [(GradientRecord(group=g, seq=0, base_version=0, samples=1, grad=grads[g]), 1.0) for g in range(3)]
+    got = _meet(LocalGroupsAllreduce(3), lambda h: (h.mean(grads[h.group], h.group == 2, lambda: False),
+                                                     h.sum(np.array([h.group, 1.5]), lambda: False)))
+    expected = aggregate(step)
+    for (mean, stopping), sums in got:
+        assert np.array_equal(mean, expected) and stopping  # group 2 was stopping: every group learns it
+        assert sums.tolist() == [3.0, 4.5]
+
+
+def test_a_call_abandoned_when_the_run_stops_returns_none_and_so_do_later_ones():
+    shared = LocalGroupsAllreduce(2)
+    alone = shared.for_group(0)
+    polls = []
+
+    def stopped() -> bool:
+        polls.append(1)
+        return len(polls) >= 3  # group 1 never comes; the run stops on the third look
+
+    assert alone.mean(np.ones(4, dtype=np.float32), False, stopped) is None
+    assert alone.broken and shared.for_group(1).sum(np.zeros(2), lambda: False) is None
+
+
+def _run(tmp_path: Path, name: str, extra: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "hpcrl", "run", CARTPOLE,
+           *[a for o in [*SAME_DATA, *extra, f"io.run_dir={tmp_path / name}"] for a in ("-o", o)]]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_two_groups_allreducing_make_the_weights_of_one_parameter_rank_element_wise(tmp_path):
+    jobs = {"server": _run(tmp_path, "server", []), "allreduce": _run(tmp_path, "allreduce",
+                                                                      ["learners.topology=allreduce"])}
+    for name, proc in jobs.items():  # side by side: each is mostly start-up
+        out, _ = proc.communicate(timeout=150)
+        assert proc.returncode == 0, f"{name}:\n{out[-3000:]}"
+    server, allreduce = (load_checkpoint(tmp_path / name) for name in ("server", "allreduce"))
+    assert server["version"] == 10 and allreduce["version"] == 5  # a version per step; per batch of both groups
+    assert torch.equal(server["params"], allreduce["params"]), (server["params"] - allreduce["params"]).abs().max()
+    pushes = read_table(tmp_path / "allreduce" / "run.h5", "gradients")
+    assert pushes["group"].tolist() == [0] * 5 and pushes["staleness"].tolist() == [0] * 5
+    assert read_table(tmp_path / "allreduce" / "run.h5", "rounds")["env_steps_total"].tolist() == [32, 64, 96, 128,
+                                                                                                    160]
+
+
+def test_a_serial_job_learns_cartpole_allreducing(tmp_path, capsys):
+    code = cli_main(["run", CARTPOLE, "--runner", "serial", *[a for o in [
+        *TWO_GROUPS, "algo.minibatch_size=128", "stop.total_env_steps=60000", "io.tensorboard=false",
+        f"io.run_dir={tmp_path / 'run'}"] for a in ("-o", o)]])
+    out = capsys.readouterr().out
+    assert code == 0, out[-2000:]
+    assert "stop.target_return=475.0 reached" in out
+    groups = read_table(tmp_path / "run" / "run.h5", "learner_activity")["group"]
+    assert set(groups.tolist()) == {0, 1}  # both groups trained
+
+
+@pytest.mark.parametrize("args, says", [
+    (["-o", "aggregation.policy=stellaris"], "aggregation.policy=stellaris admits pushes on a parameter rank"),
+    (["-o", "learners.min_active=1"], "learners.min_active=1 would park groups the allreduce waits for"),
+    (["--runner", "sim"], "launch.runner=sim has no allreduce between the groups yet"),
+    (["-o", "learners.push=update"], "learners.push=update is the parameter rank's mode"),
+    (["-o", "aggregation.shards=2"], "aggregation.shards=2 shards a parameter rank"),
+    (["-o", "actors.weight_sync=aaps"], "actors.weight_sync=aaps probes a parameter rank's steps"),
+])
+def test_what_an_allreduce_cannot_have_is_one_line(args, says, capsys):
+    overrides = [a for o in TWO_GROUPS if o.split("=")[0] not in " ".join(args) for a in ("-o", o)]
+    code = cli_main(["run", CARTPOLE, *overrides, "-o", "algo.minibatch_size=128", "-o", "learners.topology=allreduce",
+                     *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and says in err, err
+
+
+def test_an_allreduce_run_is_refused_a_resume_in_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(load_config(CARTPOLE, [*TWO_GROUPS, "algo.minibatch_size=128",
+                                                            "learners.topology=allreduce"]).to_yaml())
+    torch.save({}, run / "checkpoints" / "latest.pt")
+    assert cli_main(["run", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "learners.topology=allreduce runs are not resumable yet" in err and len(err.splitlines()) == 1, err

@@ -14,7 +14,9 @@ from hpcrl.runtime.topology import ACTOR, LEARNER, PARAMETER, ROLE_CODES, Topolo
 def main(argv):
     groups, per_group, actors = map(int, argv)
     comm = MPI.COMM_WORLD
-    topo = Topology.from_config(comm, SimpleNamespace(groups=groups, ranks_per_group=per_group, launched_ranks_per_group=per_group), actors)
+    learners = SimpleNamespace(groups=groups, ranks_per_group=per_group, launched_ranks_per_group=per_group,
+                               topology="server")
+    topo = Topology.from_config(comm, learners, actors)
     rank = comm.Get_rank()
     assert topo.learner_roots == [1 + g * per_group for g in range(groups)]
     assert topo.actor_ranks == list(range(1 + groups * per_group, comm.Get_size()))

@@ -485,8 +485,6 @@ class RunConfig(Section):
              "aggregation.policy=sync", agg.policy != "sync"),
             (f"learners.min_active={learners.min_active} would park groups the allreduce waits for",
              f"learners.min_active={learners.groups} (= learners.groups)", learners.min_active != learners.groups),
-            (f"launch.runner={self.launch.runner} has no allreduce between the groups yet", "launch.runner=mpi or serial",
-             self.launch.runner not in ("mpi", "serial")),
             (f"learners.push={learners.push} is the parameter rank's mode", "learners.push=gradient (the default)",
              learners.push != "gradient"),
             (f"aggregation.shards={agg.shards} shards a parameter rank the allreduce does not have",

@@ -35,8 +35,8 @@ from hpcrl.runtime.runners.serial import LocalWiring
 from hpcrl.runtime.topology import Topology, plan_roles
 from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local_node_reports import NodeBuffer
-from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimMailbox, SimReports,
-                                         TransportPrices, _Charges)
+from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimGroupsAllreduce, SimMailbox,
+                                         SimReports, TransportPrices, _Charges)
 from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld
 
 
@@ -101,6 +101,20 @@ class Machine:
                    sb.kind.nic_bytes_per_second or net.bytes_per_second)
         return net.latency_seconds + nbytes / rate
 
+    def allreduce_seconds(self, nbytes: int) -> float:
+        """The learner group roots' allreduce of ``nbytes`` (learners.topology=allreduce) across their n nodes:
+        Rabenseifner's reduce-scatter and allgather, ``2 ceil(log2 n)`` latencies and ``2 (n - 1) / n`` of the bytes
+        at the slowest learner node's rate (Thakur, Rabenseifner and Gropp 2005), as ``hpcrl bench scale-model``
+        prices it; the sum on one node is left out (NVLink), as there."""
+        roots = [1 + g * self.plan.ranks_per_group for g in range(self.plan.groups)]
+        kinds = {self.slots[r].node: self.slots[r].kind for r in roots}
+        n = len(kinds)
+        if n < 2:
+            return 0.0
+        net = self.profile.network
+        rate = min(kind.nic_bytes_per_second or net.bytes_per_second for kind in kinds.values())
+        return 2 * math.ceil(math.log2(n)) * net.latency_seconds + 2 * (n - 1) / n * nbytes / rate
+
     def transport_prices(self) -> TransportPrices:
         c = self.profile.costs
         return TransportPrices(push=c.push.at, receive=c.receive.at, publish=c.publish.at, fetch=c.fetch.at,
@@ -113,7 +127,9 @@ class Machine:
         speed = slot.kind.cpu_speed
         gradient = (c.gpu_gradient if slot.gpu is not None and c.gpu_gradient is not None else c.gradient)
         gradient_seconds = gradient.at(self.minibatch_rows, P) / (1.0 if slot.gpu is not None else speed)
-        apply = (c.apply_update if self.plan.push == "update" else c.apply_gradient).at(P) / speed
+        # rank 0's step: Adam on a gradient, or a few vector operations (update push's outer step; the allreduce's
+        # copy of the groups' weights, priced alike)
+        apply = (c.apply_gradient if self.plan.push == "gradient" else c.apply_update).at(P) / speed
         inner_step = c.apply_gradient.at(P) / speed  # a group's own optimizer step (learners.push=update)
         stragglers = self.profile.stragglers
         actor = topo.actor_index if topo.role == "actor" else None
@@ -190,6 +206,11 @@ class SimWiring(LocalWiring):
     def actor_nap(self, topo: Topology):
         clock = self.clock(topo)
         return lambda: Backoff(5e-5, 5e-3, clock)  # the MPI runner's, in virtual time
+
+    def groups_allreduce(self, topo: Topology):
+        shared = self._once("groups_allreduce", lambda: SimGroupsAllreduce(self.world, self.plan.groups,
+                                                                           self.machine.allreduce_seconds))
+        return shared.for_group(topo.group)
 
     def learner_cpu_time(self, topo: Topology):
         return None  # busy time in virtual time, as the MPI runner's in wall time

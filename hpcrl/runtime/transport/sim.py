@@ -14,6 +14,8 @@ SimBoard               a publish: ``publish`` on rank 0, before the version is v
 SimReports             a drain: ``report`` on rank 0 per message
 SimFragments           a send: ``fragment_send`` on the actor; the fragment reaches its group's root after
                        the link's latency and bytes (a remote root)
+SimGroupsAllreduce     learners.topology=allreduce: the groups' roots meet; the sum is every root's
+                       ``allreduce_seconds(bytes)`` after the last one arrives (no core: the network's work)
 =====================  ==============================================================================
 
 A call made outside any role's turn (the runner's own set-up, as rank 0 publishes the first version) costs
@@ -28,6 +30,7 @@ from typing import Callable
 
 import numpy as np
 
+from hpcrl.runtime.transport.groups_allreduce import LocalGroupsAllreduce
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalLearnerLink,
                                            LocalMailbox, LocalReports)
 from hpcrl.runtime.backoff import Backoff
@@ -243,3 +246,39 @@ class SimLearnerLink(LocalLearnerLink):
     def finished(self) -> bool:
         """Every actor closed, and nothing on its way or waiting for this group."""
         return super().finished() and self.hub.travelling == 0
+
+
+class SimGroupsAllreduce(LocalGroupsAllreduce):
+    """The group roots' allreduce in virtual time: each waits (a heartbeat's virtual second at a time) for the last
+    root, and every root has the sum ``seconds(bytes)`` after that one arrived."""
+
+    def __init__(self, world: VirtualWorld, groups: int, seconds: Callable[[int], float]) -> None:
+        super().__init__(groups)
+        self.world, self.seconds = world, seconds
+        self.met = world.signal()
+        self.ready_at = 0.0
+
+    def _sum(self, group: int, part: np.ndarray, wait: Callable[[], bool]) -> np.ndarray | None:
+        if self.broken:
+            return None
+        clock = self.world.current.clock
+        generation = self.generation
+        self.parts[group] = part
+        if len(self.parts) == self.size:  # the last root: the sum, ready for all after the network's time
+            total = np.zeros_like(part)
+            for g in range(self.size):  # group order, as the twin it extends
+                total += self.parts[g]
+            self.result, self.parts = total, {}
+            self.generation += 1
+            self.ready_at = self.world.env.now + self.seconds(part.nbytes)
+            self.met.notify()
+        while self.generation == generation:
+            if wait():
+                self.broken = True
+                self.met.notify()
+                return None
+            clock.wait_for(self.met, 1.0, "the other groups' allreduce")
+        result = self.result.copy()
+        if self.ready_at > self.world.env.now:
+            clock.sleep(self.ready_at - self.world.env.now)
+        return result

@@ -2,8 +2,8 @@
 
 - the serial runner's twin averages in rank 0's order, bit for bit against ``staleness.aggregate`` of a sync step;
   the stop flag reaches every group; a call abandoned when the run stops returns None, and so does every later one;
-- a whole MPI job: two groups averaging among themselves end with the weights one parameter rank makes of the same
-  two groups' gradients under sync admission, element-wise, in half the versions;
+- a whole job, under MPI and in virtual time: two groups averaging among themselves end with the weights one
+  parameter rank makes of the same two groups' gradients under sync admission, element-wise, in half the versions;
 - a serial job learns CartPole with it;
 - bad input: one line, exit 2.
 """
@@ -84,11 +84,12 @@ def _run(tmp_path: Path, name: str, extra: list[str]) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_two_groups_allreducing_make_the_weights_of_one_parameter_rank_element_wise(tmp_path):
-    jobs = {"server": _run(tmp_path, "server", []), "allreduce": _run(tmp_path, "allreduce",
-                                                                      ["learners.topology=allreduce"])}
+@pytest.mark.parametrize("runner", ["sim", pytest.param("mpi", marks=[pytest.mark.mpi, pytest.mark.slow])])
+def test_two_groups_allreducing_make_the_weights_of_one_parameter_rank_element_wise(tmp_path, runner):
+    """Under MPI, and in virtual time (the sim's twin, with the allreduce's time on the perlmutter profile's links)."""
+    extra = [f"launch.runner={runner}"] + (["launch.profile=perlmutter"] if runner == "sim" else [])
+    jobs = {"server": _run(tmp_path, "server", extra),
+            "allreduce": _run(tmp_path, "allreduce", [*extra, "learners.topology=allreduce"])}
     for name, proc in jobs.items():  # side by side: each is mostly start-up
         out, _ = proc.communicate(timeout=150)
         assert proc.returncode == 0, f"{name}:\n{out[-3000:]}"
@@ -115,7 +116,7 @@ def test_a_serial_job_learns_cartpole_allreducing(tmp_path, capsys):
 @pytest.mark.parametrize("args, says", [
     (["-o", "aggregation.policy=stellaris"], "aggregation.policy=stellaris admits pushes on a parameter rank"),
     (["-o", "learners.min_active=1"], "learners.min_active=1 would park groups the allreduce waits for"),
-    (["--runner", "sim"], "launch.runner=sim has no allreduce between the groups yet"),
+    (["-o", "actors.elastic=steps"], "ranks that join (learners.elastic, actors.elastic) are not in the allreduce"),
     (["-o", "learners.push=update"], "learners.push=update is the parameter rank's mode"),
     (["-o", "aggregation.shards=2"], "aggregation.shards=2 shards a parameter rank"),
     (["-o", "actors.weight_sync=aaps"], "actors.weight_sync=aaps probes a parameter rank's steps"),

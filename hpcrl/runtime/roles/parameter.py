@@ -61,6 +61,7 @@ from hpcrl.runtime.roles.active_groups import ActiveGroups
 from hpcrl.runtime.roles.actor_ledger import ActorLedger
 from hpcrl.runtime.roles.push_apply import apply_mode
 from hpcrl.runtime.roles.shard_lead import lead_shards
+from hpcrl.runtime.roles.taken_words import TakenWords
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, make_policy
@@ -125,6 +126,7 @@ class ParameterRank:
         self.env_steps_start = 0  # env steps before this (resumed) job
         self.stop_rule = StopRule(self.settings.stop)
         self.seq_next = [0] * G
+        self.taken = TakenWords(self.counters, G, self.plan.on_policy)  # actors.on_policy: pushes applied, per group
         self.ledger = ActorLedger(self.plan.actors)  # each actor's next fragment number and newest statistics
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
@@ -237,6 +239,7 @@ class ParameterRank:
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
+        self.taken.restore(self.seq_next, self.queue)
         self.push_mode.restore(s.get("inner_states", {}), self.seq_next)
         self.groups.restore(s["active"])
         # all of the checkpointing job's actors active: all of this job's too (fragment_next keeps the numbers of
@@ -300,6 +303,7 @@ class ParameterRank:
             self.record.consumed(new_steps, float(stats.get("compute_seconds", 0.0)))
             if not np.isfinite(grad).all():
                 self.shards.drop(rec)
+                self.taken.applied([rec])
                 self.consumed += new_steps
                 self.record.gradient(rec, False, "nonfinite", self.version, self.round)
                 continue
@@ -316,10 +320,7 @@ class ParameterRank:
                 if self.settings.stop.max_rounds is not None and self.round >= self.settings.stop.max_rounds:
                     self._check_stop()  # exactly max_rounds rounds
                 self.lap("other")
-        if got and self.plan.on_policy:  # the groups' pushes so far are applied (or queued) and published
-            G = self.plan.groups
-            for g in {header.group for header, _ in got}:
-                self.counters.set(control.taken_word(G, g), self.seq_next[g])
+        self.taken.publish()
         return bool(got)
 
     def _arrived(self, header: PushHeader, grad: np.ndarray) -> GradientRecord:
@@ -348,6 +349,7 @@ class ParameterRank:
                 t_pub = lap("publish")
                 self.record.step(step, adm, self.version, self.round, self.optimizer.param_groups[0]["lr"],
                                  self.groups.active, t_agg, t_pub)
+                self.taken.applied(rec for rec, _ in step)
                 lap("record")
             adm.remove_from(self.queue)
         lap("admit")

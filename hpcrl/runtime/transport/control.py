@@ -21,8 +21,8 @@ BACKLOG + g            add     fragments sent to group g and not yet trained on
 base_word(G, g)        set     policy version group g is computing its gradients with
 held_word(G, g)        set     1 while group g has a gradient held back by the admission policy
                                (ssp: a group too far ahead waits before computing more)
-taken_word(G, g)       set     gradients of group g the parameter rank has taken out of the mailbox and
-                               admitted or queued (its next expected seq; actors.on_policy waits on it)
+taken_word(G, g)       set     pushes of group g in a published version (or dropped): its next seq to
+                               apply (actors.on_policy waits on it; runtime/roles/taken_words.py)
 heartbeat_word(G, r)   set     rank r's heartbeat: whole seconds since the epoch, refreshed by
                                :class:`Heartbeat` at most once a second from every loop; FINISHED once
                                the rank's role has returned (:func:`mark_finished`)

@@ -119,15 +119,18 @@ def test_allreduce_costs_rabenseifners_latencies_and_bytes_across_the_learner_no
     assert net.allreduce(10**6, 4 * 100) == pytest.approx(2 * 7 * 5e-6 + 2 * 99 / 100 * 4e6 / 1e9)  # ceil(log2 100) = 7
 
 
-def test_allreduce_has_no_parameter_rank_to_saturate_and_steps_once_per_minibatch_of_all_learners():
+def test_allreduce_has_no_parameter_rank_to_saturate_and_rank_0_takes_one_push_per_batch_of_all_learners():
     c = costs(receive=Linear(1 * MS), publish=Linear(1 * MS), gradient=2 * MS, apply_gradient=Linear(0.5 * MS))
     net = Interconnect(latency=0.0, node_bytes_per_s=1e12, learners_per_node=1)
     lay = Layout(nodes=64, actors=10**6, actor_nodes=64, learners=64)
     server, ring = predict(c, WORK, lay, "update"), predict(c, WORK, lay, topology="allreduce", net=net)
     assert server.bottleneck == "rank 0 CPU" and ring.bottleneck == "learners"
-    per_step = (WORK.minibatches / WORK.batch_steps) * (2 * MS + net.allreduce(WORK.floats, 64) + 0.5 * MS)
+    per_batch = 1 / (64 * WORK.batch_steps)  # one push and version per batch of all 64 learners
+    per_step = (WORK.minibatches / WORK.batch_steps) * (2 * MS + net.allreduce(WORK.floats, 64) + 0.5 * MS) \
+        + per_batch * (c.push(WORK.floats) + 64 * c.fetch(WORK.floats))
     assert ring.env_steps_per_s == pytest.approx(64 / per_step)
-    assert ring.pushes_per_s == 0.0 and ring.rank0_in_bytes_per_s == 0.0  # no pushes reach rank 0
+    assert ring.pushes_per_s == pytest.approx(ring.env_steps_per_s * per_batch)
+    assert ring.rank0_in_bytes_per_s == pytest.approx(4 * WORK.floats * ring.pushes_per_s)
     with pytest.raises(ValueError, match="topology must be one of"):
         predict(c, WORK, lay, topology="ring")
 

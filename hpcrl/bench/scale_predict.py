@@ -19,10 +19,10 @@ Every role is a loop of operations whose costs are measured; each gives a bound 
 
 The job runs at the smallest bound; the role that sets it is the bottleneck.
 
-``topology="allreduce"`` is the other way to train at scale (DD-PPO, Wijmans et al. 2020; not built): no parameter
-rank; the G learner ranks average each minibatch's gradient by an allreduce over the learners' nodes and each
-steps its own copy of the weights, so one new version per minibatch of all G learners together; actors fetch
-from the learners' nodes, and rank 0 only keeps the record (the fragment reports).
+``topology="allreduce"`` is the other way to train at scale (DD-PPO, Wijmans et al. 2020), as built
+(``learners.topology: allreduce``): no admission; the G learner ranks average each minibatch's gradient by an
+allreduce over the learners' nodes and each steps its own copy of the weights; after a batch of all G, one
+learner pushes the weights to rank 0, which publishes them (one version per G batches) and keeps the record.
 """
 from __future__ import annotations
 
@@ -201,18 +201,21 @@ def _actors(costs: Costs, work: Workload, layout: Layout, fetch: str, versions: 
 def per_env_step_allreduce(costs: Costs, work: Workload, layout: Layout, net: Interconnect, fetch: str,
                            reports: str = "fragment") -> dict:
     """As :func:`per_env_step`, for ``topology="allreduce"``: per minibatch each learner computes its gradient,
-    takes part in the allreduce and steps its own weights (Adam at the measured CPU cost: a GPU's is less); the
-    G learners step together, one version per minibatch of them all, ``M / (G B)`` per env step; actors fetch each
-    new version (or once per fragment) from the learners' nodes, which share the serving: ``out_bytes`` is one
-    learner node's. Rank 0 only takes the fragment reports."""
+    takes part in the allreduce and steps its own weights (Adam at the measured CPU cost: a GPU's is less); after a
+    batch of all G learners (``G B`` env steps) one of them pushes the weights and rank 0 takes them (its outer
+    step's cost, ``apply_update``) and publishes a version, which every learner and the actors (or their nodes'
+    caches) fetch over rank 0's link. Rank 0 also takes the fragment reports."""
     P, B, M = work.floats, work.batch_steps, work.minibatches
     G = layout.learners
-    versions = M / (G * B)
+    versions = 1.0 / (G * B)
     actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P)
-    learner = (M / B) * (costs.gradient + net.allreduce(P, G) + costs.apply_gradient(P))
-    learner_nodes = -(-G // net.learners_per_node)
-    return {"actor": actor, "learner": learner, "rank0": report_seconds(costs, work, layout, reports),
-            "pushes": 0.0, "out_bytes": 4 * P * remote_fetches / learner_nodes, "in_bytes": 0.0}
+    learner_fetches = G * versions  # each learner starts its next batch from the new version
+    learner = (M / B) * (costs.gradient + net.allreduce(P, G) + costs.apply_gradient(P)) \
+        + versions * costs.push(P) + learner_fetches * costs.fetch(P)
+    rank0 = versions * (costs.receive(P) + costs.admit + costs.apply_update(P) + costs.publish(P)) \
+        + report_seconds(costs, work, layout, reports)
+    return {"actor": actor, "learner": learner, "rank0": rank0, "pushes": versions,
+            "out_bytes": 4 * P * (remote_fetches + learner_fetches), "in_bytes": 4 * P * versions}
 
 
 def _times(cost: Linear, n: int) -> Linear:
@@ -225,26 +228,21 @@ def predict(costs: Costs, work: Workload, layout: Layout, push: str = "gradient"
             combine: int = 1, shards: int = 1, reports: str = "fragment", topology: str = "server",
             net: Interconnect | None = None) -> Prediction:
     """Env steps/s of the job: the smallest of the bounds its roles, rank 0's link and the cores set. Under
-    ``topology="allreduce"`` (``push``, ``combine`` and ``shards`` do not apply) rank 0 is the recorder and the link
-    that bounds is a learner node's, serving weights to its share of the actors."""
+    ``topology="allreduce"`` ``push``, ``combine`` and ``shards`` do not apply."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"topology must be one of {TOPOLOGIES}")
     if topology == "allreduce":
-        net = net or Interconnect()
-        s = per_env_step_allreduce(costs, work, layout, net, fetch, reports)
-        link, link_bytes_per_s = "weight links", net.node_bytes_per_s if layout.nic_bytes_per_s else None
+        s = per_env_step_allreduce(costs, work, layout, net or Interconnect(), fetch, reports)
     else:
         s = per_env_step(costs, work, layout, push, fetch, combine, shards, reports)
-        link, link_bytes_per_s = "rank 0 link", layout.nic_bytes_per_s
 
     def bound(capacity: float, need: float) -> float:
         return capacity / need if need > 0 else math.inf
 
-    rank0 = "rank 0 CPU" if topology == "server" else "rank 0 record"  # under allreduce it only takes the reports
     bounds = {"actors": bound(layout.actors, s["actor"]), "learners": bound(layout.learners, s["learner"]),
-              rank0: bound(1.0, s["rank0"])}
-    if link_bytes_per_s:
-        bounds[link] = bound(link_bytes_per_s, max(s["out_bytes"], s["in_bytes"]))
+              "rank 0 CPU": bound(1.0, s["rank0"])}
+    if layout.nic_bytes_per_s:
+        bounds["rank 0 link"] = bound(layout.nic_bytes_per_s, max(s["out_bytes"], s["in_bytes"]))
     if layout.cores:
         bounds["cores"] = bound(layout.cores, s["actor"] + s["learner"] + s["rank0"])
     bottleneck = min(bounds, key=bounds.get)

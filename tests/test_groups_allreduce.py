@@ -2,6 +2,7 @@
 
 - the serial runner's twin averages in rank 0's order, bit for bit against ``staleness.aggregate`` of a sync step;
   the stop flag reaches every group; a call abandoned when the run stops returns None, and so does every later one;
+- rank 0 takes the pushed trained values and keeps its untrained ones (PPO's KL coefficient, set by its end_round);
 - a whole job, under MPI and in virtual time: two groups averaging among themselves end with the weights one
   parameter rank makes of the same two groups' gradients under sync admission, element-wise, in half the versions;
 - a serial job learns CartPole with it;
@@ -76,6 +77,24 @@ def test_a_call_abandoned_when_the_run_stops_returns_none_and_so_do_later_ones()
 
     assert alone.mean(np.ones(4, dtype=np.float32), False, stopped) is None
     assert alone.broken and shared.for_group(1).sum(np.zeros(2), lambda: False) is None
+
+
+def test_rank_0_takes_the_trained_values_and_keeps_its_own_untrained_ones():
+    from hpcrl.runtime.plan import make_plan
+    from hpcrl.runtime.roles.push_apply import TakeWeights
+    from hpcrl.runtime.roles.sampler import describe_env
+    from hpcrl.runtime.runners.job import role_parts
+
+    cfg = load_config(CARTPOLE, ["algo.kl_coeff=0.2"])
+    model = role_parts(make_plan(cfg), describe_env(cfg.env), torch.device("cpu"))[1]
+    model.constants["kl_coeff"].fill_(0.05)  # end_round moved it after the groups pulled their weights
+    pushed = np.random.default_rng(0).standard_normal(model.flat.num_params).astype(np.float32)
+    TakeWeights(model).step(pushed)
+    kl = model.flat.slice_of(model.constants["kl_coeff"])
+    trained = np.ones(model.flat.num_params, dtype=bool)
+    trained[kl] = False
+    assert np.array_equal(model.flat.numpy()[trained], pushed[trained])
+    assert model.flat.numpy()[kl].tolist() == [np.float32(0.05)]
 
 
 def _run(tmp_path: Path, name: str, extra: list[str]) -> subprocess.Popen:

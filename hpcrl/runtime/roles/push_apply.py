@@ -100,14 +100,15 @@ class TakeWeights:
 
     def __init__(self, model) -> None:
         self.flat_params = model.flat.params
-        self.trained = [model.flat.slice_of(p) for p in model.parameters() if p.requires_grad]
+        self.untrained = [model.flat.slice_of(p) for p in model.parameters() if not p.requires_grad]
         self.param_groups = [{"lr": 1.0}]
 
     def step(self, weights: np.ndarray) -> None:
-        pushed = torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
         with torch.no_grad():
-            for part in self.trained:
-                self.flat_params[part].copy_(pushed[part])
+            kept = [self.flat_params[part].clone() for part in self.untrained]  # a few values (PPO: one)
+            self.flat_params.copy_(torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32)))
+            for part, values in zip(self.untrained, kept):
+                self.flat_params[part] = values
 
     def state_dict(self) -> dict:
         return {}

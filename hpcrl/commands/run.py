@@ -81,9 +81,6 @@ def resolve_plan(args: argparse.Namespace, ranks_from: str = "--ranks") -> tuple
         if cfg.aggregation.shards > 1:
             raise ConfigError(f"--resume: aggregation.shards={cfg.aggregation.shards} runs are not resumable yet (each "
                               "shard's optimizer state stays on its rank; the checkpoint holds the weights only)")
-        if cfg.learners.topology == "allreduce":
-            raise ConfigError("--resume: learners.topology=allreduce runs are not resumable yet (each group's optimizer "
-                              "state stays on its root; the checkpoint holds the weights only)")
     if args.ranks is not None:
         try:
             actors = cfg.actors_for(args.ranks, ranks_from)

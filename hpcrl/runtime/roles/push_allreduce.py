@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hpcrl.runtime.clock import Work
+from hpcrl.runtime.messages import GroupState
 from hpcrl.runtime.roles.group_update import GroupUpdate
 from hpcrl.runtime.roles.pacing import SHORT_WAIT_CAP
 from hpcrl.runtime.roles.push_train import STOP_CHECK_SECONDS
@@ -34,9 +35,12 @@ class PushAllreduced:
         self.learner = learner
         self.inner = GroupUpdate(learner.algo, learner.model, learner.generator)  # kept across batches
         self.allreduce = learner.job.groups_allreduce
-        self.batches = 0  # a group that does not push closes its cycle rows with its batch count as their seq
+        # batches trained: group 0's pushes so far (a resumed job's too), every group's count; a group's state goes
+        # to rank 0 under it, and a group that does not push closes its cycle rows with it as their seq
+        self.batches: int | None = None  # set at the first batch, from what rank 0 told every rank at start
 
     def restore(self, saved: dict) -> None:
+        """--resume: the group's optimizer and its minibatch order as they were after the checkpoint's batch."""
         self.inner.restore(saved)
 
     def train(self, fragments: list[dict] | None, steps: int, new_steps: int, prepared: dict | None = None) -> bool:
@@ -45,6 +49,8 @@ class PushAllreduced:
         L = self.learner
         clock, lap = L.clock, L.cycles.lap
         start_unix = clock.unix()
+        if self.batches is None:
+            self.batches = L.job.startup.seq_next[0]
         version = L.pull_weights()
         if version is None:
             return False
@@ -104,7 +110,7 @@ class PushAllreduced:
         else:
             L.cycles.close(self.batches, version, 0.0)
             L.pacing.pushed(version)  # lockstep: its next batch starts from the version group 0's push makes
+        L.report_activity(start_unix, compute, steps, report, GroupState(L.g, self.batches, self.inner.state()))
         self.batches += 1
-        L.report_activity(start_unix, compute, steps, report)
         # the version this batch made: the next batch's start, and (actors.on_policy) what the actors sample it with
         return L.pacing.wait_while(lambda: L.job.board.latest_version() <= version, cap=SHORT_WAIT_CAP)

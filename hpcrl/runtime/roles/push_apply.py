@@ -119,13 +119,27 @@ class TakeWeights:
 
 class ApplyWeights(ApplyGradients):
     """learners.topology=allreduce: the groups averaged every minibatch among themselves and stepped their own
-    optimizers; group 0 alone pushes, and what it pushes is the weights every group holds. Rank 0 takes them."""
+    optimizers; group 0 alone pushes, and what it pushes is the weights every group holds. Rank 0 takes them.
+
+    Each group's state (its optimizer, the same in every group, and its own minibatch order) comes with its activity
+    report, keyed by the batch: the count of group 0's pushes, which is the groups' count of batches."""
 
     lr_schedule = None
     """Each group sets its optimizer's rate before a batch, from the CONSUMED word rank 0 sets (as update push's)."""
 
-    def __init__(self, model) -> None:
-        self.model = model
+    def __init__(self, model, aggregation, groups: int) -> None:
+        self.model, self.groups = model, groups
+        self.group_states = GroupStates(groups, aggregation.mailbox_slots + 1)
+
+    def group_state(self, state: GroupState | None) -> None:
+        self.group_states.add(state)
+
+    def states(self, seq_next: list[int], drain=None, clock: Clock = WALL) -> dict[int, dict]:
+        """Each group's state after the newest batch rank 0 took (group 0's pushes count the batches)."""
+        return self.group_states.newest([seq_next[0]] * self.groups, drain, clock)
+
+    def restore(self, saved: dict[int, dict], seq_next: list[int]) -> None:
+        self.group_states.restore(saved, [seq_next[0]] * self.groups)
 
     def make_optimizer(self):
         return TakeWeights(self.model)
@@ -145,5 +159,5 @@ def apply_mode(push: str, algo, model, lr_schedule: LinearAnneal | None, aggrega
     if push == "update":
         return ApplyUpdates(model.flat.params, aggregation, groups)
     if push == "allreduce":
-        return ApplyWeights(model)
+        return ApplyWeights(model, aggregation, groups)
     return ApplyGradients(algo, model, lr_schedule)

@@ -110,7 +110,9 @@ class PushAllreduced:
         else:
             L.cycles.close(self.batches, version, 0.0)
             L.pacing.pushed(version)  # lockstep: its next batch starts from the version group 0's push makes
-        L.report_activity(start_unix, compute, steps, report, GroupState(L.g, self.batches, self.inner.state()))
+        # the optimizer is the same in every group: group 0 sends it, each group its own minibatch order (a few KB)
+        state = self.inner.state() if L.g == 0 else {"minibatch_rng": L.generator.get_state()}
+        L.report_activity(start_unix, compute, steps, report, GroupState(L.g, self.batches, state))
         self.batches += 1
         # the version this batch made: the next batch's start, and (actors.on_policy) what the actors sample it with
         return L.pacing.wait_while(lambda: L.job.board.latest_version() <= version, cap=SHORT_WAIT_CAP)

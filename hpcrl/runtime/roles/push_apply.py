@@ -121,8 +121,9 @@ class ApplyWeights(ApplyGradients):
     """learners.topology=allreduce: the groups averaged every minibatch among themselves and stepped their own
     optimizers; group 0 alone pushes, and what it pushes is the weights every group holds. Rank 0 takes them.
 
-    Each group's state (its optimizer, the same in every group, and its own minibatch order) comes with its activity
-    report, keyed by the batch: the count of group 0's pushes, which is the groups' count of batches."""
+    Each group's state comes with its activity report, keyed by the batch (the count of group 0's pushes, which is
+    the groups' count of batches): group 0's optimizer, the same in every group, and each group's own minibatch
+    order; a checkpoint gives each group both."""
 
     lr_schedule = None
     """Each group sets its optimizer's rate before a batch, from the CONSUMED word rank 0 sets (as update push's)."""
@@ -135,8 +136,12 @@ class ApplyWeights(ApplyGradients):
         self.group_states.add(state)
 
     def states(self, seq_next: list[int], drain=None, clock: Clock = WALL) -> dict[int, dict]:
-        """Each group's state after the newest batch rank 0 took (group 0's pushes count the batches)."""
-        return self.group_states.newest([seq_next[0]] * self.groups, drain, clock)
+        """Each group's state after the newest batch rank 0 took (group 0's pushes count the batches): group 0's
+        optimizer, which every group holds (only group 0 sends it), with the group's own minibatch order."""
+        newest = self.group_states.newest([seq_next[0]] * self.groups, drain, clock)
+        if 0 not in newest:
+            return {}
+        return {g: {**newest[0], "minibatch_rng": state["minibatch_rng"]} for g, state in newest.items()}
 
     def restore(self, saved: dict[int, dict], seq_next: list[int]) -> None:
         self.group_states.restore(saved, [seq_next[0]] * self.groups)

@@ -248,6 +248,15 @@ class LearnerGroup:
         lap(phase)
         return out, stats
 
+    def gradient_at_own_weights(self, mb: dict, window, lap) -> tuple[np.ndarray, dict]:
+        """``local_gradient`` at the weights the model holds now (the group's own steps', not a published version):
+        a group of several ranks hands its members their shares with these weights first."""
+        mine = mb
+        if self.size > 1:
+            mine, window = self.group_reduce.hand_out(self.model.flat.params.detach().cpu().numpy(), mb, window)
+            lap("allreduce")
+        return self.local_gradient(mine, window, lap)
+
     def push(self, grad: np.ndarray, version: int, samples: int, stats: dict, compute: float, new_steps: int) -> bool:
         """Put the gradient in a free mailbox slot of this group; wait (sleeping, still receiving
         fragments) while none is free. False when the run stops meanwhile."""

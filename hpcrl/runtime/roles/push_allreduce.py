@@ -76,11 +76,7 @@ class PushAllreduced:
             if clock.now() >= next_stop_check:  # an RMA read under MPI: every few ms, not every minibatch step
                 stopping = L.pacing.stopping()
                 next_stop_check = clock.now() + STOP_CHECK_SECONDS
-            mine = mb
-            if L.size > 1:  # the group's own ranks compute shares at the group's current weights
-                mine, _ = L.group_reduce.hand_out(L.model.flat.params.detach().cpu().numpy(), mb, None)
-                lap("allreduce")
-            grad, stats = L.local_gradient(mine, None, lap)
+            grad, stats = L.gradient_at_own_weights(mb, None, lap)
             got = self.allreduce.mean(grad, stopping, waiting)
             lap("allreduce")
             if got is None or got[1]:  # abandoned, or some group is stopping: every group leaves at this step

@@ -186,11 +186,7 @@ class PushUpdates:
                 stats = self.inner.fused_step(mb)
                 clock.did(Work.GRADIENT)
             else:
-                mine = mb
-                if L.size > 1:  # the group's ranks compute shares at the group's current weights
-                    mine, window = L.group_reduce.hand_out(L.model.flat.params.detach().cpu().numpy(), mb, window)
-                    lap("allreduce")
-                grad, stats = L.local_gradient(mine, window, lap)
+                grad, stats = L.gradient_at_own_weights(mb, window, lap)
                 self.inner.apply(grad)
             clock.did(Work.INNER_STEP)
             lap("gradient")

@@ -417,7 +417,10 @@ class RunRecord:
         self.rows.flush()
         self.file.close()
         if self.scalars is not None:
-            if self.current["episodes"] or self.current["env_steps"]:  # the round the run stopped in
+            # the round the run stopped in; or, stopped on a round's end, the env steps the summary counted past it
+            # (the counter holds a last fragment whose report came after the round closed)
+            ahead = self.summary_env_steps is not None and self.summary_env_steps != self.scalars.step
+            if self.current["episodes"] or self.current["env_steps"] or ahead:
                 self.scalars.tail(self.current, self.stop_rule.mean_return(), self.summary_env_steps)
             self.scalars.close()
 

@@ -151,9 +151,10 @@ class LiveScalars:
         the summary's) are then the summary's."""
         self.write()
         self.step = env_steps if env_steps is not None else self.step + kept["env_steps"]
-        self._send(self.step, {"episode/return_window": window_return,
-                               "episode/return_mean": _mean(np.asarray(kept["returns"], dtype=np.float64)),
-                               "episode/count": kept["episodes"]})
+        values = {"episode/return_window": window_return, "episode/count": kept["episodes"]}
+        if kept["episodes"]:  # no mean of no episodes (a run that stopped on a round's end)
+            values["episode/return_mean"] = _mean(np.asarray(kept["returns"], dtype=np.float64))
+        self._send(self.step, values)
 
     def flush(self) -> None:
         self.write()

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.messages import GroupState
@@ -38,6 +39,10 @@ class PushAllreduced:
         # batches trained: group 0's pushes so far (a resumed job's too), every group's count; a group's state goes
         # to rank 0 under it, and a group that does not push closes its cycle rows with it as their seq
         self.batches: int | None = None  # set at the first batch, from what rank 0 told every rank at start
+        model = learner.model
+        self.untrained = [model.flat.slice_of(p) for p in model.parameters() if not p.requires_grad]
+        self.seen = -1  # the newest published version whose untrained values the model holds
+        self.next_version: int | None = None  # the version rank 0 makes of the last batch's push
 
     def restore(self, saved: dict) -> None:
         """--resume: the group's optimizer and its minibatch order as they were after the checkpoint's batch."""
@@ -51,7 +56,7 @@ class PushAllreduced:
         start_unix = clock.unix()
         if self.batches is None:
             self.batches = L.job.startup.seq_next[0]
-        version = L.pull_weights()
+        version = self._start()
         if version is None:
             return False
         lap("weights")
@@ -110,5 +115,26 @@ class PushAllreduced:
         state = self.inner.state() if L.g == 0 else {"minibatch_rng": L.generator.get_state()}
         L.report_activity(start_unix, compute, steps, report, GroupState(L.g, self.batches, state))
         self.batches += 1
-        # the version this batch made: the next batch's start, and (actors.on_policy) what the actors sample it with
+        self.next_version = version + 1
+        if not L.plan.on_policy:
+            return True
+        # on-policy actors sample the next batch with the version this batch made: it is where that batch starts
         return L.pacing.wait_while(lambda: L.job.board.latest_version() <= version, cap=SHORT_WAIT_CAP)
+
+    def _start(self) -> int | None:
+        """The version the batch's weights are (None: the run is stopping). The first batch, and with on-policy
+        actors every batch, starts from the published version, waiting for it. A later one starts at once from the
+        group's own weights: they are the trained values of the version rank 0 makes of the last batch's push, and
+        rank 0's untrained values (PPO's KL coefficient) are taken from the newest version published by then."""
+        L = self.learner
+        if self.next_version is None or L.plan.on_policy:
+            version = L.pull_weights()
+            self.seen = -1 if version is None else version
+            return version
+        newest = L.job.board.read_latest(L.weights, have=self.seen)
+        if newest != self.seen:
+            with torch.no_grad():
+                for part in self.untrained:
+                    L.model.flat.params[part] = torch.from_numpy(L.weights[part])
+            self.seen = newest
+        return self.next_version

@@ -5,8 +5,9 @@ allreduce (``transport/groups_allreduce.py``); each group steps its own copy of 
 (``GroupUpdate``, as update push's) with that mean, so all G groups hold the same weights after each step. After
 the batch the groups sum their env steps, rows and statistics, and group 0 alone pushes the weights to rank 0
 (one push per batch of all groups), which takes them, ends its round as ever (PPO's KL coefficient travels in the
-weights) and publishes. Each group then waits for that version: it is where the next batch starts, and with
-``actors.on_policy`` the version the actors sample the next batch with.
+weights) and publishes. With ``actors.on_policy`` each group then waits for that version: it is where the next batch
+starts and what the actors sample it with. Otherwise a group starts its next batch at once from its own weights,
+which are that version's trained values, with rank 0's untrained values of the newest version published by then.
 
 With sync admission and one parameter rank, each of the groups' minibatch gradients would be averaged by rank 0
 and stepped by its optimizer: the same step, here made on every group's root instead of through rank 0.

@@ -65,6 +65,10 @@ class FlatParameters:
         start = param.data.storage_offset() - self.params.storage_offset()
         return slice(start, start + param.numel())
 
+    def untrained_slices(self) -> list[slice]:
+        """Where the values no optimizer steps lie (``requires_grad`` False: PPO's KL coefficient)."""
+        return [self.slice_of(p) for p in self._plist if not p.requires_grad]
+
     def zero_grad(self) -> None:
         """Zero the gradient buffer and (re)attach every ``param.grad`` to its view."""
         self.grads.zero_()

@@ -90,7 +90,7 @@ def test_rank_0_takes_the_trained_values_and_keeps_its_own_untrained_ones():
     model = role_parts(make_plan(cfg), describe_env(cfg.env), torch.device("cpu"))[1]
     model.constants["kl_coeff"].fill_(0.05)  # end_round moved it after the groups pulled their weights
     pushed = np.random.default_rng(0).standard_normal(model.flat.num_params).astype(np.float32)
-    TakeWeights(model).step(pushed)
+    TakeWeights(model).step(torch.from_numpy(pushed))
     kl = model.flat.slice_of(model.constants["kl_coeff"])
     trained = np.ones(model.flat.num_params, dtype=bool)
     trained[kl] = False

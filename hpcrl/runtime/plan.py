@@ -143,7 +143,9 @@ def make_plan(cfg: Any) -> Plan:
                 num_ranks=cfg.num_ranks, seed=cfg.env.seed, fragment_length=cfg.actors.fragment_length,
                 fragment_steps=fragment_steps, round_steps=round_steps, group_batch_size=group_batch,
                 routing=algo.routing(), pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
-                lr_schedule=algo.lr_schedule(), push="allreduce" if cfg.learners.topology == "allreduce" else cfg.learners.push, shards=cfg.aggregation.shards,
+                lr_schedule=algo.lr_schedule(),
+                push="allreduce" if cfg.learners.topology == "allreduce" else cfg.learners.push,
+                shards=cfg.aggregation.shards,
                 reward_gamma=algo.reward_discount(),
                 runner=runner, runner_reason=reason, sections=sections,
                 trajectory_files=not (runner == "sim" and cfg.launch.sim_actors == "node"))

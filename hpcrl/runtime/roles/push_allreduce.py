@@ -40,8 +40,7 @@ class PushAllreduced:
         # batches trained: group 0's pushes so far (a resumed job's too), every group's count; a group's state goes
         # to rank 0 under it, and a group that does not push closes its cycle rows with it as their seq
         self.batches: int | None = None  # set at the first batch, from what rank 0 told every rank at start
-        model = learner.model
-        self.untrained = [model.flat.slice_of(p) for p in model.parameters() if not p.requires_grad]
+        self.untrained = learner.model.flat.untrained_slices()
         self.seen = -1  # the newest published version whose untrained values the model holds
         self.next_version: int | None = None  # the version rank 0 makes of the last batch's push
 
@@ -50,8 +49,8 @@ class PushAllreduced:
         self.inner.restore(saved)
 
     def train(self, fragments: list[dict] | None, steps: int, new_steps: int, prepared: dict | None = None) -> bool:
-        """The batch's minibatch steps on the groups' mean gradients, group 0's push of the weights, and the wait
-        for the version it makes; False when the run is stopping."""
+        """The batch's minibatch steps on the groups' mean gradients, group 0's push of the weights, and (on-policy
+        actors) the wait for the version it makes; False when the run is stopping."""
         L = self.learner
         clock, lap = L.clock, L.cycles.lap
         start_unix = clock.unix()

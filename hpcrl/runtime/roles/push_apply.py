@@ -100,13 +100,13 @@ class TakeWeights:
 
     def __init__(self, model) -> None:
         self.flat_params = model.flat.params
-        self.untrained = [model.flat.slice_of(p) for p in model.parameters() if not p.requires_grad]
+        self.untrained = model.flat.untrained_slices()
         self.param_groups = [{"lr": 1.0}]
 
-    def step(self, weights: np.ndarray) -> None:
+    def step(self, weights: torch.Tensor) -> None:
         with torch.no_grad():
             kept = [self.flat_params[part].clone() for part in self.untrained]  # a few values (PPO: one)
-            self.flat_params.copy_(torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32)))
+            self.flat_params.copy_(weights)
             for part, values in zip(self.untrained, kept):
                 self.flat_params[part] = values
 
@@ -117,23 +117,24 @@ class TakeWeights:
         pass
 
 
-class ApplyWeights(ApplyGradients):
+class ApplyWeights(ApplyUpdates):
     """learners.topology=allreduce: the groups averaged every minibatch among themselves and stepped their own
-    optimizers; group 0 alone pushes, and what it pushes is the weights every group holds. Rank 0 takes them.
+    optimizers; group 0 alone pushes, and what it pushes is the weights every group holds. Rank 0 takes them
+    (update push's apply, with ``TakeWeights`` for the outer step; the CONSUMED word as update push sets it).
 
     Each group's state comes with its activity report, keyed by the batch (the count of group 0's pushes, which is
     the groups' count of batches): group 0's optimizer, the same in every group, and each group's own minibatch
     order; a checkpoint gives each group both."""
 
-    lr_schedule = None
-    """Each group sets its optimizer's rate before a batch, from the CONSUMED word rank 0 sets (as update push's)."""
-
     def __init__(self, model, aggregation, groups: int) -> None:
+        super().__init__(model.flat.params, aggregation, groups)
         self.model, self.groups = model, groups
-        self.group_states = GroupStates(groups, aggregation.mailbox_slots + 1)
 
-    def group_state(self, state: GroupState | None) -> None:
-        self.group_states.add(state)
+    def make_optimizer(self):
+        return TakeWeights(self.model)
+
+    def pushing(self, active: int, postprocess: int) -> int:
+        return 1  # group 0 pushes for all
 
     def states(self, seq_next: list[int], drain=None, clock: Clock = WALL) -> dict[int, dict]:
         """Each group's state after the newest batch rank 0 took (group 0's pushes count the batches): group 0's
@@ -145,18 +146,6 @@ class ApplyWeights(ApplyGradients):
 
     def restore(self, saved: dict[int, dict], seq_next: list[int]) -> None:
         self.group_states.restore(saved, [seq_next[0]] * self.groups)
-
-    def make_optimizer(self):
-        return TakeWeights(self.model)
-
-    def apply(self, optimizer, aggregate: np.ndarray) -> None:
-        optimizer.step(aggregate)
-
-    def admitting(self, counters, consumed: int) -> None:
-        counters.set(control.CONSUMED, consumed)
-
-    def pushing(self, active: int, postprocess: int) -> int:
-        return 1  # group 0 pushes for all
 
 
 def apply_mode(push: str, algo, model, lr_schedule: LinearAnneal | None, aggregation, groups: int):

@@ -99,15 +99,9 @@ class LocalGroupsAllreduce:
             if self.broken:
                 return None
             generation = self.generation
-            self.parts[group] = part
-            if len(self.parts) == self.size:
-                total = np.zeros_like(part)
-                for g in range(self.size):  # group order: rank 0's order of a sync step
-                    total += self.parts[g]
-                self.result, self.parts = total, {}
-                self.generation += 1
+            if self._arrive(group, part):
                 self.cond.notify_all()
-                return total.copy()
+                return self.result.copy()
             while self.generation == generation:
                 if self.abort.is_set() or wait():
                     self.broken = True
@@ -115,6 +109,19 @@ class LocalGroupsAllreduce:
                     return None
                 self.cond.wait(0.01)
             return self.result.copy()
+
+    def _arrive(self, group: int, part: np.ndarray) -> bool:
+        """Add ``group``'s part; the last of a generation sums them (in group order: rank 0's order of a sync step)
+        into ``result``, starts the next generation and returns True."""
+        self.parts[group] = part
+        if len(self.parts) < self.size:
+            return False
+        total = np.zeros_like(part)
+        for g in range(self.size):
+            total += self.parts[g]
+        self.result, self.parts = total, {}
+        self.generation += 1
+        return True
 
     def for_group(self, group: int) -> "LocalGroupRoot":
         return LocalGroupRoot(self, group)

@@ -263,13 +263,7 @@ class SimGroupsAllreduce(LocalGroupsAllreduce):
             return None
         clock = self.world.current.clock
         generation = self.generation
-        self.parts[group] = part
-        if len(self.parts) == self.size:  # the last root: the sum, ready for all after the network's time
-            total = np.zeros_like(part)
-            for g in range(self.size):  # group order, as the twin it extends
-                total += self.parts[g]
-            self.result, self.parts = total, {}
-            self.generation += 1
+        if self._arrive(group, part):  # the last root: the sum, ready for all after the network's time
             self.ready_at = self.world.env.now + self.seconds(part.nbytes)
             self.met.notify()
         while self.generation == generation:

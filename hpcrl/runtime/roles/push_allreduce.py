@@ -23,7 +23,7 @@ from hpcrl.runtime.clock import Work
 from hpcrl.runtime.messages import GroupState
 from hpcrl.runtime.roles.group_update import GroupUpdate
 from hpcrl.runtime.roles.pacing import SHORT_WAIT_CAP
-from hpcrl.runtime.roles.push_train import STOP_CHECK_SECONDS
+from hpcrl.runtime.roles.push_train import BeforeEachStep
 from hpcrl.runtime.transport import control
 
 if TYPE_CHECKING:
@@ -65,8 +65,7 @@ class PushAllreduced:
         if L.plan.lr_schedule is not None:  # rank 0 sets CONSUMED before it takes a push (ApplyWeights.admitting)
             self.inner.set_lr(L.plan.lr_schedule.at(L.job.counters.read(control.CONSUMED)))
         lap("prepare")
-        next_stop_check = clock.now() + STOP_CHECK_SECONDS
-        stopping = False
+        stopping = BeforeEachStep(L)
 
         def waiting() -> bool:
             """While the other groups' roots are not there yet: alive, and True once the run has stopped."""
@@ -75,14 +74,9 @@ class PushAllreduced:
             return L.pacing.stopping()
 
         def step(mb: dict) -> dict | None:
-            nonlocal next_stop_check, stopping
-            L.fault.check()
-            L.heartbeat.beat()
-            if clock.now() >= next_stop_check:  # an RMA read under MPI: every few ms, not every minibatch step
-                stopping = L.pacing.stopping()
-                next_stop_check = clock.now() + STOP_CHECK_SECONDS
+            stop = stopping()  # a stopping group takes part in this step's allreduce, which tells every group
             grad, stats = L.gradient_at_own_weights(mb, None, lap)
-            got = self.allreduce.mean(grad, stopping, waiting)
+            got = self.allreduce.mean(grad, stop, waiting)
             lap("allreduce")
             if got is None or got[1]:  # abandoned, or some group is stopping: every group leaves at this step
                 return None

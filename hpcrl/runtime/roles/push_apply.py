@@ -79,8 +79,7 @@ class ApplyUpdates:
         """Before the version this push may make is published: the group's next lr reads the consumed steps."""
         counters.set(control.CONSUMED, consumed)
 
-    def pushing(self, active: int, postprocess: int) -> int:
-        return active - postprocess
+    pushing = ApplyGradients.pushing
 
     def group_state(self, state: GroupState | None) -> None:
         self.group_states.add(state)

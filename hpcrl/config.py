@@ -171,6 +171,13 @@ class LearnersConfig(Section):
     actors and keeps the record (one push per batch of all groups). Synchronous: needs aggregation.policy=sync and
     every group active (learners.min_active = learners.groups). Every group is at the same version, so Stellaris' IS
     window over the other groups' versions (aggregation.is_truncation) has nothing to add and is not used."""
+    combine: Literal["none", "node"] = "none"
+    """node: the learner groups whose roots share a node push once for all of them. Each root hands its push (its
+    gradient times 1/G) to the node's first group's root, which sums them in group order and pushes the sum, with
+    every group's header, to the parameter rank(s): a node's pushes cost rank 0 one receive, and the step is the
+    one of separate pushes to the bit (rank 0 sums each node's gradients first, in group order, either way).
+    Synchronous: needs aggregation.policy=sync and every group active; the nodes are the ranks MPI says share
+    memory (launch.runner=mpi) or the profile's (launch.runner=sim)."""
 
     @property
     def launched_ranks_per_group(self) -> int:
@@ -498,6 +505,31 @@ class RunConfig(Section):
              self.algo.round_regime != "batch" or self.algo.routing() != "own_group")) if on]
         if refused:
             raise ValueError(f"learners.topology=allreduce: {refused[0][0]} (allowed: {refused[0][1]})")
+        return self
+
+    @model_validator(mode="after")
+    def _what_node_combine_needs(self) -> "RunConfig":
+        if self.learners.combine != "node":
+            return self
+        learners, agg = self.learners, self.aggregation
+        refused = [(what, allowed) for what, allowed, on in (
+            (f"aggregation.policy={agg.policy} admits each group's push on its own; a node's combined push is "
+             "admitted whole", "aggregation.policy=sync", agg.policy != "sync"),
+            (f"learners.min_active={learners.min_active} would park groups their node's push waits for",
+             f"learners.min_active={learners.groups} (= learners.groups)", learners.min_active != learners.groups),
+            ("learners.topology=allreduce has no pushes to combine", "learners.topology=server",
+             learners.topology != "server"),
+            (f"launch.runner={self.launch.runner} runs every group in one process, on no node of its own",
+             "launch.runner=mpi or sim", self.launch.runner == "serial"),
+            ("ranks that join (learners.elastic, actors.elastic) are not on a node of the job's",
+             "learners.elastic=park and actors.elastic=park", learners.elastic != "park" or self.actors.elastic != "park"),
+            (f"actors.weight_sync={self.actors.weight_sync} probes each push's step",
+             "actors.weight_sync=every_fragment", self.actors.weight_sync == "aaps"),
+            (f"algo {self.algo.name} has no batch of its own per learner group",
+             "an algorithm whose groups each train their own batch, e.g. ppo",
+             self.algo.round_regime != "batch" or self.algo.routing() != "own_group")) if on]
+        if refused:
+            raise ValueError(f"learners.combine=node: {refused[0][0]} (allowed: {refused[0][1]})")
         return self
 
     @model_validator(mode="after")

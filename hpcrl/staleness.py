@@ -94,9 +94,15 @@ class GradientRecord:
     seq: int
     base_version: int
     samples: int
-    grad: np.ndarray  # float32, 1-D
+    grad: np.ndarray | None  # float32, 1-D; None: summed into its node's combined gradient (``scaled_for``)
     stats: dict = field(default_factory=dict)
     received_at: float = 0.0
+    node: int = 0
+    """Its group's node, in the job's order of nodes: a step sums each node's gradients first (``aggregate``)."""
+    scaled_for: int = 0
+    """A node's combined gradient (learners.combine=node): ``grad`` is already the sum, in group order, of its node's
+    gradients of the step each times float32(1 / scaled_for), the step's size; the other records of that push have
+    no gradient of their own. 0: ``grad`` is this push's own."""
 
     @property
     def key(self) -> tuple[int, int]:
@@ -125,18 +131,46 @@ class Admission:
 
 def aggregate(step: Step, out: np.ndarray | None = None) -> np.ndarray:
     """The step's gradient (1/H) sum_c scale_c g_c (Stellaris Section V-C), float32: in ``out`` when given, else
-    a new array, or the record's own gradient when the step is one gradient at scale 1 (read it, do not write it)."""
+    a new array, or the record's own gradient when the step is one gradient at scale 1 (read it, do not write it).
+
+    The order of the sum is fixed, whatever order the pushes arrived in: each node's gradients first, in group order,
+    from zero, then those sums in node order. A node's groups that combine their pushes (learners.combine=node) make
+    that node's sum themselves, so combining changes no bit of the step."""
     if not step:
         raise ValueError("aggregate: empty step")
     first = step[0][0].grad
-    if len(step) == 1 and step[0][1] == 1.0 and out is None and first.dtype == np.float32:
+    if len(step) == 1 and step[0][1] == 1.0 and out is None and first.dtype == np.float32 and not step[0][0].scaled_for:
         return first  # one gradient at full rate (most steps): it is the step's gradient, no copy
+    H = len(step)
+    by_node: dict[int, list[tuple[GradientRecord, float]]] = {}
+    for rec, scale in sorted(step, key=lambda part: (part[0].node, part[0].group, part[0].seq)):
+        if rec.grad is not None:
+            by_node.setdefault(rec.node, []).append((rec, scale))
+    if not by_node:
+        raise ValueError("aggregate: no gradient in the step (each combined push's records come with their node's sum)")
+    size = next(iter(by_node.values()))[0][0].grad.size
     if out is None:
-        out = np.zeros_like(first, dtype=np.float32)
+        out = np.zeros(size, dtype=np.float32)
     else:
         out[...] = 0.0
-    for rec, scale in step:
-        out += np.float32(scale / len(step)) * rec.grad
+    partial = None
+    for parts in by_node.values():
+        if len(parts) == 1 and not parts[0][0].scaled_for:  # 0 + x is x: a node of one gradient is added at once
+            rec, scale = parts[0]
+            out += np.float32(scale / H) * rec.grad
+            continue
+        if partial is None:
+            partial = np.empty(size, dtype=np.float32)
+        partial[...] = 0.0
+        for rec, scale in parts:
+            if rec.scaled_for:
+                if rec.scaled_for != H or scale != 1.0:
+                    raise ValueError(f"aggregate: group {rec.group}'s combined push was scaled for a step of "
+                                     f"{rec.scaled_for} at scale 1, this step has {H} at scale {scale}")
+                partial += rec.grad
+            else:
+                partial += np.float32(scale / H) * rec.grad
+        out += partial
     return out
 
 

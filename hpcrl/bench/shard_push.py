@@ -38,7 +38,7 @@ def _worker(S: int, P: int, N: int) -> None:
     from torch import nn
 
     from hpcrl.algos.adam import Adam
-    from hpcrl.runtime.shards import ShardStep, bounds
+    from hpcrl.runtime.shards import ShardStep, StepPart, bounds
     from hpcrl.runtime.transport.shard_link import MpiShardLink
     from hpcrl.runtime.transport.sharded import ShardedBoard, ShardedMailbox
     from hpcrl.runtime.transport.windows import GradientMailbox, WeightBoard
@@ -72,7 +72,7 @@ def _worker(S: int, P: int, N: int) -> None:
             for h, piece in got:
                 held[(h.group, h.seq)] = piece
                 if rank == 0:
-                    step = ShardStep(h.seq + 1, ((h.group, h.seq, 1.0),), 1e-3)
+                    step = ShardStep(h.seq + 1, (StepPart(h.group, h.seq, 1.0, 0, 0, False),), 1e-3)
                     for s in range(1, S):
                         link.send(s, step)
                     todo.append(step)

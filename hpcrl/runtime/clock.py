@@ -34,6 +34,9 @@ class Work(enum.Enum):
     """Learner: the batch's preparation before its minibatches (PPO: GAE; count: env steps)."""
     RECORD = "record"
     """Actor: its fragment written to its trajectory file (count: env steps)."""
+    COMBINE = "combine"
+    """Learner under ``learners.combine: node``, the node's pusher: one member's gradient added to the node's sum
+    (count: members)."""
     ADMIT = "admit"
     """Parameter rank: the admission policy on one arrival."""
     APPLY = "apply"

@@ -10,6 +10,9 @@ message                sender                                       handled by (
 =====================  ==========================================  =========================================
 ``PushHeader``         the mailbox slot of a gradient or update     ``ParameterRank._arrived``
                        push (transport/windows.py, local.py)
+``CombinedPush``       a node's groups' push (learners.combine=     ``ParameterRank._arrived``: a record
+                       node), as the pushing group's statistics     per member
+                       (transport/node_combine.py)
 ``FragmentReport``     an actor, per fragment (roles/actor.py)      elastic rule, actors + episodes rows
 ``NodeReports``        a node's report relay (actors.reports=node:  its fragment reports as one block of rows,
                        transport/node_reports.py)                   the others by their own handlers
@@ -82,6 +85,37 @@ class PushHeader:
     """Its statistics vector, in the order of ``transport/control.GRAD_STATS``."""
     ticket: int = 0
     """Arrival order among pushes (the mailbox's)."""
+
+
+@dataclass(frozen=True)
+class CombinedPush:
+    """learners.combine=node: one push for the groups of a node, its gradient their sum. It travels as the pushing
+    group's statistics vector (float64, integers exact below 2**53), laid out ``[members, scaled_for]`` and then
+    per member, in group order, ``[group, seq, base_version, samples, *stats]``; the slot's own header is the
+    pushing group's."""
+
+    members: tuple[PushHeader, ...]
+    """Each group's push as it would have come alone (its ``stats`` in ``GRAD_STATS`` order, ``ticket`` 0)."""
+    scaled_for: int
+    """Each member's gradient was multiplied by float32(1 / scaled_for) before the sum (the sync step's size)."""
+
+    @staticmethod
+    def capacity(members: int, stats: int) -> int:
+        """The floats of the statistics vector of a push of ``members`` groups of ``stats`` statistics each."""
+        return 2 + members * (4 + stats)
+
+    def pack(self) -> np.ndarray:
+        rows = [[m.group, m.seq, m.base_version, m.samples, *m.stats] for m in self.members]
+        return np.array([len(self.members), self.scaled_for, *(x for row in rows for x in row)], dtype=np.float64)
+
+    @classmethod
+    def unpack(cls, vector: np.ndarray, stats: int) -> "CombinedPush":
+        members, width = int(vector[0]), 4 + stats
+        if vector.size != cls.capacity(members, stats):
+            raise ValueError(f"CombinedPush: {vector.size} floats do not hold {members} members of {stats} stats")
+        rows = vector[2:].reshape(members, width)
+        return cls(tuple(PushHeader(seq=int(r[1]), group=int(r[0]), base_version=int(r[2]), samples=int(r[3]),
+                                    stats=r[4:].copy()) for r in rows), int(vector[1]))
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,8 @@ class Plan:
     """What a learner group pushes: one gradient per minibatch, or one update per batch (learners.push); allreduce
     (learners.topology=allreduce): the groups average each minibatch's gradient among themselves and group 0 pushes
     the weights they all hold after the batch."""
+    combine: bool
+    """The groups of a node push once for all of them (learners.combine=node: transport/node_combine.py)."""
     shards: int
     """Parameter ranks that own a slice of the weights each (aggregation.shards; rank 0 is shard 0 and decides)."""
     reward_gamma: float
@@ -145,7 +147,7 @@ def make_plan(cfg: Any) -> Plan:
                 routing=algo.routing(), pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
                 lr_schedule=algo.lr_schedule(),
                 push="allreduce" if cfg.learners.topology == "allreduce" else cfg.learners.push,
-                shards=cfg.aggregation.shards,
+                combine=cfg.learners.combine == "node", shards=cfg.aggregation.shards,
                 reward_gamma=algo.reward_discount(),
                 runner=runner, runner_reason=reason, sections=sections,
                 trajectory_files=not (runner == "sim" and cfg.launch.sim_actors == "node"))

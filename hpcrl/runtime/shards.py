@@ -18,6 +18,7 @@ parameter ranks", says why.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -60,11 +61,29 @@ def param_sizes(model) -> list[int]:
     return [p.numel() for p in model.parameters()]
 
 
+class StepPart(NamedTuple):
+    """One push of a step, as ``staleness.aggregate`` needs it."""
+
+    group: int
+    seq: int
+    scale: float
+    """alpha_c / alpha_0."""
+    node: int
+    scaled_for: int
+    """The record's (a node's combined push: its step size; 0 otherwise)."""
+    carried: bool
+    """Its gradient is in its node's combined push (learners.combine=node): no slice of its own comes."""
+
+    @classmethod
+    def of(cls, rec, scale: float) -> "StepPart":
+        return cls(rec.group, rec.seq, float(scale), rec.node, rec.scaled_for, rec.grad is None)
+
+
 @dataclass(frozen=True)
 class ShardStep:
     version: int
-    parts: tuple[tuple[int, int, float], ...]
-    """(group, seq, alpha_c / alpha_0) of every push in the step, in the order rank 0 aggregated them."""
+    parts: tuple[StepPart, ...]
+    """Every push in the step."""
     lr: float
 
 

@@ -9,6 +9,7 @@ collective over the communicator it is given.
 """
 from __future__ import annotations
 
+import functools
 import platform
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -77,6 +78,9 @@ class Topology:
     roots_comm: object = field(default=None, kw_only=True)
     """The learner group roots, rank g = group g (learners.topology=allreduce: their allreduce); None otherwise, and
     MPI.COMM_NULL on the other ranks."""
+    combine_comm: object = field(default=None, kw_only=True)
+    """The group roots of this rank's node, in group order (learners.combine=node: their gather to the first); None
+    otherwise, and MPI.COMM_NULL on the other ranks."""
     groups: int
     ranks_per_group: int
     roles: list[Role] = field(repr=False)
@@ -84,6 +88,9 @@ class Topology:
     node_ranks: list[int] = field(repr=False)
     world_ranks: list[int] = field(repr=False, default_factory=list)
     """Each rank's rank in the communicator the job was started with (its launcher's rank number)."""
+    node_ids: list[int] = field(repr=False, default_factory=list)
+    """Each rank's node as the lowest rank on it: the ranks that share memory (``node_comm``), which a hostname
+    does not always tell (MPICH's cliques in the tests). Empty: the node names tell."""
 
     @classmethod
     def from_config(cls, comm, learners_cfg, actors_count: int, placement=None, shards: int = 1) -> "Topology":
@@ -112,12 +119,18 @@ class Topology:
         if learners_cfg.topology == "allreduce":
             is_root = mine.role == LEARNER and mine.group_rank == 0
             roots_comm = comm.Split(0 if is_root else MPI.UNDEFINED, mine.group if is_root else 0)
-        table = comm.allgather((MPI.Get_processor_name(), node_comm.Get_rank()))
+        combine_comm = None
+        if learners_cfg.combine == "node":  # collective over the node's ranks
+            is_root = mine.role == LEARNER and mine.group_rank == 0
+            combine_comm = node_comm.Split(0 if is_root else MPI.UNDEFINED, mine.group if is_root else 0)
+        lowest = node_comm.allreduce(rank, op=MPI.MIN)
+        table = comm.allgather((MPI.Get_processor_name(), node_comm.Get_rank(), lowest))
         return cls(
             comm=comm, rank=rank, size=comm.Get_size(), role=mine.role, group=mine.group,
             group_rank=mine.group_rank, group_comm=group_comm, node_comm=node_comm,
             groups=groups, ranks_per_group=per_group, roles=roles,
             nodes=[t[0] for t in table], node_ranks=[t[1] for t in table], world_ranks=order, roots_comm=roots_comm,
+            node_ids=[t[2] for t in table], combine_comm=combine_comm,
         )
 
     @property
@@ -141,6 +154,19 @@ class Topology:
             return self.node_rank
         mine = self.nodes[self.rank]
         return sum(1 for r in self.learner_ranks if r < self.rank and self.nodes[r] == mine)
+
+    @functools.cached_property
+    def group_nodes(self) -> list[int]:
+        """Each group's node (its root's), numbered 0, 1 ... in the order of the groups: the order in which a step
+        sums the nodes' gradients (``staleness.aggregate``)."""
+        keys = self.node_ids or self.nodes
+        numbers: dict = {}
+        return [numbers.setdefault(keys[r], len(numbers)) for r in self.learner_roots]
+
+    def node_mates(self, group: int) -> list[int]:
+        """The groups whose roots share ``group``'s node, in group order (``group`` among them)."""
+        nodes = self.group_nodes
+        return [g for g in range(self.groups) if nodes[g] == nodes[group]]
 
     @property
     def node_name(self) -> str:
@@ -194,7 +220,7 @@ class Topology:
         """Free the communicators this object split off (collective over their members)."""
         from mpi4py import MPI
 
-        for name in ("group_comm", "node_comm", "roots_comm"):
+        for name in ("group_comm", "combine_comm", "node_comm", "roots_comm"):
             c = getattr(self, name)
             if c is not None and c != MPI.COMM_NULL:
                 c.Free()

@@ -258,8 +258,9 @@ class LearnerGroup:
         return self.local_gradient(mine, window, lap)
 
     def push(self, grad: np.ndarray, version: int, samples: int, stats: dict, compute: float, new_steps: int) -> bool:
-        """Put the gradient in a free mailbox slot of this group; wait (sleeping, still receiving
-        fragments) while none is free. False when the run stops meanwhile."""
+        """Put the gradient in a free mailbox slot of this group (learners.combine=node: hand it to the node's
+        combined push); wait (sleeping, still receiving fragments) while none is free. False when the run stops
+        meanwhile."""
         def vector(waited: float) -> list[float]:
             extra = {"compute_seconds": compute, "mailbox_wait_seconds": waited, "new_env_steps": new_steps,
                      "busy_seconds": self.cycles.busy_so_far(), "inner_steps": stats.get("inner_steps", 0)}
@@ -271,7 +272,7 @@ class LearnerGroup:
             return self.pacing.stopping()
 
         try:
-            waited = self.job.mailbox.push(self.g, self.seq, version, samples, grad, vector, abandon=abandon,
+            waited = self.job.outbox.push(self.g, self.seq, version, samples, grad, vector, abandon=abandon,
                                            backoff=Backoff(5e-5, 1e-3, self.clock))
         except PushAbandoned:
             return False

@@ -52,6 +52,7 @@ from hpcrl.config import (AggregationConfig, DebugConfig, EvalConfig, IOConfig, 
 from hpcrl.io.rollback import record_counts
 from hpcrl.io.schema import TRAJ_DIR
 from hpcrl.runtime.transport import control
+from hpcrl.runtime.transport.node_combine import push_records
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, GroupEvent, JoiningJob, LearnerActivity,
                                     NodeReports, PushHeader, SamplerEvent, Startup)
@@ -126,6 +127,7 @@ class ParameterRank:
         self.env_steps_start = 0  # env steps before this (resumed) job
         self.stop_rule = StopRule(self.settings.stop)
         self.seq_next = [0] * G
+        self.group_nodes = job.topo.group_nodes  # each group's node: the order of a step's sum
         self.taken = TakenWords(self.counters, G, self.plan.on_policy)  # actors.on_policy: pushes applied, per group
         self.ledger = ActorLedger(self.plan.actors)  # each actor's next fragment number and newest statistics
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
@@ -296,41 +298,46 @@ class ParameterRank:
         got = self.mailbox.poll()
         self.lap("receive" if got else "idle")  # a poll that finds nothing is part of waiting
         for header, grad in got:
-            rec = self._arrived(header, grad)
-            stats = rec.stats
-            new_steps = int(stats.get("new_env_steps", 0))
-            self.groups.rule.gradient(self.time.now(), new_steps, float(stats.get("busy_seconds", math.nan)))
-            self.record.consumed(new_steps, float(stats.get("compute_seconds", 0.0)))
-            if not np.isfinite(grad).all():
-                self.shards.drop(rec)
-                self.taken.applied([rec])
-                self.consumed += new_steps
-                self.record.gradient(rec, False, "nonfinite", self.version, self.round)
-                continue
-            self.queue.append(rec)
-            self.time.did(Work.ADMIT)
-            self.push_mode.admitting(self.counters, self.consumed + new_steps)
-            self.lap("admit")
-            self._admit()
-            # counted after the step it came with: a batch's last gradient (the one that reports its steps)
-            # is applied at the batch's own annealed lr, not the next batch's
-            self.consumed += new_steps
-            while self.consumed >= self.round_end and self.stop_reason is None:
-                self._end_round()
-                if self.settings.stop.max_rounds is not None and self.round >= self.settings.stop.max_rounds:
-                    self._check_stop()  # exactly max_rounds rounds
-                self.lap("other")
+            finite = np.isfinite(grad).all()
+            for rec in self._arrived(header, grad):  # a node's combined push: its groups' records, in group order
+                self._take(rec, finite)
         self.taken.publish()
         return bool(got)
 
-    def _arrived(self, header: PushHeader, grad: np.ndarray) -> GradientRecord:
-        """A gradient copied out of the mailbox, counted, as the admission policy's record."""
-        rec = GradientRecord(group=header.group, seq=header.seq, base_version=header.base_version,
-                             samples=header.samples, grad=grad, stats=dict(zip(control.GRAD_STATS, header.stats)),
-                             received_at=self.record.now())
-        self.record.arrived()
-        self.seq_next[rec.group] = max(self.seq_next[rec.group], rec.seq + 1)
-        return rec
+    def _take(self, rec: GradientRecord, finite: bool) -> None:
+        """One push's record: counted, dropped when its gradient is not finite, else queued and admitted."""
+        stats = rec.stats
+        new_steps = int(stats.get("new_env_steps", 0))
+        self.groups.rule.gradient(self.time.now(), new_steps, float(stats.get("busy_seconds", math.nan)))
+        self.record.consumed(new_steps, float(stats.get("compute_seconds", 0.0)))
+        if not finite:
+            self.shards.drop(rec)
+            self.taken.applied([rec])
+            self.consumed += new_steps
+            self.record.gradient(rec, False, "nonfinite", self.version, self.round)
+            return
+        self.queue.append(rec)
+        self.time.did(Work.ADMIT)
+        self.push_mode.admitting(self.counters, self.consumed + new_steps)
+        self.lap("admit")
+        self._admit()
+        # counted after the step it came with: a batch's last gradient (the one that reports its steps)
+        # is applied at the batch's own annealed lr, not the next batch's
+        self.consumed += new_steps
+        while self.consumed >= self.round_end and self.stop_reason is None:
+            self._end_round()
+            if self.settings.stop.max_rounds is not None and self.round >= self.settings.stop.max_rounds:
+                self._check_stop()  # exactly max_rounds rounds
+            self.lap("other")
+
+    def _arrived(self, header: PushHeader, grad: np.ndarray) -> list[GradientRecord]:
+        """A push copied out of the mailbox, counted, as the admission policy's records."""
+        recs = push_records(header, grad, self.plan.combine, self.group_nodes, len(control.GRAD_STATS),
+                            self.record.now())
+        for rec in recs:
+            self.record.arrived()
+            self.seq_next[rec.group] = max(self.seq_next[rec.group], rec.seq + 1)
+        return recs
 
     def _admit(self) -> None:
         lap = self.lap
@@ -456,7 +463,7 @@ class ParameterRank:
         while True:
             busy = self._drain_messages()
             for header, grad in self.mailbox.poll():  # pushes that were already under way
-                self.queue.append(self._arrived(header, grad))
+                self.queue += self._arrived(header, grad)
                 busy = True
             if self.counters.read(control.ACTORS_DONE) >= A and self.counters.read(control.LEARNERS_DONE) >= G:
                 if not self._drain_messages():

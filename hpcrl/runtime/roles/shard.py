@@ -119,10 +119,11 @@ class ShardRank:
         return self.handlers[type(event)](event)
 
     def _step(self, event: ShardStep) -> bool:
-        if any((g, s) not in self.held for g, s, _ in event.parts):
+        if any((p.group, p.seq) not in self.held for p in event.parts if not p.carried):
             return False
-        step = [(GradientRecord(group=g, seq=s, base_version=0, samples=0, grad=self.held.pop((g, s))), scale)
-                for g, s, scale in event.parts]
+        step = [(GradientRecord(group=p.group, seq=p.seq, base_version=0, samples=0, node=p.node,
+                                scaled_for=p.scaled_for, grad=None if p.carried else self.held.pop((p.group, p.seq))),
+                 p.scale) for p in event.parts]
         for group in self.optimizer.param_groups:
             group["lr"] = event.lr
         self.push_mode.apply(self.optimizer, self.algo.aggregate(step))

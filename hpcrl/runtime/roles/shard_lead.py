@@ -18,7 +18,7 @@ import numpy as np
 
 from hpcrl.runtime.backoff import window_owner_nap
 from hpcrl.runtime.roles.shard import SliceModel
-from hpcrl.runtime.shards import ShardDrop, ShardEnd, ShardPublish, ShardSet, ShardStep
+from hpcrl.runtime.shards import ShardDrop, ShardEnd, ShardPublish, ShardSet, ShardStep, StepPart
 
 
 class OneShard:
@@ -65,7 +65,7 @@ class LeadShards:
 
     def step(self, version: int, step, lr: float) -> None:
         """Before rank 0 applies the step that makes ``version``: the same step to every shard."""
-        self._to_all(ShardStep(version, tuple((rec.group, rec.seq, float(scale)) for rec, scale in step), float(lr)))
+        self._to_all(ShardStep(version, tuple(StepPart.of(rec, scale) for rec, scale in step), float(lr)))
         self.announced = version
         self.unpublished.clear()  # the shards publish what they were set to with it
 
@@ -100,8 +100,9 @@ class LeadShards:
             backoff.sleep()
 
     def drop(self, rec) -> None:
-        """A push rank 0 refused: the shards forget their slices of it."""
-        self._to_all(ShardDrop(rec.group, rec.seq))
+        """A push rank 0 refused: the shards forget their slices of it (a combined push's: its pusher's record)."""
+        if rec.grad is not None:
+            self._to_all(ShardDrop(rec.group, rec.seq))
 
     @contextmanager
     def whole_weights(self, flat, version: int):

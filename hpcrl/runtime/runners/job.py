@@ -11,6 +11,7 @@ mpi`` (:mod:`hpcrl.runtime.runners.mpi`) and their in-memory twins under ``seria
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
@@ -24,7 +25,7 @@ from hpcrl.algos.base import Algorithm
 from hpcrl.io import TrajLayout
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.clock import WALL, Clock
-from hpcrl.runtime.messages import Startup
+from hpcrl.runtime.messages import CombinedPush, Startup
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime import shards
 from hpcrl.runtime.record.progress import ProgressEmitter
@@ -33,8 +34,9 @@ from hpcrl.runtime.roles.sampler import EnvInfo
 from hpcrl.runtime.topology import Topology
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.layout import FragmentLayout, fragment_layout
+from hpcrl.runtime.transport.node_combine import HEADER, CombiningOutbox
 from hpcrl.runtime.transport.protocols import (Board, Counters, Fragments, GroupReduce, GroupsAllreduce, Mailbox,
-                                               Reports)
+                                               NodeGather, Outbox, Reports)
 
 if TYPE_CHECKING:
     from hpcrl.runtime.transport.protocols import Joiner
@@ -59,6 +61,8 @@ class Job:
     """CounterWindow or LocalCounters (words in hpcrl.runtime.transport.control)."""
     mailbox: Mailbox
     """GradientMailbox or LocalMailbox."""
+    outbox: Outbox
+    """Where a group root pushes: the mailbox, or with learners.combine=node its node's CombiningOutbox."""
     board: Board
     """WeightBoard or LocalBoard."""
     reports: Reports
@@ -143,6 +147,7 @@ class Wiring(Protocol):
     def group_reduce(self, topo: Topology, device: torch.device, counters: Counters, reports: Reports
                      ) -> GroupReduce | None: ...
     def groups_allreduce(self, topo: Topology) -> GroupsAllreduce: ...
+    def node_gather(self, topo: Topology, meta_size: int, num_params: int) -> NodeGather: ...
     def joiner(self, topo: Topology) -> Joiner | None: ...
     def clock(self, topo: Topology) -> Clock: ...
     def parameter_nap(self, topo: Topology) -> Backoff: ...
@@ -164,7 +169,10 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
     if plan.shards > 1:  # the MPI wiring's windows are made per shard, over these floats (runtime/shards.py)
         wiring.split_weights(shards.bounds(shards.param_sizes(model), plan.shards))
     counters = wiring.counters(control.num_counters(G, topo.size))
-    mailbox = wiring.mailbox(G, s.aggregation.mailbox_slots, P, len(control.GRAD_STATS))
+    stats = len(control.GRAD_STATS)
+    mailbox = wiring.mailbox(G, s.aggregation.mailbox_slots, P,  # a node's push: its groups' headers as statistics
+                             CombinedPush.capacity(max(Counter(topo.group_nodes).values()), stats) if plan.combine
+                             else stats)
     board = wiring.board(P, max(2, s.aggregation.weight_history), 0 if probe is None else probe.size, topo)
     reports = wiring.reports(topo)
     fragments = wiring.fragments(fragment_layout_for(plan, env, model), s.actors.max_in_flight, topo)
@@ -172,8 +180,11 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
     group_reduce = wiring.group_reduce(topo, model.device, counters, reports) if topo.role == "learner" else None
     shard_link = wiring.shard_link(topo) if plan.shards > 1 else None
     groups_allreduce = wiring.groups_allreduce(topo) if plan.push == "allreduce" and topo.is_group_root else None
+    outbox = mailbox
+    if plan.combine and topo.is_group_root:
+        outbox = CombiningOutbox(mailbox, wiring.node_gather(topo, HEADER + stats, P), G, stats, wiring.clock(topo))
     return Job(plan=plan, topo=topo, run_dir=run_dir, resume=resume, runner=runner, algo=algo, model=model, env=env,
-               traj_layout=traj_layout, counters=counters, mailbox=mailbox, board=board, reports=reports,
+               traj_layout=traj_layout, counters=counters, mailbox=mailbox, outbox=outbox, board=board, reports=reports,
                fragments=fragments, group_reduce=group_reduce, probe=probe, clock=wiring.clock(topo),
                joiner=wiring.joiner(topo) if topo.role == "actor" else None,
                progress=ProgressEmitter(progress, s.io.log_seconds) if topo.role == "parameter" else None,

@@ -277,6 +277,11 @@ class MpiWiring:
 
         return MpiGroupsAllreduce(topo.roots_comm)
 
+    def node_gather(self, topo, meta_size: int, num_params: int):
+        from hpcrl.runtime.transport.node_combine import MpiNodeGather
+
+        return MpiNodeGather(topo.combine_comm, meta_size, num_params)
+
     def joiner(self, topo):
         """An actor's Joiner when its sampling joins the job (actors.elastic steps / jobs), else None."""
         s = self.plan.sections

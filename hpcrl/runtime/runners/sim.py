@@ -36,7 +36,7 @@ from hpcrl.runtime.topology import Topology, plan_roles
 from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local_node_reports import NodeBuffer
 from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimGroupsAllreduce, SimMailbox,
-                                         SimReports, TransportPrices, _Charges)
+                                         SimNodeGather, SimReports, TransportPrices, _Charges)
 from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld
 
 
@@ -131,6 +131,7 @@ class Machine:
         # copy of the groups' weights, priced alike)
         apply = (c.apply_gradient if self.plan.push == "gradient" else c.apply_update).at(P) / speed
         inner_step = c.apply_gradient.at(P) / speed  # a group's own optimizer step (learners.push=update)
+        combine = c.apply_update.at(P) / speed  # a vector added to the node's sum: the outer step's few vector ops
         stragglers = self.profile.stragglers
         actor = topo.actor_index if topo.role == "actor" else None
         slow = stragglers.slow_factor if actor is not None and self.slow[actor] else 1.0
@@ -144,6 +145,8 @@ class Machine:
                 return count * gradient_seconds
             if work is Work.INNER_STEP:
                 return count * inner_step
+            if work is Work.COMBINE:
+                return count * combine
             if work is Work.PREPARE:
                 return count * c.prepare_per_step / speed
             if work is Work.RECORD:
@@ -206,6 +209,11 @@ class SimWiring(LocalWiring):
     def actor_nap(self, topo: Topology):
         clock = self.clock(topo)
         return lambda: Backoff(5e-5, 5e-3, clock)  # the MPI runner's, in virtual time
+
+    def node_gather(self, topo: Topology, meta_size: int, num_params: int):
+        node = self.machine.slots[topo.rank].node
+        return self._once(("node gather", node), lambda: SimNodeGather(self.world, topo.node_mates(topo.group))
+                          ).for_group(topo.group)
 
     def groups_allreduce(self, topo: Topology):
         shared = self._once("groups_allreduce", lambda: SimGroupsAllreduce(self.world, self.plan.groups,

@@ -45,6 +45,27 @@ class Mailbox(Protocol):
 
 
 @runtime_checkable
+class Outbox(Protocol):
+    """Where a learner group root's pushes go: rank 0's mailbox itself (a ``Mailbox`` is one), or with
+    ``learners.combine: node`` its node's combined push (transport/node_combine.py ``CombiningOutbox``)."""
+
+    def push(self, group: int, seq: int, base_version: int, samples: int, grad: np.ndarray, stats=None,
+             timeout: float | None = None, abandon: Callable[[], bool] | None = None, backoff=None) -> float: ...
+
+
+@runtime_checkable
+class NodeGather(Protocol):
+    """learners.combine=node: the pushes of a node's group roots gathered at the first of them
+    (transport/node_combine.py): ``gather`` returns there every member's (header floats, scaled gradient) in group
+    order, on the other roots an empty list, and None once abandoned (``wait()``, called while waiting, said the
+    run has stopped). Every implementation also has ``members`` (the node's groups) and ``broken``."""
+
+    def gather(self, meta: np.ndarray, part: np.ndarray, wait: Callable[[], bool]
+               ) -> list[tuple[np.ndarray, np.ndarray]] | None: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
 class Board(Protocol):
     """The newest weights (and a few older versions) on rank 0; a reader never gets a torn copy. ``fetch_rows``
     (the parameter rank): the copies of each version rank 0 served and their bytes, by reader kind (run.h5

@@ -16,6 +16,8 @@ SimFragments           a send: ``fragment_send`` on the actor; the fragment reac
                        the link's latency and bytes (a remote root)
 SimGroupsAllreduce     learners.topology=allreduce: the groups' roots meet; the sum is every root's
                        ``allreduce_seconds(bytes)`` after the last one arrives (no core: the network's work)
+SimNodeGather          learners.combine=node: a node's group roots meet per push; the node's pusher has every
+                       part when the last arrives (a node's memory: no network time); the sum is its own work
 =====================  ==============================================================================
 
 A call made outside any role's turn (the runner's own set-up, as rank 0 publishes the first version) costs
@@ -276,3 +278,57 @@ class SimGroupsAllreduce(LocalGroupsAllreduce):
         if self.ready_at > self.world.env.now:
             clock.sleep(self.ready_at - self.world.env.now)
         return result
+
+
+class SimNodeGather:
+    """A node's group roots' gather (learners.combine=node) in virtual time: each root's part waits, a heartbeat's
+    virtual second at a time, for the node's last; then the node's pusher (its first group) has them all in group
+    order and the others go on (an empty list), as with MPI's Igather of a gradient (a rendezvous)."""
+
+    def __init__(self, world: VirtualWorld, groups: list[int]) -> None:
+        self.world, self.groups, self.members = world, groups, len(groups)
+        self.met = world.signal()
+        self.parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.result: list[tuple[np.ndarray, np.ndarray]] = []
+        self.generation = 0
+        self.broken = False
+
+    def for_group(self, group: int) -> "SimNodeMember":
+        return SimNodeMember(self, group)
+
+    def gather(self, group: int, meta: np.ndarray, part: np.ndarray, wait: Callable[[], bool]
+               ) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        if self.broken:
+            return None
+        generation = self.generation
+        self.parts[group] = (meta.copy(), part.copy())
+        if len(self.parts) == self.members:
+            self.result, self.parts = [self.parts[g] for g in self.groups], {}
+            self.generation += 1
+            self.met.notify()
+        clock = self.world.current.clock
+        while self.generation == generation:
+            if wait():
+                self.broken = True
+                self.met.notify()
+                return None
+            clock.wait_for(self.met, 1.0, "the other groups of its node")
+        return self.result if group == self.groups[0] else []
+
+
+class SimNodeMember:
+    """Group ``group``'s handle on its node's :class:`SimNodeGather` (``protocols.NodeGather``)."""
+
+    def __init__(self, shared: SimNodeGather, group: int) -> None:
+        self.shared, self.group, self.members = shared, group, shared.members
+
+    @property
+    def broken(self) -> bool:
+        return self.shared.broken
+
+    def gather(self, meta: np.ndarray, part: np.ndarray, wait: Callable[[], bool]
+               ) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        return self.shared.gather(self.group, meta, part, wait)
+
+    def close(self) -> None:
+        pass

@@ -123,8 +123,8 @@ class RunRecord:
         return {k: (np.asarray(v, dtype=np.float64) - t0 if k in keys else v) for k, v in row.items()}
 
     # ---- gradients and steps ---------------------------------------------------------------
-    def arrived(self) -> None:
-        self.gradients += 1
+    def arrived(self, pushes: int = 1) -> None:
+        self.gradients += pushes
 
     def consumed(self, env_steps: int, learner_seconds: float) -> None:
         self.current["env_steps"] += env_steps

@@ -208,11 +208,9 @@ class ParameterRank:
         with self.shards.whole_weights(self.flat, self.version):
             params = self.flat.params.detach().cpu().clone()
         return {
-            "params": params,
-            "optimizer": self.optimizer.state_dict(),
-            "admission_policy": self.policy,
-            "algo_state": self.algo.parameter_state(),
-            "version": self.version, "round": self.round, "consumed": self.consumed,
+            "params": params, "optimizer": self.optimizer.state_dict(), "admission_policy": self.policy,
+            "algo_state": self.algo.parameter_state(), "version": self.version, "round": self.round,
+            "consumed": self.consumed,
             "env_steps": self.env_steps(), "episodes": self.record.episodes, "updates": self.record.updates,
             "gradients": self.record.gradients, "admitted": self.record.admitted, "returns": list(self.stop_rule.returns),
             "seq_next": list(self.seq_next), "active": self.groups.active,
@@ -299,17 +297,16 @@ class ParameterRank:
         self.lap("receive" if got else "idle")  # a poll that finds nothing is part of waiting
         for header, grad in got:
             finite = np.isfinite(grad).all()
-            for rec in self._arrived(header, grad):  # a node's combined push: its groups' records, in group order
+            for rec in self._arrived(header, grad):  # a node's combined push (learners.combine=node): its groups'
                 self._take(rec, finite)
         self.taken.publish()
         return bool(got)
 
     def _take(self, rec: GradientRecord, finite: bool) -> None:
         """One push's record: counted, dropped when its gradient is not finite, else queued and admitted."""
-        stats = rec.stats
-        new_steps = int(stats.get("new_env_steps", 0))
-        self.groups.rule.gradient(self.time.now(), new_steps, float(stats.get("busy_seconds", math.nan)))
-        self.record.consumed(new_steps, float(stats.get("compute_seconds", 0.0)))
+        new_steps = int(rec.stats.get("new_env_steps", 0))
+        self.groups.rule.gradient(self.time.now(), new_steps, float(rec.stats.get("busy_seconds", math.nan)))
+        self.record.consumed(new_steps, float(rec.stats.get("compute_seconds", 0.0)))
         if not finite:
             self.shards.drop(rec)
             self.taken.applied([rec])
@@ -334,8 +331,8 @@ class ParameterRank:
         """A push copied out of the mailbox, counted, as the admission policy's records."""
         recs = push_records(header, grad, self.plan.combine, self.group_nodes, len(control.GRAD_STATS),
                             self.record.now())
+        self.record.arrived(len(recs))
         for rec in recs:
-            self.record.arrived()
             self.seq_next[rec.group] = max(self.seq_next[rec.group], rec.seq + 1)
         return recs
 
@@ -458,8 +455,7 @@ class ParameterRank:
         """Tell everyone to stop, keep draining until actors and learners are done, checkpoint."""
         self.counters.set(control.STOP, 1)
         G, A = self.plan.groups, self.plan.actors
-        backoff = self.backoff
-        backoff.reset()
+        self.backoff.reset()
         while True:
             busy = self._drain_messages()
             for header, grad in self.mailbox.poll():  # pushes that were already under way
@@ -472,16 +468,14 @@ class ParameterRank:
                 self._next_elastic = self.time.now() + 0.5
                 self._watch()
                 self.job.progress.update(self.stats())  # rank 0's heartbeat for the launcher's watch of it
-            backoff.reset() if busy else backoff.sleep()
+            self.backoff.reset() if busy else self.backoff.sleep()
         for rec in self.queue:
             self.record.gradient(rec, False, "shutdown", self.version, self.round)
         self.queue.clear()
         ckpt = self.checkpoint()
         self.summary = self.record.summary(self.stats(), self.stop_reason, self.job.run_dir, {
             "trajectories": trajectory_files(self.plan, self.job.run_dir),
-            "checkpoint": str(ckpt)}, push=self.plan.push, sampled_with=(
-            "the weights the previous batch made (actors.on_policy=true)" if self.plan.on_policy else
-            "weights up to a batch old: actors sample the next batch while learners train (actors.on_policy=false)"))
+            "checkpoint": str(ckpt)}, push=self.plan.push, sampled_with=sampled_with(self.plan))
         self.record.close()
         self.shards.close()
         self.job.progress.finish(self.summary)
@@ -489,6 +483,13 @@ class ParameterRank:
     def close_on_error(self) -> None:
         """Flush what is buffered (called before MPI_Abort)."""
         self.record.close_on_error()
+
+
+def sampled_with(plan) -> str:
+    """The summary's line on the weights the actors sample with."""
+    if plan.on_policy:
+        return "the weights the previous batch made (actors.on_policy=true)"
+    return "weights up to a batch old: actors sample the next batch while learners train (actors.on_policy=false)"
 
 
 def trajectory_files(plan, run_dir: Path) -> str:

@@ -105,7 +105,17 @@ def test_hierarchical_aggregation_and_shards_lift_rank0_as_their_costs_say():
     c = costs(receive=Linear(0.1 * MS, 20e-9), publish=Linear(0.1 * MS, 10e-9))
     lay = Layout(nodes=1, actors=10**6, actor_nodes=1, learners=10**5)
     base = predict(c, WORK, lay)
-    assert predict(c, WORK, lay, combine=4).env_steps_per_s / base.env_steps_per_s == pytest.approx(4)
+    sync = predict(c, WORK, lay, admission="sync")
+    # sync: one version per push of every learner, so rank 0's steps and publishes all but vanish here
+    assert sync.env_steps_per_s > base.env_steps_per_s
+    # node combine, as built: rank 0 receives one push in 4, and still admits each learner's
+    per_push = lambda c, combine: c.receive(WORK.floats) / combine + c.admit  # noqa: E731
+    combined = predict(c, WORK, lay, admission="sync", combine=4)
+    assert combined.env_steps_per_s / sync.env_steps_per_s == pytest.approx(per_push(c, 1) / per_push(c, 4), rel=1e-3)
+    assert combined.pushes_per_s / combined.env_steps_per_s == pytest.approx(
+        sync.pushes_per_s / sync.env_steps_per_s / 4)
+    with pytest.raises(ValueError, match="sync with combine"):
+        predict(c, WORK, lay, combine=4)
     sharded = predict(c, WORK, lay, shards=4)
     per_push = lambda P: 0.2 * MS + 30e-9 * P  # noqa: E731
     assert sharded.env_steps_per_s / base.env_steps_per_s == pytest.approx(per_push(WORK.floats) / per_push(2500))

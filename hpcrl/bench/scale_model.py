@@ -55,11 +55,13 @@ def print_costs(title: str, costs: Costs, work: Workload) -> None:
 
 LARGE = "1048576,65536,64,128"
 """A large job for the table beside the measured one: P (4 MB of weights), B, M (4 epochs of 16 minibatches), F."""
-VARIANTS = [("update push, per-node fetch (built and being built)", {}),
-            ("+ hierarchical aggregation (a GPU node's 4 pushes summed on the node)", {"combine": 4}),
+VARIANTS = [("update push, per-node fetch (built)", {}),
+            ("+ sync admission", {"admission": "sync"}),
+            ("+ sync admission and node combine (a GPU node's 4 pushes summed on the node)",
+             {"admission": "sync", "combine": 4}),
             ("+ 4 parameter shards", {"shards": 4}),
             ("+ 16 parameter shards", {"shards": 16}),
-            ("+ hierarchical aggregation and 16 shards", {"combine": 4, "shards": 16})]
+            ("+ sync admission, node combine and 16 shards", {"admission": "sync", "combine": 4, "shards": 16})]
 
 
 def table(title: str, costs: Costs, work: Workload, nodes: list[int], gpu_share: float, nic: float) -> None:
@@ -83,7 +85,7 @@ def table(title: str, costs: Costs, work: Workload, nodes: list[int], gpu_share:
           "it then allows:")
     for p, f in modes:
         saturation(costs, work, layout_of, f"{p} push, per-{f} fetch", p, f)
-    print("what would come next (not built), on top of update push and per-node fetch:")
+    print("on top of update push and per-node fetch:")
     for name, variant in VARIANTS:
         saturation(costs, work, layout_of, name, "update", "node", **variant)
 
@@ -92,9 +94,11 @@ EFFICIENCY_NODES = [2, 8, 64, 256, 1000]
 TOPOLOGY_VARIANTS = [
     ("gradient push, per-actor fetch (built)", {"push": "gradient", "fetch": "actor"}),
     ("update push, per-node fetch (built)", {"push": "update", "fetch": "node"}),
-    ("+ node combine and 16 shards", {"push": "update", "fetch": "node", "combine": 4, "shards": 16}),
-    ("+ node combine, 16 shards, per-node reports", {"push": "update", "fetch": "node", "combine": 4, "shards": 16,
-                                                     "reports": "node"}),
+    ("update push, sync, per-node fetch and reports", {"push": "update", "fetch": "node", "reports": "node",
+                                                       "admission": "sync"}),
+    ("+ node combine", {"push": "update", "fetch": "node", "reports": "node", "admission": "sync", "combine": 4}),
+    ("+ node combine and 16 shards", {"push": "update", "fetch": "node", "reports": "node", "admission": "sync",
+                                      "combine": 4, "shards": 16}),
     ("allreduce (DD-PPO-like), per-node fetch", {"topology": "allreduce", "fetch": "node"}),
     ("allreduce, per-node fetch and reports", {"topology": "allreduce", "fetch": "node", "reports": "node"}),
 ]

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 PUSH_MODES = ("gradient", "update")
 FETCH_MODES = ("actor", "node")
 TOPOLOGIES = ("server", "allreduce")
+ADMISSIONS = ("async", "sync")
 REPORT_MODES = ("fragment", "node")
 
 
@@ -152,24 +153,28 @@ def report_seconds(costs: Costs, work: Workload, layout: Layout, reports: str) -
 
 
 def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch: str, combine: int = 1,
-                 shards: int = 1, reports: str = "fragment") -> dict:
+                 shards: int = 1, reports: str = "fragment", admission: str = "async") -> dict:
     """Seconds (summed over each role's ranks) and rank-0 bytes per env step, and the rates behind them.
 
-    ``combine`` (hierarchical aggregation, not built): pushes are summed ``combine`` at a time on the way, so rank
-    0 receives, admits, applies and publishes one in ``combine``. ``shards`` (sharded parameter ranks, not built):
-    ``shards`` parameter ranks own P / shards floats each; every push and fetch is one per shard of that size,
-    the reports still go to one of them (the busiest, which the result describes)."""
+    ``admission``: ``async`` makes a version of every push (Stellaris' pure async, its bound); ``sync`` one of a
+    push of every learner (L of them). ``combine`` (learners.combine=node, built for sync admission): the pushes
+    of ``combine`` learners of a node are summed on the node, so rank 0 receives one in ``combine``; it still
+    admits each learner's (a record per member). ``shards`` (aggregation.shards): ``shards`` parameter ranks own
+    P / shards floats each; every push and fetch is one per shard of that size, the reports still go to one of
+    them (the busiest, which the result describes)."""
     if push not in PUSH_MODES or fetch not in FETCH_MODES:
         raise ValueError(f"push must be one of {PUSH_MODES}, fetch one of {FETCH_MODES}")
     if combine < 1 or shards < 1:
         raise ValueError("combine and shards must be >= 1")
+    if admission not in ADMISSIONS or (combine > 1 and admission != "sync"):
+        raise ValueError(f"admission must be one of {ADMISSIONS}, and sync with combine > 1 (as built)")
     P, B, M = work.floats, work.batch_steps, work.minibatches
     if shards > 1:
         P = -(-P // shards)
         costs = replace(costs, push=_times(costs.push, shards), fetch=_times(costs.fetch, shards))
     learner_pushes = (M if push == "gradient" else 1) / B  # per env step, of all groups together
-    pushes = learner_pushes / combine  # what reaches rank 0; one rank-0 step (a new version) per push
-    versions = pushes
+    pushes = learner_pushes / combine  # what reaches rank 0
+    versions = learner_pushes / layout.learners if admission == "sync" else pushes
     actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P)
     learner_fetches = min(learner_pushes, layout.learners * versions)
     if push == "gradient":
@@ -178,7 +183,7 @@ def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch:
         learner = (M / B) * (costs.gradient + costs.apply_gradient(P)) + learner_pushes * costs.push(P) \
             + learner_fetches * costs.fetch(P)
     apply = costs.apply_gradient if push == "gradient" else costs.apply_update
-    rank0 = pushes * (costs.receive(P) + costs.admit) + versions * (apply(P) + costs.publish(P)) \
+    rank0 = pushes * costs.receive(P) + learner_pushes * costs.admit + versions * (apply(P) + costs.publish(P)) \
         + report_seconds(costs, work, layout, reports)
     return {"actor": actor, "learner": learner, "rank0": rank0, "pushes": pushes,
             "out_bytes": 4 * P * (remote_fetches + learner_fetches), "in_bytes": 4 * P * pushes}
@@ -226,7 +231,7 @@ def _times(cost: Linear, n: int) -> Linear:
 
 def predict(costs: Costs, work: Workload, layout: Layout, push: str = "gradient", fetch: str = "actor",
             combine: int = 1, shards: int = 1, reports: str = "fragment", topology: str = "server",
-            net: Interconnect | None = None) -> Prediction:
+            net: Interconnect | None = None, admission: str = "async") -> Prediction:
     """Env steps/s of the job: the smallest of the bounds its roles, rank 0's link and the cores set. Under
     ``topology="allreduce"`` ``push``, ``combine`` and ``shards`` do not apply."""
     if topology not in TOPOLOGIES:
@@ -234,7 +239,7 @@ def predict(costs: Costs, work: Workload, layout: Layout, push: str = "gradient"
     if topology == "allreduce":
         s = per_env_step_allreduce(costs, work, layout, net or Interconnect(), fetch, reports)
     else:
-        s = per_env_step(costs, work, layout, push, fetch, combine, shards, reports)
+        s = per_env_step(costs, work, layout, push, fetch, combine, shards, reports, admission)
 
     def bound(capacity: float, need: float) -> float:
         return capacity / need if need > 0 else math.inf

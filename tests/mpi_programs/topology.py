@@ -15,7 +15,7 @@ def main(argv):
     groups, per_group, actors = map(int, argv)
     comm = MPI.COMM_WORLD
     learners = SimpleNamespace(groups=groups, ranks_per_group=per_group, launched_ranks_per_group=per_group,
-                               topology="server")
+                               topology="server", combine="none")
     topo = Topology.from_config(comm, learners, actors)
     rank = comm.Get_rank()
     assert topo.learner_roots == [1 + g * per_group for g in range(groups)]

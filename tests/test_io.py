@@ -92,6 +92,24 @@ def test_resume_appends_to_the_same_tables(tmp_path):
     assert len(read_table(path, "rank_map")["rank"]) == 4  # the rank map is not duplicated
 
 
+def test_resume_adds_an_optional_column_the_file_was_made_without_and_refuses_a_required_one(tmp_path):
+    path = tmp_path / "run.h5"
+    load = {"time": 1.0, "interval_seconds": 0.5, "gradients": 3}
+    with RunFile.create(path, "", RANK_MAP, compression="none") as run:
+        run.append("parameter_load", load)
+    with h5py.File(path, "a") as f:  # as a file made before the column was in the schema
+        del f["parameter_load/cpu_seconds"]
+    with RunFile.open_append(path) as run:
+        run.append("parameter_load", {**load, "time": 2.0, "cpu_seconds": 0.25})
+    rows = read_table(path, "parameter_load")
+    assert rows["time"].tolist() == [1.0, 2.0] and np.isnan(rows["cpu_seconds"][0]) and rows["cpu_seconds"][1] == 0.25
+    with h5py.File(path, "a") as f:
+        assert "cpu_seconds" in list(f["parameter_load"].attrs["columns"])
+        del f["parameter_load/gradients"]
+    with pytest.raises(RunFileError, match="parameter_load' is missing columns: gradients"):
+        RunFile.open_append(path)
+
+
 WRITER = textwrap.dedent("""
     import sys, time
     from hpcrl.io import RunFile

@@ -151,7 +151,7 @@ class RunFile(TimedFlushFile):
                     run._tables[spec.name] = Table.create(f, spec, run.compression)
                     continue
                 try:
-                    run._tables[spec.name] = Table.open(f, spec)
+                    run._tables[spec.name] = Table.open(f, spec, run.compression)
                 except KeyError as exc:
                     f.close()
                     raise RunFileError(f"{path}: {exc.args[0]}") from None

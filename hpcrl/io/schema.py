@@ -218,6 +218,8 @@ TABLE_LIST = (
         _c("record_seconds", "f4", "s", "record rows, reports from actors and learners, file flushes"),
         _c("idle_seconds", "f4", "s", "sleeping, and polling the mailbox without finding a gradient"),
         _c("other_seconds", "f4", "s", "watchdog, elasticity, stop rule, progress, checkpoints, round ends"),
+        _c("cpu_seconds", "f4", "s", "the parameter rank's CPU seconds in the interval (its thread's; under "
+           "launch.runner=sim its priced work): below the busy phases' sum when it waited inside them"),
         _c("absorption_rate", "f4", "1/s", "gradients per second of gradient work: gradients / (receive + admit "
            "+ apply + publish seconds), the rate the rank could take; NaN without gradients"),
         _c("arrival_rate", "f4", "1/s", "gradients / interval_seconds"),

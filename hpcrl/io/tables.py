@@ -219,24 +219,25 @@ class Table:
         group = parent.create_group(spec.name)
         group.attrs["description"] = spec.meaning
         group.attrs["columns"] = _text_list(spec.names)
-        kw = filter_kwargs(compression)
         for c in spec.columns:
-            d = group.create_dataset(c.name, shape=(0,), maxshape=(None,), dtype=np.dtype(c.dtype),
-                                     chunks=(CHUNK_ROWS,), fillvalue=c.fill, **kw)
-            d.attrs["units"] = c.unit
-            d.attrs["description"] = c.meaning
-            if c.codes:
-                d.attrs["codes"] = _text_list(c.codes)
+            _column(group, c, 0, compression)
         set_live_count(parent, spec.name, 0)
         group.attrs[COMMITTED_ROWS] = np.int64(0)
         return cls(group, spec)
 
     @classmethod
-    def open(cls, parent: h5py.Group, spec: TableSpec) -> "Table":
-        missing = [c.name for c in spec.columns if f"{spec.name}/{c.name}" not in parent]
-        if spec.name not in parent or missing:
-            raise KeyError(f"table {spec.name!r} is missing columns: {', '.join(missing) or 'all'}")
-        table = cls(parent[spec.name], spec)
+    def open(cls, parent: h5py.Group, spec: TableSpec, compression: str = "gzip") -> "Table":
+        """The table of a file being resumed. An optional column added to the schema after the file was made is
+        added, holding its fill value in the rows before (a required one missing is a KeyError)."""
+        missing = [c for c in spec.columns if f"{spec.name}/{c.name}" not in parent]
+        if spec.name not in parent or any(c.required for c in missing):
+            raise KeyError(f"table {spec.name!r} is missing columns: {', '.join(c.name for c in missing) or 'all'}")
+        group = parent[spec.name]
+        for c in missing:
+            _column(group, c, max(group[name].shape[0] for name in spec.names if name in group), compression)
+        if missing:
+            group.attrs["columns"] = _text_list(spec.names)
+        table = cls(group, spec)
         # a kill or a failed write mid-flush leaves columns longer than the committed rows: cut them
         # (the file is not in SWMR mode yet, so the attribute can be created for older files)
         rows = table._on_disk
@@ -335,3 +336,13 @@ class Table:
         """All rows, written and buffered."""
         buf = self._buffered()
         return {name: np.concatenate([d[: self._on_disk], buf[name]]) for name, d in self._columns.items()}
+
+
+def _column(group: h5py.Group, c, rows: int, compression: str) -> None:
+    """Column ``c``'s dataset in a table's ``group``: ``rows`` rows of its fill value, extendable."""
+    d = group.create_dataset(c.name, shape=(rows,), maxshape=(None,), dtype=np.dtype(c.dtype), chunks=(CHUNK_ROWS,),
+                             fillvalue=c.fill, **filter_kwargs(compression))
+    d.attrs["units"] = c.unit
+    d.attrs["description"] = c.meaning
+    if c.codes:
+        d.attrs["codes"] = _text_list(c.codes)

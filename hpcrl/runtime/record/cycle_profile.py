@@ -32,6 +32,7 @@ class PhaseClock:
         self.phases, self.clock = phases, clock
         self.seconds = dict.fromkeys(phases, 0.0)
         self.mark = self.start = clock.now()
+        self.cpu_mark = clock.thread_time()
 
     def lap(self, phase: str) -> float:
         """Charge the seconds since the previous lap to ``phase``; return them."""
@@ -51,6 +52,14 @@ class PhaseClock:
         """Forget the time since the last take (e.g. a park: parked time belongs to no cycle)."""
         self.seconds = dict.fromkeys(self.phases, 0.0)
         self.mark = self.start = self.clock.now()
+        self.cpu_mark = self.clock.thread_time()  # the caller's thread: the role's, once it runs
+
+    def cpu_take(self) -> float:
+        """CPU seconds of the calling thread since the last ``cpu_take`` or ``restart`` (virtual time: the role's
+        priced work)."""
+        now = self.clock.thread_time()
+        seconds, self.cpu_mark = now - self.cpu_mark, now
+        return seconds
 
     def take(self) -> tuple[float, dict[str, float]]:
         """(elapsed seconds, seconds per phase) up to the last lap; counting starts again from it."""

@@ -364,6 +364,7 @@ class RunRecord:
         """One parameter_load row: the interval since the last one (gradients in, phases, absorption rate)."""
         self._collect()
         elapsed, sec = clock.take()
+        cpu = clock.cpu_take()
         g0, a0, u0 = self._load_counts
         self._load_counts = (self.gradients, self.admitted, self.updates)
         n = self.gradients - g0
@@ -372,7 +373,7 @@ class RunRecord:
         absorption, arrival = n / work if n and work > 0 else math.nan, n / elapsed if elapsed > 0 else math.nan
         self.file.append("parameter_load", {
             "time": self.file.now(), "interval_seconds": elapsed, "gradients": n, "applied": self.admitted - a0,
-            "updates": self.updates - u0, **{f"{p}_seconds": sec[p] for p in PARAMETER_PHASES},
+            "updates": self.updates - u0, **{f"{p}_seconds": sec[p] for p in PARAMETER_PHASES}, "cpu_seconds": cpu,
             "absorption_rate": absorption, "arrival_rate": arrival,
         })
         if self.scalars is not None:

@@ -486,51 +486,54 @@ class RunConfig(Section):
     def _what_an_allreduce_needs(self) -> "RunConfig":
         if self.learners.topology != "allreduce":
             return self
-        learners, agg = self.learners, self.aggregation
-        refused = [(what, allowed) for what, allowed, on in (
+        agg = self.aggregation
+        self._refuse("learners.topology=allreduce", [
             (f"aggregation.policy={agg.policy} admits pushes on a parameter rank; the allreduce is synchronous",
              "aggregation.policy=sync", agg.policy != "sync"),
-            (f"learners.min_active={learners.min_active} would park groups the allreduce waits for",
-             f"learners.min_active={learners.groups} (= learners.groups)", learners.min_active != learners.groups),
-            (f"learners.push={learners.push} is the parameter rank's mode", "learners.push=gradient (the default)",
-             learners.push != "gradient"),
+            (f"learners.push={self.learners.push} is the parameter rank's mode", "learners.push=gradient (the default)",
+             self.learners.push != "gradient"),
             (f"aggregation.shards={agg.shards} shards a parameter rank the allreduce does not have",
              "aggregation.shards=1", agg.shards != 1),
-            ("ranks that join (learners.elastic, actors.elastic) are not in the allreduce",
-             "learners.elastic=park and actors.elastic=park", learners.elastic != "park" or self.actors.elastic != "park"),
-            (f"actors.weight_sync={self.actors.weight_sync} probes a parameter rank's steps",
-             "actors.weight_sync=every_fragment", self.actors.weight_sync == "aaps"),
-            (f"algo {self.algo.name} has no batch of its own per learner group",
-             "an algorithm whose groups each train their own batch, e.g. ppo",
-             self.algo.round_regime != "batch" or self.algo.routing() != "own_group")) if on]
-        if refused:
-            raise ValueError(f"learners.topology=allreduce: {refused[0][0]} (allowed: {refused[0][1]})")
+            *self._what_groups_in_step_cannot_have("the allreduce", "in the allreduce", "a parameter rank's steps")])
         return self
 
     @model_validator(mode="after")
     def _what_node_combine_needs(self) -> "RunConfig":
         if self.learners.combine != "node":
             return self
-        learners, agg = self.learners, self.aggregation
-        refused = [(what, allowed) for what, allowed, on in (
+        agg = self.aggregation
+        self._refuse("learners.combine=node", [
             (f"aggregation.policy={agg.policy} admits each group's push on its own; a node's combined push is "
              "admitted whole", "aggregation.policy=sync", agg.policy != "sync"),
-            (f"learners.min_active={learners.min_active} would park groups their node's push waits for",
-             f"learners.min_active={learners.groups} (= learners.groups)", learners.min_active != learners.groups),
             ("learners.topology=allreduce has no pushes to combine", "learners.topology=server",
-             learners.topology != "server"),
+             self.learners.topology != "server"),
             (f"launch.runner={self.launch.runner} runs every group in one process, on no node of its own",
              "launch.runner=mpi or sim", self.launch.runner == "serial"),
-            ("ranks that join (learners.elastic, actors.elastic) are not on a node of the job's",
+            *self._what_groups_in_step_cannot_have("their node's push", "on a node of the job's", "each push's step")])
+        return self
+
+    def _what_groups_in_step_cannot_have(self, waiting: str, joined: str, probed: str) -> list[tuple[str, str, bool]]:
+        """(what, what is allowed, whether this config has it) for a mode whose groups wait for each other (the
+        allreduce, node combine): parked groups, ranks that join, AAPS' probe, an algorithm without a batch per
+        group."""
+        learners = self.learners
+        return [
+            (f"learners.min_active={learners.min_active} would park groups {waiting} waits for",
+             f"learners.min_active={learners.groups} (= learners.groups)", learners.min_active != learners.groups),
+            (f"ranks that join (learners.elastic, actors.elastic) are not {joined}",
              "learners.elastic=park and actors.elastic=park", learners.elastic != "park" or self.actors.elastic != "park"),
-            (f"actors.weight_sync={self.actors.weight_sync} probes each push's step",
-             "actors.weight_sync=every_fragment", self.actors.weight_sync == "aaps"),
+            (f"actors.weight_sync={self.actors.weight_sync} probes {probed}", "actors.weight_sync=every_fragment",
+             self.actors.weight_sync == "aaps"),
             (f"algo {self.algo.name} has no batch of its own per learner group",
              "an algorithm whose groups each train their own batch, e.g. ppo",
-             self.algo.round_regime != "batch" or self.algo.routing() != "own_group")) if on]
+             self.algo.round_regime != "batch" or self.algo.routing() != "own_group")]
+
+    @staticmethod
+    def _refuse(setting: str, checks: list[tuple[str, str, bool]]) -> None:
+        """ValueError naming the first check this config fails (one line: what, and what is allowed)."""
+        refused = [(what, allowed) for what, allowed, on in checks if on]
         if refused:
-            raise ValueError(f"learners.combine=node: {refused[0][0]} (allowed: {refused[0][1]})")
-        return self
+            raise ValueError(f"{setting}: {refused[0][0]} (allowed: {refused[0][1]})")
 
     @model_validator(mode="after")
     def _what_joining_groups_need(self) -> "RunConfig":

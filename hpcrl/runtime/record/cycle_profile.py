@@ -32,7 +32,7 @@ class PhaseClock:
         self.phases, self.clock = phases, clock
         self.seconds = dict.fromkeys(phases, 0.0)
         self.mark = self.start = clock.now()
-        self.cpu_mark = clock.thread_time()
+        self.cpu_mark: float | None = None  # set by restart, in the role's own thread (or turn, in virtual time)
 
     def lap(self, phase: str) -> float:
         """Charge the seconds since the previous lap to ``phase``; return them."""
@@ -58,7 +58,7 @@ class PhaseClock:
         """CPU seconds of the calling thread since the last ``cpu_take`` or ``restart`` (virtual time: the role's
         priced work)."""
         now = self.clock.thread_time()
-        seconds, self.cpu_mark = now - self.cpu_mark, now
+        seconds, self.cpu_mark = (0.0 if self.cpu_mark is None else now - self.cpu_mark), now
         return seconds
 
     def take(self) -> tuple[float, dict[str, float]]:

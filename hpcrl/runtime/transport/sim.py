@@ -268,16 +268,24 @@ class SimGroupsAllreduce(LocalGroupsAllreduce):
         if self._arrive(group, part):  # the last root: the sum, ready for all after the network's time
             self.ready_at = self.world.env.now + self.seconds(part.nbytes)
             self.met.notify()
-        while self.generation == generation:
-            if wait():
-                self.broken = True
-                self.met.notify()
-                return None
-            clock.wait_for(self.met, 1.0, "the other groups' allreduce")
+        if not _meeting_ends(self, generation, clock, wait, "the other groups' allreduce"):
+            return None
         result = self.result.copy()
         if self.ready_at > self.world.env.now:
             clock.sleep(self.ready_at - self.world.env.now)
         return result
+
+
+def _meeting_ends(meeting, generation: int, clock, wait: Callable[[], bool], what: str) -> bool:
+    """Wait, a heartbeat's virtual second at a time, until ``meeting`` (SimGroupsAllreduce, SimNodeGather) has moved
+    past ``generation``: True; False once ``wait()`` says the run has stopped, which breaks the meeting for all."""
+    while meeting.generation == generation:
+        if wait():
+            meeting.broken = True
+            meeting.met.notify()
+            return False
+        clock.wait_for(meeting.met, 1.0, what)
+    return True
 
 
 class SimNodeGather:
@@ -306,13 +314,8 @@ class SimNodeGather:
             self.result, self.parts = [self.parts[g] for g in self.groups], {}
             self.generation += 1
             self.met.notify()
-        clock = self.world.current.clock
-        while self.generation == generation:
-            if wait():
-                self.broken = True
-                self.met.notify()
-                return None
-            clock.wait_for(self.met, 1.0, "the other groups of its node")
+        if not _meeting_ends(self, generation, self.world.current.clock, wait, "the other groups of its node"):
+            return None
         return self.result if group == self.groups[0] else []
 
 

@@ -147,7 +147,7 @@ def test_default_job_on_two_nodes(cluster, tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--nodes", "4"], "--nodes: 4 outside the local-cluster debug range 1-3"),
+    (["--nodes", "17", "-o", "actors.count=20"], "--nodes: 17 outside the local-cluster debug range 1-16"),
     (["--queue", "gpu"], "--queue: local-cluster has no partition 'gpu'; it has debug"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(flags, message, tmp_path):

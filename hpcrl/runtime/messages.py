@@ -99,23 +99,35 @@ class CombinedPush:
     scaled_for: int
     """Each member's gradient was multiplied by float32(1 / scaled_for) before the sum (the sync step's size)."""
 
-    @staticmethod
-    def capacity(members: int, stats: int) -> int:
+    ROW = 4
+    """The integers of a member's row ahead of its statistics: group, seq, base_version, samples."""
+
+    @classmethod
+    def capacity(cls, members: int, stats: int) -> int:
         """The floats of the statistics vector of a push of ``members`` groups of ``stats`` statistics each."""
-        return 2 + members * (4 + stats)
+        return 2 + members * (cls.ROW + stats)
+
+    @staticmethod
+    def row(member: PushHeader) -> np.ndarray:
+        """A member's row (what a group hands its node's pusher, and what the push carries for it)."""
+        return np.array([member.group, member.seq, member.base_version, member.samples, *member.stats],
+                        dtype=np.float64)
+
+    @classmethod
+    def member(cls, row: np.ndarray) -> PushHeader:
+        return PushHeader(seq=int(row[1]), group=int(row[0]), base_version=int(row[2]), samples=int(row[3]),
+                          stats=np.array(row[cls.ROW:], dtype=np.float64))
 
     def pack(self) -> np.ndarray:
-        rows = [[m.group, m.seq, m.base_version, m.samples, *m.stats] for m in self.members]
-        return np.array([len(self.members), self.scaled_for, *(x for row in rows for x in row)], dtype=np.float64)
+        return np.concatenate([[len(self.members), self.scaled_for], *(self.row(m) for m in self.members)])
 
     @classmethod
     def unpack(cls, vector: np.ndarray, stats: int) -> "CombinedPush":
-        members, width = int(vector[0]), 4 + stats
+        members = int(vector[0])
         if vector.size != cls.capacity(members, stats):
             raise ValueError(f"CombinedPush: {vector.size} floats do not hold {members} members of {stats} stats")
-        rows = vector[2:].reshape(members, width)
-        return cls(tuple(PushHeader(seq=int(r[1]), group=int(r[0]), base_version=int(r[2]), samples=int(r[3]),
-                                    stats=r[4:].copy()) for r in rows), int(vector[1]))
+        rows = vector[2:].reshape(members, cls.ROW + stats)
+        return cls(tuple(cls.member(r) for r in rows), int(vector[1]))
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,6 @@ from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.push import PushAbandoned
 from hpcrl.staleness import GradientRecord
 
-HEADER = 4
-"""The integers of a member's header ahead of its statistics: group, seq, base_version, samples."""
-
-
 class CombiningOutbox:
     """A group root's pushes under learners.combine=node: handed to the node's pusher, which pushes the node's sum
     to rank 0's ``mailbox`` (any ``protocols.Mailbox``: one parameter rank's or the shards')."""
@@ -44,7 +40,11 @@ class CombiningOutbox:
         for the other groups of the node and for a mailbox slot; raises PushAbandoned when ``abandon()`` says so."""
         start = self.clock.now()
         vector = stats if callable(stats) else (lambda waited: stats)
-        mine = np.array([group, seq, base_version, samples, *_stats(vector(0.0), self.stats)], dtype=np.float64)
+        def header(waited: float) -> PushHeader:
+            return PushHeader(seq=seq, group=group, base_version=base_version, samples=samples,
+                              stats=np.array(_stats(vector(waited), self.stats), dtype=np.float64))
+
+        mine = CombinedPush.row(header(0.0))
         part = np.multiply(np.ascontiguousarray(grad, dtype=np.float32).reshape(-1), self.scale)
         got = self.gather.gather(mine, part, abandon or (lambda: False))
         if got is None:
@@ -56,12 +56,11 @@ class CombiningOutbox:
         for _, member_part in got:  # group order, from zero: rank 0's order of a node's sum
             total += member_part
         self.clock.did(Work.COMBINE, len(got))
-        headers = [_header(meta) for meta, _ in got]  # the pusher's first: its node's first group
+        headers = [CombinedPush.member(meta) for meta, _ in got]  # the pusher's first: its node's first group
 
         def packed(waited: float) -> np.ndarray:
             """The members' headers, the pusher's with the whole of its wait (the others and a slot)."""
-            headers[0] = _header(np.array([group, seq, base_version, samples,
-                                           *_stats(vector(gathered + waited), self.stats)]))
+            headers[0] = header(gathered + waited)
             return CombinedPush(tuple(headers), self.step_size).pack()
 
         waited = self.mailbox.push(group, seq, base_version, sum(h.samples for h in headers), total, packed,
@@ -88,10 +87,6 @@ def _stats(values, n: int) -> list[float]:
     values = [] if values is None else list(values)
     return values + [np.nan] * (n - len(values))
 
-
-def _header(meta: np.ndarray) -> PushHeader:
-    return PushHeader(seq=int(meta[1]), group=int(meta[0]), base_version=int(meta[2]), samples=int(meta[3]),
-                      stats=np.asarray(meta[HEADER:], dtype=np.float64))
 
 
 class MpiNodeGather:

@@ -123,8 +123,9 @@ def test_two_shards_with_node_combine_make_the_weights_of_one_parameter_rank_ele
            "actors.fragment_length=8", "algo.train_batch_size=48", "algo.minibatch_size=8", "algo.num_sgd_iter=2",
            "stop.max_rounds=3", "launch.timeout_seconds=120"]
     # one actor: its fragments of a batch go to the groups in one order whatever the timing (an actor sends to the
-    # least backlogged group, and on-policy backlogs free only between batches); with an actor per group, a slow
-    # start under load let one actor fill two groups' places
+    # least backlogged group, and rank 0 frees every group's on-policy places in one write after the version; when
+    # each group freed its own, this failed about one run in eight); with an actor per group, which actor fills
+    # which group's place would depend on which started first
     runs = {"one": [], "two-node": ["aggregation.shards=2", "learners.combine=node"]}
     procs = {name: subprocess.Popen(
         [sys.executable, "-m", "hpcrl", "run", CARTPOLE,

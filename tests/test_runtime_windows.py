@@ -41,3 +41,19 @@ def test_weight_board_never_returns_a_torn_copy_and_counters_are_exact(backend):
     # history=1: the reader's slot is rewritten under it all the time, so the seqlock must work
     assert "OK board size=3" in stress(backend, 3, "board", 100_000, 1, 0.6, timeout=60)
     assert "OK board size=4" in stress(backend, 4, "board", 50_000, 3, 0.6, timeout=30)
+
+
+TWO_CLIQUES = {"MPIR_CVAR_NUM_CLIQUES": "2", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo"}
+"""Ranks on two MPICH "nodes": rank 0's words reached over OFI/TCP by half the ranks, in shared memory by the rest."""
+
+
+@pytest.mark.parametrize("backend, env", [("threads", None), pytest.param("mpi", None, marks=pytest.mark.mpi),
+                                          pytest.param("mpi", TWO_CLIQUES, marks=pytest.mark.mpi)],
+                         ids=["threads", "mpi", "mpi-two-nodes"])
+def test_a_read_sees_all_words_of_an_add_each_or_none(backend, env):
+    # rank 0 frees an on-policy version's places in every group's backlog word at once
+    # (runtime/roles/freed_places.py): an actor that saw some groups freed and not others would route by timing
+    said = (run_mpi(4, "stress", "words_together", 6, 1.5, timeout=60, env=env) if backend == "mpi"
+            else run_threads(4, "words_together", 6, 1.5))
+    reads = int(said.split("reads=")[1].split()[0])
+    assert "OK words_together size=4" in said and reads > 100, said

@@ -12,10 +12,11 @@ ROOT = HERE.parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 
-def run_mpi(n: int, program: str, *args: str, timeout: float = 30.0) -> str:
-    """Run ``tests/mpi_programs/<program>.py`` on n ranks (python -m mpi4py: an exception aborts all ranks)."""
+def run_mpi(n: int, program: str, *args: str, timeout: float = 30.0, env: dict[str, str] | None = None) -> str:
+    """Run ``tests/mpi_programs/<program>.py`` on n ranks (python -m mpi4py: an exception aborts all ranks);
+    ``env``: more environment (MPICH's cliques, say)."""
     cmd = [str(MPIEXEC), "-n", str(n), sys.executable, "-m", "mpi4py", str(HERE / f"{program}.py"), *map(str, args)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), UCX_LOG_LEVEL="error", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), UCX_LOG_LEVEL="error", PYTHONUNBUFFERED="1", **(env or {}))
     code, out = run_bounded(cmd, env, timeout, f"{program} on {n} ranks")
     if code != 0:
         raise AssertionError(f"{program} on {n} ranks exited {code}:\n{out[-4000:]}")

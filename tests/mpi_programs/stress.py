@@ -12,7 +12,7 @@ random sleeps: the sum of what arrived equals what was sent, whatever the order.
 
 Invariants (``INVARIANTS``): ``mailbox`` (no gradient lost, doubled or torn; slots free again after a poll;
 back-pressure instead of overwriting), ``board`` (no torn weight copy, versions never go back, old versions
-by version; then exact counter sums). tests/test_runtime_windows.py runs each on both teams.
+by version; then exact counter sums), ``words_together`` (an ``add_each`` is seen whole or not at all). tests/test_runtime_windows.py runs each on both teams.
 """
 from __future__ import annotations
 
@@ -173,6 +173,35 @@ def counters(team, adds: int) -> None:
     team.free(c)
 
 
+def words_together(team, words: int, seconds: float) -> str:
+    """Rank 0 owns the counters and frees places as rank 0 does (``add_each``: -1 on ``words`` consecutive words),
+    the other ranks take them (+1 on all of them, also with ``add_each``) and every rank reads between its own
+    changes: all ``words`` are equal in every ``read_all``, never some changed and some not. Ends at zero."""
+    rank, size = team.rank, team.size
+    c = team.counters(0, words + 2, 0)
+    up, down = [1] * words, [-1] * words
+    reads, end = 0, time.monotonic() + seconds
+    rng = random.Random(99 + rank)
+    team.barrier()
+    while time.monotonic() < end:
+        c.add_each(1, down if rank == 0 else up)
+        for _ in range(rng.randrange(1, 4)):
+            seen = c.read_all()[1:1 + words]
+            assert (seen == seen[0]).all(), f"a read saw part of an add_each: {seen.tolist()}"
+            reads += 1
+        c.add_each(1, up if rank == 0 else down)
+    team.barrier()
+    assert list(c.read_all()) == [0] * (words + 2)
+    try:
+        c.add_each(words + 1, [1, 1])
+    except IndexError:
+        pass
+    else:
+        raise AssertionError("add_each past the last counter did not raise")
+    team.free(c)
+    return f"size={size} reads={team.allreduce(reads)}"
+
+
 def _uniform(buf, value, what):
     assert (buf == np.float32(value)).all(), f"torn {what}: expected {value}, got {np.unique(buf)[:5]}"
 
@@ -181,6 +210,7 @@ INVARIANTS: dict[str, tuple[Callable[..., str], Callable[..., tuple]]] = {
     "mailbox": (mailbox, lambda groups, slots, pushes, params, owner_sleep, expect_wait=0:
                 (1, slots, pushes, params, 0.0)),
     "board": (board, lambda params, history, seconds: (params, history, seconds / 4)),
+    "words_together": (words_together, lambda words, seconds: (words, seconds / 4)),
 }
 """Name -> (body, its arguments for a team of one, the first run)."""
 

@@ -9,8 +9,9 @@ not run ahead of the learners) or while ``max_in_flight`` sends are pending; sen
 group; append the fragment to ``traj/actor-NNNNN.h5``; report the episodes and timings to the
 parameter rank in one small message. With ``actors.on_policy`` the actor first reserves a
 place in a group's backlog (waiting while there is none), then pulls the weights and samples:
-the group frees its places only once the batch they held is trained and its gradients taken
-by the parameter rank, so each batch is sampled with the weights the previous one made. It takes
+the parameter rank frees a batch's places once the version that holds its push is published, every
+group's in one write (runtime/roles/freed_places.py), so each batch is sampled with the weights the
+previous one made, and an actor's fragments reach the groups in one order whatever the timing. It takes
 at most its share of a group's batch with one version of the weights (ceil(places / active actors):
 one fragment when there is a place per actor), so a fast actor does not fill a slow one's place and
 which fragments make a batch does not depend on timing. With MARL

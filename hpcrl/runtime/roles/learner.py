@@ -43,7 +43,7 @@ from hpcrl.runtime.messages import GroupState, LearnerActivity
 from hpcrl.runtime.record.cycle_profile import CycleRecord
 from hpcrl.runtime.roles.active_groups import wait_while_parked
 from hpcrl.runtime.roles.is_window import ISWindow
-from hpcrl.runtime.roles.pacing import SHORT_WAIT_CAP, Pacing
+from hpcrl.runtime.roles.pacing import Pacing
 from hpcrl.runtime.roles.prepared_batches import PreparedBatches
 from hpcrl.runtime.roles.push_train import train_mode
 from hpcrl.runtime.transport.push import PushAbandoned
@@ -139,12 +139,8 @@ class LearnerGroup:
             self.algo.assign_learner(self.g, int(words[control.ACTIVE]))
             # every group gets every fragment (MARL policy learners): group 0 alone counts their steps
             new_steps = 0 if self.plan.fragments_to_every_group and self.g else steps
+            # actors.on_policy: rank 0 frees the places once the version that holds this batch's push is out
             trained = self._train(taken, steps, new_steps)
-            if self.plan.on_policy:  # actors.on_policy: the next batch is sampled with the weights this one made
-                taken_word = control.taken_word(self.plan.groups, self.g)
-                trained = trained and self.pacing.wait_while(lambda: counters.read(taken_word) < self.seq,
-                                                             cap=SHORT_WAIT_CAP)
-                counters.add(control.BACKLOG + self.g, -len(taken))
             if not trained:
                 break
         self._finish()
@@ -257,13 +253,16 @@ class LearnerGroup:
             lap("allreduce")
         return self.local_gradient(mine, window, lap)
 
-    def push(self, grad: np.ndarray, version: int, samples: int, stats: dict, compute: float, new_steps: int) -> bool:
+    def push(self, grad: np.ndarray, version: int, samples: int, stats: dict, compute: float, new_steps: int,
+             fragments: int) -> bool:
         """Put the gradient in a free mailbox slot of this group (learners.combine=node: hand it to the node's
         combined push); wait (sleeping, still receiving fragments) while none is free. False when the run stops
-        meanwhile."""
+        meanwhile. ``new_steps`` and ``fragments``: the env steps and fragments of the batch this push ends (0 for
+        its earlier gradients); on-policy, rank 0 frees the fragments' places once the push is applied."""
         def vector(waited: float) -> list[float]:
             extra = {"compute_seconds": compute, "mailbox_wait_seconds": waited, "new_env_steps": new_steps,
-                     "busy_seconds": self.cycles.busy_so_far(), "inner_steps": stats.get("inner_steps", 0)}
+                     "busy_seconds": self.cycles.busy_so_far(), "inner_steps": stats.get("inner_steps", 0),
+                     "fragments": fragments}
             return [extra[k] if k in extra else stats.get(k, np.nan) for k in control.GRAD_STATS]
 
         def abandon() -> bool:

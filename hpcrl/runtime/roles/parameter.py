@@ -62,7 +62,7 @@ from hpcrl.runtime.roles.active_groups import ActiveGroups
 from hpcrl.runtime.roles.actor_ledger import ActorLedger
 from hpcrl.runtime.roles.push_apply import apply_mode
 from hpcrl.runtime.roles.shard_lead import lead_shards
-from hpcrl.runtime.roles.taken_words import TakenWords
+from hpcrl.runtime.roles.freed_places import FreedPlaces
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, make_policy
@@ -128,7 +128,7 @@ class ParameterRank:
         self.stop_rule = StopRule(self.settings.stop)
         self.seq_next = [0] * G
         self.group_nodes = job.topo.group_nodes  # each group's node: the order of a step's sum
-        self.taken = TakenWords(self.counters, G, self.plan.on_policy)  # actors.on_policy: pushes applied, per group
+        self.taken = FreedPlaces(self.counters, G, self.plan.on_policy, self.push_mode.batches_in)  # actors.on_policy
         self.ledger = ActorLedger(self.plan.actors)  # each actor's next fragment number and newest statistics
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
@@ -239,7 +239,7 @@ class ParameterRank:
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
-        self.taken.restore(self.seq_next, self.queue)
+        self.taken.restore(self.seq_next)
         self.push_mode.restore(s.get("inner_states", {}), self.seq_next)
         self.groups.restore(s["active"])
         # all of the checkpointing job's actors active: all of this job's too (fragment_next keeps the numbers of

@@ -46,6 +46,10 @@ class ApplyGradients:
         """How many groups push, of ``active`` (a post-processing group pushes nothing): what sync admission waits for."""
         return active - postprocess
 
+    def batches_in(self, group: int) -> tuple[int, ...]:
+        """The groups whose batches a push of ``group`` holds (actors.on_policy frees their places): its own."""
+        return (group,)
+
     def group_state(self, state: GroupState | None) -> None:
         """A group's state after an update: a gradient-pushing group has none."""
 
@@ -80,6 +84,7 @@ class ApplyUpdates:
         counters.set(control.CONSUMED, consumed)
 
     pushing = ApplyGradients.pushing
+    batches_in = ApplyGradients.batches_in
 
     def group_state(self, state: GroupState | None) -> None:
         self.group_states.add(state)
@@ -134,6 +139,9 @@ class ApplyWeights(ApplyUpdates):
 
     def pushing(self, active: int, postprocess: int) -> int:
         return 1  # group 0 pushes for all
+
+    def batches_in(self, group: int) -> range:
+        return range(self.groups)  # group 0's push holds every group's batch
 
     def states(self, seq_next: list[int], drain=None, clock: Clock = WALL) -> dict[int, dict]:
         """Each group's state after the newest batch rank 0 took (group 0's pushes count the batches): group 0's

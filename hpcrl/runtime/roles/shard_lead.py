@@ -3,7 +3,7 @@
 - :class:`OneShard` (S = 1): rank 0 owns every float; every method does nothing (today's path, unchanged);
 - :class:`LeadShards` (S > 1): rank 0 owns shard 0 and decides for all: each step it admits is sent to the
   other shards (``runtime/shards.py``) before it applies its own slice; after publishing a version it waits until
-  every shard has published it, so a version rank 0 has published is visible (what the on-policy TAKEN word, the
+  every shard has published it, so a version rank 0 has published is visible (what the on-policy places rank 0 frees, the
   lockstep pacing and the stop rule rely on, as with one parameter rank); the algorithm's ``end_round`` and the
   checkpoint see the whole weights (read from the shards' boards), and values ``end_round`` changes in another
   shard's slice (PPO's KL coefficient) are sent to it.

@@ -17,12 +17,12 @@ ACTIVE_ACTORS          set     actor ranks that sample (actors 0 .. ACTIVE_ACTOR
                                actors.count unless the algorithm scales them, MARLess section 4.4)
 CONSUMED               set     env steps the learners have trained on, set before the version they made is
                                published (learners.push=update: a group's lr schedule reads it per batch)
-BACKLOG + g            add     fragments sent to group g and not yet trained on
+BACKLOG + g            add     fragments sent to group g and not yet trained on (with ``actors.on_policy``: not yet
+                               in a published version; rank 0 frees every group's in one ``add_each``,
+                               runtime/roles/freed_places.py)
 base_word(G, g)        set     policy version group g is computing its gradients with
 held_word(G, g)        set     1 while group g has a gradient held back by the admission policy
                                (ssp: a group too far ahead waits before computing more)
-taken_word(G, g)       set     pushes of group g in a published version (or dropped): its next seq to
-                               apply (actors.on_policy waits on it; runtime/roles/taken_words.py)
 heartbeat_word(G, r)   set     rank r's heartbeat: whole seconds since the epoch, refreshed by
                                :class:`Heartbeat` at most once a second from every loop; FINISHED once
                                the rank's role has returned (:func:`mark_finished`)
@@ -48,11 +48,12 @@ TAG_SHARE = 15
 """Joined learner rank -> its group's root: the gradient of its share of a minibatch (runtime/transport/joining.py)."""
 
 GRAD_STATS = ("loss", "compute_seconds", "mailbox_wait_seconds", "new_env_steps", "policy_loss",
-              "value_loss", "entropy", "kl", "busy_seconds", "inner_steps", "clip_fraction")
+              "value_loss", "entropy", "kl", "busy_seconds", "inner_steps", "clip_fraction", "fragments")
 """The float64 stats a learner pushes with each gradient, in this order (the mailbox's stats capacity).
 busy_seconds: the gradient's learner cycle so far without its waits (for data, for a mailbox slot),
 the elastic rule's measure of a group's capacity. inner_steps: optimizer steps the group took to make an
-update (learners.push=update; the losses are then their means); 0 for a gradient."""
+update (learners.push=update; the losses are then their means); 0 for a gradient. fragments: the places the batch
+held in the group's backlog (actors.on_policy: rank 0 frees them once the push is in a published version)."""
 
 
 def base_word(groups: int, g: int) -> int:
@@ -65,14 +66,9 @@ def held_word(groups: int, g: int) -> int:
     return BACKLOG + 2 * groups + g
 
 
-def taken_word(groups: int, g: int) -> int:
-    """Counter of group g's gradients the parameter rank has processed (seq of the next one it expects)."""
-    return BACKLOG + 3 * groups + g
-
-
 def heartbeat_word(groups: int, rank: int) -> int:
     """Counter of rank ``rank``'s heartbeat (for the watchdog on the parameter rank)."""
-    return BACKLOG + 4 * groups + rank
+    return BACKLOG + 3 * groups + rank
 
 
 FINISHED = -1
@@ -86,7 +82,7 @@ def mark_finished(counters, groups: int, rank: int) -> None:
 
 
 def num_counters(groups: int, ranks: int) -> int:
-    return BACKLOG + 4 * groups + ranks
+    return BACKLOG + 3 * groups + ranks
 
 
 class Heartbeat:

@@ -63,6 +63,14 @@ class LocalCounters:
         self.changes.bump()
         return old
 
+    def add_each(self, first: int, values) -> None:
+        if first < 0 or first + len(values) > self.n:
+            raise IndexError(f"LocalCounters: counters {first}..{first + len(values) - 1} outside 0..{self.n - 1}")
+        with self._lock:
+            self._words[first:first + len(values)] += np.asarray(values, dtype=np.int64)
+            self._changed.notify_all()
+        self.changes.bump()
+
     def set(self, i: int, value: int) -> int:
         with self._lock:
             old = int(self._words[i])

@@ -115,6 +115,10 @@ class SimCounters(LocalCounters):
         self._notify_change(i)
         return old
 
+    def add_each(self, first: int, values) -> None:
+        super().add_each(first, values)
+        self._notify_change(first)
+
     def set(self, i: int, value: int) -> int:
         old = super().set(i, value)
         self._notify_change(i)

@@ -527,6 +527,16 @@ class CounterWindow(_OwnedWindow):
         """Atomically add ``value`` to counter ``i``; return the value before."""
         return self._fop(i, value, MPI.SUM)
 
+    def add_each(self, first: int, values) -> None:
+        """Add ``values[k]`` to counter ``first + k``, in one Accumulate. MPI makes each word atomic; MPICH applies
+        one accumulate at its target whole (under the window's lock in shared memory, in one handler over the
+        network), so a :meth:`read_all` sees the words all changed or none (tests/test_windows.py checks it)."""
+        deltas = np.ascontiguousarray(values, dtype=np.int64)
+        self._index(first + len(deltas) - 1)
+        with self._epoch() as win:
+            win.Accumulate(_i64(deltas), self.owner, (self._index(first), len(deltas), _INT64), op=MPI.SUM)
+            win.Flush(self.owner)
+
     def set(self, i: int, value: int) -> int:
         """Atomically replace counter ``i``; return the value before."""
         return self._fop(i, value, MPI.REPLACE)

@@ -46,9 +46,9 @@ def _fragment(T=8, copies=2, agents=3, seed=0):
 
 
 def test_per_agent_round_returns_need_every_agent():
-    eps = [{"env_index": i, "return": float(i)} for i in range(6)]  # 2 copies x 3 agents
+    eps = {"env_index": list(range(6)), "return": [float(i) for i in range(6)]}  # 2 copies x 3 agents
     assert agent_returns(eps, 3).tolist() == [1.5, 2.5, 3.5]
-    assert agent_returns(eps[:2], 3) is None
+    assert agent_returns({k: v[:2] for k, v in eps.items()}, 3) is None
 
 
 def test_report_rows_are_spread_over_each_agents_rows():

@@ -35,16 +35,13 @@ from hpcrl.marl.sharing import LearnerSharing, MappingChange
 Report = Mapping[str, np.ndarray]
 
 
-def agent_returns(episodes: Sequence[Mapping[str, Any]], agents: int) -> np.ndarray | None:
-    """[A] mean return per agent over ``episodes`` (dicts with env_index, return); None if an agent has none."""
-    sums, counts = np.zeros(agents), np.zeros(agents)
-    for ep in episodes:
-        a = int(ep["env_index"]) % agents
-        sums[a] += float(ep["return"])
-        counts[a] += 1
+def agent_returns(episodes: Mapping[str, Sequence], agents: int) -> np.ndarray | None:
+    """[A] mean return per agent over ``episodes`` (columns: env_index, return); None if an agent has none."""
+    agent = np.asarray(episodes["env_index"], dtype=np.int64) % agents
+    counts = np.bincount(agent, minlength=agents)
     if (counts == 0).any():
         return None
-    return sums / counts
+    return np.bincount(agent, weights=np.asarray(episodes["return"], dtype=np.float64), minlength=agents) / counts
 
 
 def spread_rows(agent: np.ndarray, agents: int, per_agent: int) -> np.ndarray:
@@ -107,7 +104,7 @@ class ParameterSharing:
         reports = round_stats.get("reports") or []
         if reports:
             self.report = reports[-1]
-        rewards = agent_returns(round_stats.get("episodes") or [], self.agents)
+        rewards = agent_returns(round_stats.get("episodes") or {"env_index": [], "return": []}, self.agents)
         if rewards is None or self.report is None:
             return None
         current = model.mapping().tolist()

@@ -9,6 +9,8 @@ node``) are kept as one block and appended as they are, in their place among the
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 
@@ -49,6 +51,6 @@ def _joined(blocks: list[Columns]) -> dict:
     out = {}
     for k in blocks[0]:
         parts = [b[k] for b in blocks]
-        out[k] = ([v for p in parts for v in p] if all(type(p) is list for p in parts)
+        out[k] = (list(itertools.chain.from_iterable(parts)) if all(type(p) is list for p in parts)
                   else np.concatenate([np.atleast_1d(np.asarray(p)) for p in parts]))
     return out

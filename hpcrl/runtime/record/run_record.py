@@ -31,6 +31,9 @@ table at a time; rows from other ranks carry Unix times and are stored from the 
 """
 from __future__ import annotations
 
+import functools
+import operator
+
 import json
 import math
 from collections import deque
@@ -111,7 +114,8 @@ class RunRecord:
     def _new_round() -> dict[str, Any]:
         return {"env_steps": 0, "episodes": 0, "updates": 0, "staleness": [], "loss": [], "grad_stats": [],
                 "returns": [], "lengths": [], "learner_seconds": 0.0, "actor_seconds": 0.0, "actors": set(),
-                "active_max": 0, "episode_rows": [], "reports": [], "admitted": 0, "dropped": 0,
+                "active_max": 0, "episode_columns": {"actor": [], "env_index": [], "return": []}, "reports": [],
+                "admitted": 0, "dropped": 0,
                 "algo_stats": {}, "cycles": {}, "cycle_count": 0}
 
     def now(self) -> float:
@@ -180,13 +184,15 @@ class RunRecord:
         r["actor_seconds"] += report.sample_seconds
         r["actors"].add(report.actor)
         self.rows.add("actors", self.times(report.row(), ("time",)))
+        cols = r["episode_columns"]  # what algo.end_round reads of the round's episodes (round_stats["episodes"])
         for ep in report.episodes:
             self.rows.add("episodes", {**self.times(ep.row(), ("time",)), "env_steps": env_steps})
             self.stop_rule.add_returns([ep.episode_return])
             r["returns"].append(ep.episode_return)
             r["lengths"].append(ep.length)
-            # what algo.end_round reads of the round's episodes (round_stats["episodes"])
-            r["episode_rows"].append({"actor": ep.actor, "env_index": ep.env_index, "return": ep.episode_return})
+            cols["actor"].append(ep.actor)
+            cols["env_index"].append(ep.env_index)
+            cols["return"].append(ep.episode_return)
         self.episodes += len(report.episodes)
         r["episodes"] += len(report.episodes)
 
@@ -194,8 +200,8 @@ class RunRecord:
         """A node's fragment reports as columns (``FragmentColumns``: actors.reports=node): the rows and the round's
         statistics of as many :meth:`fragment` calls, in their order, appended as one block per table."""
         r = self.current
-        for seconds in actors["sample_seconds"]:  # the same sum, in the same order
-            r["actor_seconds"] += seconds
+        # the same sum as report by report, in the same order (sum() may compensate: Python 3.12's does)
+        r["actor_seconds"] = functools.reduce(operator.add, actors["sample_seconds"], r["actor_seconds"])
         r["actors"].update(actors["actor"])
         self.rows.add_columns("actors", self.times(dict(actors), ("time",)))
         n = len(episodes["actor"])
@@ -205,8 +211,8 @@ class RunRecord:
             self.stop_rule.add_returns(returns)
             r["returns"].extend(returns)
             r["lengths"].extend(episodes["length"])
-            r["episode_rows"].extend({"actor": a, "env_index": i, "return": x}
-                                     for a, i, x in zip(episodes["actor"], episodes["env_index"], returns))
+            for name, column in r["episode_columns"].items():
+                column.extend(episodes[name])
         self.episodes += n
         r["episodes"] += n
 
@@ -352,7 +358,7 @@ class RunRecord:
         kl = np.fromiter((g.get("kl", math.nan) for g in r["grad_stats"]), float, len(r["grad_stats"]))
         self.round_t0 = now
         self.current = self._new_round()
-        return {"kl": agg(kl[np.isfinite(kl)], np.mean), "round": round_index, "episodes": r["episode_rows"],
+        return {"kl": agg(kl[np.isfinite(kl)], np.mean), "round": round_index, "episodes": r["episode_columns"],
                 "reports": r["reports"]}
 
     def algo_rows(self, records: dict[str, list[dict]]) -> None:

@@ -14,7 +14,7 @@ class StopRule:
         self.returns: deque[float] = deque(maxlen=stop_cfg.return_window)
 
     def add_returns(self, returns: Iterable[float]) -> None:
-        self.returns.extend(float(r) for r in returns)
+        self.returns.extend(map(float, returns))
 
     def mean_return(self) -> float:
         return float(sum(self.returns) / len(self.returns)) if self.returns else math.nan

@@ -37,3 +37,24 @@ def test_group_communicators_and_rank_map_on_six_ranks():
 @pytest.mark.mpi
 def test_minimal_three_rank_job():
     assert "OK topology" in run_mpi(3, "topology", 1, 1, 1, timeout=30)
+
+
+def test_the_ranks_of_one_process_share_the_rank_maps_group_facts_and_get_each_ranks_own():
+    from hpcrl.runtime.topology import RankMapFacts, Topology
+
+    roles = plan_roles(12, 4, 1, 7)  # rank 0, groups at ranks 1-4, 7 actors
+    nodes = ["a", "a", "a", "b", "b", "b", "c", "c", "c", "d", "d", "d"]
+
+    def topo(r, facts=None):
+        x = roles[r]
+        return Topology(comm=None, rank=r, size=12, role=x.role, group=x.group, group_rank=x.group_rank,
+                        group_comm=None, node_comm=None, groups=4, ranks_per_group=1, roles=roles, nodes=nodes,
+                        node_ranks=list(range(12)), facts=facts)
+
+    shared = RankMapFacts(roles, nodes)
+    together, alone = [topo(r, shared) for r in range(12)], [topo(r) for r in range(12)]
+    assert all(t.facts is shared for t in together) and alone[0].facts is not alone[1].facts
+    for t, u in zip(together, alone):
+        assert t.learner_roots == u.learner_roots == [1, 2, 3, 4]
+        assert t.group_nodes == u.group_nodes == [0, 0, 1, 1]  # groups 0, 1 on node a; 2, 3 on node b
+        assert t.most_groups_on_a_node == 2 and t.node_mates(3) == [2, 3]

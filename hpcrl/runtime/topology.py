@@ -10,6 +10,7 @@ collective over the communicator it is given.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 import platform
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -60,6 +61,28 @@ def one_process_rank_map() -> dict[str, list]:
             "node": [platform.node().encode()[:64]], "world_rank": [0]}
 
 
+class RankMapFacts:
+    """What the whole job's rank map says of its learner groups, worked out once: each group's root and node. Every
+    rank's Topology in one process (the serial runner's, the virtual-time runner's) shares one: worked out per rank,
+    these scans of the rank map were quadratic in the job's size (minutes for a 1,000-node sim's 34,001 ranks)."""
+
+    def __init__(self, roles: list[Role], node_keys: list) -> None:
+        self.roles, self.node_keys = roles, node_keys
+
+    @functools.cached_property
+    def learner_roots(self) -> list[int]:
+        return [r for r, x in enumerate(self.roles) if x.role == LEARNER and x.group_rank == 0]
+
+    @functools.cached_property
+    def group_nodes(self) -> list[int]:
+        numbers: dict = {}
+        return [numbers.setdefault(self.node_keys[r], len(numbers)) for r in self.learner_roots]
+
+    @functools.cached_property
+    def most_groups_on_a_node(self) -> int:
+        return max(Counter(self.group_nodes).values(), default=0)
+
+
 @dataclass
 class Topology:
     """This rank's role plus the whole job's rank map. Build with :meth:`from_config` (collective)."""
@@ -91,6 +114,12 @@ class Topology:
     node_ids: list[int] = field(repr=False, default_factory=list)
     """Each rank's node as the lowest rank on it: the ranks that share memory (``node_comm``), which a hostname
     does not always tell (MPICH's cliques in the tests). Empty: the node names tell."""
+    facts: RankMapFacts | None = field(repr=False, default=None, kw_only=True)
+    """The rank map's learner facts, shared by the process's Topologies (None: this one works them out)."""
+
+    def __post_init__(self) -> None:
+        if self.facts is None:
+            self.facts = RankMapFacts(self.roles, self.node_ids or self.nodes)
 
     @classmethod
     def from_config(cls, comm, learners_cfg, actors_count: int, placement=None, shards: int = 1) -> "Topology":
@@ -155,13 +184,16 @@ class Topology:
         mine = self.nodes[self.rank]
         return sum(1 for r in self.learner_ranks if r < self.rank and self.nodes[r] == mine)
 
-    @functools.cached_property
+    @property
     def group_nodes(self) -> list[int]:
         """Each group's node (its root's), numbered 0, 1 ... in the order of the groups: the order in which a step
         sums the nodes' gradients (``staleness.aggregate``)."""
-        keys = self.node_ids or self.nodes
-        numbers: dict = {}
-        return [numbers.setdefault(keys[r], len(numbers)) for r in self.learner_roots]
+        return self.facts.group_nodes
+
+    @property
+    def most_groups_on_a_node(self) -> int:
+        """The most group roots that share a node (learners.combine=node: the members of the fullest node's push)."""
+        return self.facts.most_groups_on_a_node
 
     def node_mates(self, group: int) -> list[int]:
         """The groups whose roots share ``group``'s node, in group order (``group`` among them)."""
@@ -185,7 +217,7 @@ class Topology:
     @property
     def learner_roots(self) -> list[int]:
         """World rank of each group's root, indexed by group."""
-        return [r for r, x in enumerate(self.roles) if x.role == LEARNER and x.group_rank == 0]
+        return self.facts.learner_roots
 
     @property
     def learner_ranks(self) -> list[int]:

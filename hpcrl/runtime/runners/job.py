@@ -11,7 +11,6 @@ mpi`` (:mod:`hpcrl.runtime.runners.mpi`) and their in-memory twins under ``seria
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
@@ -171,7 +170,7 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
     counters = wiring.counters(control.num_counters(G, topo.size))
     stats = len(control.GRAD_STATS)
     mailbox = wiring.mailbox(G, s.aggregation.mailbox_slots, P,  # a node's push: its groups' headers as statistics
-                             CombinedPush.capacity(max(Counter(topo.group_nodes).values()), stats) if plan.combine
+                             CombinedPush.capacity(topo.most_groups_on_a_node, stats) if plan.combine
                              else stats)
     board = wiring.board(P, max(2, s.aggregation.weight_history), 0 if probe is None else probe.size, topo)
     reports = wiring.reports(topo)

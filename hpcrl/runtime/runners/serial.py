@@ -36,7 +36,7 @@ from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragm
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.runners import RunResult
 from hpcrl.runtime.roles.sampler import describe_env
-from hpcrl.runtime.topology import Topology, plan_roles
+from hpcrl.runtime.topology import RankMapFacts, Topology, plan_roles
 
 JOIN_SECONDS = 30.0
 """How long the parameter role waits for the other roles' threads after the run ends or fails."""
@@ -53,10 +53,11 @@ class RoleFailed(RuntimeError):
 def topologies(plan: Plan) -> list[Topology]:
     """One Topology per role, as an MPI job of ``plan.num_ranks`` ranks would have (no communicators)."""
     roles = plan_roles(plan.num_ranks, plan.groups, plan.ranks_per_group, plan.actors)
-    host = platform.node()
+    nodes = [platform.node()] * len(roles)
+    node_ranks, facts = list(range(len(roles))), RankMapFacts(roles, nodes)  # one of each for every rank
     return [Topology(comm=None, rank=r, size=len(roles), role=x.role, group=x.group, group_rank=x.group_rank,
                      group_comm=None, node_comm=None, groups=plan.groups, ranks_per_group=plan.ranks_per_group,
-                     roles=roles, nodes=[host] * len(roles), node_ranks=list(range(len(roles))))
+                     roles=roles, nodes=nodes, node_ranks=node_ranks, facts=facts)
             for r, x in enumerate(roles)]
 
 

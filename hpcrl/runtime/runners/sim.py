@@ -32,7 +32,7 @@ from hpcrl.runtime.roles.node_actors import NodeActors
 from hpcrl.runtime.runners import RunResult
 from hpcrl.runtime.runners.job import actor_settings, build_jobs, make_role, role_parts
 from hpcrl.runtime.runners.serial import LocalWiring
-from hpcrl.runtime.topology import Topology, plan_roles
+from hpcrl.runtime.topology import RankMapFacts, Topology, plan_roles
 from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local_node_reports import NodeBuffer
 from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimGroupsAllreduce, SimMailbox,
@@ -66,9 +66,10 @@ def topologies(plan: Plan, slots: list[Slot]) -> list[Topology]:
     roles = plan_roles(plan.num_ranks, plan.groups, plan.ranks_per_group, plan.actors)
     nodes = node_names(slots)
     node_ranks = list(range(len(roles)))  # one list for all (a list per rank is quadratic in the job's size)
+    facts = RankMapFacts(roles, nodes)  # and the groups' roots and nodes worked out once
     return [Topology(comm=None, rank=r, size=len(roles), role=x.role, group=x.group, group_rank=x.group_rank,
                      group_comm=None, node_comm=None, groups=plan.groups, ranks_per_group=plan.ranks_per_group,
-                     roles=roles, nodes=nodes, node_ranks=node_ranks)
+                     roles=roles, nodes=nodes, node_ranks=node_ranks, facts=facts)
             for r, x in enumerate(roles)]
 
 

@@ -82,7 +82,7 @@ class ActorsConfig(Section):
     max_in_flight: int = Field(2, ge=1)
     """Fragments an actor may have in flight (sent, not yet received) before it waits."""
     on_policy: bool = False
-    """Sample each fragment with the weights the learners finished the previous batch with (no policy lag, as single-process PPO): an actor reserves a place in a group's backlog, then pulls weights and samples; the group frees the places after training the batch. Off: actors sample the next batch while the learners train (pipelined, one batch of lag)."""
+    """Sample each fragment with the weights the learners finished the previous batch with (no policy lag, as single-process PPO): an actor reserves a place in a group's backlog, then pulls weights and samples; rank 0 frees a batch's places once the version that holds its push is published, every group's at once. Off: actors sample the next batch while the learners train (pipelined, one batch of lag)."""
     weight_sync: Literal["every_fragment", "aaps"] = "every_fragment"
     """When an actor pulls new weights: before every fragment, or by AAPS (KL on a probe batch > aaps_delta)."""
     aaps_delta: float = Field(0.01, gt=0)

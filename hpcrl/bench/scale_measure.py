@@ -25,8 +25,10 @@ import numpy as np
 from hpcrl.bench.scale_predict import Costs, Linear, Workload
 
 WORKER_FLAG = "--scale-measure-worker"
-NODE_REPORTS = 8
-"""Reports in the node message the micro-run measures (``report_each``: each one past the first)."""
+NODE_REPORTS = 64
+"""Reports in the node message the micro-run measures (``report_each``: each one past the first) and in each block of
+``record_node``: what one node message holds in the model's layout, whose CPU nodes hold 64 actors (a relay sends
+once every open actor of its node has a report in the message). Before 2026-11-30 it was 8."""
 TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "MPIR_CVAR_NOLOCAL": "1", "FI_TCP_IFACE": "lo"}
 """A micro-run's ranks as if on different nodes: MPICH's OFI netmod over TCP, no shared memory (the local
 cluster's TaskProlog sets the same netmod between its nodes)."""
@@ -295,36 +297,38 @@ def workload(config: str, overrides: list[str], seconds: float) -> tuple[Workloa
 
 
 def record_cost(cfg, seconds: float, node: bool = False) -> float:
-    """Rank 0's record work per fragment report, CPU seconds: ``RunRecord.fragment`` of a report with one episode
-    (its actors and episodes rows, the round's statistics) and its share of the rows' flushes to run.h5; ``node``:
-    ``RunRecord.fragments`` of node messages' columns (NODE_REPORTS reports each), per report."""
+    """Rank 0's record work per fragment report, CPU seconds, marginal (a run of n reports less one of n / 20, so
+    opening run.h5 and its first flush do not count; the half-second flushes do): ``RunRecord.fragment`` of a
+    report with one episode (its actors and episodes rows, the round's statistics); ``node``: ``RunRecord.fragments``
+    of node messages' columns (NODE_REPORTS reports each; hpcrl.bench.record_cost, which compares two revisions)."""
     import tempfile
 
-    from hpcrl.runtime.messages import FragmentColumns
+    from hpcrl.bench.record_cost import measure
     from hpcrl.runtime.record.run_record import RunRecord
     from hpcrl.runtime.record.stop_rule import StopRule
     from hpcrl.runtime.topology import one_process_rank_map
 
-    steps = cfg.actors.fragment_length * cfg.env.num_envs
     n = NODE_REPORTS * max(100, int(seconds / 1e-4))
-    reports = [_report_message(i % NODE_REPORTS, i, steps) for i in range(n)]
-    blocks = [FragmentColumns.of(reports[i:i + NODE_REPORTS]) for i in range(0, n, NODE_REPORTS)]
-    with tempfile.TemporaryDirectory(prefix="hpcrl-record-cost-") as tmp:
-        record = RunRecord.create(Path(tmp), cfg.io.model_copy(update={"loggers": []}), "", one_process_rank_map(),
-                                  StopRule(cfg.stop), {})
-        start = clock()
-        if node:
-            for block in blocks:
-                record.fragments(block.actors, block.episodes, 0)
-                record.maybe_flush()
-        else:
+    if node:
+        return measure([NODE_REPORTS], n)[NODE_REPORTS] / 1e6
+    steps = cfg.actors.fragment_length * cfg.env.num_envs
+
+    def cpu(count: int) -> float:
+        reports = [_report_message(i % NODE_REPORTS, i, steps) for i in range(count)]
+        with tempfile.TemporaryDirectory(prefix="hpcrl-record-cost-") as tmp:
+            record = RunRecord.create(Path(tmp), cfg.io.model_copy(update={"loggers": []}), "",
+                                      one_process_rank_map(), StopRule(cfg.stop), {})
+            record.flush()
+            start = clock()
             for r in reports:
                 record.fragment(r, 0)
                 record.maybe_flush()
-        record.flush()
-        took = clock() - start
-        record.close()
-    return took / n
+            record.flush()
+            took = clock() - start
+            record.close()
+        return took
+
+    return (cpu(n) - cpu(n // 20)) / (n - n // 20)
 
 
 def per_step_costs(cfg, algo, model, info, seconds: float) -> dict:

@@ -128,7 +128,7 @@ class ParameterRank:
         self.stop_rule = StopRule(self.settings.stop)
         self.seq_next = [0] * G
         self.group_nodes = job.topo.group_nodes  # each group's node: the order of a step's sum
-        self.taken = FreedPlaces(self.counters, G, self.plan.on_policy, self.push_mode.batches_in)  # actors.on_policy
+        self.places = FreedPlaces(self.counters, G, self.plan.on_policy, self.push_mode.batches_in)  # actors.on_policy
         self.ledger = ActorLedger(self.plan.actors)  # each actor's next fragment number and newest statistics
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []
@@ -239,7 +239,7 @@ class ParameterRank:
         self.stop_rule.add_returns(s["returns"])
         self.seq_next = list(s["seq_next"])
         self.queue = list(s.get("queue", []))
-        self.taken.restore(self.seq_next)
+        self.places.restore(self.seq_next)
         self.push_mode.restore(s.get("inner_states", {}), self.seq_next)
         self.groups.restore(s["active"])
         # all of the checkpointing job's actors active: all of this job's too (fragment_next keeps the numbers of
@@ -299,7 +299,7 @@ class ParameterRank:
             finite = np.isfinite(grad).all()
             for rec in self._arrived(header, grad):  # a node's combined push (learners.combine=node): its groups'
                 self._take(rec, finite)
-        self.taken.publish()
+        self.places.publish()
         return bool(got)
 
     def _take(self, rec: GradientRecord, finite: bool) -> None:
@@ -309,7 +309,7 @@ class ParameterRank:
         self.record.consumed(new_steps, float(rec.stats.get("compute_seconds", 0.0)))
         if not finite:
             self.shards.drop(rec)
-            self.taken.applied([rec])
+            self.places.applied([rec])
             self.consumed += new_steps
             self.record.gradient(rec, False, "nonfinite", self.version, self.round)
             return
@@ -353,7 +353,7 @@ class ParameterRank:
                 t_pub = lap("publish")
                 self.record.step(step, adm, self.version, self.round, self.optimizer.param_groups[0]["lr"],
                                  self.groups.active, t_agg, t_pub)
-                self.taken.applied(rec for rec, _ in step)
+                self.places.applied(rec for rec, _ in step)
                 lap("record")
             adm.remove_from(self.queue)
         lap("admit")

@@ -24,28 +24,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def measure(blocks: list[int], reports: int) -> dict[int, float]:
-    """Marginal CPU microseconds per report of ``RunRecord.fragments`` for each block size (in this process, with
-    whichever ``hpcrl`` comes first on the path)."""
-    from hpcrl.bench.scale_measure import _report_message
-    from hpcrl.config import load_config
-    from hpcrl.runtime.messages import FragmentColumns
+def marginal_seconds(feed, per_feed: int, reports: int, io, stop) -> float:
+    """CPU seconds per report of ``feed(record)`` (which records ``per_feed`` reports) on a fresh ``RunRecord``,
+    marginal: a run of ``reports`` reports less one of a twentieth as many, so opening run.h5 and its first flush do
+    not count (its half-second flushes do). ``io``, ``stop``: a config's sections."""
     from hpcrl.runtime.record.run_record import RunRecord
     from hpcrl.runtime.record.stop_rule import StopRule
     from hpcrl.runtime.topology import one_process_rank_map
 
-    cfg = load_config(str(ROOT / "hpcrl" / "configs" / "cartpole.yaml"))
-
-    def cpu(block: int, n: int) -> float:
-        columns = FragmentColumns.of([_report_message(i, i, 256) for i in range(block)])
+    def cpu(n: int) -> float:
         with tempfile.TemporaryDirectory(prefix="hpcrl-record-cost-") as tmp:
-            record = RunRecord.create(Path(tmp), cfg.io.model_copy(update={"loggers": []}), "",
-                                      one_process_rank_map(), StopRule(cfg.stop), {})
-            record.fragments(columns.actors, columns.episodes, 0)
+            record = RunRecord.create(Path(tmp), io.model_copy(update={"loggers": []}), "", one_process_rank_map(),
+                                      StopRule(stop), {})
+            feed(record)
             record.flush()
             start = time.process_time()
-            for _ in range(n // block):
-                record.fragments(columns.actors, columns.episodes, 0)
+            for _ in range(n // per_feed):
+                feed(record)
                 record.maybe_flush()
             record.flush()
             took = time.process_time() - start
@@ -53,7 +48,24 @@ def measure(blocks: list[int], reports: int) -> dict[int, float]:
         return took
 
     small = reports // 20
-    return {b: (cpu(b, reports) - cpu(b, small)) / (reports - small) * 1e6 for b in blocks}
+    return (cpu(reports) - cpu(small)) / (reports - small)
+
+
+def measure(blocks: list[int], reports: int) -> dict[int, float]:
+    """Marginal CPU microseconds per report of ``RunRecord.fragments`` for each block size (in this process, with
+    whichever ``hpcrl`` comes first on the path)."""
+    from hpcrl.bench.scale_measure import _report_message
+    from hpcrl.config import load_config
+    from hpcrl.runtime.messages import FragmentColumns
+
+    cfg = load_config(str(ROOT / "hpcrl" / "configs" / "cartpole.yaml"))
+
+    def us(block: int) -> float:
+        columns = FragmentColumns.of([_report_message(i, i, 256) for i in range(block)])
+        return 1e6 * marginal_seconds(lambda record: record.fragments(columns.actors, columns.episodes, 0), block,
+                                      reports, cfg.io, cfg.stop)
+
+    return {b: us(b) for b in blocks}
 
 
 def _side(path: Path, blocks: list[int], reports: int) -> dict[int, float]:

@@ -297,38 +297,17 @@ def workload(config: str, overrides: list[str], seconds: float) -> tuple[Workloa
 
 
 def record_cost(cfg, seconds: float, node: bool = False) -> float:
-    """Rank 0's record work per fragment report, CPU seconds, marginal (a run of n reports less one of n / 20, so
-    opening run.h5 and its first flush do not count; the half-second flushes do): ``RunRecord.fragment`` of a
-    report with one episode (its actors and episodes rows, the round's statistics); ``node``: ``RunRecord.fragments``
-    of node messages' columns (NODE_REPORTS reports each; hpcrl.bench.record_cost, which compares two revisions)."""
-    import tempfile
-
-    from hpcrl.bench.record_cost import measure
-    from hpcrl.runtime.record.run_record import RunRecord
-    from hpcrl.runtime.record.stop_rule import StopRule
-    from hpcrl.runtime.topology import one_process_rank_map
+    """Rank 0's record work per fragment report, CPU seconds, marginal (hpcrl.bench.record_cost's: opening run.h5 and
+    its first flush do not count; the half-second flushes do): ``RunRecord.fragment`` of a report with one episode
+    (its actors and episodes rows, the round's statistics); ``node``: ``RunRecord.fragments`` of node messages'
+    columns (NODE_REPORTS reports each)."""
+    from hpcrl.bench.record_cost import marginal_seconds, measure
 
     n = NODE_REPORTS * max(100, int(seconds / 1e-4))
     if node:
         return measure([NODE_REPORTS], n)[NODE_REPORTS] / 1e6
-    steps = cfg.actors.fragment_length * cfg.env.num_envs
-
-    def cpu(count: int) -> float:
-        reports = [_report_message(i % NODE_REPORTS, i, steps) for i in range(count)]
-        with tempfile.TemporaryDirectory(prefix="hpcrl-record-cost-") as tmp:
-            record = RunRecord.create(Path(tmp), cfg.io.model_copy(update={"loggers": []}), "",
-                                      one_process_rank_map(), StopRule(cfg.stop), {})
-            record.flush()
-            start = clock()
-            for r in reports:
-                record.fragment(r, 0)
-                record.maybe_flush()
-            record.flush()
-            took = clock() - start
-            record.close()
-        return took
-
-    return (cpu(n) - cpu(n // 20)) / (n - n // 20)
+    report = _report_message(0, 0, cfg.actors.fragment_length * cfg.env.num_envs)
+    return marginal_seconds(lambda record: record.fragment(report, 0), 1, n, cfg.io, cfg.stop)
 
 
 def per_step_costs(cfg, algo, model, info, seconds: float) -> dict:

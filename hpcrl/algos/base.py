@@ -36,10 +36,10 @@ including non-trained values such as PPO's adaptive KL coefficient (parameters w
 Learner -> parameter rank: what :meth:`learner_report` returns for a prepared batch (a dict of
 small NumPy arrays, or None for nothing) travels with the group's ``learner_activity`` row (the
 reports channel both runners have) and reaches :meth:`end_round` in ``round_stats["reports"]``,
-beside the round's finished episodes (``round_stats["episodes"]``: columns ``actor``, ``env_index``, ``return``). Rows :meth:`records` returns
-are appended to run.h5's tables (``hpcrl.io.schema``) after each :meth:`end_round`. MARL's
-dynamic learner sharing (:mod:`hpcrl.marl.sharing_rank`) is built on these two hooks; the
-runtime knows nothing of agents or policies.
+beside the round's finished episodes (``round_stats["episodes"]``: columns ``actor``, ``env_index``,
+``return``). Rows :meth:`records` returns are appended to run.h5's tables (``hpcrl.io.schema``)
+after each :meth:`end_round`. MARL's dynamic learner sharing (:mod:`hpcrl.marl.sharing_rank`) is
+built on these two hooks; the runtime knows nothing of agents or policies.
 
 ``window``: Stellaris' importance-sampling truncation (Eq. 2) needs the log-probabilities of
 the minibatch under the other learner groups' base versions. When :attr:`uses_window` is

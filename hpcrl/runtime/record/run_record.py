@@ -32,10 +32,9 @@ table at a time; rows from other ranks carry Unix times and are stored from the 
 from __future__ import annotations
 
 import functools
-import operator
-
 import json
 import math
+import operator
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence

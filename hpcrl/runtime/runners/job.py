@@ -181,7 +181,8 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
     groups_allreduce = wiring.groups_allreduce(topo) if plan.push == "allreduce" and topo.is_group_root else None
     outbox = mailbox
     if plan.combine and topo.is_group_root:
-        outbox = CombiningOutbox(mailbox, wiring.node_gather(topo, CombinedPush.ROW + stats, P), G, stats, wiring.clock(topo))
+        gather = wiring.node_gather(topo, CombinedPush.ROW + stats, P)
+        outbox = CombiningOutbox(mailbox, gather, G, stats, wiring.clock(topo))
     return Job(plan=plan, topo=topo, run_dir=run_dir, resume=resume, runner=runner, algo=algo, model=model, env=env,
                traj_layout=traj_layout, counters=counters, mailbox=mailbox, outbox=outbox, board=board, reports=reports,
                fragments=fragments, group_reduce=group_reduce, probe=probe, clock=wiring.clock(topo),

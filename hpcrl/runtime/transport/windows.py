@@ -530,7 +530,7 @@ class CounterWindow(_OwnedWindow):
     def add_each(self, first: int, values) -> None:
         """Add ``values[k]`` to counter ``first + k``, in one Accumulate. MPI makes each word atomic; MPICH applies
         one accumulate at its target whole (under the window's lock in shared memory, in one handler over the
-        network), so a :meth:`read_all` sees the words all changed or none (tests/test_windows.py checks it)."""
+        network), so a :meth:`read_all` sees the words all changed or none (tests/test_runtime_windows.py checks it)."""
         deltas = np.ascontiguousarray(values, dtype=np.int64)
         self._index(first + len(deltas) - 1)
         with self._epoch() as win:

@@ -99,9 +99,11 @@ class ActorsConfig(Section):
     keep_sampler_seconds: float = Field(0.0, ge=0)
     """actors.elastic=steps/jobs: a parked actor releases its joined sampler once it has been parked this long (0:
     at once); woken before, it samples with the same one (no join: a join costs seconds of start-up)."""
-    reports: Literal["fragment", "node"] = "fragment"
-    """How the actors' reports reach rank 0: one message per fragment, or node (runners mpi and sim): a node's actors'
-    reports batched on the node, one message per node and flush (runtime/transport/node_reports.py)."""
+    reports: Literal["fragment", "node", "summary"] = "fragment"
+    """How the actors' reports reach rank 0: one message per fragment; node (runners mpi and sim): a node's actors'
+    reports batched on the node, one message per node and flush (runtime/transport/node_reports.py); or summary
+    (runners mpi and sim): the node writes its fragments' actors and episodes rows to nodes/node-RRRRR.h5 and rank 0
+    gets per-actor sums every flush (runtime/record/node_rows.py), for jobs of hundreds of nodes."""
     join_timeout_seconds: float = Field(120.0, gt=0)
     """actors.elastic=steps/jobs: a sampler that has not connected this long after its launch is given up (an
     actor_joins row) and the actor samples on its own rank until it is parked and woken again."""
@@ -595,9 +597,10 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _what_node_reports_need(self) -> "RunConfig":
-        if self.actors.reports == "node" and self.launch.runner == "serial":
-            raise ValueError("actors.reports=node: launch.runner=serial runs every actor in one process on no node "
-                             "(nothing to batch reports on); allowed: launch.runner=mpi or sim, or actors.reports=fragment")
+        if self.actors.reports != "fragment" and self.launch.runner == "serial":
+            raise ValueError(f"actors.reports={self.actors.reports}: launch.runner=serial runs every actor in one "
+                             "process on no node (nothing to batch reports on); allowed: launch.runner=mpi or sim, or "
+                             "actors.reports=fragment")
         return self
 
     @model_validator(mode="after")

@@ -1,10 +1,11 @@
-"""Per-node reports (``actors.reports: node``, hpcrl/runtime/transport/node_reports.py).
+"""Per-node reports (``actors.reports: node`` and ``summary``, hpcrl/runtime/transport/node_reports.py).
 
 - the relay under real concurrency (tests/mpi_programs/node_reports.py): every report reaches rank 0 once, in
   its actor's order, batched, within a short bound, and a relay waiting on a late member beats its heartbeat;
 - a whole MPI job on 2 "nodes" (MPICH's ``MPIR_CVAR_NUM_CLIQUES``: ranks of one clique share memory, as on one
-  node) records the same fragments and episodes with per-node reports as with per-fragment ones, and every
-  fragment in the actors' trajectory files has one row; the same in virtual time (a profile of 2 actor nodes);
+  node) records the same fragments and episodes with per-node reports and with per-node summaries (the rows in the
+  nodes' own files, joined by ``read_table``) as with per-fragment ones, and every fragment in the actors' trajectory
+  files has one row; the same in virtual time (a profile of 2 actor nodes);
 - a node's reports as columns make the rows the reports make one by one;
 - a relay stopped mid-job (SIGSTOP) ends the job within seconds, the watchdog naming it, not the actors waiting on it;
 - bad input: one line, exit 2; ``hpcrl bench node-reports`` measures both modes.
@@ -25,6 +26,8 @@ from test_parameter_watchdog import Job, kill_left
 
 from hpcrl.cli import main as cli_main
 from hpcrl.io import read_table, read_trajectory
+from hpcrl.io.node_file import node_files
+from hpcrl.io.readers import read_row_counts
 from hpcrl.io.schema import traj_filename
 from hpcrl.runtime.messages import PARK_REASON, ActorParked, Episode, FragmentReport, NodeReports
 from hpcrl.runtime.record.rows import RowBuffer
@@ -115,14 +118,18 @@ def _rows(run_dir: Path) -> tuple[list, list]:
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_per_node_reports_record_the_rows_of_per_fragment_reports(tmp_path):
-    jobs = {mode: _job(tmp_path, mode) for mode in ("fragment", "node")}  # side by side: mostly start-up
+    modes = ("fragment", "node", "summary")
+    jobs = {mode: _job(tmp_path, mode) for mode in modes}  # side by side: mostly start-up
     for mode, proc in jobs.items():
-        out, _ = proc.communicate(timeout=150)
+        out, _ = proc.communicate(timeout=200)
         assert proc.returncode == 0, f"actors.reports={mode}:\n{out[-3000:]}"
-    (frags, episodes), (node_frags, node_episodes) = (_rows(tmp_path / m) for m in ("fragment", "node"))
+    (frags, episodes), *others = (_rows(tmp_path / m) for m in modes)
     assert len(frags) == ACTORS * LAST_VERSION // 4 and episodes
-    assert node_frags == frags and node_episodes == episodes
-    _every_fragment_once(tmp_path / "node")
+    for mode, (node_frags, node_episodes) in zip(modes[1:], others):
+        assert node_frags == frags and node_episodes == episodes, mode
+        _every_fragment_once(tmp_path / mode)
+    assert sorted(node_files(tmp_path / "summary")) == [2, 3]  # each node's relay: its first actor rank
+    assert read_row_counts(tmp_path / "summary" / "run.h5")["actors"] == 0  # rank 0 wrote none of them
 
 
 def _every_fragment_once(run_dir: Path) -> None:
@@ -187,17 +194,21 @@ def _two_actor_nodes(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_per_node_reports_in_virtual_time_record_the_rows_of_per_fragment_reports(tmp_path):
     profile = _two_actor_nodes(tmp_path)
-    for mode in ("fragment", "node"):
+    modes = ("fragment", "node", "summary")
+    for mode in modes:
         overrides = [*JOB, f"actors.reports={mode}", f"io.run_dir={tmp_path / mode}", f"launch.profile={profile}"]
         assert cli_main(["run", CARTPOLE, "--runner", "sim", *[a for o in overrides for a in ("-o", o)]]) == 0
-    (frags, episodes), (node_frags, node_episodes) = (_rows(tmp_path / m) for m in ("fragment", "node"))
+    (frags, episodes), *others = (_rows(tmp_path / m) for m in modes)
     assert len(frags) == ACTORS * LAST_VERSION // 4 and episodes
-    assert node_frags == frags and node_episodes == episodes
-    _every_fragment_once(tmp_path / "node")
+    for mode, (node_frags, node_episodes) in zip(modes[1:], others):
+        assert node_frags == frags and node_episodes == episodes, mode
+        _every_fragment_once(tmp_path / mode)
+    assert len(node_files(tmp_path / "summary")) == 2
 
 
 @pytest.mark.parametrize("args, says", [
     (["--runner", "serial", "-o", "actors.reports=node"], "actors.reports=node: launch.runner=serial runs every"),
+    (["--runner", "serial", "-o", "actors.reports=summary"], "actors.reports=summary: launch.runner=serial runs"),
     (["-o", "actors.reports=rank"], "actors.reports"),
 ])
 def test_reports_the_job_cannot_have_are_one_line(args, says, capsys):

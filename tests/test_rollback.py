@@ -89,7 +89,7 @@ def test_truncate_record_never_lengthens_and_names_bad_input(tmp_path):
         truncate_record(run_dir, more, {0: 10 ** 6})
     assert record_counts(run_dir) == counts
     removed = truncate_record(run_dir, counts["tables"], {0: 10 ** 6, 7: 5})  # actor 7 has no file: nothing to cut
-    assert removed == {"tables": {name: 0 for name in CUT}, "traj_steps": {0: 0, 7: 0}, "lost_steps": {}}
+    assert removed == {"tables": {name: 0 for name in CUT}, "traj_steps": {0: 0, 7: 0}, "lost_steps": {}, "nodes": {}}
     assert record_counts(run_dir) == counts
     with pytest.raises(RunFileError, match="no table 'epsiodes'"):
         truncate_record(run_dir, {"epsiodes": 1}, {})

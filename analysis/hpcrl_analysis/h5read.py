@@ -1,8 +1,11 @@
 """Read an hpcrl run directory with h5py alone: live runs, killed runs, damaged runs, one-line errors.
 
-A run directory holds run.h5 (tables, see docs/hdf5-schema.md in the hpcrl repository) and
-traj/actor-NNNNN.h5. The writers use SWMR: a file whose writer is running, or was killed,
-refuses a plain open ("already open for write"), so it is opened as an SWMR reader then. Such a
+A run directory holds run.h5 (tables, see docs/hdf5-schema.md in the hpcrl repository),
+traj/actor-NNNNN.h5 and, with ``actors.reports: summary``, nodes/node-RRRRR.h5: each node's rows of the
+``actors`` and ``episodes`` tables, whose times count from the node file's own ``start_unix``; they are
+joined to run.h5's tables, shifted to its clock and sorted by time (:func:`join_node_files`).
+The writers use SWMR: a file whose writer is running, or was killed, refuses a plain open
+("already open for write"), so it is opened as an SWMR reader then. Such a
 reader retries metadata whose checksum does not match for ever (HDF5 takes it for a block being
 written), so a damaged file would hang it: before an SWMR open, this file runs itself as a child
 process that reads every table's metadata and is killed after HPCRL_READ_TIMEOUT seconds (default
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -312,43 +316,117 @@ def _label(attrs: dict, path: Path) -> str:
 
 
 def load_run(run_dir: str | Path, label: str | None = None) -> Run:
-    """Read every table of RUN_DIR/run.h5 (or the run.h5 path itself)."""
+    """Read every table of RUN_DIR/run.h5 (or the run.h5 path itself), with the node files' rows joined."""
     path = Path(run_dir)
     h5 = path / "run.h5" if path.is_dir() else path
+    run = _read_retrying(h5, "hpcrl run file", lambda f, live, at: _read_run(f, live, at, h5, label))
+    join_node_files(run)
+    run.notes += trajectory_notes(h5.parent, run.table("actors"))
+    return run
+
+
+def _read_retrying(path: Path, what: str, read):
+    """``read(f, live, at)`` on ``path`` opened by :func:`open_h5` (``at["table"]``: what is being read, for the
+    message when h5py fails). Damaged metadata is one line naming the table; while a writer holds the file, a
+    failure may be a race with its flush, so the file is read again first."""
     for attempt in range(5):
-        f, live = open_h5(h5)
-        table = ""  # what is being read, for the message when h5py fails
+        f, live = open_h5(path, what)
+        at = {"table": ""}
         try:
             with f:
-                if "schema_version" not in f.attrs:
-                    raise AnalysisError(f"{h5}: not an hpcrl run file (no schema_version attribute)")
-                version = int(f.attrs["schema_version"])
-                if version > SUPPORTED_SCHEMA:
-                    raise AnalysisError(f"{h5}: schema_version {version} is newer than this script's {SUPPORTED_SCHEMA}; "
-                                        "use the analysis folder of the hpcrl that wrote it")
-                attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-                run = Run(h5.parent, label or _label(attrs, h5.parent), attrs)
-                if live:
-                    run.notes.append("writer still running or killed: data up to its last flush")
-                present = set(f)  # the root group's links
-                for table in TABLE_NAMES + OPTIONAL_TABLES:
-                    if table in present:
-                        run.tables[table], problems = _read_group(f, table)
-                        run.notes += problems
-                    elif table in TABLE_NAMES:
-                        run.notes.append(f"table '{table}' missing")
-                table = ""
-                if "episodes" not in present:
-                    raise AnalysisError(f"{h5}: table 'episodes' is missing (not a complete hpcrl run file)")
-                run.notes += trajectory_notes(h5.parent, run.table("actors"))
-                return run
-        except (OSError, KeyError, RuntimeError) as exc:  # damaged metadata; or, while a writer holds the file,
-            if live and attempt < 4:                      # a race with its flush: read again
+                return read(f, live, at)
+        except (OSError, KeyError, RuntimeError) as exc:
+            if live and attempt < 4:
                 time.sleep(0.2)
                 continue
-            where = f"table '{table}'" if table else "file"
-            raise AnalysisError(f"{h5}: {where} is damaged ({_first_line(exc)})") from None
+            where = f"table '{at['table']}'" if at["table"] else "file"
+            raise AnalysisError(f"{path}: {where} is damaged ({_first_line(exc)})") from None
     raise AssertionError("unreachable")
+
+
+def _read_run(f: h5py.File, live: bool, at: dict, h5: Path, label: str | None) -> Run:
+    if "schema_version" not in f.attrs:
+        raise AnalysisError(f"{h5}: not an hpcrl run file (no schema_version attribute)")
+    version = int(f.attrs["schema_version"])
+    if version > SUPPORTED_SCHEMA:
+        raise AnalysisError(f"{h5}: schema_version {version} is newer than this script's {SUPPORTED_SCHEMA}; "
+                            "use the analysis folder of the hpcrl that wrote it")
+    attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+    run = Run(h5.parent, label or _label(attrs, h5.parent), attrs)
+    if live:
+        run.notes.append("writer still running or killed: data up to its last flush")
+    present = set(f)  # the root group's links
+    for table in TABLE_NAMES + OPTIONAL_TABLES:
+        if table in present:
+            at["table"] = table
+            run.tables[table], problems = _read_group(f, table)
+            run.notes += problems
+        elif table in TABLE_NAMES:
+            run.notes.append(f"table '{table}' missing")
+    at["table"] = ""
+    if "episodes" not in present:
+        raise AnalysisError(f"{h5}: table 'episodes' is missing (not a complete hpcrl run file)")
+    return run
+
+
+NODE_TABLES = ("actors", "episodes")
+"""The tables whose rows a node file holds (hpcrl.io.node_file)."""
+_NODE_NAME = re.compile(r"node-(\d+)\.h5")
+
+
+def node_files(run_dir: Path) -> list[Path]:
+    """RUN_DIR/nodes/node-RRRRR.h5 in relay order."""
+    folder = run_dir / "nodes"
+    found = [(int(m.group(1)), p) for p in (folder.glob("node-*.h5") if folder.is_dir() else ())
+             if (m := _NODE_NAME.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def join_node_files(run: Run) -> None:
+    """Add each node file's ``actors`` and ``episodes`` rows to the run's: a node file's time ``t`` is run.h5's
+    ``t + node start_unix - run start_unix``; the rows are sorted stably by time (equal times: run.h5's first,
+    then the nodes' in relay order). What was wrong with a node file goes to ``run.notes``."""
+    paths = node_files(run.path)
+    if not paths:
+        return
+    if "start_unix" not in run.attrs:
+        raise AnalysisError(f"{run.path / 'run.h5'}: no start_unix attribute, so its node files' rows "
+                            "cannot be put on its clock")
+    parts = {name: [run.tables[name]] if run.tables.get(name) else [] for name in NODE_TABLES}
+    live = 0
+    for path in paths:
+        start, tables, notes, held = _read_retrying(path, "hpcrl node file", _read_node)
+        live += held
+        run.notes += [f"node file nodes/{path.name}: {note}" for note in notes]
+        for name, rows in tables.items():
+            if rows:
+                parts[name].append({**rows, "time": rows["time"] + (start - float(run.attrs["start_unix"]))})
+    if live:
+        run.notes.append(f"{live} node file{'s' if live > 1 else ''}: writer still running or killed: "
+                         "data up to its last flush")
+    for name, tables in parts.items():
+        if not tables:
+            continue
+        columns = [c for c in tables[0] if all(c in t for t in tables)]
+        order = np.argsort(np.concatenate([t["time"] for t in tables]), kind="stable")
+        run.tables[name] = {c: np.concatenate([t[c] for t in tables])[order] for c in columns}
+
+
+def _read_node(f: h5py.File, live: bool, at: dict) -> tuple[float, dict, list[str], bool]:
+    """A node file's start_unix, its tables, what was wrong with them, and whether a writer holds it."""
+    if "start_unix" not in f.attrs:
+        raise AnalysisError(f"{f.filename}: not an hpcrl node file (no start_unix attribute)")
+    present = set(f)
+    tables, notes = {}, []
+    for name in NODE_TABLES:
+        if name not in present:
+            notes.append(f"table '{name}' missing")
+            continue
+        at["table"] = name
+        tables[name], problems = _read_group(f, name)
+        notes += problems
+    at["table"] = ""
+    return float(f.attrs["start_unix"]), tables, notes, live
 
 
 if __name__ == "__main__":  # the child of check_metadata

@@ -53,6 +53,18 @@ def _report_message(actor: int, fragment: int, steps: int):
                           episodes=(episode,))
 
 
+def summary_message(i: int, steps: int):
+    """A node's summary (``actors.reports: summary``) of NODE_REPORTS actors with one fragment and one episode each,
+    the ``i``-th fragment of each."""
+    from hpcrl.runtime.messages import NodeSummary
+
+    actors = np.arange(NODE_REPORTS, dtype=np.float64)
+    ones = np.ones(NODE_REPORTS)
+    return NodeSummary(node=2, actors=np.column_stack([actors, ones, ones * i, ones * steps, ones * 0.01]),
+                       episodes=np.column_stack([actors, 0 * ones, 100 * ones, 100 * ones]), normalizers={},
+                       rows=(NODE_REPORTS * (i + 1), NODE_REPORTS * (i + 1)))
+
+
 def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
     import torch
     from mpi4py import MPI
@@ -61,6 +73,7 @@ def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
     from hpcrl.algos.outer_step import OuterStep
     from hpcrl.config import load_config
     from hpcrl.runtime.backoff import Backoff
+    from hpcrl.runtime.messages import NodeReports
     from hpcrl.runtime.roles.sampler import describe_env
     from hpcrl.runtime.transport.channels import FragmentReceiver, FragmentSender
     from hpcrl.runtime.transport.layout import FragmentLayout
@@ -190,7 +203,10 @@ def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
             else:
                 backoff.sleep()
     frag_s = comm.bcast(frag_s, root=2)
-    node_s = _node_messages(comm, max(20, reps // NODE_REPORTS), cfg.actors.fragment_length * cfg.env.num_envs)
+    steps = cfg.actors.fragment_length * cfg.env.num_envs
+    node_s = _node_messages(comm, max(20, reps // NODE_REPORTS), lambda i: NodeReports.of(
+        2, [_report_message(j, i, steps) for j in range(NODE_REPORTS)]))
+    summary_s = _node_messages(comm, max(20, reps // NODE_REPORTS), lambda i: summary_message(i, steps))
     if rank == 0:
         per_size = {}
         for P, parts in rows.items():
@@ -200,22 +216,22 @@ def _worker(config: str, sizes: list[int], seconds: float, out: str) -> None:
             per_size[P] = merged
         each = max((_median(node_s) - _median(report_s)) / (NODE_REPORTS - 1), 0.0)
         Path(out).write_text(json.dumps({"sizes": per_size, "fragment_send": frag_s, "report": _median(report_s),
-                                         "report_each": each, "fragment_bytes": layout.nbytes}))
+                                         "report_each": each, "report_summary": _median(summary_s),
+                                         "fragment_bytes": layout.nbytes}))
 
 
-def _node_messages(comm, n: int, steps: int) -> list[float]:
-    """Rank 2 sends rank 0 ``n`` node messages of NODE_REPORTS reports each (``actors.reports: node``); rank 0's
-    CPU seconds per message taken in (empty on the other ranks)."""
+def _node_messages(comm, n: int, message) -> list[float]:
+    """Rank 2 sends rank 0 ``n`` node messages (``message(i)``: a NodeReports or NodeSummary of NODE_REPORTS actors);
+    rank 0's CPU seconds per message taken in (empty on the other ranks)."""
     from hpcrl.runtime.backoff import Backoff
     from hpcrl.runtime.transport.links import MpiReports
-    from hpcrl.runtime.messages import NodeReports
 
     seconds: list[float] = []
     comm.Barrier()
     reports = MpiReports(comm, 0)
     if comm.Get_rank() == 2:
         for i in range(n):
-            reports.send(NodeReports.of(2, [_report_message(j, i, steps) for j in range(NODE_REPORTS)]))
+            reports.send(message(i))
         reports.close()
     elif comm.Get_rank() == 0:
         taken, backoff = 0, Backoff(cap=1e-4)
@@ -293,6 +309,7 @@ def workload(config: str, overrides: list[str], seconds: float) -> tuple[Workloa
     gradient = time_case(lambda: algo.compute_gradient(batch, model), seconds)
     return work, {"actor_step": actor_step, "gradient": gradient, "record_report": record_cost(cfg, seconds),
                   "record_node_report": record_cost(cfg, seconds, node=True),
+                  "summary_handling": summary_cost(cfg, seconds),
                   **per_step_costs(cfg, algo, model, info, seconds)}
 
 
@@ -308,6 +325,39 @@ def record_cost(cfg, seconds: float, node: bool = False) -> float:
         return measure([NODE_REPORTS], n)[NODE_REPORTS] / 1e6
     report = _report_message(0, 0, cfg.actors.fragment_length * cfg.env.num_envs)
     return marginal_seconds(lambda record: record.fragment(report, 0), 1, n, cfg.io, cfg.stop)
+
+
+def summary_cost(cfg, seconds: float) -> float:
+    """Rank 0's work on one node's summary once taken in (``FragmentHandlers.summary``: the elastic rule and the actor
+    ledger per actor, ``RunRecord.node_summary``), CPU seconds: a summary of NODE_REPORTS actors
+    (:func:`summary_message`), the record's round ended every 100 messages."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from hpcrl.runtime.record.run_record import RunRecord
+    from hpcrl.runtime.record.stop_rule import StopRule
+    from hpcrl.runtime.roles.actor_ledger import ActorLedger
+    from hpcrl.runtime.roles.elastic import ElasticRule
+    from hpcrl.runtime.roles.fragment_handlers import FragmentHandlers
+    from hpcrl.runtime.topology import one_process_rank_map
+
+    messages = [summary_message(i, cfg.actors.fragment_length * cfg.env.num_envs) for i in range(100)]
+    with tempfile.TemporaryDirectory(prefix="hpcrl-summary-cost-") as tmp:
+        record = RunRecord.create(Path(tmp), cfg.io, "name: summary-cost\n", one_process_rank_map(),
+                                  StopRule(cfg.stop), {})
+        groups = SimpleNamespace(rule=ElasticRule(1, 1, 0.1, 10.0))
+        handlers = FragmentHandlers(groups, ActorLedger(NODE_REPORTS), record, lambda: 0, lambda message: None)
+        count = [0]
+
+        def take() -> None:
+            handlers.summary(messages[count[0] % 100])
+            count[0] += 1
+            if count[0] % 100 == 0:
+                record.end_round(count[0] // 100, 0, active=1)
+
+        cost = time_case(take, seconds)
+        record.close()
+    return cost
 
 
 def per_step_costs(cfg, algo, model, info, seconds: float) -> dict:
@@ -355,7 +405,9 @@ def costs_from(measured: dict, steps: dict) -> Costs:
                  fetch=fit("fetch"), node_copy=fit("node_copy"), fragment_send=measured["fragment_send"],
                  report=measured["report"], actor_step=steps["actor_step"], gradient=steps["gradient"],
                  report_each=measured.get("report_each", 0.0), record=steps.get("record_report", 0.0),
-                 record_node=steps.get("record_node_report"))
+                 record_node=steps.get("record_node_report"),
+                 summary=(measured["report_summary"] + steps["summary_handling"]
+                          if "report_summary" in measured and "summary_handling" in steps else None))
 
 
 if __name__ == "__main__":

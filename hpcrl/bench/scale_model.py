@@ -101,7 +101,12 @@ TOPOLOGY_VARIANTS = [
                                       "combine": 4, "shards": 16}),
     ("allreduce (DD-PPO-like), per-node fetch", {"topology": "allreduce", "fetch": "node"}),
     ("allreduce, per-node fetch and reports", {"topology": "allreduce", "fetch": "node", "reports": "node"}),
+    ("+ node combine, 16 shards, per-node summaries", {"push": "update", "fetch": "node", "reports": "summary",
+                                                       "admission": "sync", "combine": 4, "shards": 16}),
+    ("allreduce, per-node fetch and summaries", {"topology": "allreduce", "fetch": "node", "reports": "summary"}),
 ]
+"""The ways to train at scale the efficiency tables compare (per-node summaries: actors.reports=summary, given costs
+that measured it)."""
 
 
 def efficiency_table(title: str, costs: Costs, work: Workload, gpu_share: float, nic: float, net: Interconnect,
@@ -114,6 +119,8 @@ def efficiency_table(title: str, costs: Costs, work: Workload, gpu_share: float,
           f"{net.latency * 1e6:.1f} us per message:")
     print(f"  {'':50s} " + " ".join(f"{n:>13,}" for n in nodes) + "  bottleneck at the last")
     for name, variant in TOPOLOGY_VARIANTS:
+        if variant.get("reports") == "summary" and costs.summary is None:
+            continue  # a costs file from before summaries were built
         cells = []
         for n in nodes:
             rate, eff = scaling_efficiency(costs, work, n, layout_of, net=net, **variant)

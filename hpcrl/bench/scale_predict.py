@@ -13,7 +13,8 @@ Every role is a loop of operations whose costs are measured; each gives a bound 
   env steps (``M`` minibatches);
 - rank 0: per push a receive and an admission; per step (one per push) an apply and a publish; per fragment an
   actor's report and its rows in the record (``reports="node"``: per node message of its k actors' reports
-  ``report + (k - 1) report_each``, the rows still per report);
+  ``report + (k - 1) report_each``, the rows still per report; ``reports="summary"``: per node message, one every
+  flush interval, ``summary``, the rows written by the node's relay, which the node's actors pay);
 - rank 0's network interface: every fetch sends the weights (4 P bytes) out, every push brings 4 P bytes in;
 - where ranks share cores (the local cluster): all their seconds per env step over the cores there are.
 
@@ -33,7 +34,9 @@ PUSH_MODES = ("gradient", "update")
 FETCH_MODES = ("actor", "node")
 TOPOLOGIES = ("server", "allreduce")
 ADMISSIONS = ("async", "sync")
-REPORT_MODES = ("fragment", "node")
+REPORT_MODES = ("fragment", "node", "summary")
+SUMMARY_FLUSH_SECONDS = 0.05
+"""A node's relay sends rank 0 its summary every this many seconds (transport/node_reports.py FLUSH_SECONDS)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class Costs:
     report_each: float = 0.0  # rank 0: each further report in a node's message (actors.reports: node); 0: none
     record: float = 0.0       # rank 0: the record's work per fragment report (its rows, the round's statistics)
     record_node: float | None = None  # ... per report that came in a node's message, as columns (None: as record)
+    summary: float | None = None  # rank 0: one node's summary of its 64 actors taken in and handled (actors.reports:
+    #                               summary; None: not measured)
 
 
 @dataclass(frozen=True)
@@ -141,15 +146,28 @@ def report_seconds(costs: Costs, work: Workload, layout: Layout, reports: str) -
     """Rank 0's seconds per env step taking in the actors' reports: one message per fragment, or
     (``reports="node"``, ``actors.reports: node``) one per node holding a report of each of its k actors, which
     costs a message and k - 1 further reports (their unpickling: ``report_each``); in both, each report's rows in
-    the record (``record``; ``record_node`` when they come as a node's columns)."""
+    the record (``record``; ``record_node`` when they come as a node's columns). ``reports="summary"``: one
+    message per node and flush interval, ``summary`` each (its rows are the node's work: :func:`_actors`)."""
     if reports not in REPORT_MODES:
         raise ValueError(f"reports must be one of {REPORT_MODES}")
     F = work.fragment_steps
     if reports == "fragment":
         return (costs.report + costs.record) / F
     k = max(layout.actors_per_node, 1.0)
+    if reports == "summary":
+        if costs.summary is None:
+            raise ValueError("reports=summary: these costs have no 'summary' (measured before it was built); "
+                             "measure them again with hpcrl bench scale-model --json FILE")
+        return costs.summary / summary_steps(costs, work, layout)
     record = costs.record if costs.record_node is None else costs.record_node
     return (costs.report + (k - 1) * costs.report_each) / (F * k) + record / F
+
+
+def summary_steps(costs: Costs, work: Workload, layout: Layout) -> float:
+    """Env steps in one node's summary: its k actors' steps in a flush interval at their own pace (one env step per
+    ``actor_step``), and at least a fragment (a relay sends nothing before a fragment comes)."""
+    return max(float(work.fragment_steps),
+               layout.actors_per_node * SUMMARY_FLUSH_SECONDS / max(costs.actor_step, 1e-12))
 
 
 def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch: str, combine: int = 1,
@@ -175,7 +193,7 @@ def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch:
     learner_pushes = (M if push == "gradient" else 1) / B  # per env step, of all groups together
     pushes = learner_pushes / combine  # what reaches rank 0
     versions = learner_pushes / layout.learners if admission == "sync" else pushes
-    actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P)
+    actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P, reports)
     learner_fetches = min(learner_pushes, layout.learners * versions)
     if push == "gradient":
         learner = learner_pushes * (costs.gradient + costs.push(P)) + learner_fetches * costs.fetch(P)
@@ -189,15 +207,19 @@ def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch:
             "out_bytes": 4 * P * (remote_fetches + learner_fetches), "in_bytes": 4 * P * pushes}
 
 
-def _actors(costs: Costs, work: Workload, layout: Layout, fetch: str, versions: float, floats: int) -> tuple[float, float]:
+def _actors(costs: Costs, work: Workload, layout: Layout, fetch: str, versions: float, floats: int,
+            reports: str = "fragment") -> tuple[float, float]:
     """The actors' seconds per env step (summed over them) and their weight fetches over the network per env step.
 
     A reader fetches when a version newer than its own exists: at most once per version, and (actors) once per
-    fragment of its own; A actors' fragments come every A*F env steps, so A*versions or 1/F per env step."""
+    fragment of its own; A actors' fragments come every A*F env steps, so A*versions or 1/F per env step. Under
+    ``reports="summary"`` each node's relay writes its node's rows (``record_node`` per fragment)."""
     F = work.fragment_steps
     readers = layout.actors if fetch == "actor" else layout.actor_nodes
     remote_fetches = min(readers * versions, 1.0 / F)
     actor = costs.actor_step + costs.fragment_send / F + remote_fetches * costs.fetch(floats)
+    if reports == "summary":
+        actor += (costs.record if costs.record_node is None else costs.record_node) / F
     if fetch == "node":
         actor += min(layout.actors * versions, 1.0 / F) * costs.node_copy(floats)
     return actor, remote_fetches
@@ -213,7 +235,7 @@ def per_env_step_allreduce(costs: Costs, work: Workload, layout: Layout, net: In
     P, B, M = work.floats, work.batch_steps, work.minibatches
     G = layout.learners
     versions = 1.0 / (G * B)
-    actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P)
+    actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P, reports)
     learner_fetches = G * versions  # each learner starts its next batch from the new version
     learner = (M / B) * (costs.gradient + net.allreduce(P, G) + costs.apply_gradient(P)) \
         + versions * costs.push(P) + learner_fetches * costs.fetch(P)

@@ -9,6 +9,11 @@ longer columns holding fill values); a table from before that attribute also los
 whose required columns hold fill values. A missing, truncated or foreign file raises
 :class:`RunFileError` with one line naming the file and what is missing.
 
+With ``actors.reports: summary`` the ``actors`` and ``episodes`` rows of most fragments are in the run's
+node files (``nodes/node-RRRRR.h5``, :mod:`hpcrl.io.node_file`), whose times count from their own
+``start_unix``: :func:`read_table` joins them to run.h5's rows, shifted to run.h5's clock (node time
+``t`` is run time ``t + node start_unix - run start_unix``) and sorted by time.
+
 Damaged metadata never hangs a reader: a plain read fails at once, and an SWMR read (which HDF5
 would retry for ever) is preceded by a check in a child process with a time limit
 (:mod:`hpcrl.io.probe`). Either way :class:`RecordDamagedError` (a RunFileError) names the file
@@ -16,11 +21,12 @@ and the table or dataset in one line; the other tables still read. Reading never
 
 API::
 
-    read_table(run_h5, name, columns=None) -> dict[str, np.ndarray]   # name in schema.TABLES
+    read_table(run_h5, name, columns=None) -> dict[str, np.ndarray]   # name in schema.TABLES; actors and
+        # episodes: run.h5's rows and the node files', by time
     read_attrs(run_h5) -> dict        # schema_version, hpcrl_version, created, start_unix, config_yaml, ...
     read_trajectory(traj_h5, fields=None) -> dict[str, np.ndarray]     # one actor's file, [steps, ...]
     read_trajectories(run_h5, fields=None) -> dict[str, np.ndarray]    # run.h5's view, [actors, steps, ...]
-    read_row_counts(run_h5) -> dict[str, int]    # rows read_table would return, per table
+    read_row_counts(run_h5) -> dict[str, int]    # rows of each table in run.h5 (node files' not counted)
     read_trajectory_steps(traj_h5) -> int        # steps read_trajectory would return
     open_run_file(path) -> h5py.File  # read-only, checked; close it yourself (or use `with`)
 """
@@ -35,6 +41,7 @@ import numpy as np
 
 from hpcrl.io import probe
 from hpcrl.io.errors import RecordDamagedError, RunFileError
+from hpcrl.io.node_file import NODE_TABLES, node_files
 from hpcrl.io.recovery import is_truncated, writer_has_open
 from hpcrl.io.schema import RUN_FILE, SCHEMA_VERSION, TABLES, TRAJ_DIR, TRAJ_FIELD_NAMES
 from hpcrl.io.tables import COMMITTED_ROWS, COMMITTED_STEPS, committed_length, written_prefix
@@ -100,7 +107,8 @@ def _open_h5(path: Path, kind: str, groups: Sequence[str] | None, view: bool, ch
     if is_truncated(path):
         raise OSError("truncated file: the superblock's end of file lies beyond its size")
     if checked:
-        probe.check([*((a, None, "dataset") for a in actors), (path, groups, "table" if kind == "run" else "dataset")])
+        probe.check([*((a, None, "dataset") for a in actors),
+                     (path, groups, "table" if kind in ("run", "node") else "dataset")])
     return h5py.File(path, "r", swmr=True, locking=False)
 
 
@@ -188,30 +196,81 @@ def _read_attrs(run_h5):
 
 def read_table(run_h5: str | Path, name: str, columns: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """One table of run.h5 as column -> 1-D array, cut to the rows every column of the table has
-    and the ``committed_rows`` attribute vouches for."""
+    and the ``committed_rows`` attribute vouches for. For ``actors`` and ``episodes``, when the run
+    directory has node files, their rows are joined to run.h5's (times shifted to run.h5's clock) and
+    all are sorted stably by time (equal times: run.h5's rows, then the nodes' in relay order)."""
     if name not in TABLES:
         raise RunFileError(f"no table {name!r} in the hpcrl schema; tables: {', '.join(TABLES)}")
     wanted = list(columns) if columns is not None else list(TABLES[name].names)
-    return _retry(_read_table, run_h5, name, wanted)
+    nodes = node_files(_run_dir(run_h5)) if name in NODE_TABLES else {}
+    if not nodes:
+        return _retry(_read_table, run_h5, name, wanted)
+    read = wanted if "time" in wanted else [*wanted, "time"]  # the order of the joined rows
+    parts = [_retry(_read_table, run_h5, name, read)]
+    start = read_attrs(run_h5).get("start_unix")
+    if start is None:
+        raise RunFileError(f"{_run_dir(run_h5) / RUN_FILE}: no start_unix attribute, so the rows of its node files "
+                           "cannot be put on its clock")
+    for path in nodes.values():
+        rows, node_start = _retry(_read_node_table, path, name, read)
+        rows["time"] = rows["time"] + (node_start - float(start))
+        parts.append(rows)
+    order = np.argsort(np.concatenate([p["time"] for p in parts]), kind="stable")
+    return {c: np.concatenate([p[c] for p in parts])[order] for c in wanted}
+
+
+def _run_dir(run_h5: str | Path) -> Path:
+    path = Path(run_h5)
+    return path if path.is_dir() else path.parent
 
 
 def _read_table(run_h5, name, wanted):
     with _open(run_h5, "run", [name]) as f:
+        return _columns(f, name, wanted)
+
+
+def _read_node_table(path, name, wanted):
+    """A node file's rows of table ``name`` and its ``start_unix`` (what its times count from)."""
+    with _open(path, "node", [name]) as f:
         try:
-            present = name in f
-        except _H5_ERRORS as exc:  # the root group's links: every table is out of reach
-            raise _damaged(f, exc, None) from None
-        if not present:
-            raise RunFileError(f"{f.filename}: table '{name}' is missing")
-        try:
-            group = f[name]
-            missing = [c for c in wanted if c not in group]
-            if missing:
-                raise RunFileError(f"{f.filename}: table '{name}' is missing columns {', '.join(missing)}")
-            n = table_rows(group, name)
-            return {c: group[c][:n] for c in wanted}
+            start = f.attrs.get("start_unix")
         except _H5_ERRORS as exc:
-            raise _damaged(f, exc, name) from None
+            raise _damaged(f, exc, None) from None
+        if start is None:
+            raise RunFileError(f"{f.filename}: not an hpcrl node file (no start_unix attribute)")
+        return _columns(f, name, wanted), float(start)
+
+
+def _read_node_counts(path):
+    """A node file's rows per table (:data:`~hpcrl.io.node_file.NODE_TABLES`) and the ``actor`` and ``steps``
+    columns of its ``actors`` rows, in one open (:func:`hpcrl.io.rollback.record_counts`)."""
+    with _open(path, "node", list(NODE_TABLES)) as f:
+        counts = {}
+        for name in NODE_TABLES:
+            try:
+                counts[name] = table_rows(f[name], name)
+            except _H5_ERRORS as exc:
+                raise _damaged(f, exc, name) from None
+        return counts, _columns(f, "actors", ["actor", "steps"])
+
+
+def _columns(f: h5py.File, name: str, wanted: Sequence[str]) -> dict[str, np.ndarray]:
+    """Columns ``wanted`` of table ``name`` of the open file ``f``, cut to :func:`table_rows`."""
+    try:
+        present = name in f
+    except _H5_ERRORS as exc:  # the root group's links: every table is out of reach
+        raise _damaged(f, exc, None) from None
+    if not present:
+        raise RunFileError(f"{f.filename}: table '{name}' is missing")
+    try:
+        group = f[name]
+        missing = [c for c in wanted if c not in group]
+        if missing:
+            raise RunFileError(f"{f.filename}: table '{name}' is missing columns {', '.join(missing)}")
+        n = table_rows(group, name)
+        return {c: group[c][:n] for c in wanted}
+    except _H5_ERRORS as exc:
+        raise _damaged(f, exc, name) from None
 
 
 def table_rows(group: h5py.Group, name: str) -> int:

@@ -423,7 +423,8 @@ def render_markdown() -> str:
         "`python -m hpcrl.io.schema > docs/hdf5-schema.md`; `tests/test_io.py` fails when they differ.",
         "",
         "A run directory holds `config.yaml`, `run.h5` (written by the parameter rank), "
-        "`traj/actor-NNNNN.h5` (one per actor, NNNNN = actor index), `checkpoints/latest.pt` and "
+        "`traj/actor-NNNNN.h5` (one per actor, NNNNN = actor index), with `actors.reports: summary` "
+        "`nodes/node-RRRRR.h5` (one per node, see below), `checkpoints/latest.pt` and "
         "`checkpoints/previous.pt`, and `run.lock` (host and pid of the job using the directory) while a job "
         "runs. Times are seconds since the run "
         "started (`start_unix` attribute of run.h5). Optional columns that a writer did not fill hold "
@@ -498,6 +499,18 @@ def render_markdown() -> str:
         "the actors' files in the mode run.h5 was opened in: open run.h5 with `swmr=True` (or use "
         "`hpcrl.io.read_trajectories`), or reading the view fails (\"file is already open for write\") once "
         "any actor was killed.",
+        "",
+        "## nodes/node-RRRRR.h5",
+        "",
+        "Only with `actors.reports: summary`: each node's report relay (world rank RRRRR) writes the `actors` and "
+        "`episodes` rows of its node's fragments here instead of rank 0 writing them to run.h5 (which then holds "
+        "few or none). The tables are run.h5's (same columns, `committed_rows`, `committed/<table>`, SWMR); root "
+        "attributes `schema_version`, `relay` and `start_unix`. Its `time` columns count from its own "
+        "`start_unix`: time `t` there is `t + start_unix(node file) - start_unix(run.h5)` on run.h5's clock. "
+        "`hpcrl.io.read_table(run_dir, 'actors' or 'episodes')` and `hpcrl analyze` join every node file's rows "
+        "to run.h5's, shifted so, sorted by time (`hpcrl.io.follow` follows run.h5's rows alone); the checkpoint "
+        "counts each node file's rows and "
+        "`hpcrl run --resume` cuts each back to them (a node file started after the checkpoint to none).",
         "",
         "## Writing and reading while a run is going",
         "",

@@ -16,6 +16,9 @@ message                sender                                       handled by (
 ``FragmentReport``     an actor, per fragment (roles/actor.py)      elastic rule, actors + episodes rows
 ``NodeReports``        a node's report relay (actors.reports=node:  its fragment reports as one block of rows,
                        transport/node_reports.py)                   the others by their own handlers
+``NodeSummary``        a node's report relay (actors.reports=       elastic rule and ledger per actor, the
+                       summary: the rows written on the node,       round's episodes, the node file's rows;
+                       runtime/record/node_rows.py)                 the others by their own handlers
 ``ActorParked``        an actor whose park ended                    ``actor_parks`` row
 ``SamplerEvent``       an actor's joined sampler joined, left or    ``actor_joins`` row
                        was given up (roles/joining_sampler.py)
@@ -208,6 +211,37 @@ class NodeReports:
 
 
 @dataclass(frozen=True)
+class NodeSummary:
+    """What rank 0 needs of the reports a node's actors sent since the last of these (``actors.reports: summary``),
+    whose ``actors`` and ``episodes`` rows the node's relay wrote to its own file (io/node_file.py): per actor
+    sums, the episodes' numbers, how many rows the node file holds now, and the other messages as they are."""
+
+    node: int
+    """The node's relay, as a world rank (its file: nodes/node-RRRRR.h5)."""
+    actors: np.ndarray = field(repr=False)
+    """One row per actor that sent fragments: :data:`ACTOR_SUMS` (float64; counts are exact)."""
+    episodes: np.ndarray = field(repr=False)
+    """One row per episode the fragments ended, in their order: :data:`EPISODE_NUMBERS`."""
+    normalizers: dict = field(repr=False)
+    """Each actor's newest normalisation statistics among the fragments."""
+    rows: tuple[int, int]
+    """The node file's committed ``actors`` and ``episodes`` rows once this message's were written."""
+    reports: tuple = ()
+    """The node's actors' other messages (``ActorParked``, ``SamplerEvent``, ``Evaluation``)."""
+
+    ACTOR_SUMS = ("actor", "fragments", "newest_fragment", "steps", "sample_seconds")
+    EPISODE_NUMBERS = ("actor", "env_index", "return", "length")
+
+    def actor_sum(self, name: str) -> np.ndarray:
+        """One of :data:`ACTOR_SUMS`, per actor."""
+        return self.actors[:, self.ACTOR_SUMS.index(name)]
+
+    def episode(self, name: str) -> np.ndarray:
+        """One of :data:`EPISODE_NUMBERS`, per episode."""
+        return self.episodes[:, self.EPISODE_NUMBERS.index(name)]
+
+
+@dataclass(frozen=True)
 class ActorParked(TableRow):
     """An actor's park ended (a row of ``actor_parks``; ``reason``: an index of io.schema's PARK_REASONS)."""
 
@@ -323,8 +357,9 @@ class Startup:
     """Update push: each group's optimizer state after its newest update taken."""
 
 
-Report = (FragmentReport | NodeReports | ActorParked | SamplerEvent | Evaluation | LearnerActivity | GroupEvent
+Report = (FragmentReport | NodeReports | NodeSummary | ActorParked | SamplerEvent | Evaluation | LearnerActivity | GroupEvent
           | JoiningJob)
 """What travels through ``Reports`` (every message here but the mailbox's ``PushHeader``)."""
 
-REPORTS = (FragmentReport, NodeReports, ActorParked, SamplerEvent, Evaluation, LearnerActivity, GroupEvent, JoiningJob)
+REPORTS = (FragmentReport, NodeReports, NodeSummary, ActorParked, SamplerEvent, Evaluation, LearnerActivity, GroupEvent,
+           JoiningJob)

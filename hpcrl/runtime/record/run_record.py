@@ -10,6 +10,9 @@ happened and the record writes the rows; it knows no MPI, no admission rule and 
     step(step, adm, version, round, lr, active, t_agg, t_pub)   an applied step: updates + gradients rows
     consumed(env_steps, learner_seconds)   what the learners reported with a gradient (the round's counts)
     fragment(report, env_steps)        an actor's fragment report: actors and episodes rows, returns
+    fragments(actors, episodes, env_steps)   a node's reports as columns (actors.reports=node): the same rows
+    node_summary(summary)              a node's sums (actors.reports=summary): the round's statistics and the
+                                       node file's rows (its rows are in nodes/node-RRRRR.h5, not here)
     actor_park, actor_join, activity, group_row, joining_job, evaluation   the other ranks' messages
                                        (hpcrl.runtime.messages) as rows
     weight_fetches(rows)               what rank 0's weight board served per version (Board.fetch_rows)
@@ -45,7 +48,7 @@ from hpcrl.io import RunFile
 from hpcrl.io.schema import ELASTIC_ACTIONS, ELASTIC_REASONS, GRADIENT_REASONS, RUN_FILE
 from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, GroupEvent, JoiningJob, LearnerActivity,
-                                    SamplerEvent)
+                                    NodeSummary, SamplerEvent)
 from hpcrl.runtime.record.allocation import batch_job
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES
 from hpcrl.runtime.record.rows import RowBuffer
@@ -75,6 +78,8 @@ class RunRecord:
         self.summary_env_steps: int | None = None
         self.last_evaluation: dict[str, float] = {}  # the newest evaluation's mean return (the summary's line)
         self._load_counts = (gradients, admitted, updates)
+        self.node_rows: dict[int, dict[str, int]] = {}  # actors.reports=summary: each node file's committed rows
+        self.node_steps: dict[int, int] = {}  # ... and each actor's steps its rows there report
         self._sources: list[tuple[str, Callable[[], Mapping[str, Sequence]]]] = []
 
     @classmethod
@@ -212,6 +217,31 @@ class RunRecord:
             r["lengths"].extend(episodes["length"])
             for name, column in r["episode_columns"].items():
                 column.extend(episodes[name])
+        self.episodes += n
+        r["episodes"] += n
+
+    def node_summary(self, summary: NodeSummary) -> None:
+        """A node's sums (``actors.reports: summary``): the round's statistics of its fragments and episodes, as
+        :meth:`fragments` keeps them, and how far its node file went (for the checkpoint); the rows themselves
+        are in the node file."""
+        r = self.current
+        seconds, steps = summary.actor_sum("sample_seconds"), summary.actor_sum("steps")
+        actors = summary.actor_sum("actor").astype(np.int64).tolist()
+        r["actor_seconds"] += float(seconds.sum())
+        r["actors"].update(actors)
+        for actor, n in zip(actors, steps.astype(np.int64).tolist()):
+            self.node_steps[actor] = self.node_steps.get(actor, 0) + n
+        self.node_rows[summary.node] = {"actors": summary.rows[0], "episodes": summary.rows[1]}
+        n = len(summary.episodes)
+        if n:
+            returns = summary.episode("return").tolist()
+            self.stop_rule.add_returns(returns)
+            r["returns"].extend(returns)
+            r["lengths"].extend(summary.episode("length").astype(np.int64).tolist())
+            cols = r["episode_columns"]  # what algo.end_round reads of the round's episodes
+            cols["actor"].extend(summary.episode("actor").astype(np.int64).tolist())
+            cols["env_index"].extend(summary.episode("env_index").astype(np.int64).tolist())
+            cols["return"].extend(returns)
         self.episodes += n
         r["episodes"] += n
 

@@ -55,7 +55,8 @@ from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.node_combine import push_records
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, GroupEvent, JoiningJob, LearnerActivity,
-                                    NodeReports, PushHeader, SamplerEvent, Startup)
+                                    NodeReports, NodeSummary, PushHeader, SamplerEvent, Startup)
+from hpcrl.runtime.roles.fragment_handlers import FragmentHandlers
 from hpcrl.runtime.record.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES, PhaseClock
 from hpcrl.runtime.roles.active_groups import ActiveGroups
@@ -221,7 +222,8 @@ class ParameterRank:
             "wall_seconds": self.wall_before + self.time.now() - self.t0,
             "rng": rng_state(), **self.ledger.state(),
             # rows of every table and steps of every trajectory file now: --resume cuts back to these
-            "record": record_counts(self.job.run_dir, run_file=self.record.file),
+            "record": record_counts(self.job.run_dir, run_file=self.record.file, nodes=self.record.node_rows,
+                                    node_steps=self.record.node_steps),
             "inner_states": self.push_mode.states(self.seq_next, self._drain_messages, self.time),
         }
 
@@ -408,28 +410,11 @@ class ParameterRank:
     def _handlers(self) -> dict[type, Callable[[Any], None]]:
         """The one handler of each message a rank sends here (hpcrl.runtime.messages)."""
         record = self.record
-        return {FragmentReport: self._fragment_report, NodeReports: self._node_reports,
+        reports = FragmentHandlers(self.groups, self.ledger, record, self.env_steps,
+                                   lambda message: self.handlers[type(message)](message))
+        return {FragmentReport: reports.fragment, NodeReports: reports.node, NodeSummary: reports.summary,
                 ActorParked: record.actor_park, SamplerEvent: record.actor_join, Evaluation: record.evaluation,
                 LearnerActivity: self._learner_activity, GroupEvent: record.group_row, JoiningJob: record.joining_job}
-
-    def _fragment_report(self, report: FragmentReport) -> None:
-        self.groups.rule.fragment(report.actor, report.steps, report.sample_seconds)
-        self.ledger.fragment(report.actor, report.fragment, report.normalizer)
-        self.record.fragment(report, self.env_steps() if report.episodes else 0)
-
-    def _node_reports(self, node: NodeReports) -> None:
-        """A node's reports (actors.reports=node): its fragment reports as one block (what ``_fragment_report`` does
-        with each, the run's env steps read once), then each other message by its own handler."""
-        f = node.fragments
-        actors = f.actors
-        for a, fragment, steps, seconds in zip(actors["actor"], actors["fragment"], actors["steps"],
-                                               actors["sample_seconds"]):
-            self.groups.rule.fragment(a, steps, seconds)
-            self.ledger.fragment(a, fragment, f.normalizers.get(a))
-        if len(f):
-            self.record.fragments(actors, f.episodes, self.env_steps() if len(f.episodes["actor"]) else 0)
-        for message in node.reports:
-            self.handlers[type(message)](message)
 
     def _learner_activity(self, activity: LearnerActivity) -> None:
         self.push_mode.group_state(activity.group_state)

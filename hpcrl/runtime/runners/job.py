@@ -141,7 +141,7 @@ class Wiring(Protocol):
     def counters(self, words: int) -> Counters: ...
     def mailbox(self, groups: int, slots: int, num_params: int, stats: int) -> Mailbox: ...
     def board(self, num_params: int, history: int, probe_size: int, topo: Topology) -> Board: ...
-    def reports(self, topo: Topology) -> Reports: ...
+    def reports(self, topo: Topology, run_dir: Path, counters: Counters) -> Reports: ...
     def fragments(self, layout: FragmentLayout, max_in_flight: int, topo: Topology) -> Fragments: ...
     def group_reduce(self, topo: Topology, device: torch.device, counters: Counters, reports: Reports
                      ) -> GroupReduce | None: ...
@@ -173,7 +173,7 @@ def build_job(plan: Plan, topo: Topology, run_dir: Path, resume: bool, runner: s
                              CombinedPush.capacity(topo.most_groups_on_a_node, stats) if plan.combine
                              else stats)
     board = wiring.board(P, max(2, s.aggregation.weight_history), 0 if probe is None else probe.size, topo)
-    reports = wiring.reports(topo)
+    reports = wiring.reports(topo, run_dir, counters)
     fragments = wiring.fragments(fragment_layout_for(plan, env, model), s.actors.max_in_flight, topo)
     # a learner group's collectives (NCCL or Horovod set-up) run after the windows'
     group_reduce = wiring.group_reduce(topo, model.device, counters, reports) if topo.role == "learner" else None
@@ -243,8 +243,8 @@ def actor_settings(plan: Plan):
 
 
 def roll_back_record(run_dir: Path) -> dict | None:
-    """--resume: cut run.h5 and every trajectory file back to the row counts the checkpoint recorded,
-    so no row of the redone work appears twice (one rule for every table and file); what was cut."""
+    """--resume: cut run.h5, every node file and every trajectory file back to the row counts the checkpoint
+    recorded, so no row of the redone work appears twice (one rule for every table and file); what was cut."""
     from hpcrl.io.rollback import trajectory_files, truncate_record
     from hpcrl.runtime.record.checkpoint import load_checkpoint
 
@@ -253,7 +253,8 @@ def roll_back_record(run_dir: Path) -> dict | None:
         return None
     # a file the checkpoint does not know was started after it (a resume with more actors): cut to 0
     steps = {**{a: 0 for a in trajectory_files(run_dir)}, **state["record"]["traj_steps"]}
-    return truncate_record(run_dir, state["record"]["tables"], steps)
+    # a node file the checkpoint does not list is cut to 0 rows by truncate_record
+    return truncate_record(run_dir, state["record"]["tables"], steps, nodes=state["record"].get("nodes", {}))
 
 
 def role_device(learners_cfg, topo: Topology) -> torch.device:

@@ -246,13 +246,18 @@ class MpiWiring:
         beat = Heartbeat(self._counters, self.plan.groups, topo.rank).beat  # the actor's word, while it waits
         return node_cache.for_actors(board, self.comm, topo.role == "actor", beat)
 
-    def reports(self, topo):
-        """Reports to rank 0 (collective): an actor's go through its node's relay when ``actors.reports`` is node."""
-        from hpcrl.runtime.transport import node_reports
-        from hpcrl.runtime.transport.control import Heartbeat
+    def reports(self, topo, run_dir, counters):
+        """Reports to rank 0 (collective): an actor's go through its node's relay when ``actors.reports`` is node
+        or summary (then the relay writes the node's rows to its own file: runtime/record/node_rows.py)."""
+        from hpcrl.runtime.record.node_rows import NodeRows
+        from hpcrl.runtime.transport import control, node_reports
 
-        beat = Heartbeat(self._counters, self.plan.groups, topo.rank).beat  # an actor's word, while it waits
-        return node_reports.for_rank(self.plan.sections.actors.reports, self.comm, topo.role == "actor", beat)
+        beat = control.Heartbeat(self._counters, self.plan.groups, topo.rank).beat  # an actor's word, while it waits
+        s = self.plan.sections
+        return node_reports.for_rank(
+            s.actors.reports, self.comm, topo.role == "actor", beat,
+            summary=lambda relay: NodeRows(run_dir, relay, s.io.compression,
+                                           lambda: counters.read(control.ENV_STEPS), WALL))
 
     def fragments(self, layout, max_in_flight: int, topo):
         from hpcrl.runtime.transport.links import MpiFragments

@@ -91,7 +91,7 @@ class LocalWiring:
         return self._once("board", lambda: LocalBoard(num_params, history=history, probe_size=probe_size,
                                                       changes=self.changes))
 
-    def reports(self, topo: Topology):
+    def reports(self, topo: Topology, run_dir, counters):
         return self._once("reports", lambda: LocalReports(self.bell))
 
     def fragments(self, layout, max_in_flight: int, topo: Topology):

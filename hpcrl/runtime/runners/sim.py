@@ -27,12 +27,14 @@ from hpcrl.runtime import collector
 from hpcrl.runtime.backoff import Backoff, window_owner_nap
 from hpcrl.runtime.clock import Work
 from hpcrl.runtime.plan import Plan
+from hpcrl.runtime.record.node_rows import NodeRows
 from hpcrl.runtime.roles.sampler import describe_env
 from hpcrl.runtime.roles.node_actors import NodeActors
 from hpcrl.runtime.runners import RunResult
 from hpcrl.runtime.runners.job import actor_settings, build_jobs, make_role, role_parts
 from hpcrl.runtime.runners.serial import LocalWiring
 from hpcrl.runtime.topology import RankMapFacts, Topology, plan_roles
+from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local_node_reports import NodeBuffer
 from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimGroupsAllreduce, SimMailbox,
@@ -179,17 +181,25 @@ class SimWiring(LocalWiring):
     def board(self, num_params: int, history: int, probe_size: int, topo: Topology):
         return self._once("board", lambda: SimBoard(self.charges, num_params, history, probe_size))
 
-    def reports(self, topo: Topology):
-        """Rank 0's queue (a drain costs ``report`` per message); an actor's, with ``actors.reports: node``, its
-        node's buffer, which puts the node's reports in the queue as one message (transport/local_node_reports.py)."""
+    def reports(self, topo: Topology, run_dir, counters):
+        """Rank 0's queue (a drain costs ``report`` per message); an actor's, with ``actors.reports: node`` or
+        ``summary``, its node's buffer, which puts the node's reports in the queue as one message
+        (transport/local_node_reports.py; with summary the node's rows go to its file: runtime/record/node_rows.py)."""
         up = self._once("reports", lambda: SimReports(self.charges))
-        if topo.role != "actor" or self.plan.sections.actors.reports != "node":
+        s = self.plan.sections
+        if topo.role != "actor" or s.actors.reports == "fragment":
             return up
         node = self.machine.slots[topo.rank].node
         on_node = self._once("actors by node", lambda: actor_indices_by_node(topo.actor_ranks, self.machine.slots))
-        buffer = self._once(("node reports", node), lambda: NodeBuffer(up, on_node[node][1], on_node[node][0],
-                                                                      self.clock(topo)))
-        return buffer.member(topo.actor_index)
+        relay, actors = on_node[node][0], on_node[node][1]
+
+        def buffer() -> NodeBuffer:
+            clock = self.clock(topo)
+            packing = (NodeRows(run_dir, relay, s.io.compression, lambda: counters.read(control.ENV_STEPS), clock)
+                       if s.actors.reports == "summary" else None)
+            return NodeBuffer(up, actors, relay, clock, packing=packing)
+
+        return self._once(("node reports", node), buffer).member(topo.actor_index)
 
     def fragments(self, layout, max_in_flight: int, topo: Topology):
         L = self.plan.ranks_per_group

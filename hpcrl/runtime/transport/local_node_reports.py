@@ -5,15 +5,17 @@ The simulated actors of one node share a :class:`NodeBuffer`; each holds a :clas
 A report goes into the buffer, and the buffer goes to rank 0's queue as one
 :class:`~hpcrl.runtime.messages.NodeReports` by the same rule as the MPI relay's: once every actor of the node that
 has not closed has a message in it, or ``flush_seconds`` (on the node's clock: virtual time) after the oldest came,
-checked whenever one of the node's actors sends or waits (``poll``). The last member to close sends the rest, before
-it counts itself done. No MPI: any actor of the node may do the relay's work, since they share the buffer.
+checked whenever one of the node's actors sends or waits (``poll``); with ``actors.reports: summary`` its
+:class:`~hpcrl.runtime.transport.node_reports.Packing` writes the rows to the node's file and the buffer sends only
+every ``flush_seconds``. The last member to close sends the rest, before it counts itself done. No MPI: any actor of the node may do the relay's work, since they share the buffer.
 """
 from __future__ import annotations
 
 import threading
 
 from hpcrl.runtime.clock import Clock
-from hpcrl.runtime.messages import NodeReports, Report
+from hpcrl.runtime.messages import Report
+from hpcrl.runtime.transport.report_packing import Packing, ReportColumns
 
 FLUSH_SECONDS = 0.05
 """As the MPI relay's (transport/node_reports.py)."""
@@ -22,8 +24,10 @@ FLUSH_SECONDS = 0.05
 class NodeBuffer:
     """The reports of one node's actors (indices ``actors``) on their way to rank 0's ``up`` queue."""
 
-    def __init__(self, up, actors: list[int], relay: int, clock: Clock, flush_seconds: float = FLUSH_SECONDS):
+    def __init__(self, up, actors: list[int], relay: int, clock: Clock, flush_seconds: float = FLUSH_SECONDS,
+                 packing: Packing | None = None):
         self.up, self.relay, self.clock, self.flush_seconds = up, relay, clock, flush_seconds
+        self.packing = ReportColumns() if packing is None else packing
         self.waiting = set(actors)  # actors that have not closed
         self.members = 0  # Reports handed out and not closed
         self._batch: list[Report] = []
@@ -51,18 +55,21 @@ class NodeBuffer:
         with self._lock:
             self.waiting.discard(actor)
             self.members -= 1
-            if self.members == 0 and self._batch:
-                self._flush()
+            if self.members == 0:
+                if self._batch:
+                    self._flush()
+                self.packing.close()
             else:
                 self._flush_if_due()
 
     def _flush_if_due(self) -> None:
-        if self._batch and (self.waiting <= self._senders or self.clock.now() - self._oldest >= self.flush_seconds):
+        if self._batch and ((self.packing.every_actor and self.waiting <= self._senders)
+                            or self.clock.now() - self._oldest >= self.flush_seconds):
             self._flush()
 
     def _flush(self) -> None:
         batch, self._batch, self._senders = self._batch, [], set()
-        self.up.send(NodeReports.of(self.relay, batch))
+        self.up.send(self.packing.pack(self.relay, batch))
 
 
 class NodeMember:

@@ -10,6 +10,10 @@ has not closed has a message in it, or ``flush_seconds`` after the oldest came, 
 reports travel as columns (``FragmentColumns``), which rank 0 appends to the record as a whole: the same rows, and
 the same elastic-rule, numbering and round statistics as report by report, without unpickling and handling each.
 
+With ``summary`` the relay is the same, but what it sends is made by a :class:`Packing` that writes the batch's
+fragment rows to the node's own file and sends rank 0 their sums (``runtime/record/node_rows.py``); then the relay
+sends only every ``flush_seconds``, since rank 0's work is per message, not per report.
+
 The relay is an actor: it takes its node's reports when it sends its own and whenever its loop waits or parks
 (``poll``, with its heartbeat), so a report waits at most ``flush_seconds`` or one of the relay's fragments. Each
 actor's fragment reports stay in the order it sent them (one sender and tag per pair; the relay keeps its arrival
@@ -29,16 +33,18 @@ from mpi4py import MPI
 
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.clock import WALL, Clock
-from hpcrl.runtime.messages import NodeReports, Report
+from hpcrl.runtime.messages import Report
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.links import MpiReports
+from hpcrl.runtime.transport.report_packing import Packing, ReportColumns
 
 TAG_NODE_REPORT = 17
 """An actor -> its node's relay: one pickled report, or None: this actor sends no more."""
 FLUSH_SECONDS = 0.05
 """The longest a report waits in the relay for the node's other actors (while the relay's loop runs)."""
-MODES = ("fragment", "node")
-"""``actors.reports``: one message to rank 0 per fragment, or per node and flush."""
+MODES = ("fragment", "node", "summary")
+"""``actors.reports``: one message to rank 0 per fragment; per node and flush; or per node and flush with the rows
+written on the node."""
 
 
 def _keep_beating(beat: Callable[[], None]) -> Callable[[], bool]:
@@ -79,9 +85,10 @@ class ReportRelay:
     flush (when every open actor of the node has a message in it, or ``flush_seconds`` after the oldest came)."""
 
     def __init__(self, node_comm, up: MpiReports, world_rank: int, beat: Callable[[], None],
-                 flush_seconds: float = FLUSH_SECONDS, clock: Clock = WALL) -> None:
+                 flush_seconds: float = FLUSH_SECONDS, clock: Clock = WALL, packing: Packing | None = None) -> None:
         self.comm, self.up, self.world_rank, self.beat = node_comm, up, world_rank, beat
         self.flush_seconds, self.clock = flush_seconds, clock
+        self.packing = ReportColumns() if packing is None else packing
         self.open = set(range(node_comm.Get_size()))  # node ranks that have not closed (0: this one)
         self._batch: list[Report] = []
         self._senders: set[int] = set()
@@ -103,7 +110,8 @@ class ReportRelay:
                 self.open.discard(source)
             else:
                 self._take(source, message)
-        if self._batch and (self.open <= self._senders or self.clock.now() - self._oldest >= self.flush_seconds):
+        if self._batch and ((self.packing.every_actor and self.open <= self._senders)
+                            or self.clock.now() - self._oldest >= self.flush_seconds):
             self._flush()
 
     def _take(self, source: int, message: Report) -> None:
@@ -114,7 +122,7 @@ class ReportRelay:
 
     def _flush(self, synchronous: bool = False) -> None:
         batch, self._batch, self._senders = self._batch, [], set()
-        self.up.send(NodeReports.of(self.world_rank, batch), synchronous)
+        self.up.send(self.packing.pack(self.world_rank, batch), synchronous)
         self.flushes += 1
 
     def drain(self) -> list[Report]:
@@ -131,14 +139,15 @@ class ReportRelay:
             backoff.sleep()
         self.poll()
         self._flush(synchronous=True)
+        self.packing.close()
         self.up.close(self.beat)
 
 
-
-
-def for_rank(mode: str, comm, is_actor: bool, beat: Callable[[], None]):
-    """Collective over ``comm`` (every rank of the job) for ``mode`` ``node``: an actor's relay or member over the
-    actors of its node, ``beat`` its heartbeat; :class:`MpiReports` on the other ranks and for ``fragment``."""
+def for_rank(mode: str, comm, is_actor: bool, beat: Callable[[], None],
+             summary: Callable[[int], Packing] | None = None):
+    """Collective over ``comm`` (every rank of the job) for ``mode`` ``node`` or ``summary``: an actor's relay or
+    member over the actors of its node, ``beat`` its heartbeat (``summary(relay)``: the relay's packing for
+    ``summary``); :class:`MpiReports` on the other ranks and for ``fragment``."""
     if mode not in MODES:
         raise ValueError(f"actors.reports: {mode!r}; allowed: {', '.join(MODES)}")
     if mode == "fragment":
@@ -149,5 +158,6 @@ def for_rank(mode: str, comm, is_actor: bool, beat: Callable[[], None]):
     node = actors.Split_type(MPI.COMM_TYPE_SHARED, key=actors.Get_rank())
     actors.Free()
     if node.Get_rank() == 0:
-        return ReportRelay(node, MpiReports(comm), comm.Get_rank(), beat)
+        packing = summary(comm.Get_rank()) if mode == "summary" else None
+        return ReportRelay(node, MpiReports(comm), comm.Get_rank(), beat, packing=packing)
     return ReportMember(node, beat)

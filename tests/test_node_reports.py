@@ -227,3 +227,42 @@ def test_the_bench_measures_both_modes_on_the_same_reports(capsys):
     assert int(rows["fragment"][3]) == 40 and float(rows["fragment"][4]) == 1.0  # a message per report
     assert int(rows["node"][3]) < 40 and float(rows["node"][4]) > 1.0  # the node's 2 actors' reports together
     assert all(float(rows[m][i]) > 0 for m in rows for i in (7, 10))  # rank 0's CPU per env step, with the record
+
+
+@pytest.mark.slow
+def test_a_resumed_summary_job_cuts_its_node_files_to_the_checkpoint_and_records_every_fragment_once(tmp_path):
+    """In virtual time: 2 rounds, then rows a crash would leave past the checkpoint (in a node file it counted, and a
+    node file it never heard of), then --resume for 2 more: the node files are cut back, the relays append to
+    them, and the joined record holds every fragment of the trajectory files once."""
+    from hpcrl.io.node_file import NodeFile
+
+    run_dir = tmp_path / "run"
+    overrides = [*JOB, "actors.reports=summary", f"io.run_dir={run_dir}", f"launch.profile={_two_actor_nodes(tmp_path)}",
+                 "stop.max_rounds=2"]
+    assert cli_main(["run", CARTPOLE, "--runner", "sim", *[a for o in overrides for a in ("-o", o)]]) == 0
+    files = node_files(run_dir)
+    assert len(files) == 2
+    before = {relay: read_row_counts_of(path) for relay, path in files.items()}
+    relay = min(files)
+    stray = {"time": 1.0, "actor": 0, "fragment": 99, "steps": T * N, "sample_seconds": 0.1,
+             "transport_wait_seconds": 0.0, "weight_sync_seconds": 0.0, "policy_version": 99, "group": 0}
+    for path in (files[relay], run_dir / "nodes" / "node-00099.h5"):
+        node = NodeFile.open_append(path) if path.exists() else NodeFile.create(run_dir, 99)
+        node.append("actors", stray)
+        node.append("episodes", {"time": 1.0, "actor": 0, "env_index": 0, "return": 1.0, "length": 1,
+                                 "policy_version": 99, "env_steps": 0})
+        node.close()
+    assert cli_main(["run", "--resume", str(run_dir), "-o", "stop.max_rounds=4"]) == 0
+    after = {relay: read_row_counts_of(path) for relay, path in node_files(run_dir).items()}
+    assert after[99] == {"actors": 0, "episodes": 0}  # written after the checkpoint: cut to nothing
+    assert all(after[r]["actors"] > before[r]["actors"] for r in before)  # the relays went on in their files
+    a = read_table(run_dir / "run.h5", "actors")
+    assert 99 not in a["fragment"].tolist()
+    _every_fragment_once(run_dir)
+
+
+def read_row_counts_of(path: Path) -> dict[str, int]:
+    import h5py
+
+    with h5py.File(path, "r", swmr=True, locking=False) as f:
+        return {t: int(f[t].attrs["committed_rows"]) for t in ("actors", "episodes")}

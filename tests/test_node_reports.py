@@ -219,14 +219,16 @@ def test_reports_the_job_cannot_have_are_one_line(args, says, capsys):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_the_bench_measures_both_modes_on_the_same_reports(capsys):
+def test_the_bench_measures_every_mode_on_the_same_reports(capsys):
     from hpcrl.bench.node_reports import main
 
     assert main(["--actors", "2", "--nodes", "1", "--reports", "20", "--pace-ms", "1"]) == 0
     rows = {r[0]: r for r in (line.split() for line in capsys.readouterr().out.splitlines()[1:])}
     assert int(rows["fragment"][3]) == 40 and float(rows["fragment"][4]) == 1.0  # a message per report
     assert int(rows["node"][3]) < 40 and float(rows["node"][4]) > 1.0  # the node's 2 actors' reports together
+    assert int(rows["summary"][3]) < 40 and float(rows["summary"][4]) > 1.0  # one summary per flush
     assert all(float(rows[m][i]) > 0 for m in rows for i in (7, 10))  # rank 0's CPU per env step, with the record
+    assert float(rows["summary"][12]) > 0 == float(rows["node"][12])  # the relay's CPU for the node file's rows
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.bench.scale_predict import (Costs, Interconnect, Layout, Linear, Workload, perlmutter, predict,
-                                       saturation_nodes, scaling_efficiency)
+from hpcrl.bench.scale_predict import (SUMMARY_FLUSH_SECONDS, Costs, Interconnect, Layout, Linear, Workload,
+                                       perlmutter, predict, saturation_nodes, scaling_efficiency)
 
 ROOT = Path(__file__).resolve().parent.parent
 MS = 1e-3
@@ -166,6 +166,23 @@ def test_per_node_reports_divide_rank0s_record_work_by_the_actors_per_node():
     assert predict(columns, WORK, lay).env_steps_per_s == pytest.approx(WORK.fragment_steps / (2 * MS))
 
 
+def test_per_node_summaries_cost_rank0_one_summary_per_node_and_flush_interval():
+    lay = Layout(nodes=10, actors=640, actor_nodes=10, learners=10**6)
+    c = costs(report=1 * MS, record=1 * MS, summary=2 * MS, actor_step=10e-6)
+    # 64 actors at 100K env steps/s each fill a 50 ms summary with 320K env steps: 2 ms of rank 0 per 320K steps
+    steps = 64 * SUMMARY_FLUSH_SECONDS / 10e-6
+    assert predict(c, WORK, lay, reports="summary").bounds["rank 0 CPU"] == pytest.approx(steps / (2 * MS))
+    slow = replace(c, actor_step=1.0)  # under a fragment per interval: a summary holds at least one fragment
+    assert predict(slow, WORK, lay, reports="summary").bounds["rank 0 CPU"] == pytest.approx(
+        WORK.fragment_steps / (2 * MS))
+    # the relay's rows are the node's actors' work: node_pack per summary, spread over its env steps
+    packed = replace(c, node_pack=64 * MS)
+    assert predict(packed, WORK, lay, reports="summary").bounds["actors"] == pytest.approx(
+        640 / (10e-6 + 64 * MS / steps))
+    with pytest.raises(ValueError, match="no 'summary'"):  # costs measured before summaries were built
+        predict(costs(), WORK, lay, reports="summary")
+
+
 def test_scaling_efficiency_is_one_while_only_the_nodes_work_and_falls_once_rank0_binds():
     c = costs(actor_step=100e-6, gradient=1 * MS, receive=Linear(0.01 * MS))  # rank 0: 100K pushes/s
     rate, eff = scaling_efficiency(c, WORK, 2, push="update")
@@ -207,6 +224,7 @@ def test_measuring_part_runs_the_real_micro_run():
     assert 0 < c.fragment_send < 1.0 and 0 < c.report < 1.0 and 0 < c.admit < 1.0
     assert 0 <= c.report_each < c.report  # a further report in a node's message costs less than a message
     assert 0 < c.record < 1e-2 and 0 < c.record_node < 1e-2
+    assert 0 < c.summary < 1e-1 and 0 < c.node_pack < 1.0  # a node's summary: rank 0's part, the relay's part
     assert 0 < c.actor_step < 1e-2 and 0 < c.gradient < 1.0
     r = predict(c, work, Layout(nodes=1, actors=2, actor_nodes=1, learners=1, cores=2.0))
     assert r.env_steps_per_s > 0 and r.bottleneck in {"actors", "learners", "rank 0 CPU", "cores"}

@@ -309,7 +309,7 @@ def workload(config: str, overrides: list[str], seconds: float) -> tuple[Workloa
     gradient = time_case(lambda: algo.compute_gradient(batch, model), seconds)
     return work, {"actor_step": actor_step, "gradient": gradient, "record_report": record_cost(cfg, seconds),
                   "record_node_report": record_cost(cfg, seconds, node=True),
-                  "summary_handling": summary_cost(cfg, seconds),
+                  "summary_handling": summary_cost(cfg, seconds), "node_pack": node_pack_cost(cfg, seconds),
                   **per_step_costs(cfg, algo, model, info, seconds)}
 
 
@@ -360,6 +360,22 @@ def summary_cost(cfg, seconds: float) -> float:
     return cost
 
 
+def node_pack_cost(cfg, seconds: float) -> float:
+    """A node's relay making one summary (``NodeRows.pack``): NODE_REPORTS reports' rows (one episode each) appended
+    to its node file and the file flushed, CPU seconds per summary."""
+    import tempfile
+
+    from hpcrl.runtime.clock import WALL
+    from hpcrl.runtime.record.node_rows import NodeRows
+
+    batch = [_report_message(j, 0, cfg.actors.fragment_length * cfg.env.num_envs) for j in range(NODE_REPORTS)]
+    with tempfile.TemporaryDirectory(prefix="hpcrl-node-pack-") as tmp:
+        rows = NodeRows(Path(tmp), 2, cfg.io.compression, lambda: 0, WALL)
+        cost = time_case(lambda: rows.pack(2, batch), seconds)
+        rows.close()
+    return cost
+
+
 def per_step_costs(cfg, algo, model, info, seconds: float) -> dict:
     """A learner's batch preparation (``algo.prepare``: PPO's GAE) and an actor's trajectory write, per env step
     (the virtual-time runner's ``prepare_per_step`` and ``record_per_step``)."""
@@ -407,7 +423,8 @@ def costs_from(measured: dict, steps: dict) -> Costs:
                  report_each=measured.get("report_each", 0.0), record=steps.get("record_report", 0.0),
                  record_node=steps.get("record_node_report"),
                  summary=(measured["report_summary"] + steps["summary_handling"]
-                          if "report_summary" in measured and "summary_handling" in steps else None))
+                          if "report_summary" in measured and "summary_handling" in steps else None),
+                 node_pack=steps.get("node_pack", 0.0))
 
 
 if __name__ == "__main__":

@@ -30,13 +30,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS
+
 PUSH_MODES = ("gradient", "update")
 FETCH_MODES = ("actor", "node")
 TOPOLOGIES = ("server", "allreduce")
 ADMISSIONS = ("async", "sync")
 REPORT_MODES = ("fragment", "node", "summary")
-SUMMARY_FLUSH_SECONDS = 0.05
-"""A node's relay sends rank 0 its summary every this many seconds (transport/node_reports.py FLUSH_SECONDS)."""
+SUMMARY_FLUSH_SECONDS = FLUSH_SECONDS
+"""A node's relay sends rank 0 its summary every this many seconds."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class Costs:
     record_node: float | None = None  # ... per report that came in a node's message, as columns (None: as record)
     summary: float | None = None  # rank 0: one node's summary of its 64 actors taken in and handled (actors.reports:
     #                               summary; None: not measured)
+    node_pack: float = 0.0  # a node's relay: one summary made, its 64 reports' rows written to the node file, flushed
 
 
 @dataclass(frozen=True)
@@ -213,13 +216,14 @@ def _actors(costs: Costs, work: Workload, layout: Layout, fetch: str, versions: 
 
     A reader fetches when a version newer than its own exists: at most once per version, and (actors) once per
     fragment of its own; A actors' fragments come every A*F env steps, so A*versions or 1/F per env step. Under
-    ``reports="summary"`` each node's relay writes its node's rows (``record_node`` per fragment)."""
+    ``reports="summary"`` each node's relay writes its node's rows and flushes its file once per summary
+    (``node_pack``, mostly per column, not per row)."""
     F = work.fragment_steps
     readers = layout.actors if fetch == "actor" else layout.actor_nodes
     remote_fetches = min(readers * versions, 1.0 / F)
     actor = costs.actor_step + costs.fragment_send / F + remote_fetches * costs.fetch(floats)
     if reports == "summary":
-        actor += (costs.record if costs.record_node is None else costs.record_node) / F
+        actor += costs.node_pack / summary_steps(costs, work, layout)
     if fetch == "node":
         actor += min(layout.actors * versions, 1.0 / F) * costs.node_copy(floats)
     return actor, remote_fetches

@@ -15,10 +15,7 @@ import threading
 
 from hpcrl.runtime.clock import Clock
 from hpcrl.runtime.messages import Report
-from hpcrl.runtime.transport.report_packing import Packing, ReportColumns
-
-FLUSH_SECONDS = 0.05
-"""As the MPI relay's (transport/node_reports.py)."""
+from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS, Packing, ReportColumns
 
 
 class NodeBuffer:

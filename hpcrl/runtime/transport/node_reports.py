@@ -36,12 +36,10 @@ from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import Report
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.links import MpiReports
-from hpcrl.runtime.transport.report_packing import Packing, ReportColumns
+from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS, Packing, ReportColumns
 
 TAG_NODE_REPORT = 17
 """An actor -> its node's relay: one pickled report, or None: this actor sends no more."""
-FLUSH_SECONDS = 0.05
-"""The longest a report waits in the relay for the node's other actors (while the relay's loop runs)."""
 MODES = ("fragment", "node", "summary")
 """``actors.reports``: one message to rank 0 per fragment; per node and flush; or per node and flush with the rows
 written on the node."""

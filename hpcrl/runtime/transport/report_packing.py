@@ -7,6 +7,9 @@ from typing import Protocol
 
 from hpcrl.runtime.messages import NodeReports, Report
 
+FLUSH_SECONDS = 0.05
+"""The longest a report waits in a node's relay (while the relay's loop runs): the relays of both runners."""
+
 
 class Packing(Protocol):
     """How a relay's batch of reports becomes its one message to rank 0."""

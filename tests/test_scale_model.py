@@ -181,6 +181,10 @@ def test_per_node_summaries_cost_rank0_one_summary_per_node_and_flush_interval()
         640 / (10e-6 + 64 * MS / steps))
     with pytest.raises(ValueError, match="no 'summary'"):  # costs measured before summaries were built
         predict(costs(), WORK, lay, reports="summary")
+    # past 100 nodes of actors the relays send less often: rank 0 gets at most 2,000 summaries a second
+    many = Layout(nodes=1000, actors=64_000, actor_nodes=1000, learners=10**6)
+    r = predict(c, WORK, many, reports="summary")
+    assert r.bounds["rank 0 CPU"] == pytest.approx(64 * (1000 / 2000) / 10e-6 / (2 * MS))  # 0.5 s summaries
 
 
 def test_scaling_efficiency_is_one_while_only_the_nodes_work_and_falls_once_rank0_binds():

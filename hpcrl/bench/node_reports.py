@@ -60,7 +60,7 @@ class _TimedPacking:
     every_actor = False
 
     def __init__(self, rows) -> None:
-        self.rows, self.cpu = rows, 0.0
+        self.rows, self.cpu, self.flush_seconds = rows, 0.0, rows.flush_seconds
 
     def pack(self, relay, batch):
         t = time.thread_time()

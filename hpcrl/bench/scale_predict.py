@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS
+from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS, summary_interval
 
 PUSH_MODES = ("gradient", "update")
 FETCH_MODES = ("actor", "node")
@@ -38,7 +38,7 @@ TOPOLOGIES = ("server", "allreduce")
 ADMISSIONS = ("async", "sync")
 REPORT_MODES = ("fragment", "node", "summary")
 SUMMARY_FLUSH_SECONDS = FLUSH_SECONDS
-"""A node's relay sends rank 0 its summary every this many seconds."""
+"""A node's relay sends rank 0 its summary every this many seconds (up to 100 nodes of actors: ``summary_interval``)."""
 
 
 @dataclass(frozen=True)
@@ -167,10 +167,11 @@ def report_seconds(costs: Costs, work: Workload, layout: Layout, reports: str) -
 
 
 def summary_steps(costs: Costs, work: Workload, layout: Layout) -> float:
-    """Env steps in one node's summary: its k actors' steps in a flush interval at their own pace (one env step per
+    """Env steps in one node's summary: its k actors' steps in a summary interval (50 ms, longer past 100 actor nodes
+    so that rank 0 gets at most 2,000 summaries a second: ``summary_interval``) at their own pace (one env step per
     ``actor_step``), and at least a fragment (a relay sends nothing before a fragment comes)."""
     return max(float(work.fragment_steps),
-               layout.actors_per_node * SUMMARY_FLUSH_SECONDS / max(costs.actor_step, 1e-12))
+               layout.actors_per_node * summary_interval(layout.actor_nodes) / max(costs.actor_step, 1e-12))
 
 
 def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch: str, combine: int = 1,

@@ -23,7 +23,8 @@ from mpi4py import MPI
 from hpcrl.runtime.messages import PARK_REASON, ActorParked, Episode, FragmentReport, NodeReports
 from hpcrl.runtime.transport.control import wait_request
 from hpcrl.runtime.transport.links import MpiReports
-from hpcrl.runtime.transport.node_reports import FLUSH_SECONDS, ReportMember, ReportRelay
+from hpcrl.runtime.transport.node_reports import ReportMember, ReportRelay
+from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS
 
 PARK_SECONDS, LATE_CLOSE_SECONDS = 0.3, 0.6
 

@@ -22,6 +22,7 @@ import numpy as np
 from hpcrl.io.node_file import NodeFile
 from hpcrl.runtime.clock import Clock
 from hpcrl.runtime.messages import FragmentColumns, FragmentReport, NodeSummary, Report
+from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS
 
 
 class NodeRows:
@@ -31,7 +32,9 @@ class NodeRows:
 
     every_actor = False  # rank 0's work is per message: send every flush_seconds (transport/report_packing.py)
 
-    def __init__(self, run_dir: Path, relay: int, compression: str, env_steps: Callable[[], int], clock: Clock):
+    def __init__(self, run_dir: Path, relay: int, compression: str, env_steps: Callable[[], int], clock: Clock,
+                 flush_seconds: float = FLUSH_SECONDS):
+        self.flush_seconds = flush_seconds  # summary_interval(relays) in a job
         self.run_dir, self.relay, self.compression = run_dir, relay, compression
         self.env_steps, self.clock = env_steps, clock
         self.file: NodeFile | None = None

@@ -251,13 +251,15 @@ class MpiWiring:
         or summary (then the relay writes the node's rows to its own file: runtime/record/node_rows.py)."""
         from hpcrl.runtime.record.node_rows import NodeRows
         from hpcrl.runtime.transport import control, node_reports
+        from hpcrl.runtime.transport.report_packing import summary_interval
 
         beat = control.Heartbeat(self._counters, self.plan.groups, topo.rank).beat  # an actor's word, while it waits
         s = self.plan.sections
         return node_reports.for_rank(
             s.actors.reports, self.comm, topo.role == "actor", beat,
-            summary=lambda relay: NodeRows(run_dir, relay, s.io.compression,
-                                           lambda: counters.read(control.ENV_STEPS), WALL))
+            summary=lambda relay, relays: NodeRows(run_dir, relay, s.io.compression,
+                                                   lambda: counters.read(control.ENV_STEPS), WALL,
+                                                   summary_interval(relays)))
 
     def fragments(self, layout, max_in_flight: int, topo):
         from hpcrl.runtime.transport.links import MpiFragments

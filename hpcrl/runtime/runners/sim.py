@@ -37,6 +37,7 @@ from hpcrl.runtime.topology import RankMapFacts, Topology, plan_roles
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local_node_reports import NodeBuffer
+from hpcrl.runtime.transport.report_packing import summary_interval
 from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimGroupsAllreduce, SimMailbox,
                                          SimNodeGather, SimReports, TransportPrices, _Charges)
 from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld
@@ -195,8 +196,8 @@ class SimWiring(LocalWiring):
 
         def buffer() -> NodeBuffer:
             clock = self.clock(topo)
-            packing = (NodeRows(run_dir, relay, s.io.compression, lambda: counters.read(control.ENV_STEPS), clock)
-                       if s.actors.reports == "summary" else None)
+            packing = (NodeRows(run_dir, relay, s.io.compression, lambda: counters.read(control.ENV_STEPS), clock,
+                                summary_interval(len(on_node))) if s.actors.reports == "summary" else None)
             return NodeBuffer(up, actors, relay, clock, packing=packing)
 
         return self._once(("node reports", node), buffer).member(topo.actor_index)

@@ -15,16 +15,16 @@ import threading
 
 from hpcrl.runtime.clock import Clock
 from hpcrl.runtime.messages import Report
-from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS, Packing, ReportColumns
+from hpcrl.runtime.transport.report_packing import Packing, ReportColumns
 
 
 class NodeBuffer:
     """The reports of one node's actors (indices ``actors``) on their way to rank 0's ``up`` queue."""
 
-    def __init__(self, up, actors: list[int], relay: int, clock: Clock, flush_seconds: float = FLUSH_SECONDS,
-                 packing: Packing | None = None):
-        self.up, self.relay, self.clock, self.flush_seconds = up, relay, clock, flush_seconds
+    def __init__(self, up, actors: list[int], relay: int, clock: Clock, packing: Packing | None = None):
+        self.up, self.relay, self.clock = up, relay, clock
         self.packing = ReportColumns() if packing is None else packing
+        self.flush_seconds = self.packing.flush_seconds
         self.waiting = set(actors)  # actors that have not closed
         self.members = 0  # Reports handed out and not closed
         self._batch: list[Report] = []

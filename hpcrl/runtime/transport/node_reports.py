@@ -36,7 +36,7 @@ from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import Report
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.links import MpiReports
-from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS, Packing, ReportColumns
+from hpcrl.runtime.transport.report_packing import Packing, ReportColumns
 
 TAG_NODE_REPORT = 17
 """An actor -> its node's relay: one pickled report, or None: this actor sends no more."""
@@ -83,10 +83,10 @@ class ReportRelay:
     flush (when every open actor of the node has a message in it, or ``flush_seconds`` after the oldest came)."""
 
     def __init__(self, node_comm, up: MpiReports, world_rank: int, beat: Callable[[], None],
-                 flush_seconds: float = FLUSH_SECONDS, clock: Clock = WALL, packing: Packing | None = None) -> None:
-        self.comm, self.up, self.world_rank, self.beat = node_comm, up, world_rank, beat
-        self.flush_seconds, self.clock = flush_seconds, clock
+                 clock: Clock = WALL, packing: Packing | None = None) -> None:
+        self.comm, self.up, self.world_rank, self.beat, self.clock = node_comm, up, world_rank, beat, clock
         self.packing = ReportColumns() if packing is None else packing
+        self.flush_seconds = self.packing.flush_seconds
         self.open = set(range(node_comm.Get_size()))  # node ranks that have not closed (0: this one)
         self._batch: list[Report] = []
         self._senders: set[int] = set()
@@ -142,10 +142,10 @@ class ReportRelay:
 
 
 def for_rank(mode: str, comm, is_actor: bool, beat: Callable[[], None],
-             summary: Callable[[int], Packing] | None = None):
+             summary: Callable[[int, int], Packing] | None = None):
     """Collective over ``comm`` (every rank of the job) for ``mode`` ``node`` or ``summary``: an actor's relay or
-    member over the actors of its node, ``beat`` its heartbeat (``summary(relay)``: the relay's packing for
-    ``summary``); :class:`MpiReports` on the other ranks and for ``fragment``."""
+    member over the actors of its node, ``beat`` its heartbeat (``summary(relay, relays)``: the relay's packing for
+    ``summary``, given the number of relays); :class:`MpiReports` on the other ranks and for ``fragment``."""
     if mode not in MODES:
         raise ValueError(f"actors.reports: {mode!r}; allowed: {', '.join(MODES)}")
     if mode == "fragment":
@@ -154,8 +154,9 @@ def for_rank(mode: str, comm, is_actor: bool, beat: Callable[[], None],
     if actors == MPI.COMM_NULL:
         return MpiReports(comm)
     node = actors.Split_type(MPI.COMM_TYPE_SHARED, key=actors.Get_rank())
+    relays = actors.allreduce(int(node.Get_rank() == 0))
     actors.Free()
     if node.Get_rank() == 0:
-        packing = summary(comm.Get_rank()) if mode == "summary" else None
+        packing = summary(comm.Get_rank(), relays) if mode == "summary" else None
         return ReportRelay(node, MpiReports(comm), comm.Get_rank(), beat, packing=packing)
     return ReportMember(node, beat)

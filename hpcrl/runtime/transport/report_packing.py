@@ -9,6 +9,15 @@ from hpcrl.runtime.messages import NodeReports, Report
 
 FLUSH_SECONDS = 0.05
 """The longest a report waits in a node's relay (while the relay's loop runs): the relays of both runners."""
+SUMMARIES_PER_SECOND = 2000
+"""The most node summaries rank 0 is sent a second (``actors.reports: summary``): at about 0.1 ms each, a fifth of its
+core. Past 100 nodes of actors each relay sends less often than every FLUSH_SECONDS (:func:`summary_interval`)."""
+
+
+def summary_interval(relays: int) -> float:
+    """Seconds between a relay's summaries when ``relays`` nodes send them: FLUSH_SECONDS, or longer so that rank 0
+    gets at most SUMMARIES_PER_SECOND."""
+    return max(FLUSH_SECONDS, relays / SUMMARIES_PER_SECOND)
 
 
 class Packing(Protocol):
@@ -16,6 +25,8 @@ class Packing(Protocol):
 
     every_actor: bool
     """Send as soon as every open actor of the node has a message in the batch (else only every flush_seconds)."""
+    flush_seconds: float
+    """The longest a report waits in the relay (while the relay's loop runs)."""
 
     def pack(self, relay: int, batch: list[Report]) -> Report: ...
     def close(self) -> None: ...
@@ -25,6 +36,7 @@ class ReportColumns:
     """``actors.reports: node``: the batch's fragment reports as columns, its other messages as they are."""
 
     every_actor = True
+    flush_seconds = FLUSH_SECONDS
 
     def pack(self, relay: int, batch: list[Report]) -> Report:
         return NodeReports.of(relay, batch)

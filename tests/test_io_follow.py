@@ -1,6 +1,7 @@
 """hpcrl.io.follow: a reader that keeps run.h5 open sees the committed rows grow, and no row past them."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -125,3 +126,126 @@ def test_follow_a_file_from_before_the_live_counts(tmp_path):
         del f["committed"]
     batches = list(follow(Path(path), "episodes", poll_seconds=0.01))
     assert _concat(batches)["time"].tolist() == [0, 1, 2, 3, 4]
+
+
+# Writes run.h5 and node files (actors.reports: summary) on command, one JSON list a line, answering "ok":
+# ["run", times] and ["node", relay, start_unix, times] append and flush episode rows (actor = relay, 0 for run.h5);
+# ["half", relay, start_unix] makes a node file as NodeFile.create does but stops before SWMR, ["finish", relay]
+# goes on from there; ["close"] closes the node files, then run.h5 (as a run does). run.h5's start_unix is 1000.
+NODE_WRITER = textwrap.dedent("""
+    import json, os, sys
+    import h5py
+    from hpcrl.io import RunFile
+    from hpcrl.io.h5format import WRITE_LIBVER
+    from hpcrl.io.node_file import NODE_TABLES, NodeFile, node_filename
+    from hpcrl.io.schema import SCHEMA_VERSION, TABLES
+    from hpcrl.io.tables import Table
+    run_dir = sys.argv[1]
+    run = RunFile.create(run_dir + "/run.h5", "", {"rank": [0, 1, 2], "role": [0, 1, 2]}, flush_seconds=0,
+                         unix=lambda: 1000.0)
+    nodes, half = {}, {}
+    def rows(times, actor):
+        return {"time": times, "actor": actor, "env_index": 0, "return": [10.0 * t for t in times], "length": 1}
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd[0] == "run":
+            run.append("episodes", rows(cmd[1], 0))
+            run.flush()
+        elif cmd[0] == "node":
+            relay, start, times = cmd[1:]
+            if relay not in nodes:
+                nodes[relay] = NodeFile.create(run_dir, relay, unix=lambda: start)
+            nodes[relay].append("episodes", rows(times, relay))
+            nodes[relay].flush()
+        elif cmd[0] == "half":
+            os.makedirs(run_dir + "/nodes", exist_ok=True)
+            f = h5py.File(run_dir + "/" + node_filename(cmd[1]), "w", libver=WRITE_LIBVER, locking=False)
+            f.attrs["schema_version"] = SCHEMA_VERSION
+            f.attrs["start_unix"] = cmd[2]
+            f.attrs["relay"] = cmd[1]
+            for name in NODE_TABLES:
+                Table.create(f, TABLES[name])
+            f.flush()
+            half[cmd[1]] = f
+        elif cmd[0] == "finish":
+            f = half.pop(cmd[1])
+            nodes[cmd[1]] = NodeFile(f)
+            f.swmr_mode = True
+        elif cmd[0] == "close":
+            for node in nodes.values():
+                node.close()
+            run.close()
+        print("ok", flush=True)
+""")
+
+
+class _Writer:
+    def __init__(self, run_dir: Path):
+        run_dir.mkdir()
+        self.proc = subprocess.Popen([sys.executable, "-c", NODE_WRITER, str(run_dir)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def __call__(self, *cmd) -> None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok", f"writer failed at {cmd}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def test_follow_joins_the_node_files_rows_on_run_h5s_clock(tmp_path):
+    run_dir = tmp_path / "run"
+    write = _Writer(run_dir)
+    try:
+        write("run", [1.0, 6.0])
+        live = follow(run_dir, "episodes", poll_seconds=0.01, idle_seconds=10, columns=["time", "actor", "return"])
+        untimed = follow(run_dir, "episodes", poll_seconds=0.01, idle_seconds=10, columns=["actor", "return"])
+        assert next(live)["time"].tolist() == [1.0, 6.0]
+        assert next(untimed)["actor"].tolist() == [0, 0]
+        write("node", 7, 1002.5, [0.5, 3.0])  # node time t is run time t + 2.5
+        write("run", [2.0, 3.0])
+        batch = next(live)  # one batch: both files' new rows, by time (equal times: run.h5's first)
+        assert batch["time"].tolist() == [2.0, 3.0, 3.0, 5.5]
+        assert batch["actor"].tolist() == [0, 0, 7, 7]
+        assert batch["return"].tolist() == [20.0, 30.0, 5.0, 30.0]
+        other = next(untimed)  # sorted by the times it does not yield
+        assert list(other) == ["actor", "return"]
+        assert other["return"].tolist() == [20.0, 30.0, 5.0, 30.0]
+        write("node", 7, 1002.5, [4.0])
+        write("run", [7.0])
+        write("close")  # the node files' writers close first, then run.h5's
+        started = time.monotonic()
+        rest = list(live)
+        assert time.monotonic() - started < 5, "follow should end when run.h5's writer closes, not when idle"
+        assert [b["time"].tolist() for b in rest] == [[6.5, 7.0]]
+        assert [b["actor"].tolist() for b in rest] == [[7, 0]]
+        assert [b["actor"].tolist() for b in untimed] == [[7, 0]]
+    finally:
+        write.close()
+    final = read_table(run_dir, "episodes", ["time"])  # the same clock as read_table's
+    assert sorted([1.0, 6.0, 2.0, 3.0, 3.0, 5.5, 6.5, 7.0]) == final["time"].tolist()
+
+
+def test_follow_tries_a_node_file_it_cannot_open_yet_at_the_next_poll(tmp_path):
+    run_dir = tmp_path / "run"
+    write = _Writer(run_dir)
+    try:
+        write("run", [1.0])
+        live = follow(run_dir, "episodes", poll_seconds=0.01, idle_seconds=10, columns=["time", "actor"])
+        assert next(live)["time"].tolist() == [1.0]
+        write("half", 9, 1001.0)  # its writer has not switched to SWMR: no reader can open it yet
+        write("run", [2.0])
+        assert next(live)["time"].tolist() == [2.0]
+        write("finish", 9)
+        write("node", 9, 1001.0, [0.5])
+        batch = next(live)
+        assert batch["time"].tolist() == [1.5] and batch["actor"].tolist() == [9]
+        write("close")
+        assert list(live) == []
+    finally:
+        write.close()

@@ -14,15 +14,23 @@ run.h5's ``resumed`` attribute.
 A file written before the count datasets existed is followed by reopening it at every poll
 (:func:`hpcrl.io.read_table`), which sees the attribute fresh each time.
 
+For ``actors`` and ``episodes``, :func:`follow` also follows the run's node files (``nodes/node-RRRRR.h5``,
+``actors.reports: summary``; :mod:`hpcrl.io.node_file`) as they appear, each by its own count, and yields
+their rows with run.h5's: times shifted to run.h5's clock as :func:`hpcrl.io.read_table` shifts them, a batch
+with rows of several files sorted stably by time (run.h5's rows, then the nodes' in relay order). A node file
+that cannot be opened yet (its writer has not switched to SWMR) is tried again at the next poll.
+
 API::
 
     for rows in follow(run_h5_or_run_dir, "episodes", poll_seconds=0.5, idle_seconds=None, columns=None):
-        ...   # rows: column -> 1-D array of the rows committed since the last batch (never empty)
+        ...   # rows: column -> 1-D array of the rows committed since the last batch (never empty);
+              # actors and episodes: run.h5's new rows and the node files', by time
     for steps in follow_trajectory(traj_h5, fields=None, poll_seconds=0.5, idle_seconds=None):
         ...   # steps: field -> [new steps, ...]
 
-Both end when the writer closes the file (after yielding its last rows), or after ``idle_seconds``
-without a new row (None: wait for ever, e.g. across a killed writer's requeue).
+Both end when the writer closes the file (after yielding its last rows, the node files' too: their
+writers close first), or after ``idle_seconds`` without a new row from any file (None: wait for ever,
+e.g. across a killed writer's requeue).
 """
 from __future__ import annotations
 
@@ -32,8 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcrl.io.errors import RunFileError
-from hpcrl.io.readers import _H5_ERRORS, _open, _retry, damage_error, read_table
+from hpcrl.io import probe
+from hpcrl.io.errors import RecordDamagedError, RunFileError
+from hpcrl.io.node_file import NODE_TABLES, node_files
+from hpcrl.io.readers import _H5_ERRORS, _held, _open, _retry, _Transient, damage_error, read_table
 from hpcrl.io.recovery import writer_has_open
 from hpcrl.io.schema import RUN_FILE, TABLES, TRAJ_FIELD_NAMES
 from hpcrl.io.tables import LIVE_GROUP
@@ -48,19 +58,24 @@ def follow(run_h5: str | Path, table: str, *, poll_seconds: float = 0.5, idle_se
     path = Path(run_h5)
     path = path / RUN_FILE if path.is_dir() else path
     names = list(columns) if columns is not None else list(TABLES[table].names)
+    joined = table in NODE_TABLES  # node files may hold its rows: time is read to sort them
+    read = [*names, "time"] if joined and "time" not in names else names
     f = _retry(_open, path, "run", [table, LIVE_GROUP])
     try:
         try:
-            missing = [c for c in names if f"{table}/{c}" not in f]
+            missing = [c for c in read if f"{table}/{c}" not in f]
             if missing:
                 raise RunFileError(f"{path}: table '{table}' is missing columns {', '.join(missing)}")
             counter = f.get(f"{LIVE_GROUP}/{table}")
-            datasets = {c: f[f"{table}/{c}"] for c in names}
+            datasets = {c: f[f"{table}/{c}"] for c in read}
         except _H5_ERRORS as exc:
             raise damage_error(f, exc, table) from None
         if counter is None:  # a file from before the count datasets: reopen per poll
             f.close()
             yield from _follow_reopening(path, table, names, poll_seconds, idle_seconds)
+            return
+        if joined:
+            yield from _follow_joined(path, f, table, names, _Source(counter, datasets), poll_seconds, idle_seconds)
             return
         yield from _follow_open(path, counter, datasets, poll_seconds, idle_seconds)
     finally:
@@ -101,6 +116,132 @@ def _follow_open(path: Path, counter, datasets: dict, poll_seconds: float,
         if closed or (idle_seconds is not None and time.monotonic() - last_new > idle_seconds):
             return
         time.sleep(poll_seconds)
+
+
+class _Source:
+    """One file of a joined table: its live count, its columns (``time`` among them), the rows already yielded,
+    and what its times add to be on run.h5's clock (None: run.h5 itself)."""
+
+    def __init__(self, counter, datasets: dict, shift: float | None = None, file=None):
+        self.counter, self.datasets, self.shift, self.file = counter, datasets, shift, file
+        self.seen = 0
+
+    def committed(self) -> int:
+        self.counter.refresh()
+        return int(self.counter[0])
+
+    def read(self, names: list[str], n: int) -> dict[str, np.ndarray]:
+        """Rows ``seen:n`` of columns ``names`` (times on run.h5's clock); they are then seen."""
+        out = {}
+        for c in names:
+            d = self.datasets[c]
+            d.refresh()  # the columns reached the file before the count, so they hold n rows
+            out[c] = d[self.seen:n]
+        if self.shift is not None and "time" in out:
+            out["time"] = out["time"] + self.shift
+        self.seen = n
+        return out
+
+
+def _follow_joined(path: Path, run, table: str, names: list[str], own: _Source, poll_seconds: float,
+                   idle_seconds: float | None) -> Iterator[dict[str, np.ndarray]]:
+    """:func:`_follow_open` over run.h5's table and the node files' (opened as they appear): one batch per poll."""
+    nodes: dict[int, _Source] = {}
+    start: list[float] = []  # run.h5's start_unix, read when the first node file is found
+    last_new = time.monotonic()
+    try:
+        while True:
+            closed = not writer_has_open(path)  # before the counts: the node files' writers closed before it
+            found = {relay: p for relay, p in node_files(path.parent).items() if relay not in nodes}
+            if found and not start:
+                start.append(_start_unix(run, path))
+            checked = _check_together(list(found.values()), table)
+            for relay, node_path in found.items():
+                source = _node_source(node_path, table, list(own.datasets), start[0], closed, node_path in checked)
+                if source is not None:
+                    nodes[relay] = source
+            counts = [(s, s.committed()) for s in (own, *(nodes[r] for r in sorted(nodes)))]
+            new = [(s, n) for s, n in counts if n > s.seen]
+            if len(new) == 1:
+                yield new[0][0].read(names, new[0][1])
+            elif new:
+                read = names if "time" in names else [*names, "time"]
+                parts = [s.read(read, n) for s, n in new]
+                order = np.argsort(np.concatenate([p["time"] for p in parts]), kind="stable")
+                yield {c: np.concatenate([p[c] for p in parts])[order] for c in names}
+            if new:
+                last_new = time.monotonic()
+            if closed or (idle_seconds is not None and time.monotonic() - last_new > idle_seconds):
+                return
+            time.sleep(poll_seconds)
+    finally:
+        for source in nodes.values():
+            source.file.close()
+
+
+def _start_unix(run, path: Path) -> float:
+    try:
+        start = run.attrs.get("start_unix")
+    except _H5_ERRORS as exc:
+        raise damage_error(run, exc, None) from None
+    if start is None:
+        raise RunFileError(f"{path}: no start_unix attribute, so the rows of its node files cannot be put on its clock")
+    return float(start)
+
+
+def _check_together(paths: list[Path], table: str) -> set[Path]:
+    """The node files among ``paths`` that a writer holds, checked (:func:`hpcrl.io.probe.check`) in one child
+    process rather than one each (about 0.3 s a file, at hundreds of nodes): those that passed. One that fails
+    is left to its own check."""
+    held = [p for p in paths if _held(p)]
+    while len(held) > 1:
+        try:
+            probe.check([(p, [table, LIVE_GROUP], "table") for p in held])
+            return set(held)
+        except RecordDamagedError as exc:
+            rest = [p for p in held if str(p) != exc.path]
+            if len(rest) == len(held):
+                break
+            held = rest
+        except RunFileError:
+            break
+    return set()
+
+
+def _node_source(path: Path, table: str, columns: list[str], run_start: float, final: bool,
+                 checked: bool) -> _Source | None:
+    """A node file's table to follow, or None while it cannot be opened yet (its writer is creating it).
+    ``final``: run.h5's writer has closed, so the node file's has: a failure is the file's and raises.
+    ``checked``: :func:`_check_together` read its metadata already."""
+    groups = [table, LIVE_GROUP]
+    try:
+        if final:
+            f = _retry(_open, path, "node", groups, False, not checked)
+        else:
+            f = _open(path, "node", groups, checked=not checked)
+    except (RunFileError, _Transient):
+        if final:
+            raise
+        return None
+    try:
+        try:
+            node_start = f.attrs.get("start_unix")
+            missing = [c for c in columns if f"{table}/{c}" not in f]
+            counter = f.get(f"{LIVE_GROUP}/{table}")
+            datasets = {c: f[f"{table}/{c}"] for c in columns if c not in missing}
+        except _H5_ERRORS as exc:
+            raise damage_error(f, exc, table) from None
+        if node_start is None:
+            raise RunFileError(f"{path}: not an hpcrl node file (no start_unix attribute)")
+        if missing or counter is None:
+            what = f"columns {', '.join(missing)}" if missing else f"the live count {LIVE_GROUP}/{table}"
+            raise RunFileError(f"{path}: table '{table}' is missing {what}")
+    except RunFileError:
+        f.close()
+        if final:
+            raise
+        return None
+    return _Source(counter, datasets, float(node_start) - run_start, f)
 
 
 def _follow_reopening(path: Path, table: str, names: list[str], poll_seconds: float,

@@ -508,8 +508,9 @@ def render_markdown() -> str:
         "attributes `schema_version`, `relay` and `start_unix`. Its `time` columns count from its own "
         "`start_unix`: time `t` there is `t + start_unix(node file) - start_unix(run.h5)` on run.h5's clock. "
         "`hpcrl.io.read_table(run_dir, 'actors' or 'episodes')` and `hpcrl analyze` join every node file's rows "
-        "to run.h5's, shifted so, sorted by time (`hpcrl.io.follow` follows run.h5's rows alone); the checkpoint "
-        "counts each node file's rows and "
+        "to run.h5's, shifted so, sorted by time; `hpcrl.io.follow(run_dir, 'actors' or 'episodes')` does so for "
+        "each batch of new rows, following each node file by its `committed/<table>` from when it appears; the "
+        "checkpoint counts each node file's rows and "
         "`hpcrl run --resume` cuts each back to them (a node file started after the checkpoint to none).",
         "",
         "## Writing and reading while a run is going",

@@ -43,7 +43,7 @@ import numpy as np
 from hpcrl.io import probe
 from hpcrl.io.errors import RecordDamagedError, RunFileError
 from hpcrl.io.node_file import NODE_TABLES, node_files
-from hpcrl.io.readers import _H5_ERRORS, _held, _open, _retry, _Transient, damage_error, read_table
+from hpcrl.io.readers import _H5_ERRORS, _held, _open, _retry, _Transient, damage_error, read_table, start_unix
 from hpcrl.io.recovery import writer_has_open
 from hpcrl.io.schema import RUN_FILE, TABLES, TRAJ_FIELD_NAMES
 from hpcrl.io.tables import LIVE_GROUP
@@ -154,7 +154,7 @@ def _follow_joined(path: Path, run, table: str, names: list[str], own: _Source, 
             closed = not writer_has_open(path)  # before the counts: the node files' writers closed before it
             found = {relay: p for relay, p in node_files(path.parent).items() if relay not in nodes}
             if found and not start:
-                start.append(_start_unix(run, path))
+                start.append(start_unix(run, "its node files' rows cannot be put on its clock"))
             checked = _check_together(list(found.values()), table)
             for relay, node_path in found.items():
                 source = _node_source(node_path, table, list(own.datasets), start[0], closed, node_path in checked)
@@ -177,16 +177,6 @@ def _follow_joined(path: Path, run, table: str, names: list[str], own: _Source, 
     finally:
         for source in nodes.values():
             source.file.close()
-
-
-def _start_unix(run, path: Path) -> float:
-    try:
-        start = run.attrs.get("start_unix")
-    except _H5_ERRORS as exc:
-        raise damage_error(run, exc, None) from None
-    if start is None:
-        raise RunFileError(f"{path}: no start_unix attribute, so the rows of its node files cannot be put on its clock")
-    return float(start)
 
 
 def _check_together(paths: list[Path], table: str) -> set[Path]:
@@ -225,14 +215,12 @@ def _node_source(path: Path, table: str, columns: list[str], run_start: float, f
         return None
     try:
         try:
-            node_start = f.attrs.get("start_unix")
             missing = [c for c in columns if f"{table}/{c}" not in f]
             counter = f.get(f"{LIVE_GROUP}/{table}")
             datasets = {c: f[f"{table}/{c}"] for c in columns if c not in missing}
         except _H5_ERRORS as exc:
             raise damage_error(f, exc, table) from None
-        if node_start is None:
-            raise RunFileError(f"{path}: not an hpcrl node file (no start_unix attribute)")
+        node_start = start_unix(f, "not an hpcrl node file")
         if missing or counter is None:
             what = f"columns {', '.join(missing)}" if missing else f"the live count {LIVE_GROUP}/{table}"
             raise RunFileError(f"{path}: table '{table}' is missing {what}")

@@ -232,26 +232,37 @@ def _read_table(run_h5, name, wanted):
 def _read_node_table(path, name, wanted):
     """A node file's rows of table ``name`` and its ``start_unix`` (what its times count from)."""
     with _open(path, "node", [name]) as f:
-        try:
-            start = f.attrs.get("start_unix")
-        except _H5_ERRORS as exc:
-            raise _damaged(f, exc, None) from None
-        if start is None:
-            raise RunFileError(f"{f.filename}: not an hpcrl node file (no start_unix attribute)")
-        return _columns(f, name, wanted), float(start)
+        return _columns(f, name, wanted), start_unix(f, "not an hpcrl node file")
+
+
+def start_unix(f: h5py.File, without: str) -> float:
+    """The open file's ``start_unix`` attribute (what its times count from); RunFileError ``FILE: without (no
+    start_unix attribute)`` when it has none."""
+    try:
+        start = f.attrs.get("start_unix")
+    except _H5_ERRORS as exc:
+        raise _damaged(f, exc, None) from None
+    if start is None:
+        raise RunFileError(f"{f.filename}: {without} (no start_unix attribute)")
+    return float(start)
 
 
 def _read_node_counts(path):
     """A node file's rows per table (:data:`~hpcrl.io.node_file.NODE_TABLES`) and the ``actor`` and ``steps``
     columns of its ``actors`` rows, in one open (:func:`hpcrl.io.rollback.record_counts`)."""
     with _open(path, "node", list(NODE_TABLES)) as f:
-        counts = {}
-        for name in NODE_TABLES:
-            try:
-                counts[name] = table_rows(f[name], name)
-            except _H5_ERRORS as exc:
-                raise _damaged(f, exc, name) from None
-        return counts, _columns(f, "actors", ["actor", "steps"])
+        return _row_counts(f, NODE_TABLES), _columns(f, "actors", ["actor", "steps"])
+
+
+def _row_counts(f: h5py.File, names) -> dict[str, int]:
+    """:func:`table_rows` of each of tables ``names`` of the open file ``f``."""
+    counts = {}
+    for name in names:
+        try:
+            counts[name] = table_rows(f[name], name)
+        except _H5_ERRORS as exc:
+            raise _damaged(f, exc, name) from None
+    return counts
 
 
 def _columns(f: h5py.File, name: str, wanted: Sequence[str]) -> dict[str, np.ndarray]:
@@ -302,13 +313,7 @@ def _read_row_counts(run_h5):
             present = [name for name in TABLES if name in f]
         except _H5_ERRORS as exc:
             raise _damaged(f, exc, None) from None
-        counts = {}
-        for name in present:
-            try:
-                counts[name] = table_rows(f[name], name)
-            except _H5_ERRORS as exc:
-                raise _damaged(f, exc, name) from None
-        return counts
+        return _row_counts(f, present)
 
 
 def read_trajectory_steps(traj_h5: str | Path) -> int:

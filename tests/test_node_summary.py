@@ -17,6 +17,7 @@ from hpcrl.runtime.record.node_rows import NodeRows
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.runtime.topology import one_process_rank_map
+from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS
 
 IO = SimpleNamespace(compression="gzip", flush_seconds=5.0, loggers=[])
 STOP = SimpleNamespace(total_env_steps=10**6, target_return=None, return_window=100, max_wall_seconds=None,
@@ -51,7 +52,7 @@ def _rows(path, table):
 def test_a_batch_becomes_the_node_files_rows_and_their_sums(tmp_path):
     parked = ActorParked(time=5.0, actor=1, parked_seconds=1.0, cpu_seconds=0.0, active_actors=2,
                          reason=PARK_REASON["woken"])
-    rows = NodeRows(tmp_path, 7, "gzip", env_steps=lambda: 640, clock=_Clock(999.5))
+    rows = NodeRows(tmp_path, 7, "gzip", env_steps=lambda: 640, clock=_Clock(999.5), flush_seconds=FLUSH_SECONDS)
     summary = rows.pack(7, [*BATCH[:2], parked, *BATCH[2:]])
     assert summary.node == 7 and summary.reports == (parked,) and summary.rows == (5, 4)
     sums = {int(r[0]): r[1:].tolist() for r in summary.actors}  # fragments, newest, steps, seconds
@@ -77,7 +78,8 @@ def test_rank_0s_record_of_a_summary_keeps_the_rounds_statistics_of_the_reports(
     summed = RunRecord.create(tmp_path / "summed", IO, "name: t\n", one_process_rank_map(), StopRule(STOP), {})
     for report in BATCH:
         one.fragment(report, env_steps=0)
-    rows = NodeRows(tmp_path / "summed", 4, "gzip", env_steps=lambda: 0, clock=_Clock(0.0))
+    rows = NodeRows(tmp_path / "summed", 4, "gzip", env_steps=lambda: 0, clock=_Clock(0.0),
+                    flush_seconds=FLUSH_SECONDS)
     summed.node_summary(rows.pack(4, BATCH))
     rows.close()
     a, b = one.current, summed.current
@@ -92,7 +94,7 @@ def test_rank_0s_record_of_a_summary_keeps_the_rounds_statistics_of_the_reports(
 
 
 def test_a_summary_of_no_fragments_is_empty_but_says_the_files_rows(tmp_path):
-    rows = NodeRows(tmp_path, 2, "gzip", env_steps=lambda: 0, clock=_Clock(0.0))
+    rows = NodeRows(tmp_path, 2, "gzip", env_steps=lambda: 0, clock=_Clock(0.0), flush_seconds=FLUSH_SECONDS)
     summary = rows.pack(2, [])
     assert isinstance(summary, NodeSummary) and summary.actors.shape == (0, 5) and summary.rows == (0, 0)
     assert np.asarray(summary.episodes).shape == (0, 4)

@@ -86,6 +86,7 @@ def _worker(mode: str, config: str, nodes: int, n: int, pace: float, episodes: i
     from hpcrl.runtime.transport.control import wait_request
     from hpcrl.runtime.transport.links import MpiReports
     from hpcrl.runtime.transport.node_reports import ReportMember, ReportRelay
+    from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS
     from hpcrl.runtime.transport.windows import CounterWindow
 
     comm = MPI.COMM_WORLD
@@ -99,7 +100,8 @@ def _worker(mode: str, config: str, nodes: int, n: int, pace: float, episodes: i
         sampler = VectorSampler(cfg.env, rank - 1, gamma=0.99)
         normalizer = sampler.normalizer_state()
         with tempfile.TemporaryDirectory(prefix="hpcrl-node-rows-") as tmp:
-            rows = _TimedPacking(NodeRows(Path(tmp), rank, cfg.io.compression, lambda: counters.read(0), WALL))
+            rows = _TimedPacking(NodeRows(Path(tmp), rank, cfg.io.compression, lambda: counters.read(0), WALL,
+                                            FLUSH_SECONDS))
             if mode == "fragment":
                 reports = MpiReports(comm)
             elif node.Get_rank() == 0:

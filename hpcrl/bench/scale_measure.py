@@ -367,10 +367,11 @@ def node_pack_cost(cfg, seconds: float) -> float:
 
     from hpcrl.runtime.clock import WALL
     from hpcrl.runtime.record.node_rows import NodeRows
+    from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS
 
     batch = [_report_message(j, 0, cfg.actors.fragment_length * cfg.env.num_envs) for j in range(NODE_REPORTS)]
     with tempfile.TemporaryDirectory(prefix="hpcrl-node-pack-") as tmp:
-        rows = NodeRows(Path(tmp), 2, cfg.io.compression, lambda: 0, WALL)
+        rows = NodeRows(Path(tmp), 2, cfg.io.compression, lambda: 0, WALL, FLUSH_SECONDS)
         cost = time_case(lambda: rows.pack(2, batch), seconds)
         rows.close()
     return cost

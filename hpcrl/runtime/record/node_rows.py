@@ -22,19 +22,19 @@ import numpy as np
 from hpcrl.io.node_file import NodeFile
 from hpcrl.runtime.clock import Clock
 from hpcrl.runtime.messages import FragmentColumns, FragmentReport, NodeSummary, Report
-from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS
 
 
 class NodeRows:
     """One relay's writer of its node's rows (opened at the first batch: a relay that never flushes makes no file).
 
-    ``env_steps``: reads the run's env-step counter; ``clock``: the relay's (its Unix times are the rows')."""
+    ``env_steps``: reads the run's env-step counter; ``clock``: the relay's (its Unix times are the rows');
+    ``flush_seconds``: the longest a report waits in the relay."""
 
     every_actor = False  # rank 0's work is per message: send every flush_seconds (transport/report_packing.py)
 
     def __init__(self, run_dir: Path, relay: int, compression: str, env_steps: Callable[[], int], clock: Clock,
-                 flush_seconds: float = FLUSH_SECONDS):
-        self.flush_seconds = flush_seconds  # summary_interval(relays) in a job
+                 flush_seconds: float):
+        self.flush_seconds = flush_seconds  # transport/report_packing.py's summary_interval(relays)
         self.run_dir, self.relay, self.compression = run_dir, relay, compression
         self.env_steps, self.clock = env_steps, clock
         self.file: NodeFile | None = None

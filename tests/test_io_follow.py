@@ -249,3 +249,24 @@ def test_follow_tries_a_node_file_it_cannot_open_yet_at_the_next_poll(tmp_path):
         assert list(live) == []
     finally:
         write.close()
+
+
+def test_read_table_of_a_live_run_checks_its_held_node_files_in_one_probe(tmp_path, monkeypatch):
+    """A live summary run's node files are held by their writers: read_table checks their metadata in one child
+    process, not one each (at hundreds of nodes, minutes), and joins their rows."""
+    from hpcrl.io import probe, read_table
+
+    calls = []
+    check = probe.check
+    monkeypatch.setattr(probe, "check", lambda items, *a, **k: (calls.append(len(items)), check(items, *a, **k))[1])
+    run_dir = tmp_path / "run"
+    write = _Writer(run_dir)
+    try:
+        write("run", [1.0])
+        for relay in (3, 5, 7):
+            write("node", relay, 1000.0 + relay, [1.0])
+        rows = read_table(run_dir, "episodes", ["time", "actor"])
+        assert rows["time"].tolist() == [1.0, 4.0, 6.0, 8.0] and rows["actor"].tolist() == [0, 3, 5, 7]
+        assert calls.count(3) == 1 and max(calls) == 3  # the three node files together, none alone
+    finally:
+        write.close()

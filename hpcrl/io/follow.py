@@ -40,10 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcrl.io import probe
-from hpcrl.io.errors import RecordDamagedError, RunFileError
+from hpcrl.io.errors import RunFileError
 from hpcrl.io.node_file import NODE_TABLES, node_files
-from hpcrl.io.readers import _H5_ERRORS, _held, _open, _retry, _Transient, damage_error, read_table, start_unix
+from hpcrl.io.readers import (_H5_ERRORS, _open, _retry, _Transient, check_held_together, damage_error, read_table,
+                               start_unix)
 from hpcrl.io.recovery import writer_has_open
 from hpcrl.io.schema import RUN_FILE, TABLES, TRAJ_FIELD_NAMES
 from hpcrl.io.tables import LIVE_GROUP
@@ -155,7 +155,7 @@ def _follow_joined(path: Path, run, table: str, names: list[str], own: _Source, 
             found = {relay: p for relay, p in node_files(path.parent).items() if relay not in nodes}
             if found and not start:
                 start.append(start_unix(run, "its node files' rows cannot be put on its clock"))
-            checked = _check_together(list(found.values()), table)
+            checked = check_held_together(list(found.values()), [table, LIVE_GROUP])
             for relay, node_path in found.items():
                 source = _node_source(node_path, table, list(own.datasets), start[0], closed, node_path in checked)
                 if source is not None:
@@ -179,30 +179,11 @@ def _follow_joined(path: Path, run, table: str, names: list[str], own: _Source, 
             source.file.close()
 
 
-def _check_together(paths: list[Path], table: str) -> set[Path]:
-    """The node files among ``paths`` that a writer holds, checked (:func:`hpcrl.io.probe.check`) in one child
-    process rather than one each (about 0.3 s a file, at hundreds of nodes): those that passed. One that fails
-    is left to its own check."""
-    held = [p for p in paths if _held(p)]
-    while len(held) > 1:
-        try:
-            probe.check([(p, [table, LIVE_GROUP], "table") for p in held])
-            return set(held)
-        except RecordDamagedError as exc:
-            rest = [p for p in held if str(p) != exc.path]
-            if len(rest) == len(held):
-                break
-            held = rest
-        except RunFileError:
-            break
-    return set()
-
-
 def _node_source(path: Path, table: str, columns: list[str], run_start: float, final: bool,
                  checked: bool) -> _Source | None:
     """A node file's table to follow, or None while it cannot be opened yet (its writer is creating it).
     ``final``: run.h5's writer has closed, so the node file's has: a failure is the file's and raises.
-    ``checked``: :func:`_check_together` read its metadata already."""
+    ``checked``: :func:`hpcrl.io.readers.check_held_together` read its metadata already."""
     groups = [table, LIVE_GROUP]
     try:
         if final:

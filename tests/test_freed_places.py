@@ -4,7 +4,7 @@ import threading
 
 import numpy as np
 
-from hpcrl.runtime.roles.freed_places import FreedPlaces
+from hpcrl.runtime.roles.freed_places import FreedPlaces, NoPlaces, places_for
 from hpcrl.runtime.roles.push_apply import ApplyGradients
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.local import LocalCounters
@@ -32,7 +32,7 @@ def test_a_versions_pushes_free_their_places_in_every_group_at_once():
     counters = CountingCounters(control.num_counters(G, 8))
     for g in range(G):
         counters.add(control.BACKLOG + g, 2)
-    places = FreedPlaces(counters, G, True, lambda g: (g,))
+    places = places_for(True, counters, G, lambda g: (g,))
     places.applied([_push(0, 0, 2), _push(1, 0, 2)])
     places.applied([_push(2, 0, 2)])
     assert counters.writes == []  # nothing before the publish
@@ -46,7 +46,7 @@ def test_a_versions_pushes_free_their_places_in_every_group_at_once():
 def test_pushes_made_before_a_resume_hold_no_place_and_an_allreduce_push_frees_every_group():
     G = 2
     counters = CountingCounters(control.num_counters(G, 4))
-    places = FreedPlaces(counters, G, True, lambda g: range(G))  # learners.topology=allreduce: group 0 for all
+    places = FreedPlaces(counters, G, lambda g: range(G))  # learners.topology=allreduce: group 0 for all
     places.restore([3, 0])  # group 0 made pushes 0..2 before the checkpoint
     places.applied([_push(0, 2, 4)])  # queued at the checkpoint, applied after the resume: its places are gone
     places.publish()
@@ -58,7 +58,8 @@ def test_pushes_made_before_a_resume_hold_no_place_and_an_allreduce_push_frees_e
 
 def test_pipelined_actors_free_their_own_places_and_a_gradient_push_frees_its_group():
     counters = CountingCounters(control.num_counters(2, 4))
-    places = FreedPlaces(counters, 2, False, lambda g: (g,))
+    places = places_for(False, counters, 2, lambda g: (g,))
+    assert isinstance(places, NoPlaces)
     places.applied([_push(1, 0, 3)])
     places.publish()
     assert counters.writes == []  # the learner freed them when it took the batch

@@ -10,7 +10,9 @@ timing (measured: one actor, three groups; its second batch went 1, 2, 0 instead
 eight, and the weights differed from the run's twin).
 
 A push carries the places its batch held (the ``fragments`` stat); with ``learners.topology: allreduce`` group 0's
-push holds every group's batch (push_apply.py ``ApplyWeights.batches_in``), each of the same size.
+push holds every group's batch (push_apply.py ``ApplyWeights.batches_in``), each of the same size. Pipelined actors
+(``actors.on_policy: false``) hold no place rank 0 frees (their learner frees the backlog as it takes a batch):
+:class:`NoPlaces` then (:func:`places_for`).
 """
 from __future__ import annotations
 
@@ -21,10 +23,28 @@ import numpy as np
 from hpcrl.runtime.transport import control
 
 
+def places_for(on_policy: bool, counters, groups: int, batches_in: Callable[[int], Iterable[int]]):
+    """Rank 0's freeing of the backlog places: :class:`FreedPlaces` for on-policy actors, else :class:`NoPlaces`."""
+    return FreedPlaces(counters, groups, batches_in) if on_policy else NoPlaces()
+
+
+class NoPlaces:
+    """Pipelined actors: rank 0 frees nothing."""
+
+    def restore(self, seq_next: list[int]) -> None:
+        """Nothing is held across a resume."""
+
+    def applied(self, records) -> None:
+        """Nothing to free."""
+
+    def publish(self) -> None:
+        """Nothing to free."""
+
+
 class FreedPlaces:
-    def __init__(self, counters, groups: int, on_policy: bool, batches_in: Callable[[int], Iterable[int]]) -> None:
+    def __init__(self, counters, groups: int, batches_in: Callable[[int], Iterable[int]]) -> None:
         """``batches_in(group)``: the groups whose batches a push of ``group`` holds."""
-        self.counters, self.on_policy, self.batches_in = counters, on_policy, batches_in
+        self.counters, self.batches_in = counters, batches_in
         self.to_free = np.zeros(groups, dtype=np.int64)
         self.made_before = [0] * groups  # a resume: pushes made by the job before it hold no place in this one's words
 
@@ -35,8 +55,6 @@ class FreedPlaces:
 
     def applied(self, records) -> None:
         """These pushes (GradientRecords) are in the version just published, or were dropped."""
-        if not self.on_policy:
-            return
         for rec in records:
             if rec.seq >= self.made_before[rec.group]:
                 for g in self.batches_in(rec.group):

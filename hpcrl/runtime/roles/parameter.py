@@ -63,7 +63,7 @@ from hpcrl.runtime.roles.active_groups import ActiveGroups
 from hpcrl.runtime.roles.actor_ledger import ActorLedger
 from hpcrl.runtime.roles.push_apply import apply_mode
 from hpcrl.runtime.roles.shard_lead import lead_shards
-from hpcrl.runtime.roles.freed_places import FreedPlaces
+from hpcrl.runtime.roles.freed_places import places_for
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, make_policy
@@ -129,7 +129,7 @@ class ParameterRank:
         self.stop_rule = StopRule(self.settings.stop)
         self.seq_next = [0] * G
         self.group_nodes = job.topo.group_nodes  # each group's node: the order of a step's sum
-        self.places = FreedPlaces(self.counters, G, self.plan.on_policy, self.push_mode.batches_in)  # actors.on_policy
+        self.places = places_for(self.plan.on_policy, self.counters, G, self.push_mode.batches_in)
         self.ledger = ActorLedger(self.plan.actors)  # each actor's next fragment number and newest statistics
         self.wall_before = 0.0  # wall seconds of earlier jobs of this run (resume)
         self.queue: list[GradientRecord] = []

@@ -51,6 +51,7 @@ from hpcrl.runtime.messages import (ActorParked, Evaluation, FragmentReport, Gro
                                     NodeSummary, SamplerEvent)
 from hpcrl.runtime.record.allocation import batch_job
 from hpcrl.runtime.record.cycle_profile import PARAMETER_PHASES
+from hpcrl.runtime.record.round_stats import mean_kl, new_round, round_row
 from hpcrl.runtime.record.rows import RowBuffer
 from hpcrl.runtime.record.scalars import LiveScalars, open_scalars
 from hpcrl.runtime.record.stop_rule import StopRule
@@ -72,7 +73,7 @@ class RunRecord:
         self.stop_rule = stop_rule
         self.episodes, self.updates, self.gradients, self.admitted = episodes, updates, gradients, admitted
         self.round_t0 = run_file.now()
-        self.current = self._new_round()
+        self.current = new_round()
         self.staleness_recent: deque[int] = deque(maxlen=64)
         self.last_stats: dict[str, float] = {}  # the newest iteration's or gradient's algorithm numbers
         self.summary_env_steps: int | None = None
@@ -113,14 +114,6 @@ class RunRecord:
         if job is not None:
             self.rows.add("allocations", {"time": self.file.now(), **job})
         return self
-
-    @staticmethod
-    def _new_round() -> dict[str, Any]:
-        return {"env_steps": 0, "episodes": 0, "updates": 0, "staleness": [], "loss": [], "grad_stats": [],
-                "returns": [], "lengths": [], "learner_seconds": 0.0, "actor_seconds": 0.0, "actors": set(),
-                "active_max": 0, "episode_columns": {"actor": [], "env_index": [], "return": []}, "reports": [],
-                "admitted": 0, "dropped": 0,
-                "algo_stats": {}, "cycles": {}, "cycle_count": 0}
 
     def now(self) -> float:
         return self.file.now()
@@ -211,14 +204,7 @@ class RunRecord:
         n = len(episodes["actor"])
         if n:
             self.rows.add_columns("episodes", {**self.times(dict(episodes), ("time",)), "env_steps": [env_steps] * n})
-            returns = episodes["return"]
-            self.stop_rule.add_returns(returns)
-            r["returns"].extend(returns)
-            r["lengths"].extend(episodes["length"])
-            for name, column in r["episode_columns"].items():
-                column.extend(episodes[name])
-        self.episodes += n
-        r["episodes"] += n
+        self._ended(episodes["actor"], episodes["env_index"], episodes["return"], episodes["length"])
 
     def node_summary(self, summary: NodeSummary) -> None:
         """A node's sums (``actors.reports: summary``): the round's statistics of its fragments and episodes, as
@@ -232,18 +218,21 @@ class RunRecord:
         for actor, n in zip(actors, steps.astype(np.int64).tolist()):
             self.node_steps[actor] = self.node_steps.get(actor, 0) + n
         self.node_rows[summary.node] = {"actors": summary.rows[0], "episodes": summary.rows[1]}
-        n = len(summary.episodes)
-        if n:
-            returns = summary.episode("return").tolist()
-            self.stop_rule.add_returns(returns)
-            r["returns"].extend(returns)
-            r["lengths"].extend(summary.episode("length").astype(np.int64).tolist())
-            cols = r["episode_columns"]  # what algo.end_round reads of the round's episodes
-            cols["actor"].extend(summary.episode("actor").astype(np.int64).tolist())
-            cols["env_index"].extend(summary.episode("env_index").astype(np.int64).tolist())
-            cols["return"].extend(returns)
-        self.episodes += n
-        r["episodes"] += n
+        whole = [summary.episode(c).astype(np.int64).tolist() for c in ("actor", "env_index", "length")]
+        self._ended(whole[0], whole[1], summary.episode("return").tolist(), whole[2])
+
+    def _ended(self, actors: list, env_index: list, returns: list, lengths: list) -> None:
+        """Episodes ended on the actors (their columns, in order): the stop rule's returns and the round's."""
+        r = self.current
+        self.stop_rule.add_returns(returns)
+        r["returns"].extend(returns)
+        r["lengths"].extend(lengths)
+        cols = r["episode_columns"]  # what algo.end_round reads of the round's episodes
+        cols["actor"].extend(actors)
+        cols["env_index"].extend(env_index)
+        cols["return"].extend(returns)
+        self.episodes += len(returns)
+        r["episodes"] += len(returns)
 
     def actor_park(self, parked: ActorParked) -> None:
         self.file.append("actor_parks", self.times(parked.row(), ("time",)))
@@ -360,35 +349,14 @@ class RunRecord:
         ``active``: the active learner groups; None for the fused loop, whose row leaves empty what only the
         roles measure (threshold, staleness, learner and actor seconds, active actors and groups).
         ``queued``: gradients waiting in the admission queue now."""
-        r = self.current
-        now = self.file.now()
-        # the values as they were told (the roles' Python floats; the fused loop's float32 arrays: float32 means)
-        ret = np.asarray(r["returns"])
-
-        def agg(a, fn):
-            return float(fn(a)) if a.size else math.nan
-
-        row = {"round": round_index, "start": self.round_t0, "duration": now - self.round_t0,
-               "env_steps": r["env_steps"], "env_steps_total": consumed, "episodes": r["episodes"],
-               "updates": r["updates"], "loss": agg(np.asarray(r["loss"]), np.nanmean),
-               "reward_mean": agg(ret, np.mean), "reward_max": agg(ret, np.max), "reward_min": agg(ret, np.min),
-               "reward_std": agg(ret, np.std)}
-        if active is not None:
-            st = np.asarray(r["staleness"], dtype=np.float64)
-            row.update({
-                "threshold": math.nan if threshold is None else threshold,
-                "staleness_mean": agg(st, np.mean), "staleness_max": agg(st, np.max),
-                "staleness_min": agg(st, np.min), "staleness_std": agg(st, np.std),
-                "learner_seconds": r["learner_seconds"], "actor_seconds": r["actor_seconds"],
-                "active_actors": len(r["actors"]), "active_groups": max(r["active_max"], active)})
+        r, now = self.current, self.file.now()
+        row = round_row(r, round_index, self.round_t0, now, consumed, threshold, active)
         self.file.append("rounds", row)
         if self.scalars is not None:
             self.scalars.round(row, r, queued, self.stop_rule.mean_return())
-        kl = np.fromiter((g.get("kl", math.nan) for g in r["grad_stats"]), float, len(r["grad_stats"]))
         self.round_t0 = now
-        self.current = self._new_round()
-        return {"kl": agg(kl[np.isfinite(kl)], np.mean), "round": round_index, "episodes": r["episode_columns"],
-                "reports": r["reports"]}
+        self.current = new_round()
+        return {"kl": mean_kl(r), "round": round_index, "episodes": r["episode_columns"], "reports": r["reports"]}
 
     def algo_rows(self, records: dict[str, list[dict]]) -> None:
         for table, rows in records.items():

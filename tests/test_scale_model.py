@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.bench.scale_predict import (SUMMARY_FLUSH_SECONDS, Costs, Interconnect, Layout, Linear, Workload,
-                                       perlmutter, predict, saturation_nodes, scaling_efficiency)
+from hpcrl.bench.scale_predict import (Costs, Interconnect, Layout, Linear, Workload, perlmutter, predict,
+                                       saturation_nodes, scaling_efficiency)
+from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 MS = 1e-3
@@ -170,7 +171,7 @@ def test_per_node_summaries_cost_rank0_one_summary_per_node_and_flush_interval()
     lay = Layout(nodes=10, actors=640, actor_nodes=10, learners=10**6)
     c = costs(report=1 * MS, record=1 * MS, summary=2 * MS, actor_step=10e-6)
     # 64 actors at 100K env steps/s each fill a 50 ms summary with 320K env steps: 2 ms of rank 0 per 320K steps
-    steps = 64 * SUMMARY_FLUSH_SECONDS / 10e-6
+    steps = 64 * FLUSH_SECONDS / 10e-6
     assert predict(c, WORK, lay, reports="summary").bounds["rank 0 CPU"] == pytest.approx(steps / (2 * MS))
     slow = replace(c, actor_step=1.0)  # under a fragment per interval: a summary holds at least one fragment
     assert predict(slow, WORK, lay, reports="summary").bounds["rank 0 CPU"] == pytest.approx(

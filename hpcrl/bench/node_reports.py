@@ -57,10 +57,9 @@ def _report(actor: int, fragment: int, steps: int, episodes: int, normalizer):
 class _TimedPacking:
     """A relay's packing, its CPU counted."""
 
-    every_actor = False
-
     def __init__(self, rows) -> None:
-        self.rows, self.cpu, self.flush_seconds = rows, 0.0, rows.flush_seconds
+        self.rows, self.cpu = rows, 0.0
+        self.every_actor, self.flush_seconds = rows.every_actor, rows.flush_seconds
 
     def pack(self, relay, batch):
         t = time.thread_time()

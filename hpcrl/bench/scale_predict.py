@@ -30,15 +30,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from hpcrl.runtime.transport.report_packing import FLUSH_SECONDS, summary_interval
+from hpcrl.runtime.transport.report_packing import summary_interval
 
 PUSH_MODES = ("gradient", "update")
 FETCH_MODES = ("actor", "node")
 TOPOLOGIES = ("server", "allreduce")
 ADMISSIONS = ("async", "sync")
 REPORT_MODES = ("fragment", "node", "summary")
-SUMMARY_FLUSH_SECONDS = FLUSH_SECONDS
-"""A node's relay sends rank 0 its summary every this many seconds (up to 100 nodes of actors: ``summary_interval``)."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ API::
 """
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -33,13 +32,12 @@ import numpy as np
 from hpcrl.io.errors import record_write_error
 from hpcrl.io.h5format import APPEND_LIBVER, WRITE_LIBVER
 from hpcrl.io.recovery import clear_write_flags
-from hpcrl.io.schema import SCHEMA_VERSION, TABLES
+from hpcrl.io.schema import SCHEMA_VERSION, TABLES, numbered_files
 from hpcrl.io.tables import FlushTimer, Table, TimedFlushFile, abandon_file, filter_kwargs
 
 NODE_DIR = "nodes"
 NODE_TABLES = ("actors", "episodes")
 """The tables a node file holds: run.h5's rows of its node's fragments."""
-_NODE_NAME = re.compile(r"node-(\d+)\.h5")
 
 
 def node_filename(relay: int) -> str:
@@ -49,13 +47,7 @@ def node_filename(relay: int) -> str:
 
 def node_files(run_dir: str | Path) -> dict[int, Path]:
     """Relay world rank -> its nodes/node-RRRRR.h5, for the files that exist, in rank order."""
-    folder = Path(run_dir) / NODE_DIR
-    found = {}
-    for p in sorted(folder.glob("node-*.h5")) if folder.is_dir() else ():
-        m = _NODE_NAME.fullmatch(p.name)
-        if m:
-            found[int(m.group(1))] = p
-    return found
+    return numbered_files(Path(run_dir) / NODE_DIR, "node")
 
 
 class NodeFile(TimedFlushFile):
@@ -66,7 +58,7 @@ class NodeFile(TimedFlushFile):
         self.path = Path(file.filename)
         self.start_unix = float(file.attrs["start_unix"])
         self._timer = FlushTimer(float("inf"))  # flushed by the relay, before each message
-        self.tables = {name: Table.open(file, TABLES[name]) if name in file else None for name in NODE_TABLES}
+        self.tables = {name: Table.open(file, TABLES[name]) for name in NODE_TABLES}
 
     @classmethod
     def create(cls, run_dir: str | Path, relay: int, compression: str = "gzip",

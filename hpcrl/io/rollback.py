@@ -37,7 +37,6 @@ API::
 """
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
@@ -52,22 +51,15 @@ from hpcrl.io.node_file import NODE_TABLES, node_filename, node_files
 from hpcrl.io.readers import _read_node_counts, _read_table, _read_trajectory_steps, _retry, read_row_counts
 from hpcrl.io.recovery import clear_write_flags, stored_eof
 from hpcrl.io.run_file import RunFile
-from hpcrl.io.schema import NEVER_CUT, RUN_FILE, TABLES, TRAJ_DIR, traj_filename
+from hpcrl.io.schema import NEVER_CUT, RUN_FILE, TABLES, TRAJ_DIR, numbered_files, traj_filename
 from hpcrl.io.tables import COMMITTED_STEPS, Table
 from hpcrl.io.traj_file import cut_trajectory, held_committed_steps
 
-_TRAJ_NAME = re.compile(r"actor-(\d+)\.h5")
 
 
 def trajectory_files(run_dir: str | Path) -> dict[int, Path]:
     """Actor index -> its traj/actor-NNNNN.h5, for the files that exist."""
-    folder = Path(run_dir) / TRAJ_DIR
-    found = {}
-    for p in sorted(folder.glob("actor-*.h5")) if folder.is_dir() else ():
-        m = _TRAJ_NAME.fullmatch(p.name)
-        if m:
-            found[int(m.group(1))] = p
-    return found
+    return numbered_files(Path(run_dir) / TRAJ_DIR, "actor")
 
 
 def record_counts(run_dir: str | Path, run_file: RunFile | None = None,

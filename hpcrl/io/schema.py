@@ -15,8 +15,10 @@ keeps the two equal.
 """
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +32,18 @@ TRAJ_DIR = "traj"
 def traj_filename(actor: int) -> str:
     """Path of actor ``actor``'s trajectory file, relative to the run directory."""
     return f"{TRAJ_DIR}/actor-{actor:05d}.h5"
+
+
+def numbered_files(folder: str | Path, stem: str) -> dict[int, Path]:
+    """Number -> path of the files ``folder/STEM-NNNNN.h5`` that exist (traj/actor-, nodes/node-), in number
+    order; other names there are left out."""
+    folder, name = Path(folder), re.compile(rf"{re.escape(stem)}-(\d+)\.h5")
+    found = {}
+    for p in sorted(folder.glob(f"{stem}-*.h5")) if folder.is_dir() else ():
+        m = name.fullmatch(p.name)
+        if m:
+            found[int(m.group(1))] = p
+    return found
 
 
 @dataclass(frozen=True)

@@ -357,8 +357,8 @@ class Startup:
     """Update push: each group's optimizer state after its newest update taken."""
 
 
-Report = (FragmentReport | NodeReports | NodeSummary | ActorParked | SamplerEvent | Evaluation | LearnerActivity | GroupEvent
-          | JoiningJob)
+Report = (FragmentReport | NodeReports | NodeSummary | ActorParked | SamplerEvent | Evaluation | LearnerActivity
+          | GroupEvent | JoiningJob)
 """What travels through ``Reports`` (every message here but the mailbox's ``PushHeader``)."""
 
 REPORTS = (FragmentReport, NodeReports, NodeSummary, ActorParked, SamplerEvent, Evaluation, LearnerActivity, GroupEvent,

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from hpcrl.runtime.messages import FragmentReport, NodeReports, NodeSummary, Report
 from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.roles.actor_ledger import ActorLedger
@@ -26,7 +28,8 @@ class FragmentHandlers:
 
     def __init__(self, groups, ledger: ActorLedger, record: RunRecord, env_steps: Callable[[], int],
                  dispatch: Callable[[Report], None]) -> None:
-        self.groups, self.ledger, self.record, self.env_steps, self.dispatch = groups, ledger, record, env_steps, dispatch
+        self.groups, self.ledger, self.record = groups, ledger, record
+        self.env_steps, self.dispatch = env_steps, dispatch
 
     def fragment(self, report: FragmentReport) -> None:
         self.groups.rule.fragment(report.actor, report.steps, report.sample_seconds)
@@ -51,10 +54,11 @@ class FragmentHandlers:
     def summary(self, node: NodeSummary) -> None:
         """A node's sums: the rule and the ledger per actor, the round's statistics, then each other message."""
         rule, ledger = self.groups.rule, self.ledger
-        for a, steps, seconds, newest in zip(*(node.actor_sum(c).tolist() for c in
-                                               ("actor", "steps", "sample_seconds", "newest_fragment"))):
-            rule.fragment(int(a), steps, seconds)
-            ledger.fragment(int(a), int(newest), node.normalizers.get(int(a)))
+        actors, newest = (node.actor_sum(c).astype(np.int64).tolist() for c in ("actor", "newest_fragment"))
+        for a, n, steps, seconds in zip(actors, newest, node.actor_sum("steps").tolist(),
+                                        node.actor_sum("sample_seconds").tolist()):
+            rule.fragment(a, steps, seconds)
+            ledger.fragment(a, n, node.normalizers.get(a))
         self.record.node_summary(node)
         for message in node.reports:
             self.dispatch(message)

@@ -5,9 +5,10 @@ The simulated actors of one node share a :class:`NodeBuffer`; each holds a :clas
 A report goes into the buffer, and the buffer goes to rank 0's queue as one
 :class:`~hpcrl.runtime.messages.NodeReports` by the same rule as the MPI relay's: once every actor of the node that
 has not closed has a message in it, or ``flush_seconds`` (on the node's clock: virtual time) after the oldest came,
-checked whenever one of the node's actors sends or waits (``poll``); with ``actors.reports: summary`` its
-:class:`~hpcrl.runtime.transport.node_reports.Packing` writes the rows to the node's file and the buffer sends only
-every ``flush_seconds``. The last member to close sends the rest, before it counts itself done. No MPI: any actor of the node may do the relay's work, since they share the buffer.
+checked whenever one of the node's actors sends or waits (``poll``: ``report_packing.due``); with ``actors.reports:
+summary`` its :class:`~hpcrl.runtime.transport.report_packing.Packing` writes the rows to the node's file and the
+buffer sends only every ``flush_seconds``. The last member to close sends the rest, before it counts itself done. No
+MPI: any actor of the node may do the relay's work, since they share the buffer.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import threading
 
 from hpcrl.runtime.clock import Clock
 from hpcrl.runtime.messages import Report
-from hpcrl.runtime.transport.report_packing import Packing, ReportColumns
+from hpcrl.runtime.transport.report_packing import Packing, ReportColumns, due
 
 
 class NodeBuffer:
@@ -24,7 +25,6 @@ class NodeBuffer:
     def __init__(self, up, actors: list[int], relay: int, clock: Clock, packing: Packing | None = None):
         self.up, self.relay, self.clock = up, relay, clock
         self.packing = ReportColumns() if packing is None else packing
-        self.flush_seconds = self.packing.flush_seconds
         self.waiting = set(actors)  # actors that have not closed
         self.members = 0  # Reports handed out and not closed
         self._batch: list[Report] = []
@@ -60,8 +60,7 @@ class NodeBuffer:
                 self._flush_if_due()
 
     def _flush_if_due(self) -> None:
-        if self._batch and ((self.packing.every_actor and self.waiting <= self._senders)
-                            or self.clock.now() - self._oldest >= self.flush_seconds):
+        if self._batch and due(self.packing, self.waiting, self._senders, self.clock.now() - self._oldest):
             self._flush()
 
     def _flush(self) -> None:

@@ -36,7 +36,7 @@ from hpcrl.runtime.clock import WALL, Clock
 from hpcrl.runtime.messages import Report
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.links import MpiReports
-from hpcrl.runtime.transport.report_packing import Packing, ReportColumns
+from hpcrl.runtime.transport.report_packing import Packing, ReportColumns, due
 
 TAG_NODE_REPORT = 17
 """An actor -> its node's relay: one pickled report, or None: this actor sends no more."""
@@ -86,7 +86,6 @@ class ReportRelay:
                  clock: Clock = WALL, packing: Packing | None = None) -> None:
         self.comm, self.up, self.world_rank, self.beat, self.clock = node_comm, up, world_rank, beat, clock
         self.packing = ReportColumns() if packing is None else packing
-        self.flush_seconds = self.packing.flush_seconds
         self.open = set(range(node_comm.Get_size()))  # node ranks that have not closed (0: this one)
         self._batch: list[Report] = []
         self._senders: set[int] = set()
@@ -108,8 +107,7 @@ class ReportRelay:
                 self.open.discard(source)
             else:
                 self._take(source, message)
-        if self._batch and ((self.packing.every_actor and self.open <= self._senders)
-                            or self.clock.now() - self._oldest >= self.flush_seconds):
+        if self._batch and due(self.packing, self.open, self._senders, self.clock.now() - self._oldest):
             self._flush()
 
     def _take(self, source: int, message: Report) -> None:

@@ -32,6 +32,12 @@ class Packing(Protocol):
     def close(self) -> None: ...
 
 
+def due(packing: Packing, open_actors: set, senders: set, waited: float) -> bool:
+    """Whether a relay's non-empty batch goes to rank 0 now: every open actor of the node has a message in it (for a
+    packing that waits for them), or its oldest report has waited ``packing.flush_seconds``."""
+    return (packing.every_actor and open_actors <= senders) or waited >= packing.flush_seconds
+
+
 class ReportColumns:
     """``actors.reports: node``: the batch's fragment reports as columns, its other messages as they are."""
 

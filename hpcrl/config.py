@@ -371,10 +371,20 @@ class LaunchConfig(Section):
     node_weight_cache: Literal["auto", "on", "off"] = "auto"
     """Runner mpi: a node's actors read the weight board through one shared-memory copy per node, fetched once per
     version from rank 0 (runtime/transport/node_cache.py); auto: when some node holds more than one actor."""
+    weight_tree: int = Field(0, ge=0)
+    """The node caches fetch through a tree (runtime/transport/weight_tree.py): k >= 2, rank 0 serves each version
+    to k nodes and each of those nodes to k more, so rank 0's link carries k copies of a version, not one per node;
+    0: every node fetches from rank 0. Needs the node caches (node_weight_cache auto or on: the tree turns them on)."""
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     """Where the parameter rank, the learner groups and the actors go across nodes (docs/sites.md, "Placement")."""
     actor_nice: int = Field(10, ge=0, le=19)
     """Runner mpi: actor ranks lower their scheduling priority by this much (nice). Where ranks outnumber cores, the learner and parameter ranks that every gradient waits on then get a core first (default job, 4 ranks on 2 cores: +8 % env steps/s); actors wait on back-pressure anyway, and where every rank has a core nothing changes. 0: off."""
+
+    @field_validator("node_weight_cache", mode="before")
+    @classmethod
+    def _on_off_as_yaml_reads_them(cls, value):
+        # YAML 1.1 (a config file, or -o launch.node_weight_cache=off) reads a bare on/off as a boolean
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _warning_before_the_end(self) -> "LaunchConfig":
@@ -382,6 +392,12 @@ class LaunchConfig(Section):
             raise ValueError(f"launch.watchdog_warn_seconds={self.watchdog_warn_seconds:g} is not below "
                              f"launch.watchdog_seconds={self.watchdog_seconds:g}: the warning would never come before "
                              "the job ends; lower watchdog_warn_seconds")
+        if self.weight_tree == 1:
+            raise ValueError("launch.weight_tree=1 would chain the nodes one behind another; allowed: 0 (off) or a "
+                             "fanout of 2 or more")
+        if self.weight_tree and self.node_weight_cache == "off":
+            raise ValueError(f"launch.weight_tree={self.weight_tree} needs the node caches it connects; "
+                             "set launch.node_weight_cache to auto or on, or launch.weight_tree to 0")
         return self
 
 
@@ -601,6 +617,10 @@ class RunConfig(Section):
             raise ValueError(f"actors.reports={self.actors.reports}: launch.runner=serial runs every actor in one "
                              "process on no node (nothing to batch reports on); allowed: launch.runner=mpi or sim, or "
                              "actors.reports=fragment")
+        if self.launch.weight_tree and self.launch.runner == "serial":
+            raise ValueError(f"launch.weight_tree={self.launch.weight_tree}: launch.runner=serial runs every actor in "
+                             "one process on no node (no node fetches to connect); allowed: launch.runner=mpi or sim, "
+                             "or launch.weight_tree=0")
         return self
 
     @model_validator(mode="after")

@@ -225,7 +225,8 @@ class MpiWiring:
 
     def board(self, num_params: int, history: int, probe_size: int, topo):
         """The weight board (collective); an actor's is its node's cache of it (one fetch from rank 0 per node and
-        version) when ``launch.node_weight_cache`` (auto: a node holds several actors) says so."""
+        version) when ``launch.node_weight_cache`` (auto: a node holds several actors) says so, fetched through the
+        tree of ``launch.weight_tree`` when it is on."""
         from hpcrl.runtime.transport import node_cache
         from hpcrl.runtime.transport.windows import WeightBoard
 
@@ -238,13 +239,14 @@ class MpiWiring:
             b, owners = self.bounds, topo.shard_ranks
             board = ShardedBoard([WeightBoard(self.comm, owner, b[s + 1] - b[s], history=history, reader=reader)
                                   for s, owner in enumerate(owners)], b, self._my_shard(owners))
+        launch = self.plan.sections.launch
         actor_nodes = [topo.nodes[r] for r in topo.actor_ranks]
-        if not node_cache.wanted(self.plan.sections.launch.node_weight_cache, actor_nodes):
+        if not node_cache.wanted(launch.node_weight_cache, actor_nodes, launch.weight_tree):
             return board
         from hpcrl.runtime.transport.control import Heartbeat
 
         beat = Heartbeat(self._counters, self.plan.groups, topo.rank).beat  # the actor's word, while it waits
-        return node_cache.for_actors(board, self.comm, topo.role == "actor", beat)
+        return node_cache.for_actors(board, self.comm, topo.role == "actor", beat, launch.weight_tree)
 
     def reports(self, topo, run_dir, counters):
         """Reports to rank 0 (collective): an actor's go through its node's relay when ``actors.reports`` is node

@@ -204,24 +204,39 @@ MODES = ("auto", "on", "off")
 """``launch.node_weight_cache``: auto (default: on when a node holds more than one actor), on, off."""
 
 
-def wanted(mode: str, actor_nodes: list[str]) -> bool:
+def wanted(mode: str, actor_nodes: list[str], tree_fanout: int = 0) -> bool:
     """Whether the actors read through node caches: ``on``, ``off``, or ``auto`` = some node holds more than one
-    actor (with one actor per node a cache only adds a shared copy)."""
+    actor (with one actor per node a cache only adds a shared copy) or a weight tree connects them."""
     if mode not in MODES:
         raise ValueError(f"launch.node_weight_cache: {mode!r}; allowed: {', '.join(MODES)}")
-    return mode == "on" or (mode == "auto" and len(set(actor_nodes)) < len(actor_nodes))
+    if mode == "auto":
+        return tree_fanout > 0 or len(set(actor_nodes)) < len(actor_nodes)
+    return mode == "on"
 
 
-def for_actors(board: WeightBoard, comm, is_actor: bool,
-               beat: Callable[[], None] = lambda: None) -> WeightBoard | NodeWeightCache:
+def shared_memory_node(actors):
+    """The actors that share this rank's node memory (``Split_type(COMM_TYPE_SHARED)``)."""
+    return actors.Split_type(MPI.COMM_TYPE_SHARED, key=actors.Get_rank())
+
+
+def for_actors(board: WeightBoard, comm, is_actor: bool, beat: Callable[[], None] = lambda: None,
+               tree_fanout: int = 0, node_of: Callable = shared_memory_node) -> WeightBoard | NodeWeightCache:
     """Collective over ``comm`` (every rank of the board): each actor's :class:`NodeWeightCache` over the actors
-    that share its node's memory (``Split_type(COMM_TYPE_SHARED)`` of the actors' communicator), ``beat`` its
-    heartbeat; the board itself on the other ranks."""
+    of its node (``node_of(actors)``: those that share its memory), ``beat`` its heartbeat; the board itself on the
+    other ranks. ``tree_fanout`` k >= 2: the node caches fetch through a
+    :class:`~hpcrl.runtime.transport.weight_tree.WeightTree` (rank 0 serves k nodes, each node k more)."""
     actors = comm.Split(0 if is_actor else MPI.UNDEFINED, comm.Get_rank())
     if actors == MPI.COMM_NULL:
         return board
-    node = actors.Split_type(MPI.COMM_TYPE_SHARED, key=actors.Get_rank())
+    node = node_of(actors)
+    source = board
+    if tree_fanout:
+        from hpcrl.runtime.transport.weight_tree import WeightTree
+
+        leader = node.bcast(actors.Get_rank(), root=0)  # the node's first actor keeps its relay
+        leaders = sorted(set(actors.allgather(leader)))
+        source = WeightTree(board, actors, leaders.index(leader), leaders, tree_fanout, beat)
     actors.Free()
-    cache = NodeWeightCache(board, node, beat)
+    cache = NodeWeightCache(source, node, beat)
     node.Free()  # the window keeps what it needs of it
     return cache

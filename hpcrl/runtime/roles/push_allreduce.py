@@ -41,6 +41,8 @@ class PushAllreduced:
         # to rank 0 under it, and a group that does not push closes its cycle rows with it as their seq
         self.batches: int | None = None  # set at the first batch, from what rank 0 told every rank at start
         self.untrained = learner.model.flat.untrained_slices()
+        self.untrained_span = (min((p.start for p in self.untrained), default=0),  # one read covers them all
+                               max((p.stop for p in self.untrained), default=0))
         self.seen = -1  # the newest published version whose untrained values the model holds
         self.next_version: int | None = None  # the version rank 0 makes of the last batch's push
 
@@ -116,19 +118,32 @@ class PushAllreduced:
         return L.pacing.wait_while(lambda: L.job.board.latest_version() <= version, cap=SHORT_WAIT_CAP)
 
     def _start(self) -> int | None:
-        """The version the batch's weights are (None: the run is stopping). The first batch, and with on-policy
-        actors every batch, starts from the published version, waiting for it. A later one starts at once from the
-        group's own weights: they are the trained values of the version rank 0 makes of the last batch's push, and
-        rank 0's untrained values (PPO's KL coefficient) are taken from the newest version published by then."""
+        """The version the batch's weights are (None: the run is stopping). The first batch starts from the published
+        version, waiting for it. A later one starts from the group's own weights: they are the trained values of
+        the version rank 0 makes of the last batch's push (with on-policy actors, the version this group waited
+        for), so only rank 0's untrained values (PPO's KL coefficient) are read, of the newest version published by
+        then: a few floats, not the whole weights from rank 0 for every group and batch."""
         L = self.learner
-        if self.next_version is None or L.plan.on_policy:
+        if self.next_version is None:
             version = L.pull_weights()
             self.seen = -1 if version is None else version
             return version
-        newest = L.job.board.read_latest(L.weights, have=self.seen)
+        if L.plan.on_policy and not L.pacing.before_pull():
+            return None
+        newest = self._untrained_of_newest()
+        return newest if L.plan.on_policy else self.next_version
+
+    def _untrained_of_newest(self) -> int:
+        """The newest published version's untrained values into the model (read only when newer than the last
+        read); that version."""
+        L = self.learner
+        if not self.untrained:
+            return L.job.board.latest_version()
+        start, stop = self.untrained_span
+        newest = L.job.board.read_latest_part(L.weights[start:stop], start, have=self.seen)
         if newest != self.seen:
             with torch.no_grad():
                 for part in self.untrained:
                     L.model.flat.params[part] = torch.from_numpy(L.weights[part])
             self.seen = newest
-        return self.next_version
+        return newest

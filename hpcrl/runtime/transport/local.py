@@ -173,8 +173,18 @@ class LocalBoard:
                 return -1
             version, params, _ = self._ring[-1]
         if version != have:
-            self._copying(version)
+            self._copying(version, self.num_params)
             out[:] = params  # a published copy is never changed: no lock needed to read it
+        return version
+
+    def read_latest_part(self, out: np.ndarray, start: int, have: int = -1) -> int:
+        with self._lock:
+            if not self._ring:
+                return -1
+            version, params, _ = self._ring[-1]
+        if version != have:
+            self._copying(version, out.size)
+            out[:] = params[start:start + out.size]
         return version
 
     def read_version(self, version: int, out: np.ndarray) -> bool:
@@ -182,12 +192,12 @@ class LocalBoard:
             found = next((params for v, params, _ in self._ring if v == version), None)
         if found is None:
             return False
-        self._copying(version)
+        self._copying(version, self.num_params)
         out[:] = found
         return True
 
-    def _copying(self, version: int) -> None:
-        """A reader is about to copy ``version`` (the virtual-time twin charges the fetch here)."""
+    def _copying(self, version: int, floats: int) -> None:
+        """A reader is about to copy ``floats`` values of ``version`` (the virtual-time twin charges the fetch here)."""
 
     def read_probe(self, out: np.ndarray) -> int:
         with self._lock:

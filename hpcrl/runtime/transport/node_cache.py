@@ -164,6 +164,13 @@ class NodeWeightCache:
         self._check_out(out, self.num_params, "read_latest")
         return self._read(out.reshape(-1), 0, have)
 
+    def read_latest_part(self, out: np.ndarray, start: int, have: int = -1) -> int:
+        """As :meth:`read_latest`, for the ``out.size`` params from ``start`` only."""
+        if out.dtype != np.float32 or not out.flags.c_contiguous or not 0 <= start <= self.num_params - out.size:
+            raise ValueError(f"NodeWeightCache.read_latest_part: out must be a contiguous float32 array within the "
+                             f"{self.num_params} params from {start}")
+        return self._read(out.reshape(-1), start, have)
+
     def read_probe(self, out: np.ndarray) -> int:
         """Copy the newest probe outputs into ``out`` (through the node's memory, like the params)."""
         self._check_out(out, self.probe_size, "read_probe")

@@ -125,6 +125,14 @@ class ShardedBoard:
             self.retries += 1  # a shard moved past it meanwhile: the next visible one
             backoff.sleep()
 
+    def read_latest_part(self, out: np.ndarray, start: int, have: int = -1) -> int:
+        """The newest visible version's ``out.size`` params from ``start`` (read whole from the shards, then cut)."""
+        whole = np.empty(self.num_params, dtype=np.float32)
+        version = self.read_latest(whole, have)
+        if version >= 0 and version != have:
+            out.reshape(-1)[:] = whole[start:start + out.size]
+        return version
+
     def read_version(self, version: int, out: np.ndarray) -> bool:
         """``version`` into ``out`` if it is visible and every shard still holds it."""
         views = self._views(out)

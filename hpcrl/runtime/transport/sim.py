@@ -194,14 +194,15 @@ class SimBoard(LocalBoard):
         self.charges.compute(self.charges.prices.publish(self.num_params), "a publish")
         super().publish(version, flat, probe)
 
-    def _copying(self, version: int) -> None:
-        """The reader's fetch: ``fetch`` on its core, then the bytes over rank 0's link (none for rank 0)."""
+    def _copying(self, version: int, floats: int) -> None:
+        """The reader's fetch of ``floats`` values: ``fetch`` on its core, then the bytes over rank 0's link (none for
+        rank 0)."""
         c = self.charges
         rank = c.caller_rank()
         if rank is None or rank == 0:
             return
-        c.compute(c.prices.fetch(self.num_params), "a weight fetch")
-        c.to_or_from_rank0(rank, 4 * self.num_params, "a weight fetch's bytes")
+        c.compute(c.prices.fetch(floats), "a weight fetch")
+        c.to_or_from_rank0(rank, 4 * floats, "a weight fetch's bytes")
 
 
 class SimReports(LocalReports):

@@ -467,6 +467,14 @@ class WeightBoard(_OwnedWindow):
         self._check_out(out, self.num_params, "read_latest")
         return self._read(0, out.reshape(-1), None, have)
 
+    def read_latest_part(self, out: np.ndarray, start: int, have: int = -1) -> int:
+        """As :meth:`read_latest`, for the ``out.size`` params from ``start`` only (an allreduce group's untrained
+        values: the rest it holds already); the fetch counts count these bytes."""
+        if out.dtype != np.float32 or not out.flags.c_contiguous or not 0 <= start <= self.num_params - out.size:
+            raise ValueError(f"WeightBoard.read_latest_part: out must be a contiguous float32 array within the "
+                             f"{self.num_params} params from {start}")
+        return self._read(start, out.reshape(-1), None, have)
+
     def read_version(self, version: int, out: np.ndarray) -> bool:
         """Copy the params of ``version`` into ``out`` if the ring still holds it; False otherwise."""
         self._check_out(out, self.num_params, "read_version")

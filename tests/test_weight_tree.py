@@ -6,8 +6,10 @@ checks every read (never torn, never older than the newest version rank 0 had wh
 counts per version and each relay's fills.
 """
 import re
+from pathlib import Path
 
 import pytest
+import torch
 from mpi_programs.launcher import run_mpi
 
 from hpcrl.config import ConfigError, load_config
@@ -68,3 +70,52 @@ def test_a_tree_it_cannot_build_is_refused_in_one_line(overrides, says):
 def test_on_and_off_read_as_yaml_booleans_are_the_cache_modes():
     assert load_config(None, ["launch.node_weight_cache=off"]).launch.node_weight_cache == "off"
     assert load_config(None, ["launch.node_weight_cache=on"]).launch.node_weight_cache == "on"
+
+
+def _sim_tree(nodes: int, fanout: int):
+    from hpcrl.runtime.transport.sim import SimWeightTree, TransportPrices, _Charges
+    from hpcrl.runtime.virtual_time import VirtualWorld
+
+    prices = TransportPrices(push=float, receive=float, publish=float, fetch=float, fragment_send=0.0, report=0.0,
+                             link_seconds=lambda a, b, nbytes: 1e-3)
+    leaders = [10 * (i + 1) for i in range(nodes)]  # node i's first actor is rank 10 (i + 1), its second 10 (i + 1) + 1
+    node_of = {r + k: i for i, r in enumerate(leaders) for k in (0, 1)}
+    return SimWeightTree(_Charges(VirtualWorld(), prices), fanout, leaders, node_of)
+
+
+def test_the_sim_tree_fills_each_stale_relay_once_from_the_top():
+    tree = _sim_tree(7, 2)
+    assert sorted(tree.links) == [0, 1, 2]  # the nodes with children keep relays
+    tree.fetch(70, version=3, floats=10)  # node 6 reads from relay 2, which reads from 0, which reads from rank 0
+    assert tree.held == [3, -1, 3, -1, -1, -1, -1] and tree.fills == 2
+    tree.fetch(71, version=3, floats=10)  # node 6's other actor: its source holds version 3 already
+    tree.fetch(40, version=3, floats=10)  # node 3: relay 0 holds it
+    assert tree.fills == 2
+    tree.fetch(20, version=3, floats=10)  # node 1 keeps a relay: fills its own from rank 0
+    tree.fetch(50, version=4, floats=10)  # node 4 reads a newer version through relay 1
+    assert tree.held == [3, 4, 3, -1, -1, -1, -1] and tree.fills == 4
+    assert not tree.reads(0) and tree.reads(71)  # rank 0 and the learners read the board straight
+
+
+@pytest.mark.slow
+def test_a_sim_job_on_five_small_nodes_runs_through_a_tree(tmp_path):
+    """Virtual time, on-policy sync (the weights do not depend on timing): 4 actor nodes of 2 actors, a tree of
+    fanout 2 (nodes 2 and 3 through node 0's relay) trains the same weights as every node fetching from rank 0."""
+    import yaml
+
+    from hpcrl.cli import main as cli_main
+    from hpcrl.runtime.record.checkpoint import load_checkpoint
+
+    root = Path(__file__).resolve().parents[1]
+    profile = yaml.safe_load((root / "hpcrl" / "cluster_profiles" / "this-machine.yaml").read_text())
+    profile.update(name="five-small-nodes", oversubscribe=False,
+                   nodes=[{"name": "small", "count": 5, "cores": 2, "gpus": 0, "cpu_speed": 1.0, "price_per_hour": 0.0}])
+    (tmp_path / "five.yaml").write_text(yaml.safe_dump(profile))
+    job = ["actors.count=8", "env.num_envs=2", "actors.fragment_length=16", "actors.on_policy=true",
+           "aggregation.policy=sync", "algo.train_batch_size=256", "algo.minibatch_size=128", "algo.num_sgd_iter=2",
+           "stop.max_rounds=3", "io.tensorboard=false", f"launch.profile={tmp_path / 'five.yaml'}"]
+    for fanout in (0, 2):
+        overrides = [*job, f"launch.weight_tree={fanout}", f"io.run_dir={tmp_path / str(fanout)}"]
+        assert cli_main(["run", "--runner", "sim", *[a for o in overrides for a in ("-o", o)]]) == 0
+    flat, tree = (load_checkpoint(tmp_path / name) for name in ("0", "2"))
+    assert flat["version"] == tree["version"] > 0 and torch.equal(flat["params"], tree["params"])

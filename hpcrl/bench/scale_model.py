@@ -90,7 +90,7 @@ def table(title: str, costs: Costs, work: Workload, nodes: list[int], gpu_share:
         saturation(costs, work, layout_of, name, "update", "node", **variant)
 
 
-EFFICIENCY_NODES = [2, 8, 64, 256, 1000]
+EFFICIENCY_NODES = [2, 8, 64, 256, 1000, 4000]
 TOPOLOGY_VARIANTS = [
     ("gradient push, per-actor fetch (built)", {"push": "gradient", "fetch": "actor"}),
     ("update push, per-node fetch (built)", {"push": "update", "fetch": "node"}),
@@ -104,6 +104,11 @@ TOPOLOGY_VARIANTS = [
     ("+ node combine, 16 shards, per-node summaries", {"push": "update", "fetch": "node", "reports": "summary",
                                                        "admission": "sync", "combine": 4, "shards": 16}),
     ("allreduce, per-node fetch and summaries", {"topology": "allreduce", "fetch": "node", "reports": "summary"}),
+    ("+ node combine, 16 shards, summaries, weight tree 16", {"push": "update", "fetch": "node", "reports": "summary",
+                                                              "admission": "sync", "combine": 4, "shards": 16,
+                                                              "tree": 16}),
+    ("allreduce, summaries, weight tree 16", {"topology": "allreduce", "fetch": "node", "reports": "summary",
+                                              "tree": 16}),
 ]
 """The ways to train at scale the efficiency tables compare (per-node summaries: actors.reports=summary, given costs
 that measured it)."""

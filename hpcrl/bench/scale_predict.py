@@ -7,7 +7,8 @@ Every role is a loop of operations whose costs are measured; each gives a bound 
 
 - actors (``A`` ranks, a core each): per env step ``actor_step``, per fragment of ``F`` steps one fragment send,
   and a weight fetch whenever a newer version exists (per-actor fetch: from rank 0; per-node fetch: the node's
-  copy, and the node's leader fetches from rank 0 once per version);
+  copy, and the node's leader fetches from rank 0 once per version; ``tree=k``, launch.weight_tree: only k nodes
+  fetch a version from rank 0, the others from relays on other nodes, each relay filled once per version);
 - learner groups (``G``, one rank each): per minibatch one gradient; ``push: gradient`` pushes each and reads the
   newest weights before the next, ``push: update`` steps its own optimizer and pushes once per batch of ``B``
   env steps (``M`` minibatches);
@@ -93,6 +94,7 @@ class Workload:
     batch_steps: int     # B: env steps one learner group trains per batch
     minibatches: int     # M: minibatch steps per batch (PPO: num_sgd_iter x B / minibatch_size)
     fragment_steps: int  # F: env steps per fragment (fragment_length x num_envs)
+    untrained: int = 1   # U: floats no optimizer steps (PPO's KL coefficient): all an allreduce group reads back
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ def summary_steps(costs: Costs, work: Workload, layout: Layout) -> float:
 
 
 def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch: str, combine: int = 1,
-                 shards: int = 1, reports: str = "fragment", admission: str = "async") -> dict:
+                 shards: int = 1, reports: str = "fragment", admission: str = "async", tree: int = 0) -> dict:
     """Seconds (summed over each role's ranks) and rank-0 bytes per env step, and the rates behind them.
 
     ``admission``: ``async`` makes a version of every push (Stellaris' pure async, its bound); ``sync`` one of a
@@ -195,7 +197,7 @@ def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch:
     learner_pushes = (M if push == "gradient" else 1) / B  # per env step, of all groups together
     pushes = learner_pushes / combine  # what reaches rank 0
     versions = learner_pushes / layout.learners if admission == "sync" else pushes
-    actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P, reports)
+    actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P, reports, tree)
     learner_fetches = min(learner_pushes, layout.learners * versions)
     if push == "gradient":
         learner = learner_pushes * (costs.gradient + costs.push(P)) + learner_fetches * costs.fetch(P)
@@ -210,42 +212,51 @@ def per_env_step(costs: Costs, work: Workload, layout: Layout, push: str, fetch:
 
 
 def _actors(costs: Costs, work: Workload, layout: Layout, fetch: str, versions: float, floats: int,
-            reports: str = "fragment") -> tuple[float, float]:
-    """The actors' seconds per env step (summed over them) and their weight fetches over the network per env step.
+            reports: str = "fragment", tree: int = 0) -> tuple[float, float]:
+    """The actors' seconds per env step (summed over them) and their weight fetches from rank 0 per env step.
 
     A reader fetches when a version newer than its own exists: at most once per version, and (actors) once per
-    fragment of its own; A actors' fragments come every A*F env steps, so A*versions or 1/F per env step. Under
+    fragment of its own; A actors' fragments come every A*F env steps, so A*versions or 1/F per env step. With a
+    weight tree of fanout ``tree`` (per-node fetch) only ``tree`` nodes' fetches reach rank 0; every node still
+    fetches (from a relay), and each relay's fill costs its filler a second copy (out to the relay). Under
     ``reports="summary"`` each node's relay writes its node's rows and flushes its file once per summary
     (``node_pack``, mostly per column, not per row)."""
     F = work.fragment_steps
     readers = layout.actors if fetch == "actor" else layout.actor_nodes
-    remote_fetches = min(readers * versions, 1.0 / F)
-    actor = costs.actor_step + costs.fragment_send / F + remote_fetches * costs.fetch(floats)
+    fetches = min(readers * versions, 1.0 / F)
+    if tree and fetch == "node":
+        from_rank0 = min(min(tree, readers) * versions, 1.0 / F)
+        relays = max(readers - tree, 0) / tree  # nodes with children, about
+        fetches += min(relays * versions, 1.0 / F)
+    else:
+        from_rank0 = fetches
+    actor = costs.actor_step + costs.fragment_send / F + fetches * costs.fetch(floats)
     if reports == "summary":
         actor += costs.node_pack / summary_steps(costs, work, layout)
     if fetch == "node":
         actor += min(layout.actors * versions, 1.0 / F) * costs.node_copy(floats)
-    return actor, remote_fetches
+    return actor, from_rank0
 
 
 def per_env_step_allreduce(costs: Costs, work: Workload, layout: Layout, net: Interconnect, fetch: str,
-                           reports: str = "fragment") -> dict:
+                           reports: str = "fragment", tree: int = 0) -> dict:
     """As :func:`per_env_step`, for ``topology="allreduce"``: per minibatch each learner computes its gradient,
     takes part in the allreduce and steps its own weights (Adam at the measured CPU cost: a GPU's is less); after a
     batch of all G learners (``G B`` env steps) one of them pushes the weights and rank 0 takes them (its outer
-    step's cost, ``apply_update``) and publishes a version, which every learner and the actors (or their nodes'
-    caches) fetch over rank 0's link. Rank 0 also takes the fragment reports."""
-    P, B, M = work.floats, work.batch_steps, work.minibatches
+    step's cost, ``apply_update``) and publishes a version, which the actors (or their nodes' caches, or the
+    tree's first nodes) fetch over rank 0's link; each learner reads back only its untrained values (``U`` floats:
+    it holds the trained ones). Rank 0 also takes the fragment reports."""
+    P, B, M, U = work.floats, work.batch_steps, work.minibatches, work.untrained
     G = layout.learners
     versions = 1.0 / (G * B)
-    actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P, reports)
-    learner_fetches = G * versions  # each learner starts its next batch from the new version
+    actor, remote_fetches = _actors(costs, work, layout, fetch, versions, P, reports, tree)
+    learner_fetches = G * versions  # each learner starts its next batch with the new version's untrained values
     learner = (M / B) * (costs.gradient + net.allreduce(P, G) + costs.apply_gradient(P)) \
-        + versions * costs.push(P) + learner_fetches * costs.fetch(P)
+        + versions * costs.push(P) + learner_fetches * costs.fetch(U)
     rank0 = versions * (costs.receive(P) + costs.admit + costs.apply_update(P) + costs.publish(P)) \
         + report_seconds(costs, work, layout, reports)
     return {"actor": actor, "learner": learner, "rank0": rank0, "pushes": versions,
-            "out_bytes": 4 * P * (remote_fetches + learner_fetches), "in_bytes": 4 * P * versions}
+            "out_bytes": 4 * P * remote_fetches + 4 * U * learner_fetches, "in_bytes": 4 * P * versions}
 
 
 def _times(cost: Linear, n: int) -> Linear:
@@ -256,15 +267,18 @@ def _times(cost: Linear, n: int) -> Linear:
 
 def predict(costs: Costs, work: Workload, layout: Layout, push: str = "gradient", fetch: str = "actor",
             combine: int = 1, shards: int = 1, reports: str = "fragment", topology: str = "server",
-            net: Interconnect | None = None, admission: str = "async") -> Prediction:
+            net: Interconnect | None = None, admission: str = "async", tree: int = 0) -> Prediction:
     """Env steps/s of the job: the smallest of the bounds its roles, rank 0's link and the cores set. Under
-    ``topology="allreduce"`` ``push``, ``combine`` and ``shards`` do not apply."""
+    ``topology="allreduce"`` ``push``, ``combine`` and ``shards`` do not apply; ``tree`` (a weight tree's fanout,
+    launch.weight_tree) needs ``fetch="node"``."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"topology must be one of {TOPOLOGIES}")
+    if tree and (tree < 2 or fetch != "node"):
+        raise ValueError("tree: a fanout of 2 or more, over per-node fetch (fetch='node')")
     if topology == "allreduce":
-        s = per_env_step_allreduce(costs, work, layout, net or Interconnect(), fetch, reports)
+        s = per_env_step_allreduce(costs, work, layout, net or Interconnect(), fetch, reports, tree)
     else:
-        s = per_env_step(costs, work, layout, push, fetch, combine, shards, reports, admission)
+        s = per_env_step(costs, work, layout, push, fetch, combine, shards, reports, admission, tree)
 
     def bound(capacity: float, need: float) -> float:
         return capacity / need if need > 0 else math.inf

@@ -39,7 +39,7 @@ from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local_node_reports import NodeBuffer
 from hpcrl.runtime.transport.report_packing import summary_interval
 from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimGroupsAllreduce, SimMailbox,
-                                         SimNodeGather, SimReports, TransportPrices, _Charges)
+                                         SimNodeGather, SimReports, SimWeightTree, TransportPrices, _Charges)
 from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld
 
 
@@ -180,7 +180,19 @@ class SimWiring(LocalWiring):
         return self._once("mailbox", lambda: SimMailbox(self.charges, groups, slots, num_params, stats))
 
     def board(self, num_params: int, history: int, probe_size: int, topo: Topology):
-        return self._once("board", lambda: SimBoard(self.charges, num_params, history, probe_size))
+        return self._once("board", lambda: SimBoard(self.charges, num_params, history, probe_size, self._tree(topo)))
+
+    def _tree(self, topo: Topology) -> SimWeightTree | None:
+        """launch.weight_tree: the actors' nodes numbered by their first actor rank, as the MPI tree numbers them."""
+        fanout = self.plan.sections.launch.weight_tree
+        if not fanout:
+            return None
+        first = {node: relay for node, (relay, _) in
+                 actor_indices_by_node(topo.actor_ranks, self.machine.slots).items()}
+        leaders = sorted(first.values())
+        number = {relay: i for i, relay in enumerate(leaders)}
+        node_of = {r: number[first[self.machine.slots[r].node]] for r in topo.actor_ranks}
+        return SimWeightTree(self.charges, fanout, leaders, node_of)
 
     def reports(self, topo: Topology, run_dir, counters):
         """Rank 0's queue (a drain costs ``report`` per message); an actor's, with ``actors.reports: node`` or

@@ -10,7 +10,11 @@ SimMailbox             a push: ``push`` on the learner, then its bytes over rank
                        a poll: ``receive`` on rank 0 per gradient taken; a push waiting for a slot wakes
                        on its group's news, at the back-off's next tick (not every tick)
 SimBoard               a publish: ``publish`` on rank 0, before the version is visible; a read of a newer
-                       version: ``fetch`` on the reader, then the bytes over rank 0's link (remote reader)
+                       version: ``fetch`` on the reader, then the bytes over rank 0's link (remote reader);
+                       with launch.weight_tree an actor's read goes through ``SimWeightTree``
+SimWeightTree          an actor's read of a version its node's source relay lacks: each stale relay above it
+                       filled top down (``fetch`` and the bytes over the source's link, then out to the
+                       relay over the relay's link), then the copy from its source, as the MPI tree does
 SimReports             a drain: ``report`` on rank 0 per message
 SimFragments           a send: ``fragment_send`` on the actor; the fragment reaches its group's root after
                        the link's latency and bytes (a remote root)
@@ -185,10 +189,63 @@ class SimMailbox(LocalMailbox):
         backoff.delay = min(delay * 2, backoff.cap)
 
 
+class SimWeightTree:
+    """launch.weight_tree in virtual time: the relays of runtime/transport/weight_tree.py as versions held, each on
+    its node's link (one transfer at a time), numbered and filled as there. ``leaders[i]``: node i's first actor
+    rank; ``node_of``: each actor rank's node number."""
+
+    def __init__(self, charges: _Charges, fanout: int, leaders: list[int], node_of: dict[int, int]) -> None:
+        from hpcrl.runtime.transport.weight_tree import has_children, source_of
+
+        self.charges, self.fanout, self.leaders, self.node_of = charges, fanout, leaders, node_of
+        self.source_of = lambda i: source_of(i, fanout)
+        self.keeps = [has_children(i, fanout, len(leaders)) for i in range(len(leaders))]
+        self.held = [-1] * len(leaders)  # the version each relay holds
+        self.links = {i: charges.world.resource(1) for i, keeps in enumerate(self.keeps) if keeps}
+        self.fills = 0
+
+    def reads(self, rank: int) -> bool:
+        return rank in self.node_of
+
+    def fetch(self, rank: int, version: int, floats: int) -> None:
+        """``rank``'s read of ``version`` (``floats`` values) through the tree, priced on its clock."""
+        node = self.node_of[rank]
+        target = node if self.keeps[node] else self.source_of(node)
+        stale, at = [], target
+        while at >= 0 and self.held[at] < version:
+            stale.append(at)
+            at = self.source_of(at)
+        for relay in reversed(stale):  # the fills unwind from the top: each relay from its source
+            self._copy(self.source_of(relay), rank, floats, "a relay's fill from its source")
+            self._send(rank, relay, floats)
+            self.held[relay] = version
+            self.fills += 1
+        if not stale or target != node:  # read from the source (a node's own filled relay it already holds)
+            self._copy(target, rank, floats, "a weight fetch through the tree")
+
+    def _copy(self, source: int, rank: int, floats: int, what: str) -> None:
+        c = self.charges
+        c.compute(c.prices.fetch(floats), what)
+        if source < 0:
+            c.to_or_from_rank0(rank, 4 * floats, f"{what}'s bytes")
+        else:
+            self._over(self.links[source], self.leaders[source], rank, 4 * floats, f"{what}'s bytes")
+
+    def _send(self, rank: int, relay: int, floats: int) -> None:
+        self._over(self.links[relay], rank, self.leaders[relay], 4 * floats, "a relay's fill's bytes")
+
+    def _over(self, link, a: int, b: int, nbytes: int, what: str) -> None:
+        role = self.charges.world.current
+        seconds = self.charges.prices.link_seconds(a, b, nbytes)
+        if role is not None and seconds > 0:
+            role.clock.transfer(seconds, link, what)
+
+
 class SimBoard(LocalBoard):
-    def __init__(self, charges: _Charges, num_params: int, history: int = 4, probe_size: int = 0):
+    def __init__(self, charges: _Charges, num_params: int, history: int = 4, probe_size: int = 0,
+                 tree: SimWeightTree | None = None):
         super().__init__(num_params, history, probe_size)
-        self.charges = charges
+        self.charges, self.tree = charges, tree
 
     def publish(self, version: int, flat: np.ndarray, probe: np.ndarray | None = None) -> None:
         self.charges.compute(self.charges.prices.publish(self.num_params), "a publish")
@@ -200,6 +257,9 @@ class SimBoard(LocalBoard):
         c = self.charges
         rank = c.caller_rank()
         if rank is None or rank == 0:
+            return
+        if self.tree is not None and self.tree.reads(rank):
+            self.tree.fetch(rank, version, floats)
             return
         c.compute(c.prices.fetch(floats), "a weight fetch")
         c.to_or_from_rank0(rank, 4 * floats, "a weight fetch's bytes")

@@ -70,6 +70,25 @@ def test_per_node_fetch_divides_link_traffic_by_actors_per_node_when_versions_ar
     assert per_actor.rank0_out_bytes_per_s == pytest.approx(1e9)
 
 
+def test_a_weight_tree_leaves_rank_0_fanout_fetches_a_version_and_allreduce_groups_read_back_untrained_values():
+    work = Workload(floats=1_000_000, batch_steps=1_000_000, minibatches=8, fragment_steps=100)
+    lay = Layout(nodes=101, actors=6400, actor_nodes=100, learners=8, nic_bytes_per_s=1e9)
+    c = costs(gradient=1e-12)
+    flat, tree = predict(c, work, lay, "update", "node"), predict(c, work, lay, "update", "node", tree=4)
+    assert flat.bottleneck == tree.bottleneck == "rank 0 link"
+    # per version (one per push): 100 nodes (or the tree's first 4), and the pushing learner reading the whole weights
+    assert tree.env_steps_per_s / flat.env_steps_per_s == pytest.approx((100 + 1) / (4 + 1))
+    net = Interconnect(latency=0.0, node_bytes_per_s=1e15, learners_per_node=1)
+    P, B, U = work.floats, work.batch_steps, work.untrained
+    for fanout, from_rank0 in ((0, 100), (4, 4)):  # a version per batch of all 8 groups; each group reads U floats
+        ring = predict(c, work, lay, fetch="node", topology="allreduce", net=net, tree=fanout)
+        per_step = 4 * P * from_rank0 / (8 * B) + 4 * U * 8 / (8 * B)
+        assert ring.rank0_out_bytes_per_s / ring.env_steps_per_s == pytest.approx(per_step)
+    for bad in ({"tree": 1, "fetch": "node"}, {"tree": 4, "fetch": "actor"}):
+        with pytest.raises(ValueError, match="tree: a fanout of 2 or more"):
+            predict(c, work, lay, "update", **bad)
+
+
 def test_per_node_fetch_changes_nothing_when_every_fragment_meets_a_new_version():
     lay = Layout(nodes=3, actors=128, actor_nodes=2, learners=8, nic_bytes_per_s=1e8)
     c = costs(gradient=1e-6)

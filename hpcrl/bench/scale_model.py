@@ -104,14 +104,13 @@ TOPOLOGY_VARIANTS = [
     ("+ node combine, 16 shards, per-node summaries", {"push": "update", "fetch": "node", "reports": "summary",
                                                        "admission": "sync", "combine": 4, "shards": 16}),
     ("allreduce, per-node fetch and summaries", {"topology": "allreduce", "fetch": "node", "reports": "summary"}),
-    ("+ node combine, 16 shards, summaries, weight tree 16", {"push": "update", "fetch": "node", "reports": "summary",
-                                                              "admission": "sync", "combine": 4, "shards": 16,
-                                                              "tree": 16}),
+    ("+ node combine, 16 shards, summaries, tree 16", {"push": "update", "fetch": "node", "reports": "summary",
+                                                       "admission": "sync", "combine": 4, "shards": 16, "tree": 16}),
     ("allreduce, summaries, weight tree 16", {"topology": "allreduce", "fetch": "node", "reports": "summary",
                                               "tree": 16}),
 ]
 """The ways to train at scale the efficiency tables compare (per-node summaries: actors.reports=summary, given costs
-that measured it)."""
+that measured it; tree 16: launch.weight_tree=16)."""
 
 
 def efficiency_table(title: str, costs: Costs, work: Workload, gpu_share: float, nic: float, net: Interconnect,

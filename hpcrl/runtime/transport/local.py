@@ -168,14 +168,7 @@ class LocalBoard:
             return self._ring[-1][0] if self._ring else -1
 
     def read_latest(self, out: np.ndarray, have: int = -1) -> int:
-        with self._lock:
-            if not self._ring:
-                return -1
-            version, params, _ = self._ring[-1]
-        if version != have:
-            self._copying(version, self.num_params)
-            out[:] = params  # a published copy is never changed: no lock needed to read it
-        return version
+        return self.read_latest_part(out, 0, have)
 
     def read_latest_part(self, out: np.ndarray, start: int, have: int = -1) -> int:
         with self._lock:
@@ -184,7 +177,7 @@ class LocalBoard:
             version, params, _ = self._ring[-1]
         if version != have:
             self._copying(version, out.size)
-            out[:] = params[start:start + out.size]
+            out[:] = params[start:start + out.size]  # a published copy is never changed: no lock needed to read it
         return version
 
     def read_version(self, version: int, out: np.ndarray) -> bool:

@@ -21,13 +21,16 @@ the constructor checks the window has) on both sides of the seqlock.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from mpi4py import MPI
 
 from hpcrl.runtime.backoff import Backoff
 from hpcrl.runtime.transport.windows import WeightBoard
+
+if TYPE_CHECKING:
+    from hpcrl.runtime.transport.weight_tree import WeightTree
 
 _I8 = 8
 _INT64 = MPI.INT64_T
@@ -41,9 +44,10 @@ def _i64(a: np.ndarray) -> list:
 
 class NodeWeightCache:
     """The weight board through one node's shared memory (collective over ``node_comm``: the actor ranks
-    of one node). Meets the ``Board`` protocol for readers; ``free()`` frees its window, then ``board``."""
+    of one node). ``board``: rank 0's board, or a weight tree over it (launch.weight_tree), which a fetch for the
+    node goes through. Meets the ``Board`` protocol for readers; ``free()`` frees its window, then ``board``."""
 
-    def __init__(self, board: WeightBoard, node_comm, beat: Callable[[], None] = lambda: None):
+    def __init__(self, board: WeightBoard | WeightTree, node_comm, beat: Callable[[], None] = lambda: None):
         self.board, self.beat = board, beat  # beat: the reading actor's heartbeat, while it waits on the node
         self.num_params, self.probe_size, self.history = board.num_params, board.probe_size, board.history
         self._n = board.num_params + board.probe_size

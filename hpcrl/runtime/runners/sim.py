@@ -38,7 +38,7 @@ from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local_node_reports import NodeBuffer
 from hpcrl.runtime.transport.report_packing import summary_interval
-from hpcrl.runtime.transport.sim import (SimBoard, SimCounters, SimFragments, SimGroupsAllreduce, SimMailbox,
+from hpcrl.runtime.transport.sim import (ActorNap, SimBoard, SimCounters, SimFragments, SimGroupsAllreduce, SimMailbox,
                                          SimNodeGather, SimReports, SimWeightTree, TransportPrices, _Charges)
 from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld
 
@@ -174,7 +174,8 @@ class SimWiring(LocalWiring):
         self.clocks: dict[int, VirtualClock] = {}
 
     def counters(self, words: int):
-        return self._once("counters", lambda: SimCounters(words, self.world, self.charges.news))
+        return self._once("counters", lambda: SimCounters(words, self.world, self.charges.news, self.charges.actor_news,
+                                                          control.base_word(self.plan.groups, 0)))
 
     def mailbox(self, groups: int, slots: int, num_params: int, stats: int):
         return self._once("mailbox", lambda: SimMailbox(self.charges, groups, slots, num_params, stats))
@@ -231,8 +232,13 @@ class SimWiring(LocalWiring):
         return Backoff(5e-5, 2e-3, self.clock(topo))  # the MPI runner's, in virtual time
 
     def actor_nap(self, topo: Topology):
+        """The MPI runner's back-off in virtual time, without the ticks at which nothing an actor looks at changed
+        (ActorNap). With actors.reports node or summary every tick: a relay's poll passes its node's reports on
+        by the time."""
         clock = self.clock(topo)
-        return lambda: Backoff(5e-5, 5e-3, clock)  # the MPI runner's, in virtual time
+        if self.plan.sections.actors.reports != "fragment":
+            return lambda: Backoff(5e-5, 5e-3, clock)
+        return lambda: ActorNap(clock, self.charges.actor_news)
 
     def node_gather(self, topo: Topology, meta_size: int, num_params: int):
         node = self.machine.slots[topo.rank].node

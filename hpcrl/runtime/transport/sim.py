@@ -80,13 +80,25 @@ class GroupNews:
             signal.notify()
 
 
+class _Notifying:
+    """The ``changes`` of the in-memory twins (their ``bump()`` on each change) as a virtual-time signal."""
+
+    def __init__(self, signal: Signal) -> None:
+        self.signal = signal
+
+    def bump(self) -> None:
+        self.signal.notify()
+
+
 class _Charges:
-    """What the sim twins share: the world, the prices, rank 0's link (one transfer at a time), the groups' news."""
+    """What the sim twins share: the world, the prices, rank 0's link (one transfer at a time), the groups' news and
+    the actors'."""
 
     def __init__(self, world: VirtualWorld, prices: TransportPrices) -> None:
         self.world, self.prices = world, prices
         self.rank0_link = world.resource(1)
         self.news = GroupNews(world)
+        self.actor_news = world.signal()  # what an actor waiting for room to send looks at changed (ActorNap)
 
     def compute(self, seconds: float, what: str) -> None:
         role = self.world.current
@@ -109,9 +121,13 @@ class SimCounters(LocalCounters):
     """Counter words whose every change wakes the roles waiting in :meth:`wait_until` (and a change of STOP every
     learner group waiting for a mailbox slot)."""
 
-    def __init__(self, n: int, world: VirtualWorld, news: GroupNews):
+    def __init__(self, n: int, world: VirtualWorld, news: GroupNews, actor_news: Signal | None = None,
+                 actor_words: int = 0):
+        """``actor_news``: notified by a change of the first ``actor_words`` words (the control words up to the
+        backlogs: what an actor waiting for room reads; not the heartbeats)."""
         super().__init__(n, threading.Event())  # the world ends the roles; this abort flag is never set
         self.world, self.news = world, news
+        self.actor_news, self.actor_words = actor_news, actor_words
         self.changed = world.signal()
 
     def add(self, i: int, value: int = 1) -> int:
@@ -130,6 +146,8 @@ class SimCounters(LocalCounters):
 
     def _notify_change(self, i: int) -> None:
         self.changed.notify()
+        if i < self.actor_words:
+            self.actor_news.notify()
         if i == control.STOP:
             self.news.notify_all()
 
@@ -168,25 +186,44 @@ class SimMailbox(LocalMailbox):
         return got
 
     def _nap(self, group: int, backoff: Backoff) -> None:
-        """Wait for the group's news (a slot freed, a fragment in, the stop) or a virtual second's turn (the
-        learner's heartbeat), then sleep on to the first of the back-off's ticks from then: the learner tries again
-        at the virtual time it would have nap by nap (a nap in which nothing it sees changes does nothing), woken
-        once instead of once a virtual millisecond while rank 0 is busy with other groups' pushes."""
-        clock = backoff.clock
+        """The learner's nap until its group's news (a slot freed, a fragment in, the stop): :func:`nap_on_news`,
+        woken once instead of once a virtual millisecond while rank 0 is busy with other groups' pushes."""
         if self.charges.world.current is None:
             backoff.sleep()
             return
-        start, delay = clock.now(), backoff.delay
-        clock.wait_for(self.charges.news.signal(group), math.floor(start) + 1 - start, "a mailbox slot")
-        seen = clock.now()
-        tick = start + delay
-        while tick < seen:
-            delay = min(delay * 2, backoff.cap)
-            tick += delay
-        if tick > seen:
-            clock.sleep(tick - seen)
-        backoff.waited += tick - start
-        backoff.delay = min(delay * 2, backoff.cap)
+        nap_on_news(backoff, self.charges.news.signal(group), "a mailbox slot")
+
+
+def nap_on_news(backoff: Backoff, news: Signal, what: str) -> None:
+    """One nap of ``backoff`` that ends at its tick, as polling would, but without the ticks at which nothing the
+    napper looks at has changed: wait for ``news`` or a virtual second's turn (the napper's heartbeat), then sleep
+    on to the first of the back-off's ticks from then. The napper looks again at the virtual time it would have
+    nap by nap (a nap in which nothing it sees changes does nothing), woken once instead of at every tick."""
+    clock = backoff.clock
+    start, delay = clock.now(), backoff.delay
+    clock.wait_for(news, math.floor(start) + 1 - start, what)
+    seen = clock.now()
+    tick = start + delay
+    while tick < seen:
+        delay = min(delay * 2, backoff.cap)
+        tick += delay
+    if tick > seen:
+        clock.sleep(tick - seen)
+    backoff.waited += tick - start
+    backoff.delay = min(delay * 2, backoff.cap)
+
+
+class ActorNap(Backoff):
+    """An actor's back-off while it waits for room to send (actor.wait_for_groups), in virtual time: its naps end
+    at the MPI runner's ticks, skipping those at which nothing it looks at changed (``news``: the control counter
+    words, a fragment delivered or taken, a version published: :class:`_Charges`' ``actor_news``)."""
+
+    def __init__(self, clock, news: Signal):
+        super().__init__(5e-5, 5e-3, clock)  # the MPI runner's (runners/mpi.py actor_nap)
+        self.news = news
+
+    def sleep(self) -> None:
+        nap_on_news(self, self.news, "room to send a fragment")
 
 
 class SimWeightTree:
@@ -250,6 +287,7 @@ class SimBoard(LocalBoard):
     def publish(self, version: int, flat: np.ndarray, probe: np.ndarray | None = None) -> None:
         self.charges.compute(self.charges.prices.publish(self.num_params), "a publish")
         super().publish(version, flat, probe)
+        self.charges.actor_news.notify()  # actors.on_policy: a new version gives an actor a new share of places
 
     def _copying(self, version: int, floats: int) -> None:
         """The reader's fetch of ``floats`` values: ``fetch`` on its core, then the bytes over rank 0's link (none for
@@ -282,7 +320,9 @@ class SimFragments(LocalFragments):
 
     def __init__(self, charges: _Charges, layout, num_groups: int, num_actors: int, max_in_flight: int,
                  root_of_group: Callable[[int], int]):
-        super().__init__(layout, num_groups, num_actors, max_in_flight, threading.Event())
+        # a fragment delivered or taken changes what an actor waiting for room sees (its fragments in flight)
+        super().__init__(layout, num_groups, num_actors, max_in_flight, threading.Event(),
+                         changes=_Notifying(charges.actor_news))
         self.charges, self.root_of_group = charges, root_of_group
         self.travelling = 0  # sent, not yet arrived
 

@@ -263,6 +263,32 @@ def test_a_push_waiting_for_a_slot_tries_again_when_it_would_have_nap_by_nap(tmp
     assert per_group(got["woken"]) == per_group(got["every-tick"])
 
 
+def test_an_actor_waiting_for_room_looks_again_when_it_would_have_nap_by_nap(tmp_path, monkeypatch):
+    """An actor waiting for room to send naps through the ticks at which nothing it looks at changed
+    (transport/sim.py ``ActorNap``): the record is the one of an actor that looked at every tick, to the bit. 8
+    actors on one learner, so they wait on its backlog most of the time; off-policy and on-policy (places reserved
+    per version)."""
+    from hpcrl.runtime.backoff import Backoff
+    from hpcrl.runtime.transport.sim import ActorNap
+
+    for on_policy in (False, True):
+        records = {}
+        for mode in ("skipping", "every-tick"):
+            if mode == "every-tick":
+                monkeypatch.setattr(ActorNap, "sleep", Backoff.sleep)
+            run_dir = tmp_path / f"{mode}-{on_policy}"
+            cfg = config(run_dir, actors={"count": 8, "on_policy": on_policy}, stop={"max_rounds": 3},
+                         algo={"train_batch_size": 512, "minibatch_size": 128})
+            result = sim.run(make_plan(cfg), run_dir)
+            assert result.stop_reason.startswith("stop.max_rounds"), result.message
+            records[mode] = datasets(run_dir / "run.h5")
+            monkeypatch.undo()
+        skipping, every_tick = records["skipping"], records["every-tick"]
+        assert skipping.keys() == every_tick.keys() and len(skipping) > 50
+        assert [k for k in skipping if not same(skipping[k], every_tick[k])] == []
+        assert (read_table(tmp_path / f"skipping-{on_policy}" / "run.h5", "actors")["transport_wait_seconds"] > 0).sum() >= 8
+
+
 def test_the_node_that_holds_the_last_actor_runs_the_evaluations(tmp_path):
     """launch.sim_actors=node with eval.episodes: the last actor rank's node plays the evaluation episodes after
     each round, as that actor rank would (run.h5 eval_episodes)."""

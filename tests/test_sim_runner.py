@@ -182,9 +182,22 @@ def test_the_benches_profiles_load_and_hold_their_jobs(tmp_path):
     assert {k.name: k.cores for k in scaled.nodes} == {"gpu": 64, "cpu": 64}
     slots = place(scaled, 128, 2048, "CartPole-v1")  # the 64-node job: 32 GPU nodes x 4, 32 CPU nodes x 64
     assert len({s.node for s in slots}) == 64
+    slow = load_profile(str(profile_for(64, tmp_path, {"slow_share": 0.25, "slow_factor": 2.0, "sigma": 0.1})))
+    assert (slow.stragglers.slow_share, slow.stragglers.slow_factor, slow.stragglers.sigma) == (0.25, 2.0, 0.1)
+    assert slow.name != scaled.name and scaled.stragglers.slow_share == 0
     measured = load_profile(str(measured_profile("two-groups", "this-machine", tmp_path, [], seconds=0.05)))
     assert measured.costs.gradient.per_sample_float == 0 and measured.costs.gradient.fixed > 0
     assert measured.costs.env_step["CartPole-v1"] > 0 and "measured right before" in " ".join(measured.sources.values())
+
+
+@pytest.mark.parametrize("value", ["0.1", "2,1", "0.1,0.5", "0.1,2,-1", "a,b"])
+def test_sim_scale_refuses_stragglers_it_cannot_make_in_one_line(value, capsys):
+    from hpcrl.bench.sim_scale import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["--stragglers", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 2 and f"--stragglers {value!r}: SHARE,FACTOR[,SIGMA]" in err[-1]
 
 
 def test_a_nodes_actor_ranks_as_one_role_send_as_the_ranks_would(tmp_path):

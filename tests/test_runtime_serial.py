@@ -360,3 +360,23 @@ def test_actors_a_resume_takes_away_come_back_with_the_next_resume(tmp_path):
     assert load_checkpoint(run_dir)["active_actors"] == 2
     assert read_trajectory_steps(run_dir / "traj" / "actor-00001.h5") > steps + 200
     assert len(read_table(run_dir / "run.h5", "actor_parks")["actor"]) == 0
+
+
+def test_a_job_in_one_process_runs_one_blas_thread_and_one_torch_thread():
+    """The in-process runners' one_compute_thread: numpy's BLAS pool, whose idle threads spin, and torch's, at one
+    thread each (docs/results/sim.md: two virtual-time jobs side by side took 16 times the CPU without it). In a
+    child process, whose BLAS starts with a thread per core (OMP_NUM_THREADS unset)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, numpy, torch; from threadpoolctl import threadpool_info; "
+            "from hpcrl.runtime.runners.threads import one_compute_thread; "
+            "before = [p['num_threads'] for p in threadpool_info() if p['user_api'] == 'blas']; one_compute_thread(); "
+            "after = [p['num_threads'] for p in threadpool_info() if p['user_api'] == 'blas']; "
+            "print(json.dumps([before, after, torch.get_num_threads()]))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    before, after, torch_threads = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before and after and set(after) == {1} and torch_threads == 1, out.stderr

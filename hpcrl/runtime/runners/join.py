@@ -43,9 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         from hpcrl.runtime.roles.sampler import describe_env
         from hpcrl.runtime.runners.job import learner_device, role_parts
         from hpcrl.runtime.runners.mpi import job_plan
+        from hpcrl.runtime.runners.threads import one_compute_thread
         from hpcrl.runtime.transport.joining import JoinedReduce
 
-        torch.set_num_threads(1)
+        one_compute_thread()
         # this launch's first rank makes the Plan of the run's config once, and its env spaces, for all of them
         plan = job_plan(Path(args.run_dir)) if world.Get_rank() == 0 else None
         plan, env = world.bcast((plan, describe_env(plan.sections.env) if plan is not None else None), root=0)

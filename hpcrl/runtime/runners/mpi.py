@@ -125,12 +125,11 @@ def run_job(plan: Plan, run_dir: Path, resume: bool, progress: str = "plain") ->
     comm = MPI.COMM_WORLD
     role, who = None, f"rank {comm.Get_rank()}"
     try:
-        import torch
-
         from hpcrl.runtime.runners.job import make_role
+        from hpcrl.runtime.runners.threads import one_compute_thread
         from hpcrl.runtime.transport import control
 
-        torch.set_num_threads(1)
+        one_compute_thread()
         job = _setup(plan, comm, run_dir, resume, progress)
         who = f"rank {job.rank} ({job.topo.role} on {job.topo.node_name})"
         if job.topo.role != "parameter":

@@ -277,9 +277,9 @@ def preload() -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
-    import torch
+    from hpcrl.runtime.runners.threads import one_compute_thread
 
-    torch.set_num_threads(1)
+    one_compute_thread()
     sys.stdout.flush()
     sys.stderr.flush()
 

@@ -29,6 +29,7 @@ from hpcrl.runtime.backoff import ChangeNap, Changes, Doorbell
 from hpcrl.runtime.clock import WALL
 from hpcrl.runtime.runners.job import Job, make_role
 from hpcrl.runtime.runners.job import build_jobs as jobs_in_process
+from hpcrl.runtime.runners.threads import one_compute_thread
 from hpcrl.runtime.transport.control import RankSilent, mark_finished
 from hpcrl.runtime.transport.groups_allreduce import LocalGroupsAllreduce
 from hpcrl.runtime.transport.local import (LocalBoard, LocalCounters, LocalFragments, LocalGroup, LocalMailbox,
@@ -143,9 +144,7 @@ def build_jobs(plan: Plan, run_dir: Path, resume: bool, progress: str, abort: th
 def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain") -> RunResult:
     """Run the plan's whole job in this process. The result holds the summary (why it stopped: the stop rule or
     a signal, after a checkpoint), or names the role that failed first (EXIT_FAILED; its traceback in details)."""
-    import torch
-
-    torch.set_num_threads(1)
+    one_compute_thread()
     abort = threading.Event()
     run_dir = Path(run_dir)
     jobs = build_jobs(plan, run_dir, resume, progress, abort)

@@ -34,6 +34,7 @@ from hpcrl.runtime.runners import RunResult
 from hpcrl.runtime.runners.job import actor_settings, build_jobs, make_role, role_parts
 from hpcrl.runtime.runners.serial import LocalWiring
 from hpcrl.runtime.topology import RankMapFacts, Topology, plan_roles
+from hpcrl.runtime.runners.threads import one_compute_thread
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local_node_reports import NodeBuffer
@@ -262,7 +263,7 @@ def run(plan: Plan, run_dir: Path, resume: bool = False, progress: str = "plain"
     that failed first (its traceback in details)."""
     import torch
 
-    torch.set_num_threads(1)
+    one_compute_thread()
     real_start, cpu_start = time.monotonic(), time.process_time()
     s = plan.sections
     run_dir = Path(run_dir)

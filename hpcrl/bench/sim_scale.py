@@ -116,8 +116,13 @@ def main(argv: list[str]) -> int:
     print(f"{'config':24s} {'nodes':>5s} {'ranks':>6s} {'env steps/s':>12s} {'pushes/s':>9s} {'stale':>6s} "
           f"{'real s per virtual s':>20s} {'setup s':>8s} {'peak GB':>8s}", flush=True)
     for nodes in [int(n) for n in args.nodes.split(",")]:
-        row = run_job(args.config, nodes, args.actors_per_node, args.virtual_seconds, out,
-                      [f"launch.sim_actors={args.sim_actors}", *args.overrides], stragglers)
+        try:
+            row = run_job(args.config, nodes, args.actors_per_node, args.virtual_seconds, out,
+                          [f"launch.sim_actors={args.sim_actors}", *args.overrides], stragglers)
+        except RuntimeError as failed:  # the run's own one-line error is its last line
+            print(f"hpcrl bench sim-scale: {failed}".rstrip().splitlines()[0] + " "
+                  + str(failed).rstrip().splitlines()[-1], file=sys.stderr)
+            return 1
         name = f"{Path(args.config).name} ({args.sim_actors})"
         print(f"{name:24s} {nodes:5d} {row['ranks']:6d} {row['env_steps_per_s']:12,.0f} "
               f"{row['pushes_per_s']:9,.0f} {row['staleness_mean']:6.2f} {row['real_per_virtual_second']:20.1f} "

@@ -126,6 +126,21 @@ def test_a_local_sweep_runs_each_run_once_and_a_second_call_runs_nothing(tmp_pat
     assert "ran with another overrides" in capsys.readouterr().err
 
 
+def test_only_runs_the_runs_a_pattern_names_and_a_pattern_naming_none_is_one_line(tmp_path, capsys):
+    spec = write_spec(tmp_path / "spec.yaml", parallel=2)
+    out = tmp_path / "out"
+    assert cli_main(["sweep", str(spec), "--out", str(out), "--only", "sync-*", "--only", "async-s1"]) == 0
+    status = {n: e["status"] for n, e in json.loads((out / "sweep.json").read_text())["runs"].items()}
+    assert status == {"sync-s0": "done", "sync-s1": "done", "async-s0": "pending", "async-s1": "done"}, status
+    assert "3 to run (--only: 3 runs)" in capsys.readouterr().err
+    for args, says in ((["--only", "ppo-*"], "--only 'ppo-*' matches none of the sweep's runs"),
+                       (["--only", "sync-*", "--site", "local-cluster"], "--only runs a part of the sweep")):
+        assert cli_main(["sweep", str(spec), "--out", str(out), *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1, err
+    assert json.loads((out / "sweep.json").read_text())["runs"]["async-s0"]["status"] == "pending"
+
+
 @pytest.mark.slow
 def test_a_sweep_stopped_then_killed_mid_way_resumes_and_finishes_every_run_once(tmp_path):
     """SIGTERM to the sweep: each run checkpoints and exits 3 (stopped), the sweep exits 3; SIGKILL to the next

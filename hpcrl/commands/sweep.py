@@ -1,4 +1,4 @@
-"""`hpcrl sweep SPEC [--out DIR] [--parallel N] [--retry-failed] [--list]`, or as a Slurm job array:
+"""`hpcrl sweep SPEC [--out DIR] [--parallel N] [--retry-failed] [--list] [--only PATTERN]`, or as a Slurm job array:
 `hpcrl sweep SPEC --site NAME [--time T --queue Q --account A --dry-run]`.
 
 Runs a sweep spec's grid (configs x arms x seeds: hpcrl/sweep/spec.py) on this machine, N runs at a time, and
@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", type=int, help="runs at a time (default: the spec's parallel, else 1)")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again (default: keep them)")
     parser.add_argument("--list", action="store_true", help="print the runs and their status; run nothing")
+    parser.add_argument("--only", action="append", metavar="PATTERN",
+                        help="run only the runs whose names match this shell pattern, e.g. 'mappo-*-s1' "
+                             "(repeatable; on this machine, not with --site)")
     parser.add_argument("--site", help="submit the runs as a Slurm job array on this site (hpcrl submit's sites); "
                                        "the flags below are for it")
     add_batch_arguments(parser, each=" of each task")
@@ -52,12 +55,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"hpcrl sweep: {line}", file=sys.stderr, flush=True)
 
     if args.site:
+        if args.only:
+            raise ConfigError("--only runs a part of the sweep on this machine; a job array (--site) runs all of it")
         return submit_array(args, spec, out)
     from hpcrl.sweep.local import run_local, run_task
 
     if args.task is not None:
         return run_task(spec, out, args.task, say)
-    return run_local(spec, out, args.parallel, args.retry_failed, say)
+    return run_local(spec, out, args.parallel, args.retry_failed, say, args.only)
 
 
 def submit_array(args: argparse.Namespace, spec, out: Path) -> int:

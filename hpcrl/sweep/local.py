@@ -14,6 +14,7 @@ locks are free before it resumes them. One sweep process per directory at a time
 from __future__ import annotations
 
 import ctypes
+import fnmatch
 import os
 import signal
 import subprocess
@@ -97,9 +98,9 @@ def last_line(log: Path) -> str:
 
 
 def run_local(spec: SweepSpec, sweep_dir: Path, parallel: int | None = None, retry_failed: bool = False,
-              say=print) -> int:
-    """Run what is left of the sweep; the exit code: 0 when every run is done, 3 when stopped by a signal,
-    1 when a run failed."""
+              say=print, only: list[str] | None = None) -> int:
+    """Run what is left of the sweep (``only``: of the runs whose names match one of these shell patterns); the exit
+    code: 0 when every run asked for is done, 3 when stopped by a signal, 1 when one failed or is left."""
     sweep_dir = Path(sweep_dir)
     state = SweepState(sweep_dir)
     data = state.open(spec)
@@ -107,10 +108,11 @@ def run_local(spec: SweepSpec, sweep_dir: Path, parallel: int | None = None, ret
     (sweep_dir / "logs").mkdir(exist_ok=True)
     (sweep_dir / "runs").mkdir(exist_ok=True)
     wanted = ("pending", "stopped", "running", *(("failed",) if retry_failed else ()))
-    todo = [r.name for r in spec.runs if data["runs"][r.name]["status"] in wanted]
+    asked = selected(spec, only)
+    todo = [name for name in asked if data["runs"][name]["status"] in wanted]
     c = counts(data)
-    say(f"sweep {spec.name}: {len(spec.runs)} runs ({c['done']} done, {c['failed']} failed), {len(todo)} to run, "
-        f"{parallel} at a time, in {sweep_dir}")
+    say(f"sweep {spec.name}: {len(spec.runs)} runs ({c['done']} done, {c['failed']} failed), {len(todo)} to run"
+        f"{f' (--only: {len(asked)} runs)' if only else ''}, {parallel} at a time, in {sweep_dir}")
     stopping: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -155,7 +157,20 @@ def run_local(spec: SweepSpec, sweep_dir: Path, parallel: int | None = None, ret
         f"{c['stopped'] + c['running'] + c['pending']} left" + (" (stopped by a signal)" if stopping else ""))
     if stopping:
         return EXIT_STOPPED
-    return 0 if c["done"] == len(spec.runs) else 1
+    return 0 if all(data["runs"][name]["status"] == "done" for name in asked) else 1
+
+
+def selected(spec: SweepSpec, only: list[str] | None) -> list[str]:
+    """The names of the spec's runs that match one of the shell patterns ``only`` (None: every run); a pattern that
+    matches none is refused in one line."""
+    names = [r.name for r in spec.runs]
+    if not only:
+        return names
+    for pattern in only:
+        if not fnmatch.filter(names, pattern):
+            raise ConfigError(f"--only {pattern!r} matches none of the sweep's runs ({names[0]} ... {names[-1]}; "
+                              "hpcrl sweep SPEC --list names them)")
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in only)]
 
 
 def run_task(spec: SweepSpec, sweep_dir: Path, index: int, say=print) -> int:

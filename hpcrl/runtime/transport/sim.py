@@ -257,7 +257,7 @@ class SimWeightTree:
             self._send(rank, relay, floats)
             self.held[relay] = version
             self.fills += 1
-        if not stale or target != node:  # read from the source (a node's own filled relay it already holds)
+        if not stale:  # a filler holds what it wrote last (its target's version) already
             self._copy(target, rank, floats, "a weight fetch through the tree")
 
     def _copy(self, source: int, rank: int, floats: int, what: str) -> None:

@@ -107,10 +107,14 @@ class _Charges:
 
     def to_or_from_rank0(self, rank: int, nbytes: int, what: str) -> None:
         """``nbytes`` between ``rank`` and rank 0, on rank 0's shared link (nothing on rank 0's node)."""
+        self.over(self.rank0_link, rank, 0, nbytes, what)
+
+    def over(self, link, a: int, b: int, nbytes: int, what: str) -> None:
+        """``nbytes`` between ranks ``a`` and ``b``, holding ``link`` (one transfer at a time) while they move."""
         role = self.world.current
-        seconds = self.prices.link_seconds(rank, 0, nbytes)
+        seconds = self.prices.link_seconds(a, b, nbytes)
         if role is not None and seconds > 0:
-            role.clock.transfer(seconds, self.rank0_link, what)
+            role.clock.transfer(seconds, link, what)
 
     def caller_rank(self) -> int | None:
         role = self.world.current
@@ -266,16 +270,10 @@ class SimWeightTree:
         if source < 0:
             c.to_or_from_rank0(rank, 4 * floats, f"{what}'s bytes")
         else:
-            self._over(self.links[source], self.leaders[source], rank, 4 * floats, f"{what}'s bytes")
+            c.over(self.links[source], self.leaders[source], rank, 4 * floats, f"{what}'s bytes")
 
     def _send(self, rank: int, relay: int, floats: int) -> None:
-        self._over(self.links[relay], rank, self.leaders[relay], 4 * floats, "a relay's fill's bytes")
-
-    def _over(self, link, a: int, b: int, nbytes: int, what: str) -> None:
-        role = self.charges.world.current
-        seconds = self.charges.prices.link_seconds(a, b, nbytes)
-        if role is not None and seconds > 0:
-            role.clock.transfer(seconds, link, what)
+        self.charges.over(self.links[relay], rank, self.leaders[relay], 4 * floats, "a relay's fill's bytes")
 
 
 class SimBoard(LocalBoard):

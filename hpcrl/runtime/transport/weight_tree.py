@@ -37,22 +37,12 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcrl.runtime.backoff import Backoff
-from hpcrl.runtime.transport.windows import WeightBoard
+from hpcrl.runtime.transport.windows import _I8, _INT64, WeightBoard, _align, _i64
+from hpcrl.runtime.transport.windows import _SLOTS as SLOTS  # the latest word: version * SLOTS + slot
 
-SLOTS = 1 << 16  # the latest word: version * SLOTS + slot
 HISTORY = 2  # a relay's slots: the newest is never the one being rewritten
 LATEST, LOCK, FILLS = 0, 1, 2
 _CTRL = 4 + 2 * HISTORY
-_I8, _ALIGN = 8, 64
-_INT64 = MPI.INT64_T
-
-
-def _i64(a: np.ndarray) -> list:
-    return [a, _INT64]
-
-
-def _align(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
 def source_of(node: int, fanout: int) -> int:

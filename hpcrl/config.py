@@ -83,6 +83,10 @@ class ActorsConfig(Section):
     """Fragments an actor may have in flight (sent, not yet received) before it waits."""
     on_policy: bool = False
     """Sample each fragment with the weights the learners finished the previous batch with (no policy lag, as single-process PPO): an actor reserves a place in a group's backlog, then pulls weights and samples; rank 0 frees a batch's places once the version that holds its push is published, every group's at once. Off: actors sample the next batch while the learners train (pipelined, one batch of lag)."""
+    sync_frac: float = Field(1.0, gt=0, le=1)
+    """actors.on_policy: DD-PPO's preemption threshold. A group's backlog takes ceil(places per batch / sync_frac)
+    reservations a round and the group trains on the first fragments to arrive; the round's others are dropped
+    (runtime/roles/preemption.py). 1: every reserved place's fragment is trained on. DD-PPO uses 0.6."""
     weight_sync: Literal["every_fragment", "aaps"] = "every_fragment"
     """When an actor pulls new weights: before every fragment, or by AAPS (KL on a probe batch > aaps_delta)."""
     aaps_delta: float = Field(0.01, gt=0)
@@ -113,6 +117,9 @@ class ActorsConfig(Section):
         if self.elastic == "park" and self.keep_sampler_seconds != 0:
             raise ValueError(f"actors.keep_sampler_seconds={self.keep_sampler_seconds:g} does nothing with "
                              "actors.elastic=park (no sampler joins); set actors.elastic=steps or jobs, or remove it")
+        if self.sync_frac < 1 and not self.on_policy:
+            raise ValueError(f"actors.sync_frac={self.sync_frac:g} preempts on-policy fragments; it needs "
+                             "actors.on_policy=true (pipelined actors already fill a slow actor's places), or remove it")
         return self
 
 

@@ -92,6 +92,9 @@ class Plan:
     pacing: Pacing
     on_policy: bool
     """Each batch is sampled with the weights the previous batch made (actors.on_policy)."""
+    sync_frac: float
+    """On-policy: the share of a round's reserved places whose fragments make a batch (actors.sync_frac: DD-PPO's
+    preemption threshold; 1 with pipelined actors)."""
     lr_schedule: LinearAnneal | None
     """The rate set before each step from the env steps consumed (by rank 0 before each gradient step; by a learner
     group before each batch it updates on with push=update); None: the optimiser's own."""
@@ -144,7 +147,7 @@ def make_plan(cfg: Any) -> Plan:
     return Plan(actors=cfg.actors.count, groups=cfg.learners.groups, ranks_per_group=cfg.learners.ranks_per_group,
                 num_ranks=cfg.num_ranks, seed=cfg.env.seed, fragment_length=cfg.actors.fragment_length,
                 fragment_steps=fragment_steps, round_steps=round_steps, group_batch_size=group_batch,
-                routing=algo.routing(), pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy,
+                routing=algo.routing(), pacing=POLICY_PACING[cfg.aggregation.policy], on_policy=cfg.actors.on_policy, sync_frac=cfg.actors.sync_frac,
                 lr_schedule=algo.lr_schedule(),
                 push="allreduce" if cfg.learners.topology == "allreduce" else cfg.learners.push,
                 combine=cfg.learners.combine == "node", shards=cfg.aggregation.shards,

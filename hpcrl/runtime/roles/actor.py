@@ -240,7 +240,7 @@ class Actor:
         the weights it holds; newer published weights (a batch trained) give it a new share everywhere."""
         placed = self.placed[:active] if self.placed_version == self.version else np.zeros(active, dtype=np.int64)
         actors = max(1, min(active_actors, self.plan.actors))
-        share = -(-self.job.places_per_batch(actors) // actors)
+        share = -(-self.job.places_reserved(actors) // actors)
         taken = placed >= share
         if taken.any() and self.job.board.latest_version() > self.version:
             return np.zeros(active, dtype=bool)

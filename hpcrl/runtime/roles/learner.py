@@ -44,6 +44,7 @@ from hpcrl.runtime.record.cycle_profile import CycleRecord
 from hpcrl.runtime.roles.active_groups import wait_while_parked
 from hpcrl.runtime.roles.is_window import ISWindow
 from hpcrl.runtime.roles.pacing import Pacing
+from hpcrl.runtime.roles.preemption import batch_places
 from hpcrl.runtime.roles.prepared_batches import PreparedBatches
 from hpcrl.runtime.roles.push_train import train_mode
 from hpcrl.runtime.transport.push import PushAbandoned
@@ -74,6 +75,9 @@ class LearnerGroup:
         self.generator = minibatch_generator(self.plan.seed, self.g)
         self.receiver = job.fragments.learner_link(self.g) if self.is_root else None
         self.frags: list[dict] = []
+        # a batch's places in the group's backlog, and which fragments are late (actors.sync_frac: preemption.py)
+        self.places = batch_places(self.plan.sync_frac, job.counters, self.g, job.max_backlog)
+        self.batch_places = 0  # the places the batch in training holds (its push tells rank 0)
         # MARL post-processing learner (algo.postprocess_learner): group 0 prepares every batch, the others train
         self.pp = self.plan.postprocess_groups
         self.handoff = (PreparedBatches(job.fragments, job.counters, self.g, self.plan.groups, self.pp, job.clock)
@@ -122,6 +126,7 @@ class LearnerGroup:
             backoff.reset()
             if self.handoff is not None and not self.handoff.sends:  # a batch the post-processing group prepared
                 item = self.handoff.take()
+                self.batch_places = 0  # the post-processing group's fragments held the places
                 lap("control")
                 self.algo.assign_learner(self.g - self.pp, int(words[control.ACTIVE]) - self.pp)
                 trained = self._train(None, item["steps"], item["new_steps"], prepared=item["batch"])
@@ -129,6 +134,7 @@ class LearnerGroup:
                     break
                 continue
             taken, steps = take_batch(self.frags, need)
+            self.batch_places = self.places.close(taken, self.frags)
             if not self.plan.on_policy:  # free the places now: actors sample the next batch while this one trains
                 counters.add(control.BACKLOG + self.g, -len(taken))
             lap("control")
@@ -206,7 +212,7 @@ class LearnerGroup:
 
     def _receive(self) -> None:
         """Take what has arrived: fragments from actors, prepared batches from the post-processing group."""
-        self.frags += self.receiver.poll()
+        self.frags += self.places.arrived(self.receiver.poll())
         if self.handoff is not None:
             self.handoff.receive()
 

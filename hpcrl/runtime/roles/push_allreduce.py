@@ -23,7 +23,7 @@ from hpcrl.runtime.clock import Work
 from hpcrl.runtime.messages import GroupState
 from hpcrl.runtime.roles.group_update import GroupUpdate
 from hpcrl.runtime.roles.pacing import SHORT_WAIT_CAP
-from hpcrl.runtime.roles.push_train import BeforeEachStep, places
+from hpcrl.runtime.roles.push_train import BeforeEachStep
 from hpcrl.runtime.transport import control
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class PushAllreduced:
         lap("flatten")
         if L.g == 0:
             weights = L.model.flat.params.detach().cpu().numpy()
-            if not L.push(weights, version, int(total[1]), means, compute, int(total[0]), places(fragments)):
+            if not L.push(weights, version, int(total[1]), means, compute, int(total[0]), L.batch_places):
                 return False
         else:
             L.cycles.close(self.batches, version, 0.0)

@@ -60,7 +60,7 @@ class PushGradients:
         # the batch's env steps count as consumed with its last gradient, so the parameter rank's round, stop rule
         # and lr schedule move on when the batch is done (RLlib's iteration), not one gradient into it
         for mb, last in _with_last(L.algo.minibatches(batch, L.generator)):
-            consumed, held = (new_steps, places(fragments)) if last else (0, 0)
+            consumed, held = (new_steps, L.batch_places) if last else (0, 0)
             lap("minibatch")
             L.fault.check()
             L.heartbeat.beat()
@@ -217,16 +217,10 @@ class PushUpdates:
         compute = clock.now() - t
         lap("flatten")
         rows = len(next(iter(batch.values())))
-        if not L.push(update, version, rows, stats, compute, new_steps, places(fragments)):
+        if not L.push(update, version, rows, stats, compute, new_steps, L.batch_places):
             return False
         L.report_activity(start_unix, compute, steps, report, GroupState(L.g, L.seq - 1, self.inner.state()))
         return True
-
-
-def places(fragments: list[dict] | None) -> int:
-    """The places a batch held in its group's backlog: its fragments (a prepared batch's are the post-processing
-    group's)."""
-    return 0 if fragments is None else len(fragments)
 
 
 def _with_last(items):

@@ -11,6 +11,8 @@ mpi`` (:mod:`hpcrl.runtime.runners.mpi`) and their in-memory twins under ``seria
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
@@ -123,8 +125,13 @@ class Job:
 
     @property
     def max_backlog(self) -> int:
-        """Fragments a group may hold before actors wait: one batch's worth (one batch queued while one trains)."""
-        return self.places_per_batch(self.plan.actors)
+        """Fragments a group may hold before actors wait: one batch's worth (one batch queued while one trains);
+        on-policy with a preemption threshold, the places a round reserves (``places_reserved``)."""
+        return self.places_reserved(self.plan.actors)
+
+    def places_reserved(self, active_actors: int) -> int:
+        """The places a group's backlog takes per batch: its fragments, over ``actors.sync_frac`` (on-policy)."""
+        return math.ceil(round(self.places_per_batch(active_actors) / self.plan.sync_frac, 9))
 
     def places_per_batch(self, active_actors: int) -> int:
         """Fragments in a group's batch while ``active_actors`` of the actor ranks sample."""

@@ -27,19 +27,13 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcrl.runtime.backoff import Backoff
-from hpcrl.runtime.transport.windows import WeightBoard
+from hpcrl.runtime.transport.windows import _I8, _INT64, WeightBoard, _i64
 
 if TYPE_CHECKING:
     from hpcrl.runtime.transport.weight_tree import WeightTree
 
-_I8 = 8
-_INT64 = MPI.INT64_T
 SEQ, VERSION, LOCK, FETCHES = 0, 1, 2, 3
 _DATA = 64  # byte offset of the data, past the control words
-
-
-def _i64(a: np.ndarray) -> list:
-    return [a, _INT64]
 
 
 class NodeWeightCache:

@@ -7,7 +7,10 @@ batch back.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +24,7 @@ from hpcrl.runtime.runners import sim
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.local import LocalCounters
 
+ROOT = Path(__file__).resolve().parents[1]
 WORD = control.BACKLOG + 1  # group 1's backlog
 
 
@@ -135,3 +139,27 @@ def test_a_slow_actor_holds_back_every_batch_unless_its_fragments_are_preempted(
     # fragments a round once the slow one no longer paces the rounds
     per_actor = [np.bincount(np.asarray(t["actor"]), minlength=4) for t in (whole_actors, first_actors)]
     assert per_actor[1].max() > per_actor[0].max(), per_actor
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_under_mpi_both_topologies_train_first_arrivals_and_close_every_round(tmp_path):
+    """The closing adds on MPI's counter window, through one parameter rank (each group's push frees its places) and
+    through the allreduce (group 0's push frees every group's): 5 rounds, no batch of two versions (preemption.py
+    would end the run), and no round left closed (a word never freed would hold every actor back until the timeout)."""
+    common = ["learners.groups=2", "learners.min_active=2", "aggregation.policy=sync", "learners.push=gradient",
+              "env.num_envs=2", "actors.count=3", "actors.fragment_length=8", "actors.on_policy=true",
+              "actors.sync_frac=0.5", "algo.train_batch_size=32", "algo.minibatch_size=16", "algo.num_sgd_iter=2",
+              "stop.max_rounds=5", "io.log_seconds=60", "io.tensorboard=false", "launch.timeout_seconds=120"]
+    jobs = {name: subprocess.Popen(
+        [sys.executable, "-m", "hpcrl", "run", str(ROOT / "hpcrl" / "configs" / "cartpole.yaml"),
+         *[a for o in [*common, *extra, f"io.run_dir={tmp_path / name}"] for a in ("-o", o)]],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        for name, extra in (("server", []), ("allreduce", ["learners.topology=allreduce"]))}
+    for name, proc in jobs.items():
+        out, _ = proc.communicate(timeout=200)
+        assert proc.returncode == 0, f"{name}:\n{out[-3000:]}"
+        rounds = read_table(tmp_path / name / "run.h5", "rounds")
+        assert rounds["env_steps_total"].tolist()[-1] == 160, (name, rounds["env_steps_total"])
+        sampled = read_table(tmp_path / name / "run.h5", "actors")["steps"]
+        assert np.sum(sampled) >= 160, name

@@ -5,7 +5,8 @@ Half the nodes GPU nodes of 4 learner groups (one rank, one GPU each), the other
 per-group batch is kept (``algo.train_batch_size`` x groups), every group active, and the job runs for
 ``--virtual-seconds`` of virtual time, with no periodic checkpoint. A node's actor ranks run as one role
 (``launch.sim_actors=node``, docs/sim.md) unless ``--sim-actors rank``. Prints, per job: ranks, virtual env
-steps/s and pushes/s (steady part), the mean staleness of admitted gradients, the real seconds per virtual
+steps/s sampled and trained on (they differ where ``actors.sync_frac`` drops late fragments) and pushes/s (steady
+part), the mean staleness of admitted gradients, the real seconds per virtual
 second (after building the roles), the seconds building them took, and the peak memory (run.h5's ``sim_*``
 attributes).
 
@@ -80,7 +81,8 @@ def run_job(config: str, nodes: int, actors_per_node: int, virtual_seconds: floa
     running = float(attrs["sim_real_seconds"]) - float(attrs["sim_setup_seconds"])
     return {"config": _as_recorded(config), "overrides": extra, "stragglers": stragglers, "nodes": nodes,
             "groups": groups, "actors": actors, "ranks": 1 + groups + actors,
-            "virtual_seconds": virtual, "env_steps_per_s": got["env_steps_per_s"], "pushes_per_s": got["pushes_per_s"],
+            "virtual_seconds": virtual, "env_steps_per_s": got["env_steps_per_s"],
+            "trained_steps_per_s": got["trained_steps_per_s"], "pushes_per_s": got["pushes_per_s"],
             "staleness_mean": got["staleness_mean"], "real_per_virtual_second": running / virtual,
             "setup_seconds": float(attrs["sim_setup_seconds"]), "cpu_seconds": float(attrs["sim_cpu_seconds"]),
             "max_rss_gb": float(attrs["sim_max_rss_bytes"]) / 2**30}
@@ -113,7 +115,8 @@ def main(argv: list[str]) -> int:
         stragglers = dict(zip(("slow_share", "slow_factor", "sigma"), values))
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="hpcrl-sim-scale-"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"{'config':24s} {'nodes':>5s} {'ranks':>6s} {'env steps/s':>12s} {'pushes/s':>9s} {'stale':>6s} "
+    print(f"{'config':24s} {'nodes':>5s} {'ranks':>6s} {'env steps/s':>12s} {'trained/s':>12s} {'pushes/s':>9s} "
+          f"{'stale':>6s} "
           f"{'real s per virtual s':>20s} {'setup s':>8s} {'peak GB':>8s}", flush=True)
     for nodes in [int(n) for n in args.nodes.split(",")]:
         try:
@@ -125,6 +128,7 @@ def main(argv: list[str]) -> int:
             return 1
         name = f"{Path(args.config).name} ({args.sim_actors})"
         print(f"{name:24s} {nodes:5d} {row['ranks']:6d} {row['env_steps_per_s']:12,.0f} "
+              f"{row['trained_steps_per_s']:12,.0f} "
               f"{row['pushes_per_s']:9,.0f} {row['staleness_mean']:6.2f} {row['real_per_virtual_second']:20.1f} "
               f"{row['setup_seconds']:8.1f} {row['max_rss_gb']:8.2f}", flush=True)
         if args.json:

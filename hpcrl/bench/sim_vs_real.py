@@ -88,7 +88,8 @@ def run_case(case: str, runner: str, steps: int, profile: str, out: Path, extra:
 
 
 def measures(run_dir: Path, skip: float) -> dict:
-    """The steady part of a run's record: rates and staleness (``skip``: the share of its time left out at the
+    """The steady part of a run's record: rates (env steps sampled, and trained on: they differ where
+    actors.sync_frac drops late fragments) and staleness (``skip``: the share of its time left out at the
     start). It ends with the actors' last fragment: after the stop the learners drain what they hold (in a large
     simulated job, for longer than the steady part), which is not the job's rate."""
     from hpcrl.io import read_table
@@ -97,6 +98,7 @@ def measures(run_dir: Path, skip: float) -> dict:
     actors = read_table(h5, "actors", ["time", "steps"])
     grads = read_table(h5, "gradients", ["time", "staleness", "admitted"])
     updates = read_table(h5, "updates", ["time"])
+    rounds = read_table(h5, "rounds", ["start", "duration", "env_steps"])
     t_start = float(min(actors["time"].min(), grads["time"].min()))
     t_end = float(min(actors["time"].max(), grads["time"].max()))
     cut = t_start + skip * (t_end - t_start)
@@ -109,9 +111,11 @@ def measures(run_dir: Path, skip: float) -> dict:
         cut = t_start + skip * (t_end - t_start)
     span = t_end - cut
     a, g, u = inside(actors["time"]), inside(grads["time"]), inside(updates["time"])
+    r = inside(rounds["start"] + rounds["duration"])  # the rounds that ended inside: the env steps trained on
     admitted = grads["admitted"][g] == 1
     staleness = grads["staleness"][g][admitted].astype(float)
     return {"env_steps_per_s": float(actors["steps"][a].sum() / span), "pushes_per_s": float(g.sum() / span),
+            "trained_steps_per_s": float(rounds["env_steps"][r].sum() / span),
             "staleness_mean": float(staleness.mean()), "staleness_p50": float(np.percentile(staleness, 50)),
             "staleness_p95": float(np.percentile(staleness, 95)), "admitted_share": float(admitted.mean()),
             "versions_per_fragment": float(u.sum() / max(a.sum(), 1)), "staleness": staleness.tolist()}

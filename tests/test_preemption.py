@@ -139,6 +139,12 @@ def test_a_slow_actor_holds_back_every_batch_unless_its_fragments_are_preempted(
     # fragments a round once the slow one no longer paces the rounds
     per_actor = [np.bincount(np.asarray(t["actor"]), minlength=4) for t in (whole_actors, first_actors)]
     assert per_actor[1].max() > per_actor[0].max(), per_actor
+    # hpcrl bench sim-scale's rates: the dropped fragments were sampled, not trained on
+    from hpcrl.bench.sim_vs_real import measures
+
+    whole_rates, first_rates = measures(tmp_path / "whole", skip=0.2), measures(tmp_path / "first", skip=0.2)
+    assert first_rates["env_steps_per_s"] > 1.3 * first_rates["trained_steps_per_s"], first_rates
+    assert first_rates["trained_steps_per_s"] > 2 * whole_rates["trained_steps_per_s"], (first_rates, whole_rates)
 
 
 @pytest.mark.mpi

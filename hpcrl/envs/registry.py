@@ -31,20 +31,30 @@ class EnvSpec:
     entry_point: str  # "module:attribute"
     kind: Kind
     description: str = ""
+    copies: str = ""
+    """A parallel env's "module:attribute" of ``f(count, **kwargs)``: ``count`` copies stepped together, each the
+    same as the env's, or None for kwargs it does not implement (then the actor steps the env's copies)."""
 
     def load(self) -> Any:
         module, _, attr = self.entry_point.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def load_copies(self) -> Any:
+        """The ``copies`` function, or None when the env has none."""
+        if not self.copies:
+            return None
+        module, _, attr = self.copies.partition(":")
         return getattr(importlib.import_module(module), attr)
 
 
 _SPECS: dict[str, EnvSpec] = {}
 
 
-def register(id: str, entry_point: str, kind: Kind, description: str = "") -> None:
+def register(id: str, entry_point: str, kind: Kind, description: str = "", copies: str = "") -> None:
     """Add one of hpcrl's environments (called at the bottom of this file, once per env)."""
     if id in _SPECS:
         raise ValueError(f"environment id {id!r} registered twice")
-    _SPECS[id] = EnvSpec(id, entry_point, kind, description)
+    _SPECS[id] = EnvSpec(id, entry_point, kind, description, copies)
 
 
 def hpcrl_env_ids() -> list[str]:
@@ -126,5 +136,6 @@ register("hpcrl/Atari-v5", "hpcrl.envs.atari:make_atari", "gym", "any ALE game (
 register("hpcrl/SpaceInvaders-v5", "hpcrl.envs.atari:space_invaders", "gym", "Stellaris workload: SpaceInvaders with the standard Atari preprocessing (hpcrl/Atari-v5)")
 register("hpcrl/Qbert-v5", "hpcrl.envs.atari:qbert", "gym", "Stellaris workload: Qbert with the standard Atari preprocessing (hpcrl/Atari-v5)")
 register("hpcrl/Gravitar-v5", "hpcrl.envs.atari:gravitar", "gym", "Stellaris workload: Gravitar with the standard Atari preprocessing (hpcrl/Atari-v5)")
-register("hpcrl/MPESimpleSpread-v3", "hpcrl.envs.mpe:simple_spread", "parallel", "MARLess workload: MPE simple-spread, N=6 cooperating agents cover 6 landmarks, 25 steps (needs mpe2)")
+register("hpcrl/MPESimpleSpread-v3", "hpcrl.envs.mpe:simple_spread", "parallel", "MARLess workload: MPE simple-spread, N=6 cooperating agents cover 6 landmarks, 25 steps (needs mpe2)",
+         copies="hpcrl.envs.mpe_spread_copies:spread_copies")
 register("hpcrl/MPESimpleAdversary-v3", "hpcrl.envs.mpe:simple_adversary", "parallel", "MARLess workload: MPE simple-adversary, 1 adversary + N=5 good agents, observations zero-padded to one space, 25 steps (needs mpe2)")

@@ -24,7 +24,8 @@ Kinds (``hpcrl.envs.spec(id).kind``; Gymnasium ids are ``gym``):
   policy: every agent of every copy is one instance, instance ``k * A + j`` = agent j (in
   ``possible_agents`` order) of copy k, A agents per copy. All agents must share one observation
   and one action space, be present after ``reset`` and end their episode in the same step (the
-  copy is then reset); anything else raises.
+  copy is then reset); anything else raises. Where the env registers ``copies`` (a function making them all as one
+  object, e.g. MPE simple-spread's in numpy) and implements the kwargs, :class:`CopiesBackend` steps them.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def env_kind(env_id: str) -> str:
     return "gym" if s is None else s.kind
 
 
-def make_backend(env_cfg, count: int | None = None) -> "GymBackend | BatchedBackend | ParallelBackend":
+def make_backend(env_cfg, count: int | None = None) -> "GymBackend | BatchedBackend | ParallelBackend | CopiesBackend":
     """The backend of ``env_cfg.id``'s kind: ``count`` (default ``env_cfg.num_envs``) envs, instances or copies.
 
     ``env_cfg.imports`` are imported first: this is where every rank (either runner, batch jobs, a rank the
@@ -70,6 +71,11 @@ def make_backend(env_cfg, count: int | None = None) -> "GymBackend | BatchedBack
                 raise ConfigError(f"env.kwargs.{key}: not allowed for the batched env {env_id!r} on actors "
                                   f"(instances per actor rank: env.num_envs; device: cpu)")
         return BatchedBackend(make(env_id, num_envs=n, device="cpu", **kwargs))
+    if kind == "parallel":
+        copies = spec(env_id).load_copies()  # the copies in numpy, where the env has them for these kwargs
+        together = None if copies is None else copies(n, **kwargs)
+        if together is not None:
+            return CopiesBackend(together)
     envs = [make(env_id, **kwargs) for _ in range(n)]
     return ParallelBackend(envs, env_id) if kind == "parallel" else GymBackend(envs)
 
@@ -198,6 +204,36 @@ class ParallelBackend:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+class CopiesBackend:
+    """A parallel env's copies stepped together by one object (the env's ``copies`` in hpcrl/envs/registry.py, e.g.
+    hpcrl/envs/mpe_spread_copies.py): the same instances, in the same order, as :class:`ParallelBackend`'s."""
+
+    def __init__(self, copies) -> None:
+        self.copies = copies
+        self.agents = list(copies.possible_agents)
+        self.num_agents = len(self.agents)
+        self.num_envs = copies.copies * self.num_agents
+        self.observation_space, self.action_space = copies.observation_space, copies.action_space
+
+    def reset(self, seed: int) -> np.ndarray:
+        return np.concatenate([self.copies.reset_copy(k, seed + k) for k in range(self.copies.copies)])
+
+    def step(self, actions: np.ndarray) -> Step:
+        C, A = self.copies.copies, self.num_agents
+        final, rewards, truncated = self.copies.step(np.asarray(actions).reshape(C, A))
+        final = final.reshape(self.num_envs, *self.observation_space.shape)
+        trunc = np.repeat(truncated, A)
+        obs = final
+        if truncated.any():
+            obs = final.copy()
+            for k in np.flatnonzero(truncated):
+                obs[k * A:(k + 1) * A] = self.copies.reset_copy(k)
+        return Step(obs, rewards.reshape(-1), np.zeros(self.num_envs, bool), trunc, final, bool(truncated.any()))
+
+    def close(self) -> None:
+        self.copies.close()
 
 
 def shared_spaces(env, env_id: str) -> tuple[spaces.Space, spaces.Space]:

@@ -108,3 +108,11 @@ def test_a_marless_job_in_virtual_time_records_the_same_with_either(tmp_path, mo
     assert fast.keys() == slow.keys() and len(fast) > 50
     assert [k for k in fast if np.asarray(fast[k]).tobytes() != np.asarray(slow[k]).tobytes()] == []
     assert len(fast["episodes/return"]) >= 16
+
+
+def test_the_bench_times_both_and_finds_them_the_same(capsys):
+    from hpcrl.bench.env_copies import main
+
+    assert main(["--copies", "2", "--steps", "5", "--rounds", "2"]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith(ID)]
+    assert len(row) == 1 and row[0].split()[-1] == "yes" and float(row[0].split()[-2]) > 1, row

@@ -78,10 +78,11 @@ class MpiReports:
     def poll(self) -> None:
         """Nothing waits here: every report went to rank 0 when it was sent."""
 
-    def drain(self) -> list[Report]:
-        """Parameter rank: every report that has arrived (one sender's in the order it sent them)."""
+    def drain(self, most: int | None = None) -> list[Report]:
+        """Parameter rank: the reports that have arrived, ``most`` at the most (one sender's in the order it sent
+        them)."""
         out = []
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=control.TAG_REPORT):
+        while (most is None or len(out) < most) and self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=control.TAG_REPORT):
             out.append(self.comm.recv(source=MPI.ANY_SOURCE, tag=control.TAG_REPORT))
         return out
 

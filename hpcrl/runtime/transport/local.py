@@ -229,10 +229,10 @@ class LocalReports:
     def poll(self) -> None:
         """Nothing waits here: every report is in the queue when it was sent."""
 
-    def drain(self) -> list[Report]:
+    def drain(self, most: int | None = None) -> list[Report]:
         with self._lock:
-            out = list(self._queue)
-            self._queue.clear()
+            n = len(self._queue) if most is None else min(most, len(self._queue))
+            out = [self._queue.popleft() for _ in range(n)]
         return out
 
     def close(self) -> None:

@@ -80,7 +80,7 @@ class NodeMember:
     def poll(self) -> None:
         self.buffer.poll()
 
-    def drain(self) -> list[Report]:
+    def drain(self, most: int | None = None) -> list[Report]:
         raise RuntimeError("NodeMember.drain: only the parameter role drains reports")
 
     def close(self) -> None:

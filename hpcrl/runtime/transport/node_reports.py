@@ -67,7 +67,7 @@ class ReportMember:
     def poll(self) -> None:
         """Nothing waits here: every report went to the relay when it was sent."""
 
-    def drain(self) -> list[Report]:
+    def drain(self, most: int | None = None) -> list[Report]:
         raise RuntimeError("ReportMember.drain: only the parameter rank drains reports")
 
     def close(self) -> None:
@@ -121,7 +121,7 @@ class ReportRelay:
         self.up.send(self.packing.pack(self.world_rank, batch), synchronous)
         self.flushes += 1
 
-    def drain(self) -> list[Report]:
+    def drain(self, most: int | None = None) -> list[Report]:
         raise RuntimeError("ReportRelay.drain: only the parameter rank drains reports")
 
     def close(self) -> None:

@@ -306,8 +306,8 @@ class SimReports(LocalReports):
         super().__init__()
         self.charges = charges
 
-    def drain(self):
-        got = super().drain()
+    def drain(self, most: int | None = None):
+        got = super().drain(most)
         if got:
             self.charges.compute(len(got) * self.charges.prices.report, "reports")
         return got

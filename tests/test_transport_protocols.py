@@ -44,3 +44,23 @@ def test_both_implementations_have_every_method_with_the_protocols_parameters(pr
             have = [p for p in inspect.signature(getattr(impl, name)).parameters if p != "self"]
             assert have[:len(want)] == want, f"{impl.__name__}.{name}{have} vs {proto.__name__}.{name}{want}"
 
+
+
+def test_a_drain_takes_at_most_what_it_is_asked_for_in_order():
+    """Rank 0 handles its reports a turn at a time (parameter.py REPORTS_PER_TURN): in one process, and under MPI
+    (tests/mpi_programs/reports_drain.py: 3 senders, 40 reports each, drained 7 at a time)."""
+    from hpcrl.runtime.transport.local import LocalReports
+
+    reports = LocalReports()
+    for i in range(10):
+        reports.send(i)
+    assert reports.drain(4) == [0, 1, 2, 3] and reports.drain(4) == [4, 5, 6, 7] and reports.drain() == [8, 9]
+    assert reports.drain(4) == []
+
+
+@pytest.mark.mpi
+def test_an_mpi_drain_takes_at_most_what_it_is_asked_for_in_order():
+    from mpi_programs.launcher import run_mpi
+
+    said = run_mpi(4, "reports_drain", 40, 7, timeout=60)
+    assert "OK reports_drain" in said, said[-2000:]

@@ -47,7 +47,7 @@ def test_both_implementations_have_every_method_with_the_protocols_parameters(pr
 
 
 def test_a_drain_takes_at_most_what_it_is_asked_for_in_order():
-    """Rank 0 handles its reports a turn at a time (parameter.py REPORTS_PER_TURN): in one process, and under MPI
+    """Rank 0 handles its reports a turn at a time (parameter.py REPORTS_TURN_SECONDS): in one process, and under MPI
     (tests/mpi_programs/reports_drain.py: 3 senders, 40 reports each, drained 7 at a time)."""
     from hpcrl.runtime.transport.local import LocalReports
 

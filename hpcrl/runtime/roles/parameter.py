@@ -68,10 +68,10 @@ from hpcrl.runtime.record.run_record import RunRecord
 from hpcrl.runtime.record.stop_rule import StopRule
 from hpcrl.staleness import GradientRecord, make_policy
 
-REPORTS_PER_TURN = 64
-"""Reports handled per turn of the loop, between two looks at the mailbox. Drained whole, a backlog of node
-summaries (hundreds of nodes, each every flush) kept a push waiting for tens of milliseconds, and under the groups'
-allreduce every group waits for group 0's push: at 1,000 nodes in virtual time a third of the rate was lost so."""
+REPORTS_TURN_SECONDS, REPORTS_PER_DRAIN = 2e-3, 8
+"""Rank 0 handles reports for about this long per turn of its loop (8 at a time), then looks at its mailbox again.
+Drained whole, a backlog of node summaries (hundreds of nodes; each costs rank 0 a fraction of a millisecond) kept a
+push waiting for tens of milliseconds, and under the groups' allreduce every group waits for group 0's push."""
 
 class StopSignal:
     """SIGTERM / SIGUSR1 set a flag that the loop reads (checkpoint, then a clean stop). A signal that
@@ -406,12 +406,16 @@ class ParameterRank:
             self.counters.set(control.EVAL, self.round)  # the last actor evaluates (runtime/roles/evaluation.py)
 
     def _drain_messages(self) -> bool:
-        """The reports that have arrived, ``REPORTS_PER_TURN`` at the most, each to its handler (``handlers``);
-        whether there was any."""
-        got = self.job.reports.drain(REPORTS_PER_TURN)
-        for message in got:
-            self.handlers[type(message)](message)
-        return bool(got)
+        """The reports that have arrived, each to its handler (``handlers``), for ``REPORTS_TURN_SECONDS`` at the
+        most; whether there was any."""
+        start, handled = self.time.now(), False
+        while True:
+            got = self.job.reports.drain(REPORTS_PER_DRAIN)
+            for message in got:
+                self.handlers[type(message)](message)
+            handled |= bool(got)
+            if len(got) < REPORTS_PER_DRAIN or self.time.now() - start >= REPORTS_TURN_SECONDS:
+                return handled
 
     def _handlers(self) -> dict[type, Callable[[Any], None]]:
         """The one handler of each message a rank sends here (hpcrl.runtime.messages)."""

@@ -10,7 +10,7 @@ import re
 import pytest
 from mpi_programs.launcher import run_mpi
 
-from hpcrl.runtime.transport.node_cache import wanted
+from hpcrl.runtime.placement import node_weight_caches as wanted
 
 
 def _said(out: str) -> dict[str, int]:

@@ -13,7 +13,7 @@ import torch
 from mpi_programs.launcher import run_mpi
 
 from hpcrl.config import ConfigError, load_config
-from hpcrl.runtime.transport.node_cache import wanted
+from hpcrl.runtime.placement import node_weight_caches as wanted
 from hpcrl.runtime.transport.weight_tree import depth, has_children, source_of
 
 

@@ -63,3 +63,18 @@ def block_hosts(ranks: int, ranks_per_node: int) -> list[str]:
     """The hostnames a block launch of ``ranks`` ranks, ``ranks_per_node`` a node, gives (node0, node1 ...):
     what ``hpcrl submit`` checks a placement against before it writes the script."""
     return [f"node{r // ranks_per_node}" for r in range(ranks)]
+
+
+NODE_CACHE_MODES = ("auto", "on", "off")
+"""``launch.node_weight_cache``: auto (default: on when a node holds more than one actor), on, off."""
+
+
+def node_weight_caches(mode: str, actor_nodes: list[str], tree_fanout: int = 0) -> bool:
+    """Whether the actors read through node weight caches (runtime/transport/node_cache.py; the sim runner prices
+    the same): ``on``, ``off``, or ``auto`` = some node holds more than one actor (with one actor per node a cache
+    only adds a shared copy) or a weight tree connects them."""
+    if mode not in NODE_CACHE_MODES:
+        raise ValueError(f"launch.node_weight_cache: {mode!r}; allowed: {', '.join(NODE_CACHE_MODES)}")
+    if mode == "auto":
+        return tree_fanout > 0 or len(set(actor_nodes)) < len(actor_nodes)
+    return mode == "on"

@@ -226,6 +226,7 @@ class MpiWiring:
         """The weight board (collective); an actor's is its node's cache of it (one fetch from rank 0 per node and
         version) when ``launch.node_weight_cache`` (auto: a node holds several actors) says so, fetched through the
         tree of ``launch.weight_tree`` when it is on."""
+        from hpcrl.runtime.placement import node_weight_caches
         from hpcrl.runtime.transport import node_cache
         from hpcrl.runtime.transport.windows import WeightBoard
 
@@ -240,7 +241,7 @@ class MpiWiring:
                                   for s, owner in enumerate(owners)], b, self._my_shard(owners))
         launch = self.plan.sections.launch
         actor_nodes = [topo.nodes[r] for r in topo.actor_ranks]
-        if not node_cache.wanted(launch.node_weight_cache, actor_nodes, launch.weight_tree):
+        if not node_weight_caches(launch.node_weight_cache, actor_nodes, launch.weight_tree):
             return board
         from hpcrl.runtime.transport.control import Heartbeat
 

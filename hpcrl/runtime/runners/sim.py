@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -26,6 +27,7 @@ from hpcrl.io.schema import RUN_FILE
 from hpcrl.runtime import collector
 from hpcrl.runtime.backoff import Backoff, window_owner_nap
 from hpcrl.runtime.clock import Work
+from hpcrl.runtime.placement import node_weight_caches
 from hpcrl.runtime.plan import Plan
 from hpcrl.runtime.record.node_rows import NodeRows
 from hpcrl.runtime.roles.sampler import describe_env
@@ -182,7 +184,16 @@ class SimWiring(LocalWiring):
         return self._once("mailbox", lambda: SimMailbox(self.charges, groups, slots, num_params, stats))
 
     def board(self, num_params: int, history: int, probe_size: int, topo: Topology):
-        return self._once("board", lambda: SimBoard(self.charges, num_params, history, probe_size, self._tree(topo)))
+        return self._once("board", lambda: SimBoard(self.charges, num_params, history, probe_size, self._tree(topo),
+                                                    self._cache_node(topo)))
+
+    def _cache_node(self, topo: Topology) -> Callable[[int], str | None] | None:
+        """launch.node_weight_cache, as the MPI runner decides it: an actor rank's node."""
+        launch = self.plan.sections.launch
+        nodes = {r: self.machine.slots[r].node for r in topo.actor_ranks}
+        if not node_weight_caches(launch.node_weight_cache, list(nodes.values()), launch.weight_tree):
+            return None
+        return nodes.get
 
     def _tree(self, topo: Topology) -> SimWeightTree | None:
         """launch.weight_tree: the actors' nodes numbered by their first actor rank, as the MPI tree numbers them."""

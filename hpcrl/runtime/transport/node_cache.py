@@ -204,21 +204,7 @@ class NodeWeightCache:
         self.board.free()
 
 
-# ---- choosing and wiring it (the MPI runner) ---------------------------------------------------
-MODES = ("auto", "on", "off")
-"""``launch.node_weight_cache``: auto (default: on when a node holds more than one actor), on, off."""
-
-
-def wanted(mode: str, actor_nodes: list[str], tree_fanout: int = 0) -> bool:
-    """Whether the actors read through node caches: ``on``, ``off``, or ``auto`` = some node holds more than one
-    actor (with one actor per node a cache only adds a shared copy) or a weight tree connects them."""
-    if mode not in MODES:
-        raise ValueError(f"launch.node_weight_cache: {mode!r}; allowed: {', '.join(MODES)}")
-    if mode == "auto":
-        return tree_fanout > 0 or len(set(actor_nodes)) < len(actor_nodes)
-    return mode == "on"
-
-
+# ---- wiring it (the MPI runner; whether to: placement.node_weight_caches) ------------------------
 def shared_memory_node(actors):
     """The actors that share this rank's node memory (``Split_type(COMM_TYPE_SHARED)``)."""
     return actors.Split_type(MPI.COMM_TYPE_SHARED, key=actors.Get_rank())

@@ -11,7 +11,8 @@ SimMailbox             a push: ``push`` on the learner, then its bytes over rank
                        on its group's news, at the back-off's next tick (not every tick)
 SimBoard               a publish: ``publish`` on rank 0, before the version is visible; a read of a newer
                        version: ``fetch`` on the reader, then the bytes over rank 0's link (remote reader);
-                       with launch.weight_tree an actor's read goes through ``SimWeightTree``
+                       with launch.weight_tree an actor's read goes through ``SimWeightTree``; with node
+                       weight caches only a node's first read of a version does, the others are a ``fetch``
 SimWeightTree          an actor's read of a version its node's source relay lacks: each stale relay above it
                        filled top down (``fetch`` and the bytes over the source's link, then out to the
                        relay over the relay's link), then the copy from its source, as the MPI tree does
@@ -278,9 +279,11 @@ class SimWeightTree:
 
 class SimBoard(LocalBoard):
     def __init__(self, charges: _Charges, num_params: int, history: int = 4, probe_size: int = 0,
-                 tree: SimWeightTree | None = None):
+                 tree: SimWeightTree | None = None, cache_node: Callable[[int], str | None] | None = None):
+        """``cache_node``: with launch.node_weight_cache on, an actor rank's node (None for other ranks)."""
         super().__init__(num_params, history, probe_size)
-        self.charges, self.tree = charges, tree
+        self.charges, self.tree, self.cache_node = charges, tree, cache_node
+        self.cached: dict[str, int] = {}  # the version each node's weight cache holds
 
     def publish(self, version: int, flat: np.ndarray, probe: np.ndarray | None = None) -> None:
         self.charges.compute(self.charges.prices.publish(self.num_params), "a publish")
@@ -294,6 +297,12 @@ class SimBoard(LocalBoard):
         rank = c.caller_rank()
         if rank is None or rank == 0:
             return
+        node = None if self.cache_node is None else self.cache_node(rank)
+        if node is not None:  # launch.node_weight_cache: the node's first reader of a version fetches it for all
+            if self.cached.get(node, -1) >= version:
+                c.compute(c.prices.fetch(floats), "a copy from the node's weight cache")
+                return
+            self.cached[node] = version
         if self.tree is not None and self.tree.reads(rank):
             self.tree.fetch(rank, version, floats)
             return

@@ -73,6 +73,7 @@ REPORTS_TURN_SECONDS, REPORTS_PER_DRAIN = 2e-3, 8
 Drained whole, a backlog of node summaries (hundreds of nodes; each costs rank 0 a fraction of a millisecond) kept a
 push waiting for tens of milliseconds, and under the groups' allreduce every group waits for group 0's push."""
 
+
 class StopSignal:
     """SIGTERM / SIGUSR1 set a flag that the loop reads (checkpoint, then a clean stop). A signal that
     arrived while the rank was still starting (:func:`hpcrl.runtime.signals.early_signal`) counts too."""

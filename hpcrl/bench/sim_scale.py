@@ -116,8 +116,7 @@ def main(argv: list[str]) -> int:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="hpcrl-sim-scale-"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"{'config':24s} {'nodes':>5s} {'ranks':>6s} {'env steps/s':>12s} {'trained/s':>12s} {'pushes/s':>9s} "
-          f"{'stale':>6s} "
-          f"{'real s per virtual s':>20s} {'setup s':>8s} {'peak GB':>8s}", flush=True)
+          f"{'stale':>6s} {'real s per virtual s':>20s} {'setup s':>8s} {'peak GB':>8s}", flush=True)
     for nodes in [int(n) for n in args.nodes.split(",")]:
         try:
             row = run_job(args.config, nodes, args.actors_per_node, args.virtual_seconds, out,

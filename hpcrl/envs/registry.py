@@ -36,15 +36,17 @@ class EnvSpec:
     same as the env's, or None for kwargs it does not implement (then the actor steps the env's copies)."""
 
     def load(self) -> Any:
-        module, _, attr = self.entry_point.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return _attribute(self.entry_point)
 
     def load_copies(self) -> Any:
         """The ``copies`` function, or None when the env has none."""
-        if not self.copies:
-            return None
-        module, _, attr = self.copies.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return _attribute(self.copies) if self.copies else None
+
+
+def _attribute(entry: str) -> Any:
+    """What a "module:attribute" string names, the module imported."""
+    module, _, attr = entry.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 _SPECS: dict[str, EnvSpec] = {}

@@ -167,7 +167,7 @@ def selected(spec: SweepSpec, only: list[str] | None) -> list[str]:
     if not only:
         return names
     for pattern in only:
-        if not fnmatch.filter(names, pattern):
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
             raise ConfigError(f"--only {pattern!r} matches none of the sweep's runs ({names[0]} ... {names[-1]}; "
                               "hpcrl sweep SPEC --list names them)")
     return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in only)]

@@ -12,7 +12,6 @@ mpi`` (:mod:`hpcrl.runtime.runners.mpi`) and their in-memory twins under ``seria
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol

@@ -35,8 +35,8 @@ from hpcrl.runtime.roles.node_actors import NodeActors
 from hpcrl.runtime.runners import RunResult
 from hpcrl.runtime.runners.job import actor_settings, build_jobs, make_role, role_parts
 from hpcrl.runtime.runners.serial import LocalWiring
-from hpcrl.runtime.topology import RankMapFacts, Topology, plan_roles
 from hpcrl.runtime.runners.threads import one_compute_thread
+from hpcrl.runtime.topology import RankMapFacts, Topology, plan_roles
 from hpcrl.runtime.transport import control
 from hpcrl.runtime.transport.control import RankSilent
 from hpcrl.runtime.transport.local_node_reports import NodeBuffer

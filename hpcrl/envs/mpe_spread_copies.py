@@ -67,7 +67,7 @@ class SpreadCopies:
             self.landmarks[k, i] = rng.uniform(-1, +1, 2)
         self.vel[k] = 0.0
         self.steps[k] = 0
-        return self._observations()[k]
+        return self._observations(slice(k, k + 1))[0]
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every copy's step with ``actions`` [C, N] (ints in 0..4): observations [C, N, obs] float32, rewards [C, N]
@@ -104,13 +104,14 @@ class SpreadCopies:
         own = 0.0 - colliding.sum(axis=2).astype(np.float64)
         return total[:, None] * (1 - self.local_ratio) + own * self.local_ratio
 
-    def _observations(self) -> np.ndarray:
+    def _observations(self, copies: slice = slice(None)) -> np.ndarray:
         """[own velocity, own position, each landmark's and each other agent's position relative to it, the others'
-        communication (zeros)] for every agent, float32."""
-        C, N = self.copies, self.N
-        to_landmarks = self.landmarks[:, None] - self.pos[:, :, None]  # [C, A, L, 2]
-        to_others = (self.pos[:, None] - self.pos[:, :, None])[:, np.arange(N)[:, None], self.others]  # [C, A, A-1, 2]
-        return np.concatenate([self.vel, self.pos, to_landmarks.reshape(C, N, -1), to_others.reshape(C, N, -1),
+        communication (zeros)] for every agent of ``copies`` (default all: a reset asks for its copy's), float32."""
+        pos, vel, landmarks = self.pos[copies], self.vel[copies], self.landmarks[copies]
+        C, N = len(pos), self.N
+        to_landmarks = landmarks[:, None] - pos[:, :, None]  # [C, A, L, 2]
+        to_others = (pos[:, None] - pos[:, :, None])[:, np.arange(N)[:, None], self.others]  # [C, A, A-1, 2]
+        return np.concatenate([vel, pos, to_landmarks.reshape(C, N, -1), to_others.reshape(C, N, -1),
                                np.zeros((C, N, DIM_C * (N - 1)))], axis=-1).astype(np.float32)
 
     def close(self) -> None:

@@ -40,6 +40,11 @@ class AlgoSection(Section):
         """The learning rate the ``updates`` table reports when no schedule sets one (the policy's)."""
         return self.lr
 
+    def gradient_rows(self, fragment_steps: int) -> int:
+        """Rows (env or agent steps) one gradient push is computed over, what the virtual-time runner prices a
+        learner's gradient by: here a whole fragment (HA2C, HDDPG)."""
+        return fragment_steps
+
     def reward_discount(self) -> float:
         """The discount of the return whose std normalises rewards (env.normalize_reward)."""
         return self.gamma

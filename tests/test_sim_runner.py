@@ -314,3 +314,22 @@ def test_the_node_that_holds_the_last_actor_runs_the_evaluations(tmp_path):
     ev = read_table(tmp_path / "run" / "run.h5", "eval_episodes", ["round", "env_index", "length", "policy_version"])
     assert len(ev["round"]) >= 4 and set(ev["env_index"].tolist()) == {0, 1} and ev["round"].min() >= 1
     assert (ev["length"] > 0).all() and ev["policy_version"].max() > 0
+
+
+@pytest.mark.parametrize("name,rows", [("mpe_spread_ippo.yaml", 1200), ("mpe_spread_iql.yaml", 128 * 6),
+                                       ("mpe_spread_vdn.yaml", 128 * 6)])
+def test_every_marl_learner_runs_on_the_marless_profile_priced_by_its_own_minibatch(tmp_path, name, rows):
+    """The virtual-time runner prices a gradient by the rows it is computed over (AlgoSection.gradient_rows): a
+    PPO minibatch's agent steps; a replay minibatch's joint transitions x agents (value-based learners have no
+    train_batch_size)."""
+    from hpcrl.config import load_config
+
+    run_dir = tmp_path / "run"
+    cfg = load_config(str(Path(__file__).resolve().parents[1] / "hpcrl" / "configs" / name),
+                      ["launch.runner=sim", "launch.profile=marless", "actors.count=2", "stop.max_rounds=2",
+                       "io.tensorboard=false", f"io.run_dir={run_dir}"])
+    plan = make_plan(cfg)
+    assert cfg.algo.gradient_rows(plan.fragment_steps) == rows
+    result = sim.run(plan, run_dir)
+    assert result.stop_reason.startswith("stop.max_rounds"), result.message
+    assert len(read_table(run_dir / "run.h5", "gradients", ["seq"])["seq"]) > 0

@@ -45,3 +45,6 @@ class IMPACTConfig(FragmentRounds, AlgoSection):
     """Passes over each learner batch (IMPACT's circular-buffer reuse)."""
     optimizer: Literal["adam", "sgd"] = "adam"
     """Optimizer on the parameter rank."""
+
+    def gradient_rows(self, fragment_steps: int) -> int:
+        return min(self.minibatch_size, fragment_steps)

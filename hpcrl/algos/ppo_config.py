@@ -53,6 +53,9 @@ class PPOConfig(AlgoSection):
         if self.lr_anneal and self.lr_anneal_steps is None:
             self.lr_anneal_steps = run.stop.total_env_steps
 
+    def gradient_rows(self, fragment_steps: int) -> int:
+        return self.minibatch_size
+
     def lr_schedule(self):
         from hpcrl.algos.schedules import LinearAnneal
 

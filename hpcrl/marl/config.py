@@ -154,6 +154,9 @@ class MARLPPOFields(MARLAgents):
     critic group (groups 1...), which train on it. It computes no gradient; its seconds are charged as a
     learner's. Needs learners.groups >= 2."""
 
+    def gradient_rows(self, fragment_steps: int) -> int:
+        return self.minibatch_size
+
 
 class IPPOConfig(MARLScalingFields, MARLSharingFields, MARLPPOFields):
     name: Literal["ippo"] = "ippo"
@@ -198,6 +201,9 @@ class MARLQFields(FragmentRounds, MARLAgents):
     """Rounds of the linear decay from epsilon_start to epsilon_end."""
     max_grad_norm: float = Field(10.0, gt=0)
     """Each minibatch gradient is clipped to this global norm before it is pushed."""
+
+    def gradient_rows(self, fragment_steps: int) -> int:
+        return self.batch_size * self.agents  # a joint transition is a row per agent
 
 
 class IQLConfig(MARLScalingFields, MARLSharingFields, MARLQFields):

@@ -88,7 +88,7 @@ class Machine:
         self.cores: dict[int, object] = {}
         s = plan.sections
         self.env_step = profile.env_step(s.env.id)
-        self.minibatch_rows = int(getattr(s.algo, "minibatch_size", 0) or plan.sections.algo.train_batch_size)
+        self.minibatch_rows = s.algo.gradient_rows(plan.fragment_steps)
         stragglers = profile.stragglers
         slow_draw = np.random.default_rng([plan.seed, 7]).random(plan.actors)
         self.slow = slow_draw < stragglers.slow_share  # actors slow throughout

@@ -333,3 +333,15 @@ def test_every_marl_learner_runs_on_the_marless_profile_priced_by_its_own_miniba
     result = sim.run(plan, run_dir)
     assert result.stop_reason.startswith("stop.max_rounds"), result.message
     assert len(read_table(run_dir / "run.h5", "gradients", ["seq"])["seq"]) > 0
+
+
+def test_the_wall_clock_limit_is_checked_each_turn_not_each_half_second(tmp_path):
+    """stop.max_wall_seconds is looked at on every turn of rank 0 (the other stop rules every 0.5 s), so a job in
+    virtual time told to run 0.6 s stops then, not at rank 0's next half-second check (1.0 s)."""
+    run_dir = tmp_path / "run"
+    cfg = config(run_dir, stop={"max_rounds": None, "max_wall_seconds": 0.6}, launch={"profile": "stellaris-hpc"},
+                 actors={"count": 8})
+    result = sim.run(make_plan(cfg), run_dir)
+    assert result.stop_reason.startswith("stop.max_wall_seconds"), result.stop_reason
+    assert read_table(run_dir / "run.h5", "updates", ["time"])["time"][-1] < 0.61
+    assert float(read_attrs(run_dir / "run.h5")["sim_virtual_seconds"]) < 0.7

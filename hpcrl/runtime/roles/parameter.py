@@ -279,7 +279,7 @@ class ParameterRank:
             busy |= self._drain_messages()
             lap("record")
             now = self.time.now()
-            if now >= self._next_elastic:
+            if now >= self._next_elastic or now >= self._wall_limit_at():  # stop.max_wall_seconds to the turn
                 self._next_elastic = now + 0.5
                 self._watch()
                 self.groups.elastic(now, self.record)
@@ -434,6 +434,11 @@ class ParameterRank:
     def _watch(self) -> None:
         for line in self.watchdog.check(self.counters.read_all()):
             print(line, flush=True)
+
+    def _wall_limit_at(self) -> float:
+        """When (on this job's clock) stop.max_wall_seconds is reached: checked each turn, other rules each 0.5 s."""
+        limit = self.settings.stop.max_wall_seconds
+        return math.inf if limit is None else self.t0 + limit - self.wall_before
 
     def _check_stop(self) -> None:
         if self.signals.received is not None:

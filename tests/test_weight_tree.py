@@ -77,7 +77,7 @@ def _sim_tree(nodes: int, fanout: int):
     from hpcrl.runtime.virtual_time import VirtualWorld
 
     prices = TransportPrices(push=float, receive=float, publish=float, fetch=float, fragment_send=0.0, report=0.0,
-                             link_seconds=lambda a, b, nbytes: 1e-3)
+                             link_times=lambda a, b, nbytes: (0.0, 1e-3))
     leaders = [10 * (i + 1) for i in range(nodes)]  # node i's first actor is rank 10 (i + 1), its second 10 (i + 1) + 1
     node_of = {r + k: i for i, r in enumerate(leaders) for k in (0, 1)}
     return SimWeightTree(_Charges(VirtualWorld(), prices), fanout, leaders, node_of)

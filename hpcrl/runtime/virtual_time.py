@@ -156,10 +156,12 @@ class VirtualClock:
             else:
                 self.role.hand_back(_holding(self.world.env, core, seconds), what)
 
-    def transfer(self, seconds: float, link: simpy.Resource | None, what: str) -> None:
-        """A transfer of ``seconds`` that holds ``link`` (rank 0's, shared) while its bytes move."""
+    def transfer(self, seconds: float, link: simpy.Resource | None, what: str, latency: float = 0.0) -> None:
+        """A transfer whose bytes hold ``link`` (rank 0's, shared) for ``seconds``, then ``latency`` (not held)."""
         if seconds > 0:
             self.role.hand_back(_holding(self.world.env, link, seconds), what)
+        if latency > 0:
+            self.role.hand_back(_timeout(self.world.env, latency), what)
 
     def wait_for(self, signal: Signal, seconds: float, what: str) -> None:
         """Until ``signal`` is notified or ``seconds`` pass."""

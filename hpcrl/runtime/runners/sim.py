@@ -99,14 +99,15 @@ class Machine:
             self.cores[node] = self.world.cores(self.slots[rank].kind.cores, self.profile.time_slice_seconds)
         return self.cores[node]
 
-    def link_seconds(self, a: int, b: int, nbytes: int) -> float:
+    def link_times(self, a: int, b: int, nbytes: int) -> tuple[float, float]:
+        """(latency, seconds the bytes take at the slower end's rate) between ranks ``a`` and ``b``; none on a node."""
         sa, sb = self.slots[a], self.slots[b]
         if sa.node == sb.node:
-            return 0.0
+            return 0.0, 0.0
         net = self.profile.network
         rate = min(sa.kind.nic_bytes_per_second or net.bytes_per_second,
                    sb.kind.nic_bytes_per_second or net.bytes_per_second)
-        return net.latency_seconds + nbytes / rate
+        return net.latency_seconds, nbytes / rate
 
     def allreduce_seconds(self, nbytes: int) -> float:
         """The learner group roots' allreduce of ``nbytes`` (learners.topology=allreduce) across their n nodes:
@@ -125,7 +126,7 @@ class Machine:
     def transport_prices(self) -> TransportPrices:
         c = self.profile.costs
         return TransportPrices(push=c.push.at, receive=c.receive.at, publish=c.publish.at, fetch=c.fetch.at,
-                               fragment_send=c.fragment_send, report=c.report, link_seconds=self.link_seconds)
+                               fragment_send=c.fragment_send, report=c.report, link_times=self.link_times)
 
     def price(self, rank: int, topo: Topology):
         """The cost of each Work on rank ``rank``: CPU work at its node's core speed, a gradient on its GPU (if it

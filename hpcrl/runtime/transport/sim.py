@@ -55,8 +55,9 @@ class TransportPrices:
     fetch: Callable[[int], float]
     fragment_send: float
     report: float
-    link_seconds: Callable[[int, int, int], float]
-    """(rank, other rank, bytes) -> seconds the bytes take between their nodes (0 on one node)."""
+    link_times: Callable[[int, int, int], tuple[float, float]]
+    """(rank, other rank, bytes) -> (the latency, the seconds the bytes hold the sender's link) between their nodes
+    ((0, 0) on one node)."""
 
 
 class GroupNews:
@@ -111,11 +112,12 @@ class _Charges:
         self.over(self.rank0_link, rank, 0, nbytes, what)
 
     def over(self, link, a: int, b: int, nbytes: int, what: str) -> None:
-        """``nbytes`` between ranks ``a`` and ``b``, holding ``link`` (one transfer at a time) while they move."""
+        """``nbytes`` between ranks ``a`` and ``b``, holding ``link`` (one transfer at a time) while they move, then
+        the latency, which does not hold it (a NIC has many messages in flight: bandwidth is what they share)."""
         role = self.world.current
-        seconds = self.prices.link_seconds(a, b, nbytes)
-        if role is not None and seconds > 0:
-            role.clock.transfer(seconds, link, what)
+        latency, moving = self.prices.link_times(a, b, nbytes)
+        if role is not None and latency + moving > 0:
+            role.clock.transfer(moving, link, what, latency)
 
     def caller_rank(self) -> int | None:
         role = self.world.current
@@ -342,7 +344,7 @@ class SimFragments(LocalFragments):
         c = self.charges
         c.compute(c.prices.fragment_send, "a fragment send")
         rank = c.caller_rank()
-        seconds = 0.0 if rank is None else c.prices.link_seconds(rank, self.root_of_group(group), self.layout.nbytes)
+        seconds = 0.0 if rank is None else sum(c.prices.link_times(rank, self.root_of_group(group), self.layout.nbytes))
         self.travelling += 1
 
         def arrive(_event=None) -> None:

@@ -80,6 +80,33 @@ def test_a_call_abandoned_when_the_run_stops_returns_none_and_so_do_later_ones()
     assert alone.broken and shared.for_group(1).sum(np.zeros(2), lambda: False) is None
 
 
+def test_in_virtual_time_a_group_waiting_at_the_allreduce_leaves_when_the_run_stops_not_a_second_later():
+    """Under MPI a waiting root looks at ``wait()`` between tests of the collective; the sim's meeting is woken by
+    the STOP word too (a run that stopped at 0.5 s drained until 1.5 s: its groups waited a heartbeat's second)."""
+    from hpcrl.runtime.transport import control
+    from hpcrl.runtime.transport.sim import GroupNews, SimCounters, SimGroupsAllreduce
+    from hpcrl.runtime.virtual_time import VirtualClock, VirtualWorld
+
+    world = VirtualWorld()
+    news = GroupNews(world)
+    counters = SimCounters(control.num_counters(2, 2), world, news)
+    shared = SimGroupsAllreduce(world, news, 2, lambda nbytes: 0.0)
+    left = {}
+
+    def waiting(clock=VirtualClock(world, lambda work, count: 0.0)):
+        got = shared.for_group(0).sum(np.ones(2), lambda: bool(counters.read(control.STOP)))
+        left["at"], left["got"] = clock.now(), got
+
+    def stopping(clock=VirtualClock(world, lambda work, count: 0.0)):
+        clock.sleep(0.01)
+        counters.set(control.STOP, 1)  # group 1 never comes to the allreduce
+
+    for rank, (name, body) in enumerate([("group 0", waiting), ("rank 0", stopping)]):
+        world.spawn(rank, name, body, body.__defaults__[0], None)
+    world.run()
+    assert left["got"] is None and abs(left["at"] - 0.01) < 1e-9, left
+
+
 def test_rank_0_takes_the_trained_values_and_keeps_its_own_untrained_ones():
     from hpcrl.runtime.plan import make_plan
     from hpcrl.runtime.roles.push_apply import TakeWeights

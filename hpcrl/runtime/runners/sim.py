@@ -255,12 +255,13 @@ class SimWiring(LocalWiring):
 
     def node_gather(self, topo: Topology, meta_size: int, num_params: int):
         node = self.machine.slots[topo.rank].node
-        return self._once(("node gather", node), lambda: SimNodeGather(self.world, topo.node_mates(topo.group))
-                          ).for_group(topo.group)
+        gather = lambda: SimNodeGather(self.world, self.charges.news, topo.node_mates(topo.group))  # noqa: E731
+        return self._once(("node gather", node), gather).for_group(topo.group)
 
     def groups_allreduce(self, topo: Topology):
-        shared = self._once("groups_allreduce", lambda: SimGroupsAllreduce(self.world, self.plan.groups,
-                                                                           self.machine.allreduce_seconds))
+        allreduce = lambda: SimGroupsAllreduce(self.world, self.charges.news, self.plan.groups,  # noqa: E731
+                                               self.machine.allreduce_seconds)
+        shared = self._once("groups_allreduce", allreduce)
         return shared.for_group(topo.group)
 
     def learner_cpu_time(self, topo: Topology):

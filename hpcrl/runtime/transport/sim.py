@@ -67,6 +67,7 @@ class GroupNews:
     def __init__(self, world: VirtualWorld) -> None:
         self.world = world
         self._signals: dict[int, Signal] = {}
+        self._stop_watchers: list[Signal] = []
 
     def signal(self, group: int) -> Signal:
         if group not in self._signals:
@@ -77,8 +78,15 @@ class GroupNews:
         if group in self._signals:
             self._signals[group].notify()
 
+    def watch_stop(self, signal: Signal) -> Signal:
+        """``signal`` is notified too when the run stops: a meeting's, whose members then look at ``wait()`` at
+        once, as under MPI they poll it between tests of the collective (not a heartbeat's virtual second later)."""
+        self._stop_watchers.append(signal)
+        return signal
+
     def notify_all(self) -> None:
-        for signal in self._signals.values():
+        """The run stopped."""
+        for signal in (*self._signals.values(), *self._stop_watchers):
             signal.notify()
 
 
@@ -365,13 +373,13 @@ class SimLearnerLink(LocalLearnerLink):
 
 
 class SimGroupsAllreduce(LocalGroupsAllreduce):
-    """The group roots' allreduce in virtual time: each waits (a heartbeat's virtual second at a time) for the last
-    root, and every root has the sum ``seconds(bytes)`` after that one arrived."""
+    """The group roots' allreduce in virtual time: each waits (a heartbeat's virtual second at a time, or until the
+    run stops) for the last root, and every root has the sum ``seconds(bytes)`` after that one arrived."""
 
-    def __init__(self, world: VirtualWorld, groups: int, seconds: Callable[[int], float]) -> None:
+    def __init__(self, world: VirtualWorld, news: GroupNews, groups: int, seconds: Callable[[int], float]) -> None:
         super().__init__(groups)
         self.world, self.seconds = world, seconds
-        self.met = world.signal()
+        self.met = news.watch_stop(world.signal())
         self.ready_at = 0.0
 
     def _sum(self, group: int, part: np.ndarray, wait: Callable[[], bool]) -> np.ndarray | None:
@@ -407,9 +415,9 @@ class SimNodeGather:
     virtual second at a time, for the node's last; then the node's pusher (its first group) has them all in group
     order and the others go on (an empty list), as with MPI's Igather of a gradient (a rendezvous)."""
 
-    def __init__(self, world: VirtualWorld, groups: list[int]) -> None:
+    def __init__(self, world: VirtualWorld, news: GroupNews, groups: list[int]) -> None:
         self.world, self.groups, self.members = world, groups, len(groups)
-        self.met = world.signal()
+        self.met = news.watch_stop(world.signal())
         self.parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.result: list[tuple[np.ndarray, np.ndarray]] = []
         self.generation = 0

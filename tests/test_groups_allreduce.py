@@ -91,18 +91,19 @@ def test_in_virtual_time_a_group_waiting_at_the_allreduce_leaves_when_the_run_st
     news = GroupNews(world)
     counters = SimCounters(control.num_counters(2, 2), world, news)
     shared = SimGroupsAllreduce(world, news, 2, lambda nbytes: 0.0)
+    root, rank0 = VirtualClock(world, lambda work, count: 0.0), VirtualClock(world, lambda work, count: 0.0)
     left = {}
 
-    def waiting(clock=VirtualClock(world, lambda work, count: 0.0)):
+    def waiting():
         got = shared.for_group(0).sum(np.ones(2), lambda: bool(counters.read(control.STOP)))
-        left["at"], left["got"] = clock.now(), got
+        left["at"], left["got"] = root.now(), got
 
-    def stopping(clock=VirtualClock(world, lambda work, count: 0.0)):
-        clock.sleep(0.01)
+    def stopping():
+        rank0.sleep(0.01)
         counters.set(control.STOP, 1)  # group 1 never comes to the allreduce
 
-    for rank, (name, body) in enumerate([("group 0", waiting), ("rank 0", stopping)]):
-        world.spawn(rank, name, body, body.__defaults__[0], None)
+    world.spawn(1, "group 0's root", waiting, root, None)
+    world.spawn(0, "rank 0", stopping, rank0, None)
     world.run()
     assert left["got"] is None and abs(left["at"] - 0.01) < 1e-9, left
 

@@ -158,10 +158,8 @@ class VirtualClock:
 
     def transfer(self, seconds: float, link: simpy.Resource | None, what: str, latency: float = 0.0) -> None:
         """A transfer whose bytes hold ``link`` (rank 0's, shared) for ``seconds``, then ``latency`` (not held)."""
-        if seconds > 0:
-            self.role.hand_back(_holding(self.world.env, link, seconds), what)
-        if latency > 0:
-            self.role.hand_back(_timeout(self.world.env, latency), what)
+        if seconds > 0 or latency > 0:
+            self.role.hand_back(_holding(self.world.env, link, seconds, latency), what)
 
     def wait_for(self, signal: Signal, seconds: float, what: str) -> None:
         """Until ``signal`` is notified or ``seconds`` pass."""
@@ -227,14 +225,17 @@ def _timeout(env: simpy.Environment, seconds: float):
     yield env.timeout(seconds)
 
 
-def _holding(env: simpy.Environment, resource: simpy.Resource | None, seconds: float):
-    """``seconds`` holding one place of ``resource`` (a node's core, rank 0's link), queued while none is free."""
-    if resource is None:
-        yield env.timeout(seconds)
+def _holding(env: simpy.Environment, resource: simpy.Resource | None, seconds: float, then: float = 0.0):
+    """``seconds`` holding one place of ``resource`` (a node's core, rank 0's link), queued while none is free, then
+    ``then`` seconds without it (a transfer's latency): one hand-back for both."""
+    if resource is None or seconds <= 0:
+        yield env.timeout(seconds + then)
         return
     with resource.request() as req:
         yield req
         yield env.timeout(seconds)
+    if then > 0:
+        yield env.timeout(then)
 
 
 class Cores(simpy.Resource):

@@ -273,13 +273,14 @@ class ParameterRank:
         progress = self.job.progress
         lap = self.lap
         self.clock.restart()
+        wall_limit_at = self._wall_limit_at()
         while self.stop_reason is None:
             self.fault.check()
             busy = self._receive_gradients()
             busy |= self._drain_messages()
             lap("record")
             now = self.time.now()
-            if now >= self._next_elastic or now >= self._wall_limit_at():  # stop.max_wall_seconds to the turn
+            if now >= self._next_elastic or now >= wall_limit_at:  # stop.max_wall_seconds to the turn
                 self._next_elastic = now + 0.5
                 self._watch()
                 self.groups.elastic(now, self.record)

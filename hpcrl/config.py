@@ -160,7 +160,9 @@ class LearnersConfig(Section):
     auto = the GPU given by the node-local rank when CUDA is available, else the CPU."""
     cuda_graphs: bool = True
     """On a CUDA learner, replay each minibatch gradient from a CUDA graph (runtime/roles/cuda_graph.py) when the
-    algorithm offers one (PPO) and no IS window is used: small networks are bound by kernel launches."""
+    algorithm offers one (PPO) and no IS window is used: small networks are bound by kernel launches. Under
+    push=update a single-rank group replays each whole minibatch step, Adam included (runtime/roles/
+    cuda_graph_step.py)."""
     overlap_push: bool = False
     """With CUDA graphs: push each minibatch gradient while the GPU computes the next one, so the next one's
     weights lack the gradient just pushed (staleness at least 1): about 1.1x the gradients/s, more env steps

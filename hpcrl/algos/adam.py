@@ -12,7 +12,8 @@ either class.
     theta_t = theta_{t-1} - lr (m_t / (1 - beta1^t)) / (sqrt(v_t / (1 - beta2^t)) + eps)
 
 Interface used by hpcrl: ``param_groups`` (dicts with ``params`` and ``lr``, which may be changed
-between steps), ``state`` (parameter -> ``step``, ``exp_avg``, ``exp_avg_sq``; deleting an entry
+between steps; ``lr`` may be a 0-dim tensor on the parameters' device, which a CUDA graph of the step reads
+when it replays, and ``state_dict()`` gives it as a number), ``state`` (parameter -> ``step``, ``exp_avg``, ``exp_avg_sq``; deleting an entry
 restarts that parameter's moments), ``step()`` on the parameters' ``.grad``, ``state_dict()`` and
 ``load_state_dict()``. No weight decay, AMSGrad or maximize (hpcrl uses none of them).
 """
@@ -52,7 +53,7 @@ class Adam:
             grads = [p.grad for p in params]
             beta1, beta2 = group["betas"]
             if fused:
-                torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=float(group["lr"]),
+                torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=_lr(group["lr"]),
                                    beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"], amsgrad=False,
                                    maximize=False)
                 continue
@@ -98,8 +99,8 @@ class Adam:
         groups = []
         for group in self.param_groups:
             ids = [index.setdefault(p, len(index)) for p in group["params"]]
-            groups.append({**{k: v for k, v in group.items() if k != "params"}, "weight_decay": 0,
-                           "amsgrad": False, "maximize": False, "params": ids})
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "lr": float(group["lr"]),
+                           "weight_decay": 0, "amsgrad": False, "maximize": False, "params": ids})
         state = {index[p]: {k: v.clone() for k, v in s.items()} for p, s in self.state.items() if p in index}
         return {"state": state, "param_groups": groups}
 
@@ -124,6 +125,12 @@ class Adam:
             self.state[p] = {"step": torch.as_tensor(values["step"], dtype=torch.float32).to(p.device).reshape(()).clone(),
                              "exp_avg": values["exp_avg"].to(p.device, p.dtype).clone(),
                              "exp_avg_sq": values["exp_avg_sq"].to(p.device, p.dtype).clone()}
+
+
+def _lr(lr: float | Tensor) -> float | Tensor:
+    """The fused kernel's learning rate: a tensor on the parameters' device stays one (a CUDA graph replays the
+    step with whatever value it holds then: ``runtime/roles/cuda_graph_step.py``), a number is a float."""
+    return lr if isinstance(lr, Tensor) else float(lr)
 
 
 def _fusable(p: Tensor) -> bool:

@@ -8,6 +8,10 @@ the right shapes); the minibatch already sits on the learner's device, as the le
 batch there. Times are medians over ``--seconds`` per case; the table gives each case's time and
 its speed against the CPU with one torch thread (how every rank runs), measured in this process.
 
+A second table times a group's whole minibatch step under ``learners.push: update`` (gradient,
+clipping and the Adam update, the weights staying on the device): eager, and on CUDA replayed from
+one graph (``runtime/roles/cuda_graph_step.py``).
+
     hpcrl bench learner-step [--configs cartpole,hopper] [--sizes 64,256,1024] [--seconds 1.0]
 """
 from __future__ import annotations
@@ -87,6 +91,23 @@ def measure(config: str, size: int, mode: str, seconds: float) -> tuple[float, n
     return seconds_per, out["grad"].copy()
 
 
+def measure_step(config: str, size: int, mode: str, seconds: float) -> float:
+    """Median seconds per whole minibatch step (gradient, clipping, Adam) in ``mode`` (cpu, cuda, cuda-graph)."""
+    from hpcrl.runtime.roles.group_update import GroupUpdate
+
+    device = "cpu" if mode == "cpu" else "cuda"
+    algo, model, mb, _ = make_case(config, size, device)
+    inner = GroupUpdate(algo, model, torch.Generator(), cuda_graphs=mode == "cuda-graph")
+    inner.set_lr(1e-5)  # the weights barely move over the thousands of timed steps
+
+    def step():
+        inner.fused_step(mb)
+        if device == "cuda":
+            torch.cuda.synchronize()  # eager steps end with a stats read; a replay's end is waited for here
+
+    return time_case(step, seconds)
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="hpcrl bench learner-step", description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="cartpole,hopper", help="shipped configs whose network to use")
@@ -108,6 +129,14 @@ def main(argv: list[str]) -> int:
             diff = max((float(np.abs(g - cpu_grad).max()) for m, (_, g) in got.items() if m != "cpu"), default=0.0)
             print(f"{config:>8} {size:>5} " + " ".join(f"{1e3 * got[m][0]:>14.3f}" for m in modes) + " "
                   + " ".join(f"{cpu_s / got[m][0]:>19.2f}x" for m in modes[1:]) + f"  {diff:.2e}")
+    print("\nwhole minibatch step (learners.push=update: gradient, clipping, Adam)")
+    print(f"{'config':>8} {'rows':>5} " + " ".join(f"{m + ' ms':>14}" for m in modes)
+          + " " + " ".join(f"{m + ' speed-up':>20}" for m in modes[1:]))
+    for config in [c.strip() for c in args.configs.split(",") if c.strip()]:
+        for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
+            took = {m: measure_step(config, size, m, args.seconds) for m in modes}
+            print(f"{config:>8} {size:>5} " + " ".join(f"{1e3 * took[m]:>14.3f}" for m in modes) + " "
+                  + " ".join(f"{took['cpu'] / took[m]:>19.2f}x" for m in modes[1:]))
     return 0
 
 

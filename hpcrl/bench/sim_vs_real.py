@@ -152,6 +152,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     p.add_argument("--profile", default="this-machine", help="the sim's cluster profile (default this-machine)")
     p.add_argument("--repeats", type=int, default=3, help="real runs per case (default 3)")
+    p.add_argument("--measure-seconds", type=float, default=3.0,
+                   help="timing of each measured cost (default 3.0; about ten costs a case)")
     p.add_argument("--no-measure", dest="measure", action="store_false",
                    help="use the profile's CPU costs as they are (default: measure each case's first)")
     p.add_argument("--skip", type=float, default=0.2, help="share of each run's time left out as start-up (0.2)")
@@ -168,7 +170,8 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for case in cases:
-        profile = str(measured_profile(case, args.profile, out, args.overrides)) if args.measure else args.profile
+        profile = (str(measured_profile(case, args.profile, out, args.overrides, args.measure_seconds)) if args.measure
+                   else args.profile)
         reals = []
         for repeat in range(args.repeats):
             run_dir, seconds = run_case(case, "mpi", args.steps, args.profile, out, args.overrides, repeat)

@@ -7,7 +7,8 @@ parameter rank is ``runtime/roles/push_apply.py``.
   computes the next (whose base version then lacks it);
 - :class:`PushUpdates` (``update``): the group takes every minibatch step of the batch itself with its own
   optimizer (``runtime/roles/group_update.py``: kept across batches, checkpointed by rank 0 from the activity
-  reports) and pushes one update, the weights it started from minus those it ended with.
+  reports) and pushes one update, the weights it started from minus those it ended with; a single-rank CUDA group
+  replays each whole minibatch step (gradient, clipping, Adam) from a CUDA graph (``cuda_graph_step.py``).
 
 Both train one batch through ``train(fragments, steps, new_steps, prepared) -> bool`` (False: the run is stopping)
 with the group's parts (its weights pull, its pacing, its push, its report: :class:`~hpcrl.runtime.roles.learner.
@@ -167,9 +168,10 @@ class BeforeEachStep:
 class PushUpdates:
     """learners.push=update: the batch's whole update by the group's own optimizer, pushed as one update."""
 
-    def __init__(self, learner: LearnerGroup) -> None:
+    def __init__(self, learner: LearnerGroup, cuda_graphs: bool) -> None:
         self.learner = learner
-        self.inner = GroupUpdate(learner.algo, learner.model, learner.generator)  # kept across batches
+        # kept across batches; a single-rank CUDA group replays each minibatch step from a CUDA graph
+        self.inner = GroupUpdate(learner.algo, learner.model, learner.generator, cuda_graphs and learner.size == 1)
 
     def restore(self, saved: dict) -> None:
         """--resume: the group's optimizer and minibatch order as they were after its last update."""
@@ -239,7 +241,7 @@ _END = object()
 def train_mode(push: str, learner: LearnerGroup, cuda_graphs: bool, overlap_push: bool):
     """A group root's side of the push mode ``push`` (the plan's)."""
     if push == "update":
-        return PushUpdates(learner)
+        return PushUpdates(learner, cuda_graphs)
     if push == "allreduce":
         from hpcrl.runtime.roles.push_allreduce import PushAllreduced  # it imports this module
 

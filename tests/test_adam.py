@@ -112,3 +112,14 @@ def test_step_counts_stay_per_parameter_when_some_skip_steps():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     saved = ours.state_dict()["state"]
     assert saved[0]["step"] is not saved[1]["step"] and float(saved[1]["step"]) == 4
+
+
+def test_rebuilding_a_groups_lists_reads_no_step_count_off_the_cpu():
+    """HDDPG steps its critic's group, then its actor's: each build after the other group's first step must not
+    read a count on the host (on a GPU, a sync in every iteration). Meta tensors stand in: they have no value."""
+    actor, critic = [torch.zeros(3, device="meta", requires_grad=True)], [torch.zeros(2, device="meta",
+                                                                                      requires_grad=True)]
+    opt = Adam([{"params": actor}, {"params": critic}])
+    for group, params in ((1, critic), (0, actor), (1, critic), (0, actor)):
+        _, steps, _, _, _, counts = opt._lists(group, params)
+        assert len(counts) == 1 and all(s is counts[0] for s in steps)

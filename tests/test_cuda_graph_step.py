@@ -75,3 +75,4 @@ def test_a_resumed_group_recaptures_on_its_restored_state():
     graphed, _, inner = two_batches("discrete", "cuda", cuda_graphs=True, resume_from=saved)
     np.testing.assert_allclose(graphed, eager, rtol=1e-4, atol=1e-6)
     assert isinstance(inner.optimizer.param_groups[0]["lr"], torch.Tensor)
+

@@ -40,6 +40,7 @@ class Adam:
         self.param_groups: list[dict[str, Any]] = [{**defaults, **g, "params": list(g["params"])} for g in groups]
         self.state: dict[Tensor, dict[str, Tensor]] = {}
         self._cached: dict[int, tuple] = {}
+        self._zeros: dict[torch.device, Tensor] = {}  # a new state's step count, never incremented itself
 
     @torch.no_grad()
     def step(self) -> None:
@@ -80,7 +81,10 @@ class Adam:
             counts: dict[tuple, Tensor] = {}
             for s in states:
                 t = s["step"]
-                s["step"] = counts.setdefault((float(t), t.device), t.clone())
+                # equal counts by value on the CPU; on a GPU reading one is a host sync, so there the counters shared
+                # already (the same tensor) stay shared, and new states' zeros share one (_state_of)
+                where = (float(t), t.device) if t.device.type == "cpu" else (id(t), t.device)
+                s["step"] = counts.setdefault(where, t.clone())
             lists = (params, [s["step"] for s in states], [s["exp_avg"] for s in states],
                      [s["exp_avg_sq"] for s in states], all(_fusable(p) for p in params), list(counts.values()))
             cached = self._cached[group] = ((id(self.state), len(self.state), key[2]), lists)
@@ -88,7 +92,8 @@ class Adam:
 
     def _state_of(self, p: Tensor) -> dict[str, Tensor]:
         if p not in self.state:
-            self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
+            zero = self._zeros.setdefault(p.device, torch.zeros((), dtype=torch.float32, device=p.device))
+            self.state[p] = {"step": zero,  # shared by this build's new states, cloned into its counters by _lists
                              "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                              "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
         return self.state[p]
@@ -120,9 +125,11 @@ class Adam:
                 group["initial_lr"] = s["initial_lr"]
             by_id.update(zip(s["params"], group["params"]))
         self.state, self._cached = {}, {}
+        counts: dict[tuple, Tensor] = {}  # equal step counts share one tensor, as _lists would make them
         for i, values in state_dict["state"].items():
             p = by_id[int(i)]
-            self.state[p] = {"step": torch.as_tensor(values["step"], dtype=torch.float32).to(p.device).reshape(()).clone(),
+            step = torch.as_tensor(values["step"], dtype=torch.float32).reshape(())
+            self.state[p] = {"step": counts.setdefault((float(step), p.device), step.to(p.device).clone()),
                              "exp_avg": values["exp_avg"].to(p.device, p.dtype).clone(),
                              "exp_avg_sq": values["exp_avg_sq"].to(p.device, p.dtype).clone()}
 

@@ -3,6 +3,7 @@ EventAccumulator; the progress line's stop-rule heading and ETA."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,6 +97,9 @@ def test_a_resumed_run_starts_a_new_event_file_that_drops_the_points_past_its_ch
     for step in (100, 200, 300):  # the checkpoint was at 150; 200 and 300 are redone by the resumed job
         first.scalars(step, {"train/loss": step / 100})
     first.close()
+    # a resumed job is a later process; in this one, a file named within the same second would sort by tensorboard's
+    # per-process file counter as text ('10' before '9'), and then load before the first job's
+    time.sleep(1.01 - time.time() % 1)
     resumed = TensorBoardLogger(folder, 5.0, resume_step=150)
     resumed.scalars(250, {"train/loss": 9.0})
     resumed.close()

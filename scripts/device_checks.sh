@@ -67,7 +67,8 @@ step learner-step 70 hpcrl bench learner-step --sizes "$sizes" --seconds "$secs"
 
 # the same job (12 actors, the learner on the GPU where there is one), three ways: gradient push (each minibatch
 # gradient a CUDA graph), update push eager, update push with each whole minibatch step a CUDA graph
-actors=$(( $(getconf _NPROCESSORS_ONLN) >= 16 ? 12 : 2 ))  # 12 on a 16-core node (4 cores left: rank 0, the learner, the system)
+# 12 actors on a 16-core node (4 cores left: rank 0, the learner, the system)
+actors=$(( $(getconf _NPROCESSORS_ONLN) >= 16 ? 12 : 2 ))
 # CleanRL's batch (2,048 steps) and update, cut into 128-step fragments so that 12 actors sample one batch together
 # (at the shipped 2,048-step fragment every batch is one actor's: 12 actors sample no faster than one)
 push=(hpcrl bench update-push --config hpcrl/configs/hopper.yaml --steps "$steps" -o "actors.count=$actors"

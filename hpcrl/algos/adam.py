@@ -13,9 +13,9 @@ either class.
 
 Interface used by hpcrl: ``param_groups`` (dicts with ``params`` and ``lr``, which may be changed
 between steps; ``lr`` may be a 0-dim tensor on the parameters' device, which a CUDA graph of the step reads
-when it replays, and ``state_dict()`` gives it as a number), ``state`` (parameter -> ``step``, ``exp_avg``, ``exp_avg_sq``; deleting an entry
-restarts that parameter's moments), ``step()`` on the parameters' ``.grad``, ``state_dict()`` and
-``load_state_dict()``. No weight decay, AMSGrad or maximize (hpcrl uses none of them).
+when it replays, and ``state_dict()`` gives it as a number), ``state`` (parameter -> ``step``, ``exp_avg``,
+``exp_avg_sq``; deleting an entry restarts that parameter's moments), ``step()`` on the parameters' ``.grad``,
+``state_dict()`` and ``load_state_dict()``. No weight decay, AMSGrad or maximize (hpcrl uses none of them).
 """
 from __future__ import annotations
 

@@ -21,19 +21,21 @@ exec > >(tee -a "$OUT/all.log") 2>&1  # the whole console too (the tool keeps on
 QUICK=${QUICK:-0}
 CHECKS=${CHECKS:-cuda-tests learner-step update-push classic-control sim-vs-real}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+SCRATCH=${TMPDIR:-/tmp}
+VENV=$SCRATCH/hpcrl-device-venv  # made from .whl/ on a bare GPU node
 
-if [ -d .whl ] && command -v nvidia-smi >/dev/null && [ ! -x /tmp/hv/bin/python ]; then
+if [ -d .whl ] && command -v nvidia-smi >/dev/null && [ ! -x "$VENV/bin/python" ]; then
   torch_site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
-  python3 -m venv --system-site-packages --without-pip /tmp/hv
-  site=$(/tmp/hv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  python3 -m venv --system-site-packages --without-pip "$VENV"
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "$torch_site" > "$site/image_torch.pth"  # the image's python is itself a venv: name its packages
-  /tmp/hv/bin/python -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
-  /tmp/hv/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e . \
+  "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
+  "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation -e . \
     || { echo "hpcrl's editable install failed; using PYTHONPATH and a launcher"; export PYTHONPATH=$PWD:$PWD/analysis
-         printf '#!/bin/sh\nexec python -m hpcrl "$@"\n' > /tmp/hv/bin/hpcrl; chmod +x /tmp/hv/bin/hpcrl; }
+         printf '#!/bin/sh\nexec python -m hpcrl "$@"\n' > "$VENV/bin/hpcrl"; chmod +x "$VENV/bin/hpcrl"; }
 fi
-[ -x /tmp/hv/bin/python ] && export PATH=/tmp/hv/bin:$PATH VIRTUAL_ENV=/tmp/hv
-[ -x .venv/bin/python ] && [ ! -x /tmp/hv/bin/python ] && export PATH=$PWD/.venv/bin:$PATH
+[ -x "$VENV/bin/python" ] && export PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV"
+[ -x .venv/bin/python ] && [ ! -x "$VENV/bin/python" ] && export PATH=$PWD/.venv/bin:$PATH
 
 step() {  # step LOG SECONDS COMMAND...: run one check, bounded; its output is added to $OUT/LOG.log
   local name=$1 limit=$2
@@ -41,10 +43,10 @@ step() {  # step LOG SECONDS COMMAND...: run one check, bounded; its output is a
   [[ " $CHECKS " == *" $name "* ]] || return 0
   echo "=== $name ($(date -u +%H:%M:%S), at most ${limit} s): $*" | tee -a "$OUT/$name.log"
   local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" > /tmp/step.out 2>&1
+  timeout -k 10 "$limit" "$@" > "$SCRATCH/step.out" 2>&1
   local rc=$?
-  tail -n 25 /tmp/step.out
-  cat /tmp/step.out >> "$OUT/$name.log"
+  tail -n 25 "$SCRATCH/step.out"
+  cat "$SCRATCH/step.out" >> "$OUT/$name.log"
   echo "=== $name: rc $rc in $((SECONDS - t0)) s" | tee -a "$OUT/$name.log"
 }
 
@@ -81,7 +83,7 @@ step classic-control 80 hpcrl bench classic-control --counts "$counts" --envs ca
   --sync-max 1000 --repeats 2 --seconds 1
 
 cores=$(getconf _NPROCESSORS_ONLN)
-cat > /tmp/node-profile.yaml <<EOF
+cat > "$SCRATCH/node-profile.yaml" <<EOF
 name: device-node
 description: The lent device machine's $cores cores, one node, a core per rank; this machine's costs, measured per case.
 costs_from: this-machine
@@ -93,5 +95,6 @@ start_seconds: 4.25
 EOF
 step sim-vs-real 200 hpcrl bench sim-vs-real --steps "$svr_steps" --repeats "$svr_rep" --cases default,two-groups \
   --measure-seconds 1.5 \
-  --profile /tmp/node-profile.yaml --json "$OUT/sim-vs-real-node.json" -o "actors.count=$actors" -o learners.device=cpu
+  --profile "$SCRATCH/node-profile.yaml" --json "$OUT/sim-vs-real-node.json" -o "actors.count=$actors" \
+  -o learners.device=cpu
 echo "=== done $(date -u +%H:%M:%S)"

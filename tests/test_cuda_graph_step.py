@@ -8,10 +8,6 @@ from hpcrl.algos.adam import Adam
 from hpcrl.runtime.roles.group_update import GroupUpdate
 
 
-def batch_of(mb: dict, copies: int) -> dict:
-    return {k: torch.cat([v] * copies) for k, v in mb.items()}
-
-
 def test_adam_with_a_tensor_rate_steps_as_with_a_number():
     torch.manual_seed(0)
     a = [torch.randn(7, requires_grad=True) for _ in range(3)]

@@ -44,10 +44,7 @@ class Adam:
 
     @torch.no_grad()
     def step(self) -> None:
-        for i, group in enumerate(self.param_groups):
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
+        for i, group, params in self._stepping():
             params, steps, exp_avgs, exp_avg_sqs, fused, counts = self._lists(i, params)
             for count in counts:
                 count.add_(1)
@@ -64,6 +61,20 @@ class Adam:
                 t = float(t)
                 denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
                 p.addcdiv_(m, denom, value=-float(group["lr"]) / (1 - beta1 ** t))
+
+    def prepare(self) -> None:
+        """Build the states and step lists the next :meth:`step` uses (the parameters that have grads now),
+        without stepping: a CUDA graph capturing the step must find them built, or it would capture their
+        allocations and the copies into fresh step counters, and replay those copies every time."""
+        for i, _, params in self._stepping():
+            self._lists(i, params)
+
+    def _stepping(self):
+        """(index, group, its parameters that have grads) of each group with any."""
+        for i, group in enumerate(self.param_groups):
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                yield i, group, params
 
     def _lists(self, group: int, params: list[Tensor]) -> tuple:
         """(params, steps, exp_avgs, exp_avg_sqs, fusable, step counters) of a group's parameters that have grads,

@@ -120,23 +120,23 @@ def main(argv: list[str]) -> int:
         print("no CUDA device: CPU only")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU thread"
           + (f", {torch.cuda.get_device_name()}" if len(modes) > 1 else ""))
-    print(f"{'config':>8} {'rows':>5} " + " ".join(f"{m + ' ms':>14}" for m in modes)
-          + " " + " ".join(f"{m + ' speed-up':>20}" for m in modes[1:]) + "  max |grad - cpu grad|")
-    for config in [c.strip() for c in args.configs.split(",") if c.strip()]:
-        for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
-            got = {m: measure(config, size, m, args.seconds) for m in modes}
-            cpu_s, cpu_grad = got["cpu"]
-            diff = max((float(np.abs(g - cpu_grad).max()) for m, (_, g) in got.items() if m != "cpu"), default=0.0)
-            print(f"{config:>8} {size:>5} " + " ".join(f"{1e3 * got[m][0]:>14.3f}" for m in modes) + " "
-                  + " ".join(f"{cpu_s / got[m][0]:>19.2f}x" for m in modes[1:]) + f"  {diff:.2e}")
+    head = (f"{'config':>8} {'rows':>5} " + " ".join(f"{m + ' ms':>14}" for m in modes)
+            + " " + " ".join(f"{m + ' speed-up':>20}" for m in modes[1:]))
+    cases = [(config.strip(), int(size)) for config in args.configs.split(",") if config.strip()
+             for size in args.sizes.split(",") if size.strip()]
+    print(head + "  max |grad - cpu grad|")
+    for config, size in cases:
+        got = {m: measure(config, size, m, args.seconds) for m in modes}
+        cpu_s, cpu_grad = got["cpu"]
+        diff = max((float(np.abs(g - cpu_grad).max()) for m, (_, g) in got.items() if m != "cpu"), default=0.0)
+        print(f"{config:>8} {size:>5} " + " ".join(f"{1e3 * got[m][0]:>14.3f}" for m in modes) + " "
+              + " ".join(f"{cpu_s / got[m][0]:>19.2f}x" for m in modes[1:]) + f"  {diff:.2e}")
     print("\nwhole minibatch step (learners.push=update: gradient, clipping, Adam)")
-    print(f"{'config':>8} {'rows':>5} " + " ".join(f"{m + ' ms':>14}" for m in modes)
-          + " " + " ".join(f"{m + ' speed-up':>20}" for m in modes[1:]))
-    for config in [c.strip() for c in args.configs.split(",") if c.strip()]:
-        for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
-            took = {m: measure_step(config, size, m, args.seconds) for m in modes}
-            print(f"{config:>8} {size:>5} " + " ".join(f"{1e3 * took[m]:>14.3f}" for m in modes) + " "
-                  + " ".join(f"{took['cpu'] / took[m]:>19.2f}x" for m in modes[1:]))
+    print(head)
+    for config, size in cases:
+        took = {m: measure_step(config, size, m, args.seconds) for m in modes}
+        print(f"{config:>8} {size:>5} " + " ".join(f"{1e3 * took[m]:>14.3f}" for m in modes) + " "
+              + " ".join(f"{took['cpu'] / took[m]:>19.2f}x" for m in modes[1:]))
     return 0
 
 

@@ -27,6 +27,16 @@ WARMUP = 3
 """Eager calls on a side stream before a capture (lets autograd and the allocator settle, as torch asks)."""
 
 
+def warm_up(call) -> None:
+    """WARMUP eager ``call()``s on a side stream before a capture, as torch asks."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+
+
 class GraphedGradient:
     def __init__(self, algo, model) -> None:
         if model.device.type != "cuda":
@@ -62,12 +72,7 @@ class _Captured:
     def __init__(self, algo, model, minibatch: dict, names: tuple[str, ...]) -> None:
         self.names = names
         self.inputs = {k: v.detach().clone() for k, v in minibatch.items()}
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP):
-                algo.gradient_tensors(self.inputs, model)
-        torch.cuda.current_stream().wait_stream(side)
+        warm_up(lambda: algo.gradient_tensors(self.inputs, model))
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             grad, stats = algo.gradient_tensors(self.inputs, model)

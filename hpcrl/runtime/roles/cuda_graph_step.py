@@ -20,7 +20,7 @@ import torch
 
 from hpcrl.algos.adam import Adam
 from hpcrl.algos.base import Algorithm
-from hpcrl.runtime.roles.cuda_graph import MAX_SHAPES, WARMUP
+from hpcrl.runtime.roles.cuda_graph import MAX_SHAPES, warm_up
 
 
 def graphable(algo, model, optimizer) -> bool:
@@ -33,22 +33,27 @@ class GraphedInnerStep:
     def __init__(self, algo, model, optimizer: Adam) -> None:
         self.algo, self.model, self.optimizer = algo, model, optimizer
         self.names = tuple(algo.gradient_stat_names)
-        device = model.flat.params.device
-        for group in optimizer.param_groups:  # the graph reads the rate from the device at each replay
-            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
-        self.total = torch.zeros(len(self.names), dtype=torch.float32, device=device)
+        self.total = torch.zeros(len(self.names), dtype=torch.float32, device=model.flat.params.device)
         self.steps = 0
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.inputs: dict[tuple, dict[str, torch.Tensor]] = {}
+        self._rates_on_device()
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"].fill_(lr)
 
     def forget(self) -> None:
-        """Drop the graphs (the optimizer's state tensors were replaced: a resumed group's)."""
+        """Drop the graphs: the optimizer's state was loaded anew (a resumed group's), rates included."""
         self.graphs.clear()
         self.inputs.clear()
+        self._rates_on_device()
+
+    def _rates_on_device(self) -> None:
+        """Each group's rate as a 0-dim device tensor, which the graphs read at each replay."""
+        device = self.model.flat.params.device
+        for group in self.optimizer.param_groups:
+            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
 
     def begin(self) -> None:
         """Start a batch's stats."""
@@ -80,13 +85,8 @@ class GraphedInnerStep:
     def _capture(self, key: tuple, minibatch: dict) -> torch.cuda.CUDAGraph:
         model, algo = self.model, self.algo
         inputs = self.inputs[key] = {k: v.detach().clone() for k, v in minibatch.items()}
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # gradients only: a warm-up must not move the weights
-            for _ in range(WARMUP):
-                algo.gradient_tensors(inputs, model)
-        torch.cuda.current_stream().wait_stream(side)
-        self._prime_optimizer()
+        warm_up(lambda: algo.gradient_tensors(inputs, model))  # gradients only: a warm-up must not move the weights
+        self.optimizer.prepare()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             grad, stats = algo.gradient_tensors(inputs, model)
@@ -96,11 +96,3 @@ class GraphedInnerStep:
             self.total.add_(stats.reshape(-1).to(self.total.dtype))
         self.graphs[key] = graph
         return graph
-
-    def _prime_optimizer(self) -> None:
-        """Build the optimizer's state and its cached lists before a capture: building them reads the step
-        counts on the host, which a capture forbids."""
-        for i, group in enumerate(self.optimizer.param_groups):
-            params = [p for p in group["params"] if p.grad is not None]
-            if params:
-                self.optimizer._lists(i, params)

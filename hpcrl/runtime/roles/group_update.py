@@ -35,13 +35,9 @@ class GroupUpdate:
                         if cuda_graphs and graphable(algo, model, self.optimizer) else None)
 
     def restore(self, saved: dict) -> None:
-        lr = [g["lr"] for g in self.optimizer.param_groups]  # a graphed step's device rates stay its own
         self.optimizer.load_state_dict(as_tensors(saved["optimizer"]))
-        for group, rate in zip(self.optimizer.param_groups, lr):
-            if isinstance(rate, torch.Tensor):
-                group["lr"] = rate.fill_(float(group["lr"]))
         if self.graphed is not None:
-            self.graphed.forget()  # the graphs read the old state tensors
+            self.graphed.forget()  # its graphs read the old state tensors and rates
         self.generator.set_state(saved["minibatch_rng"])
 
     def state(self) -> dict:
